@@ -1,0 +1,181 @@
+// ggml.h: the tensor library's public API.
+// Tensors live in a context (one arena); ops are recorded by constructors and run later by a backend.
+// The block between the CFFI markers is read verbatim by pyinfer's cffi build, so keep it free of
+// macros and preprocessor logic.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// CFFI-BEGIN
+#define GGML_MAX_DIMS 4
+#define GGML_MAX_SRC 6
+#define GGML_MAX_OP_PARAMS 8
+
+// Type ids are GGUF's, so a tensor's type in a file maps directly.
+enum ggml_type {
+    GGML_TYPE_F32 = 0,
+    GGML_TYPE_F16 = 1,
+    GGML_TYPE_Q4_0 = 2,
+    GGML_TYPE_Q4_1 = 3,
+    GGML_TYPE_Q5_0 = 6,
+    GGML_TYPE_Q8_0 = 8,
+    GGML_TYPE_Q8_1 = 9,
+    GGML_TYPE_Q4_K = 12,
+    GGML_TYPE_Q6_K = 14,
+    GGML_TYPE_Q8_K = 15,
+    GGML_TYPE_I8 = 24,
+    GGML_TYPE_I32 = 26,
+    GGML_TYPE_BF16 = 30,
+    GGML_TYPE_COUNT = 31,
+};
+
+enum ggml_status {
+    GGML_STATUS_OK = 0,
+    GGML_STATUS_INVALID_ARG = 1,    // shape/type mismatch, null data, out-of-range rows
+    GGML_STATUS_ALLOC_FAILED = 2,
+    GGML_STATUS_UNSUPPORTED = 3,    // type or op not implemented on this backend
+    GGML_STATUS_BACKEND_ERROR = 4,  // device failure (CUDA error, no device)
+};
+
+enum ggml_op {
+    GGML_OP_NONE = 0,     // leaf: weights or inputs
+    GGML_OP_VIEW,         // a window on another tensor's data (reshape, slices)
+    GGML_OP_CPY,          // copy/convert to dst type
+    GGML_OP_GET_ROWS,     // rows of src0 picked by I32 ids in src1
+    GGML_OP_ADD,          // src0 + src1, src1 broadcast over rows
+    GGML_OP_MUL,          // src0 * src1, src1 broadcast over rows
+    GGML_OP_SCALE,        // src0 * s
+    GGML_OP_SILU,
+    GGML_OP_GELU,         // tanh approximation, as llama.cpp
+    GGML_OP_RELU,
+    GGML_OP_RMS_NORM,     // x / sqrt(mean(x^2) + eps) per row
+    GGML_OP_LAYER_NORM,   // (x - mean) / sqrt(var + eps) per row
+    GGML_OP_MUL_MAT,      // y[n, m] = W[n, :] . x[:, m]
+    GGML_OP_ROPE,         // rotary embedding at positions src1 (I32), mode normal or neox
+    GGML_OP_SOFT_MAX,     // softmax per row, scaled, optional causal mask from positions
+    GGML_OP_KV_STORE,     // writes src1's rows into cache src0 at positions src2; returns the cache
+    GGML_OP_ATTENTION,    // causal attention of q over the KV cache (GQA), positions from src3
+    GGML_OP_MUL_MAT_ROWS, // mul_mat for selected rows only; unselected rows give 0
+    GGML_OP_AXPY_ROWS,    // out = sum over selected rows i of h[i] * Wt[i]
+    GGML_OP_COUNT,
+};
+
+enum ggml_rope_mode {
+    GGML_ROPE_NORMAL = 0, // rotate pairs (2i, 2i+1): LLaMA GGUF layout
+    GGML_ROPE_NEOX = 2,   // rotate pairs (i, i + n_dims/2): GPT-NeoX, Qwen2, Gemma
+};
+
+struct ggml_context;
+struct ggml_tensor;
+struct ggml_cgraph;
+struct ggml_threadpool;
+
+// --- errors: every failing call returns NULL or a status and leaves a message here (per thread) ---
+const char *ggml_last_error(void);
+int ggml_last_status(void);
+void ggml_clear_error(void);
+
+// --- types ---
+const char *ggml_type_name(enum ggml_type type);
+int64_t ggml_blck_size(enum ggml_type type);      // values per block (1 for plain types)
+size_t ggml_type_size(enum ggml_type type);       // bytes per block
+size_t ggml_row_size(enum ggml_type type, int64_t ne); // bytes of ne values
+bool ggml_type_is_valid(enum ggml_type type);
+enum ggml_type ggml_vec_dot_type(enum ggml_type type); // activation type the dot product of `type` takes
+
+// --- conversion and quantization of contiguous rows (n a multiple of the block size) ---
+int ggml_quantize(enum ggml_type type, const float *src, void *dst, int64_t n);
+int ggml_dequantize(enum ggml_type type, const void *src, float *dst, int64_t n);
+// dot of one weight row of `type` with activations already converted to ggml_vec_dot_type(type)
+int ggml_vec_dot(enum ggml_type type, int64_t n, float *result, const void *w, const void *x);
+// same, forcing the scalar reference path (the oracle for the SIMD path)
+int ggml_vec_dot_ref(enum ggml_type type, int64_t n, float *result, const void *w, const void *x);
+
+// --- CPU features, chosen at run time ---
+bool ggml_cpu_has_avx2(void);
+bool ggml_cpu_has_avx512(void);
+void ggml_cpu_set_simd(bool enabled); // false forces the scalar kernels (tests, debugging)
+
+// --- context: an arena for tensor headers and, unless no_alloc, their data ---
+struct ggml_context *ggml_init(size_t mem_size, bool no_alloc);
+void ggml_free(struct ggml_context *ctx);
+size_t ggml_used_mem(const struct ggml_context *ctx);
+
+// --- tensors; ne[0] is the innermost (contiguous) dimension ---
+struct ggml_tensor *ggml_new_tensor(struct ggml_context *ctx, enum ggml_type type, int n_dims, const int64_t *ne);
+struct ggml_tensor *ggml_new_tensor_1d(struct ggml_context *ctx, enum ggml_type type, int64_t ne0);
+struct ggml_tensor *ggml_new_tensor_2d(struct ggml_context *ctx, enum ggml_type type, int64_t ne0, int64_t ne1);
+struct ggml_tensor *ggml_new_tensor_3d(struct ggml_context *ctx, enum ggml_type type, int64_t ne0, int64_t ne1, int64_t ne2);
+// points a tensor at external memory (mmap'd weights); data must hold ggml_nbytes(t)
+int ggml_set_data(struct ggml_tensor *t, void *data);
+void *ggml_get_data(const struct ggml_tensor *t);
+void ggml_set_name(struct ggml_tensor *t, const char *name);
+const char *ggml_get_name(const struct ggml_tensor *t);
+enum ggml_type ggml_get_type(const struct ggml_tensor *t);
+enum ggml_op ggml_get_op(const struct ggml_tensor *t);
+int64_t ggml_get_ne(const struct ggml_tensor *t, int dim);
+size_t ggml_get_nb(const struct ggml_tensor *t, int dim);
+int ggml_n_dims(const struct ggml_tensor *t);
+int64_t ggml_nelements(const struct ggml_tensor *t);
+int64_t ggml_nrows(const struct ggml_tensor *t);
+size_t ggml_nbytes(const struct ggml_tensor *t);
+bool ggml_is_contiguous(const struct ggml_tensor *t);
+
+// --- op constructors: record the op, allocate nothing; NULL on invalid arguments ---
+struct ggml_tensor *ggml_reshape_2d(struct ggml_context *ctx, struct ggml_tensor *a, int64_t ne0, int64_t ne1);
+struct ggml_tensor *ggml_reshape_3d(struct ggml_context *ctx, struct ggml_tensor *a, int64_t ne0, int64_t ne1, int64_t ne2);
+// a strided window: shape ne[0..n_dims), byte strides nb[1..n_dims) (nb[0] is the element size), byte offset
+struct ggml_tensor *ggml_view(struct ggml_context *ctx, struct ggml_tensor *a, int n_dims, const int64_t *ne, const size_t *nb, size_t offset);
+struct ggml_tensor *ggml_cpy(struct ggml_context *ctx, struct ggml_tensor *a, enum ggml_type type);
+struct ggml_tensor *ggml_get_rows(struct ggml_context *ctx, struct ggml_tensor *a, struct ggml_tensor *ids);
+struct ggml_tensor *ggml_add(struct ggml_context *ctx, struct ggml_tensor *a, struct ggml_tensor *b);
+struct ggml_tensor *ggml_mul(struct ggml_context *ctx, struct ggml_tensor *a, struct ggml_tensor *b);
+struct ggml_tensor *ggml_scale(struct ggml_context *ctx, struct ggml_tensor *a, float s);
+struct ggml_tensor *ggml_silu(struct ggml_context *ctx, struct ggml_tensor *a);
+struct ggml_tensor *ggml_gelu(struct ggml_context *ctx, struct ggml_tensor *a);
+struct ggml_tensor *ggml_relu(struct ggml_context *ctx, struct ggml_tensor *a);
+struct ggml_tensor *ggml_rms_norm(struct ggml_context *ctx, struct ggml_tensor *a, float eps);
+struct ggml_tensor *ggml_layer_norm(struct ggml_context *ctx, struct ggml_tensor *a, float eps);
+// w: [k, n] any weight type; x: [k, m] F32 -> [n, m] F32
+struct ggml_tensor *ggml_mul_mat(struct ggml_context *ctx, struct ggml_tensor *w, struct ggml_tensor *x);
+// x: [head_dim, n_head, n_tokens] F32; pos: [n_tokens] I32
+struct ggml_tensor *ggml_rope(struct ggml_context *ctx, struct ggml_tensor *x, struct ggml_tensor *pos, int n_dims, int mode, float freq_base, float freq_scale);
+// a: [n_cols, n_rows] F32; row r of a is the scores of query r; with pos (I32 [n_rows]) columns j > pos[r] are masked
+struct ggml_tensor *ggml_soft_max(struct ggml_context *ctx, struct ggml_tensor *a, struct ggml_tensor *pos, float scale);
+// cache: [head_dim, n_kv_head, n_ctx] (F32 or F16); src: [head_dim, n_kv_head, n_tokens] F32; pos: [n_tokens] I32
+struct ggml_tensor *ggml_kv_store(struct ggml_context *ctx, struct ggml_tensor *cache, struct ggml_tensor *src, struct ggml_tensor *pos);
+// q: [head_dim, n_head, n_tokens]; k, v: results of ggml_kv_store; token t attends to cache slots [0, pos[t]]
+// -> [head_dim * n_head, n_tokens]
+struct ggml_tensor *ggml_attention(struct ggml_context *ctx, struct ggml_tensor *q, struct ggml_tensor *k, struct ggml_tensor *v, struct ggml_tensor *pos, float scale);
+// neuron-aware sparse ops. sel: F32 [n_rows, m] (row selected where > 0), I32 [n_sel, m] index list
+// (entries < 0 end it), or NULL (all rows); only rows in [begin, end) are considered (end < 0: n_rows).
+// w: [k, n_rows]; x: [k, m] F32 -> [n_rows, m] F32, zero where not selected
+struct ggml_tensor *ggml_mul_mat_rows(struct ggml_context *ctx, struct ggml_tensor *w, struct ggml_tensor *x, struct ggml_tensor *sel, int64_t begin, int64_t end);
+// wt: [d, n_rows] one row per neuron; h: [n_rows, m] F32 -> [d, m] F32 = sum_i h[i] * wt[i]
+struct ggml_tensor *ggml_axpy_rows(struct ggml_context *ctx, struct ggml_tensor *wt, struct ggml_tensor *h, struct ggml_tensor *sel, int64_t begin, int64_t end);
+
+// --- graphs: built from output tensors, planned once (buffers for intermediates), computed many times ---
+struct ggml_cgraph *ggml_graph_new(struct ggml_context *ctx);
+int ggml_graph_add_output(struct ggml_cgraph *g, struct ggml_tensor *t);
+int ggml_graph_n_nodes(const struct ggml_cgraph *g);
+struct ggml_tensor *ggml_graph_node(const struct ggml_cgraph *g, int i);
+// allocates data for every node that has none; outputs keep their buffers across computes
+int ggml_graph_plan(struct ggml_cgraph *g);
+size_t ggml_graph_mem_size(const struct ggml_cgraph *g);
+void ggml_graph_free(struct ggml_cgraph *g);
+
+// --- CPU execution: a persistent pool of worker threads ---
+struct ggml_threadpool *ggml_threadpool_new(int n_threads);
+void ggml_threadpool_free(struct ggml_threadpool *tp);
+int ggml_threadpool_n_threads(const struct ggml_threadpool *tp);
+int ggml_graph_compute(struct ggml_cgraph *g, struct ggml_threadpool *tp);
+// CFFI-END
+
+#ifdef __cplusplus
+}
+#endif

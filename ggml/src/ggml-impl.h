@@ -1,0 +1,58 @@
+// ggml-impl.h: the tensor struct, the per-type traits table and the error helpers shared by all of ggml/.
+#pragma once
+#include "ggml.h"
+
+#define GGML_MAX_NAME 64
+
+struct ggml_tensor {
+    enum ggml_type type;
+    enum ggml_op op;
+    int64_t ne[GGML_MAX_DIMS];  // elements per dimension, ne[0] innermost
+    size_t nb[GGML_MAX_DIMS];   // byte strides: nb[0] = type size, nb[1] = row bytes, ...
+    int32_t op_params[GGML_MAX_OP_PARAMS]; // op arguments (ints, or floats stored bitwise)
+    struct ggml_tensor *src[GGML_MAX_SRC];
+    struct ggml_tensor *view_src;          // owner of the data for views
+    size_t view_offs;
+    void *data;
+    bool is_output;                        // kept alive to the end of the graph
+    char name[GGML_MAX_NAME];
+};
+
+// per-type conversion and dot-product kernels; NULL where a type has none
+typedef void (*ggml_to_float_fn)(const void *src, float *dst, int64_t n);
+typedef void (*ggml_from_float_fn)(const float *src, void *dst, int64_t n);
+typedef void (*ggml_vec_dot_fn)(int64_t n, float *s, const void *w, const void *x);
+// y[0..n) += a * row, row of `type` (used by axpy_rows)
+typedef void (*ggml_axpy_fn)(int64_t n, float *y, float a, const void *row);
+
+struct ggml_type_traits {
+    const char *name;
+    int64_t blck_size;
+    size_t type_size;
+    bool is_quantized;
+    ggml_to_float_fn to_float;
+    ggml_from_float_fn from_float;       // the reference quantizer (bit-exact with gguf.quants)
+    ggml_vec_dot_fn vec_dot;             // fastest available on this CPU (set at init)
+    ggml_vec_dot_fn vec_dot_ref;         // scalar oracle
+    ggml_axpy_fn axpy;
+    ggml_axpy_fn axpy_ref;
+    enum ggml_type vec_dot_type;         // activations are converted to this before vec_dot
+};
+
+const struct ggml_type_traits *ggml_get_type_traits(enum ggml_type type);
+// fills the traits table; picks SIMD kernels when the CPU has them (idempotent)
+void ggml_quants_init(void);
+// SIMD kernels (defined in *_avx2.c; installed by ggml_quants_init when the CPU supports them)
+void ggml_quants_install_avx2(struct ggml_type_traits *traits);
+
+// errors
+int ggml_set_error(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static inline float ggml_op_param_f32(const struct ggml_tensor *t, int i) {
+    float f;
+    __builtin_memcpy(&f, &t->op_params[i], sizeof f);
+    return f;
+}
+static inline void ggml_set_op_param_f32(struct ggml_tensor *t, int i, float f) {
+    __builtin_memcpy(&t->op_params[i], &f, sizeof f);
+}

