@@ -84,7 +84,10 @@ def run_ninja(ninja_file: Path) -> None:
         import ninja as ninja_pkg  # the PyPI package ships the binary
 
         ninja = str(Path(ninja_pkg.BIN_DIR) / "ninja")
-    subprocess.run([ninja, "-f", str(ninja_file)], check=True, cwd=BUILD)
+    result = subprocess.run([ninja, "-f", str(ninja_file)], cwd=BUILD, capture_output=True, text=True)
+    if result.returncode != 0:  # only a failing build is worth showing
+        sys.stderr.write(result.stdout + result.stderr)
+        raise RuntimeError("native build failed (see the compiler output above)")
 
 
 def cdef_text() -> str:

@@ -19,6 +19,11 @@ ROPE_NORMAL, ROPE_NEOX = lib.GGML_ROPE_NORMAL, lib.GGML_ROPE_NEOX
 _NUMPY_DTYPES = {F32: np.float32, F16: np.float16, I32: np.int32, lib.GGML_TYPE_I8: np.int8}
 
 
+def cuda_available() -> bool:
+    """True when this build has CUDA and a GPU is present."""
+    return lib.ggml_cuda_device_count() > 0
+
+
 def type_name(type_: int) -> str:
     return ffi.string(lib.ggml_type_name(type_)).decode()
 
@@ -94,17 +99,25 @@ class Tensor:
         check(lib.ggml_set_data(self.ptr, ffi.from_buffer(view)))
         self._keep = keep if keep is not None else buffer
 
+    @property
+    def on_device(self) -> bool:
+        return lib.ggml_get_backend(self.ptr) != lib.GGML_BACKEND_CPU
+
     def raw(self) -> np.ndarray:
-        """The tensor's bytes (contiguous tensors), no copy."""
+        """The tensor's bytes (contiguous tensors): a view in host memory, a copy from a device."""
         data = lib.ggml_get_data(self.ptr)
         if data == ffi.NULL:
             raise InvalidArgumentError(f"tensor '{self.name}' has no data yet (plan its graph first)")
         if not lib.ggml_is_contiguous(self.ptr):
             raise InvalidArgumentError("raw() needs a contiguous tensor")
+        if self.on_device:
+            out = np.empty(self.nbytes, dtype=np.uint8)
+            check(lib.ggml_tensor_read(self.ptr, ffi.from_buffer(out), 0, self.nbytes))
+            return out
         return np.frombuffer(ffi.buffer(data, self.nbytes), dtype=np.uint8)
 
     def numpy(self) -> np.ndarray:
-        """A writable numpy view (F32/F16/I32/I8) in numpy order, no copy."""
+        """F32/F16/I32/I8 data in numpy order: a writable view in host memory, a copy from a device."""
         dtype = _NUMPY_DTYPES.get(self.type)
         if dtype is None:
             raise InvalidArgumentError(f"no numpy view of {type_name(self.type)}: use raw()")
@@ -112,10 +125,19 @@ class Tensor:
 
     def set(self, values) -> None:
         """Copies values into the tensor (converting F32 input to the tensor's type)."""
-        if self.type in _NUMPY_DTYPES:
-            self.numpy()[...] = values
+        dtype = _NUMPY_DTYPES.get(self.type)
+        if dtype is not None:
+            raw = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype), self.shape)).view(np.uint8)
         else:
-            self.raw()[...] = quantize(self.type, np.asarray(values, np.float32)).reshape(-1)
+            raw = quantize(self.type, np.asarray(values, np.float32)).reshape(-1)
+        if raw.size != self.nbytes:
+            raise InvalidArgumentError(f"{raw.size} bytes for a tensor of {self.nbytes}")
+        check(lib.ggml_tensor_write(self.ptr, ffi.from_buffer(raw.reshape(-1)), 0, raw.size))
+
+    def to_device(self) -> Tensor:
+        """Moves a leaf's data to the GPU."""
+        check(lib.ggml_tensor_to_backend(self.ptr, lib.GGML_BACKEND_CUDA))
+        return self
 
 
 def _ne(shape) -> list[int]:
@@ -230,12 +252,17 @@ class ThreadPool:
 class Graph:
     """The nodes that outputs need, planned once (memory for intermediates) and computed many times."""
 
-    def __init__(self, ctx: Context, outputs: list[Tensor]):
+    def __init__(self, ctx: Context, outputs: list[Tensor], backend: str = "cpu"):
+        """backend "cuda" moves every leaf the graph reads to the GPU, so every node runs there."""
         self.ctx = ctx
         self.ptr = ffi.gc(check_ptr(lib.ggml_graph_new(ctx.ptr)), lib.ggml_graph_free)
         self.outputs = list(outputs)
         for t in self.outputs:
             check(lib.ggml_graph_add_output(self.ptr, t.ptr))
+        if backend == "cuda":
+            check(lib.ggml_graph_to_backend(self.ptr, lib.GGML_BACKEND_CUDA))
+        elif backend != "cpu":
+            raise InvalidArgumentError(f"backend must be cpu or cuda, not {backend!r}")
         self.planned = False
 
     @property

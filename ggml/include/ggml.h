@@ -62,12 +62,18 @@ enum ggml_op {
     GGML_OP_ATTENTION,    // causal attention of q over the KV cache (GQA), positions from src3
     GGML_OP_MUL_MAT_ROWS, // mul_mat for selected rows only; unselected rows give 0
     GGML_OP_AXPY_ROWS,    // out = sum over selected rows i of h[i] * Wt[i]
+    GGML_OP_TRANSFER,     // inserted by the planner: src0's bytes copied to another backend
     GGML_OP_COUNT,
 };
 
 enum ggml_rope_mode {
     GGML_ROPE_NORMAL = 0, // rotate pairs (2i, 2i+1): LLaMA GGUF layout
     GGML_ROPE_NEOX = 2,   // rotate pairs (i, i + n_dims/2): GPT-NeoX, Qwen2, Gemma
+};
+
+enum ggml_backend {
+    GGML_BACKEND_CPU = 0,
+    GGML_BACKEND_CUDA = 1,
 };
 
 struct ggml_context;
@@ -164,10 +170,22 @@ struct ggml_cgraph *ggml_graph_new(struct ggml_context *ctx);
 int ggml_graph_add_output(struct ggml_cgraph *g, struct ggml_tensor *t);
 int ggml_graph_n_nodes(const struct ggml_cgraph *g);
 struct ggml_tensor *ggml_graph_node(const struct ggml_cgraph *g, int i);
+// moves every leaf the graph reads to `backend` (before planning): the whole graph then runs there
+int ggml_graph_to_backend(struct ggml_cgraph *g, enum ggml_backend backend);
 // allocates data for every node that has none; outputs keep their buffers across computes
 int ggml_graph_plan(struct ggml_cgraph *g);
 size_t ggml_graph_mem_size(const struct ggml_cgraph *g);
 void ggml_graph_free(struct ggml_cgraph *g);
+
+// --- devices ---
+int ggml_cuda_device_count(void);  // 0 without a GPU or in a build without CUDA
+const char *ggml_cuda_device_name(void);
+// moves a leaf's data to the device (allocating there, copying what it holds now); views of it follow
+int ggml_tensor_to_backend(struct ggml_tensor *t, enum ggml_backend backend);
+enum ggml_backend ggml_get_backend(const struct ggml_tensor *t);
+// copies bytes between host memory and a tensor wherever it lives
+int ggml_tensor_write(struct ggml_tensor *t, const void *src, size_t offset, size_t size);
+int ggml_tensor_read(const struct ggml_tensor *t, void *dst, size_t offset, size_t size);
 
 // --- CPU execution: a persistent pool of worker threads ---
 struct ggml_threadpool *ggml_threadpool_new(int n_threads);

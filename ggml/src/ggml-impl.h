@@ -7,13 +7,15 @@
 struct ggml_tensor {
     enum ggml_type type;
     enum ggml_op op;
+    enum ggml_backend backend;  // where data lives (leaves) or where the node runs (ops)
     int64_t ne[GGML_MAX_DIMS];  // elements per dimension, ne[0] innermost
     size_t nb[GGML_MAX_DIMS];   // byte strides: nb[0] = type size, nb[1] = row bytes, ...
     int32_t op_params[GGML_MAX_OP_PARAMS]; // op arguments (ints, or floats stored bitwise)
     struct ggml_tensor *src[GGML_MAX_SRC];
     struct ggml_tensor *view_src;          // owner of the data for views
     size_t view_offs;
-    void *data;
+    void *data;                            // on the tensor's backend
+    struct ggml_context *owner;
     bool is_output;                        // kept alive to the end of the graph
     char name[GGML_MAX_NAME];
 };
@@ -44,6 +46,9 @@ const struct ggml_type_traits *ggml_get_type_traits(enum ggml_type type);
 void ggml_quants_init(void);
 // SIMD kernels (defined in *_avx2.c; installed by ggml_quants_init when the CPU supports them)
 void ggml_quants_install_avx2(struct ggml_type_traits *traits);
+
+// a device allocation owned by a context (freed with it)
+int ggml_context_add_device_buffer(struct ggml_context *ctx, void *ptr);
 
 // errors
 int ggml_set_error(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

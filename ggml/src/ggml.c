@@ -1,5 +1,6 @@
 // ggml.c: contexts, tensors, errors, and the op constructors, which validate and record, never compute.
 #include "ggml-impl.h"
+#include "cuda/cuda.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -40,6 +41,8 @@ struct ggml_context {
     size_t mem_size;
     size_t used;
     bool no_alloc;
+    void **device_buffers; // (n_device_buffers) device memory of leaves moved to a GPU
+    int n_device_buffers, cap_device_buffers;
 };
 
 struct ggml_context *ggml_init(size_t mem_size, bool no_alloc) {
@@ -63,11 +66,25 @@ struct ggml_context *ggml_init(size_t mem_size, bool no_alloc) {
 
 void ggml_free(struct ggml_context *ctx) {
     if (!ctx) return;
+    for (int i = 0; i < ctx->n_device_buffers; i++) ggml_cuda_free(ctx->device_buffers[i]);
+    free(ctx->device_buffers);
     free(ctx->mem);
     free(ctx);
 }
 
 size_t ggml_used_mem(const struct ggml_context *ctx) { return ctx ? ctx->used : 0; }
+
+int ggml_context_add_device_buffer(struct ggml_context *ctx, void *ptr) {
+    if (ctx->n_device_buffers == ctx->cap_device_buffers) {
+        int cap = ctx->cap_device_buffers ? 2 * ctx->cap_device_buffers : 16;
+        void **b = realloc(ctx->device_buffers, (size_t)cap * sizeof *b);
+        if (!b) return ggml_set_error(GGML_STATUS_ALLOC_FAILED, "out of memory");
+        ctx->device_buffers = b;
+        ctx->cap_device_buffers = cap;
+    }
+    ctx->device_buffers[ctx->n_device_buffers++] = ptr;
+    return GGML_STATUS_OK;
+}
 
 static void *ctx_alloc(struct ggml_context *ctx, size_t size) {
     size_t need = (size + GGML_MEM_ALIGN - 1) / GGML_MEM_ALIGN * GGML_MEM_ALIGN;
@@ -116,6 +133,7 @@ static struct ggml_tensor *tensor_new(struct ggml_context *ctx, enum ggml_type t
     memset(t, 0, sizeof *t);
     t->type = type;
     t->op = GGML_OP_NONE;
+    t->owner = ctx;
     for (int i = 0; i < GGML_MAX_DIMS; i++) t->ne[i] = i < n_dims ? ne[i] : 1;
     t->nb[0] = ggml_type_size(type);
     t->nb[1] = ggml_row_size(type, t->ne[0]);
@@ -151,8 +169,63 @@ struct ggml_tensor *ggml_new_tensor_3d(struct ggml_context *ctx, enum ggml_type 
 int ggml_set_data(struct ggml_tensor *t, void *data) {
     if (!t || !data) return ggml_set_error(GGML_STATUS_INVALID_ARG, "null tensor or data");
     if (t->op != GGML_OP_NONE) return ggml_set_error(GGML_STATUS_INVALID_ARG, "only leaf tensors take external data");
+    if (t->backend != GGML_BACKEND_CPU) return ggml_set_error(GGML_STATUS_INVALID_ARG, "tensor lives on a device");
     t->data = data;
     return GGML_STATUS_OK;
+}
+
+enum ggml_backend ggml_get_backend(const struct ggml_tensor *t) { return t->view_src ? t->view_src->backend : t->backend; }
+
+int ggml_tensor_to_backend(struct ggml_tensor *t, enum ggml_backend backend) {
+    if (!t) return ggml_set_error(GGML_STATUS_INVALID_ARG, "null tensor");
+    if (t->op != GGML_OP_NONE) return ggml_set_error(GGML_STATUS_INVALID_ARG, "only leaves move between backends");
+    if (backend == t->backend) return GGML_STATUS_OK;
+    if (backend != GGML_BACKEND_CUDA) return ggml_set_error(GGML_STATUS_INVALID_ARG, "a device tensor stays there");
+    int st = ggml_cuda_init();
+    if (st) return st;
+    void *dev = NULL;
+    size_t n = ggml_nbytes(t);
+    if ((st = ggml_cuda_malloc(&dev, n))) return st;
+    if (t->data && (st = ggml_cuda_memcpy_h2d(dev, t->data, n, NULL)) == GGML_STATUS_OK) st = ggml_cuda_stream_sync(NULL);
+    if (!st) st = ggml_context_add_device_buffer(t->owner, dev);
+    if (st) {
+        ggml_cuda_free(dev);
+        return st;
+    }
+    t->data = dev;
+    t->backend = GGML_BACKEND_CUDA;
+    return GGML_STATUS_OK;
+}
+
+static int check_span(const struct ggml_tensor *t, const void *host, size_t offset, size_t size) {
+    if (!t || !host) return ggml_set_error(GGML_STATUS_INVALID_ARG, "null tensor or buffer");
+    if (!t->data) return ggml_set_error(GGML_STATUS_INVALID_ARG, "tensor '%s' has no data yet", t->name);
+    if (offset > ggml_nbytes(t) || size > ggml_nbytes(t) - offset)
+        return ggml_set_error(GGML_STATUS_INVALID_ARG, "bytes [%zu, %zu) outside the tensor's %zu", offset,
+                              offset + size, ggml_nbytes(t));
+    return GGML_STATUS_OK;
+}
+
+int ggml_tensor_write(struct ggml_tensor *t, const void *src, size_t offset, size_t size) {
+    int st = check_span(t, src, offset, size);
+    if (st) return st;
+    if (ggml_get_backend(t) == GGML_BACKEND_CPU) {
+        memcpy((char *)t->data + offset, src, size);
+        return GGML_STATUS_OK;
+    }
+    st = ggml_cuda_memcpy_h2d((char *)t->data + offset, src, size, NULL);
+    return st ? st : ggml_cuda_stream_sync(NULL);
+}
+
+int ggml_tensor_read(const struct ggml_tensor *t, void *dst, size_t offset, size_t size) {
+    int st = check_span(t, dst, offset, size);
+    if (st) return st;
+    if (ggml_get_backend(t) == GGML_BACKEND_CPU) {
+        memcpy(dst, (const char *)t->data + offset, size);
+        return GGML_STATUS_OK;
+    }
+    st = ggml_cuda_memcpy_d2h(dst, (const char *)t->data + offset, size, NULL);
+    return st ? st : ggml_cuda_stream_sync(NULL);
 }
 
 void *ggml_get_data(const struct ggml_tensor *t) { return t ? t->data : NULL; }

@@ -1,7 +1,9 @@
 // graph.c: a graph is the topologically ordered list of op nodes that its outputs need. Planning gives
 // every intermediate a place in one buffer, reusing the memory of tensors no later node reads.
 #include "graph.h"
+#include "cuda/cuda.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +18,12 @@ struct ggml_cgraph *ggml_graph_new(struct ggml_context *ctx) {
 
 void ggml_graph_free(struct ggml_cgraph *g) {
     if (!g) return;
+    if (g->cuda_graph) ggml_cuda_graph_free(g->cuda_graph);
+    if (g->stream) ggml_cuda_stream_free(g->stream);
+    if (g->dev_buffer) ggml_cuda_free(g->dev_buffer);
+    if (g->dev_wdata) ggml_cuda_free(g->dev_wdata);
+    free(g->mirrors);
+    free(g->uploads);
     free(g->nodes);
     free(g->buffer);
     free(g);
@@ -53,7 +61,7 @@ static int graph_visit(struct ggml_cgraph *g, struct ggml_tensor *t, int depth) 
 
 int ggml_graph_add_output(struct ggml_cgraph *g, struct ggml_tensor *t) {
     if (!g || !t) return ggml_set_error(GGML_STATUS_INVALID_ARG, "null graph or tensor");
-    if (g->buffer) return ggml_set_error(GGML_STATUS_INVALID_ARG, "graph already planned");
+    if (g->planned) return ggml_set_error(GGML_STATUS_INVALID_ARG, "graph already planned");
     t->is_output = true;
     return graph_visit(g, t, 0);
 }
@@ -136,15 +144,140 @@ static struct ggml_tensor *storage_of(struct ggml_tensor *t) { return t->view_sr
 
 static bool owns_planned_memory(const struct ggml_tensor *t) { return t->op != GGML_OP_NONE && !t->view_src; }
 
+// ---------------------------------------------------------------------------------------------------
+// backends: weight ops run where their weight lives, cache ops where the cache lives, the rest on the
+// GPU as soon as any input is there (so data crosses to the GPU once and stays)
+// ---------------------------------------------------------------------------------------------------
+
+static enum ggml_backend node_backend(const struct ggml_tensor *t) {
+    switch (t->op) {
+    case GGML_OP_VIEW:
+    case GGML_OP_KV_STORE: return storage_of((struct ggml_tensor *)t)->backend;
+    case GGML_OP_MUL_MAT:
+    case GGML_OP_MUL_MAT_ROWS:
+    case GGML_OP_AXPY_ROWS:
+    case GGML_OP_GET_ROWS: return ggml_get_backend(t->src[0]);
+    case GGML_OP_ATTENTION: return ggml_get_backend(t->src[1]);
+    default:
+        for (int i = 0; i < GGML_MAX_SRC; i++)
+            if (t->src[i] && ggml_get_backend(t->src[i]) == GGML_BACKEND_CUDA) return GGML_BACKEND_CUDA;
+        return GGML_BACKEND_CPU;
+    }
+}
+
+// gives every cross-device edge a transfer node (one per source and backend), placed before its reader
+static int insert_transfers(struct ggml_cgraph *g) {
+    int n_cross = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        struct ggml_tensor *t = g->nodes[i];
+        t->backend = node_backend(t);
+        for (int s = 0; s < GGML_MAX_SRC; s++)
+            if (t->src[s] && t->op != GGML_OP_VIEW && ggml_get_backend(t->src[s]) != t->backend) n_cross++;
+    }
+    bool any_cuda = n_cross > 0;
+    for (int i = 0; i < g->n_nodes && !any_cuda; i++) any_cuda = g->nodes[i]->backend == GGML_BACKEND_CUDA;
+    if (!any_cuda) return GGML_STATUS_OK;
+    g->mirrors = calloc((size_t)n_cross + 1, sizeof *g->mirrors);
+    g->uploads = calloc((size_t)n_cross + 1, sizeof *g->uploads);
+    struct ggml_tensor **nodes = malloc(((size_t)g->n_nodes + n_cross) * sizeof *nodes);
+    if (!g->mirrors || !g->uploads || !nodes) {
+        free(nodes);
+        return ggml_set_error(GGML_STATUS_ALLOC_FAILED, "out of memory while planning transfers");
+    }
+    int n = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        struct ggml_tensor *t = g->nodes[i];
+        for (int s = 0; s < GGML_MAX_SRC && t->op != GGML_OP_VIEW; s++) {
+            struct ggml_tensor *src = t->src[s];
+            if (!src || ggml_get_backend(src) == t->backend) continue;
+            struct ggml_tensor *m = NULL;
+            for (int j = 0; j < g->n_mirrors && !m; j++)
+                if (g->mirrors[j].src[0] == src && g->mirrors[j].backend == t->backend) m = &g->mirrors[j];
+            if (!m) {
+                m = &g->mirrors[g->n_mirrors++];
+                memcpy(m->ne, src->ne, sizeof m->ne);
+                memcpy(m->nb, src->nb, sizeof m->nb);
+                m->type = src->type;
+                m->op = GGML_OP_TRANSFER;
+                m->backend = t->backend;
+                m->src[0] = src;
+                m->owner = t->owner;
+                snprintf(m->name, sizeof m->name, "%.50s (copy)", src->name);
+                if (storage_of(src)->op == GGML_OP_NONE) g->uploads[g->n_uploads++] = m; // leaves: copied up front
+                else nodes[n++] = m;
+            }
+            t->src[s] = m;
+        }
+        nodes[n++] = t;
+    }
+    // uploads become nodes too, first, so the planner gives them memory and keeps them alive
+    struct ggml_tensor **ordered = malloc(((size_t)n + g->n_uploads) * sizeof *ordered);
+    if (!ordered) {
+        free(nodes);
+        return ggml_set_error(GGML_STATUS_ALLOC_FAILED, "out of memory while planning transfers");
+    }
+    memcpy(ordered, g->uploads, (size_t)g->n_uploads * sizeof *ordered);
+    memcpy(ordered + g->n_uploads, nodes, (size_t)n * sizeof *ordered);
+    free(nodes);
+    free(g->nodes);
+    g->nodes = ordered;
+    g->n_nodes = g->cap_nodes = n + g->n_uploads;
+    return ggml_cuda_stream_new(&g->stream);
+}
+
+// memory for one backend's intermediates; returns the high-water mark and fills offs[i]
+static int plan_backend(struct ggml_cgraph *g, enum ggml_backend backend, const int *last_use, size_t *offs,
+                        size_t *total) {
+    struct planner p = {0};
+    int status = GGML_STATUS_OK;
+    for (int i = 0; i < g->n_nodes && !status; i++) {
+        struct ggml_tensor *t = g->nodes[i];
+        if (owns_planned_memory(t) && t->backend == backend) offs[i] = planner_alloc(&p, ggml_nbytes(t));
+        for (int j = 0; j <= i && !status; j++) {
+            struct ggml_tensor *u = g->nodes[j];
+            if (last_use[j] == i && owns_planned_memory(u) && u->backend == backend)
+                status = planner_release(&p, offs[j], ggml_nbytes(u));
+        }
+    }
+    free(p.blocks);
+    *total = p.top ? p.top : GRAPH_ALIGN;
+    return status;
+}
+
+int ggml_graph_to_backend(struct ggml_cgraph *g, enum ggml_backend backend) {
+    if (!g) return ggml_set_error(GGML_STATUS_INVALID_ARG, "null graph");
+    if (g->planned) return ggml_set_error(GGML_STATUS_INVALID_ARG, "graph already planned");
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int s = 0; s < GGML_MAX_SRC; s++) {
+            struct ggml_tensor *src = g->nodes[i]->src[s];
+            if (!src) continue;
+            int st = ggml_tensor_to_backend(storage_of(src), backend);
+            if (st) return st;
+        }
+    return GGML_STATUS_OK;
+}
+
+static int index_of(const struct ggml_cgraph *g, const struct ggml_tensor *t, int before) {
+    for (int j = before - 1; j >= 0; j--)
+        if (g->nodes[j] == t) return j;
+    return -1;
+}
+
 int ggml_graph_plan(struct ggml_cgraph *g) {
     if (!g) return ggml_set_error(GGML_STATUS_INVALID_ARG, "null graph");
-    if (g->buffer) return GGML_STATUS_OK;
+    if (g->planned) return GGML_STATUS_OK;
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int s = 0; s < GGML_MAX_SRC; s++) {
+            struct ggml_tensor *src = g->nodes[i]->src[s];
+            if (src && storage_of(src)->op == GGML_OP_NONE && !storage_of(src)->data)
+                return ggml_set_error(GGML_STATUS_INVALID_ARG, "input tensor '%s' has no data", storage_of(src)->name);
+        }
+    int status = insert_transfers(g);
+    if (status) return status;
     int n = g->n_nodes;
     // last_use[i]: index of the last node that reads node i's storage (n for outputs: kept)
     int *last_use = calloc((size_t)n + 1, sizeof *last_use);
     size_t *offs = calloc((size_t)n + 1, sizeof *offs);
-    struct planner p = {0};
-    int status = GGML_STATUS_OK;
     if (!last_use || !offs) {
         status = ggml_set_error(GGML_STATUS_ALLOC_FAILED, "out of memory while planning");
         goto done;
@@ -153,60 +286,68 @@ int ggml_graph_plan(struct ggml_cgraph *g) {
         struct ggml_tensor *t = g->nodes[i];
         last_use[i] = t->is_output ? n : i;
         for (int s = 0; s < GGML_MAX_SRC; s++) {
-            struct ggml_tensor *src = t->src[s];
-            if (!src) continue;
-            struct ggml_tensor *own = storage_of(src);
-            if (own->op == GGML_OP_NONE) {
-                if (!own->data) {
-                    status = ggml_set_error(GGML_STATUS_INVALID_ARG, "input tensor '%s' has no data", own->name);
-                    goto done;
-                }
-                continue;
-            }
-            for (int j = i - 1; j >= 0; j--) {
-                if (g->nodes[j] == own) {
-                    if (last_use[j] < i) last_use[j] = i;
-                    break;
-                }
-            }
+            if (!t->src[s]) continue;
+            int j = index_of(g, storage_of(t->src[s]), i);
+            if (j >= 0 && last_use[j] < i) last_use[j] = i;
         }
     }
-    // a view marked as output keeps its owner alive
-    for (int i = n - 1; i >= 0; i--) {
+    for (int i = n - 1; i >= 0; i--) { // a view marked as output keeps its owner alive
         struct ggml_tensor *t = g->nodes[i];
-        if (!t->view_src) continue;
-        for (int j = i - 1; j >= 0; j--)
-            if (g->nodes[j] == t->view_src) {
-                if (last_use[j] < last_use[i]) last_use[j] = last_use[i];
-                break;
-            }
+        int j = t->view_src ? index_of(g, t->view_src, i) : -1;
+        if (j >= 0 && last_use[j] < last_use[i]) last_use[j] = last_use[i];
     }
-    for (int i = 0; i < n; i++) {
-        struct ggml_tensor *t = g->nodes[i];
-        if (owns_planned_memory(t)) offs[i] = planner_alloc(&p, ggml_nbytes(t));
-        for (int j = 0; j <= i; j++) {
-            if (last_use[j] != i || !owns_planned_memory(g->nodes[j])) continue;
-            status = planner_release(&p, offs[j], ggml_nbytes(g->nodes[j]));
-            if (status) goto done;
-        }
-    }
-    g->buffer_size = p.top ? p.top : GRAPH_ALIGN;
+    status = plan_backend(g, GGML_BACKEND_CPU, last_use, offs, &g->buffer_size);
+    if (status) goto done;
     g->buffer = aligned_alloc(GRAPH_ALIGN, g->buffer_size);
     if (!g->buffer) {
         status = ggml_set_error(GGML_STATUS_ALLOC_FAILED, "cannot allocate %zu bytes for the graph", g->buffer_size);
         goto done;
     }
+    if (g->stream) {
+        size_t *dev_offs = calloc((size_t)n + 1, sizeof *dev_offs);
+        status = dev_offs ? plan_backend(g, GGML_BACKEND_CUDA, last_use, dev_offs, &g->dev_buffer_size)
+                          : ggml_set_error(GGML_STATUS_ALLOC_FAILED, "out of memory while planning");
+        if (!status) status = ggml_cuda_malloc(&g->dev_buffer, g->dev_buffer_size);
+        for (int i = 0; i < n && !status; i++)
+            if (g->nodes[i]->backend == GGML_BACKEND_CUDA) offs[i] = dev_offs[i];
+        free(dev_offs);
+        for (int i = 0; i < n && !status; i++) {
+            size_t w = g->nodes[i]->backend == GGML_BACKEND_CUDA ? ggml_cuda_op_wsize(g->nodes[i]) : 0;
+            if (w > g->dev_wsize) g->dev_wsize = w;
+        }
+        if (!status && g->dev_wsize) status = ggml_cuda_malloc(&g->dev_wdata, g->dev_wsize);
+        if (status) goto done;
+    }
     for (int i = 0; i < n; i++) {
         struct ggml_tensor *t = g->nodes[i];
-        if (owns_planned_memory(t)) t->data = (uint8_t *)g->buffer + offs[i];
+        if (!owns_planned_memory(t)) continue;
+        t->data = (uint8_t *)(t->backend == GGML_BACKEND_CUDA ? g->dev_buffer : g->buffer) + offs[i];
     }
     for (int i = 0; i < n; i++) { // views last: their owners have data now
         struct ggml_tensor *t = g->nodes[i];
         if (t->view_src) t->data = (uint8_t *)t->view_src->data + t->view_offs;
     }
+    // the CUDA-only tail of the graph can be replayed as one CUDA graph
+    g->capture_from = n;
+    while (g->capture_from > 0) {
+        struct ggml_tensor *t = g->nodes[g->capture_from - 1];
+        bool device_only = t->backend == GGML_BACKEND_CUDA &&
+                           (t->op != GGML_OP_TRANSFER || ggml_get_backend(t->src[0]) == GGML_BACKEND_CUDA);
+        bool upload = t->op == GGML_OP_TRANSFER && g->capture_from - 1 < g->n_uploads;
+        if (!device_only || upload) break;
+        g->capture_from--;
+    }
+    g->planned = true;
 done:
     free(last_use);
     free(offs);
-    free(p.blocks);
     return status;
+}
+
+int ggml_graph_run_transfer(struct ggml_cgraph *g, struct ggml_tensor *node) {
+    const struct ggml_tensor *src = node->src[0];
+    size_t n = ggml_nbytes(src);
+    if (node->backend == GGML_BACKEND_CUDA) return ggml_cuda_memcpy_h2d(node->data, src->data, n, g->stream);
+    int st = ggml_cuda_memcpy_d2h(node->data, src->data, n, g->stream);
+    return st ? st : ggml_cuda_stream_sync(g->stream);
 }

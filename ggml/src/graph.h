@@ -1,10 +1,27 @@
-// graph.h: the graph struct, shared by the planner and the backends.
+// graph.h: the graph struct, shared by the planner and the executor.
 #pragma once
 #include "ggml-impl.h"
 
 struct ggml_cgraph {
-    struct ggml_tensor **nodes; // (n_nodes) in execution order
+    struct ggml_tensor **nodes;   // (n_nodes) in execution order, transfers included after planning
     int n_nodes, cap_nodes;
-    void *buffer;               // (buffer_size) memory of every planned intermediate
+    bool planned;
+    void *buffer;                 // (buffer_size) host memory of the CPU intermediates
     size_t buffer_size;
+    // GPU side, present when some node runs on CUDA
+    struct ggml_tensor *mirrors;  // (n_mirrors) transfer nodes the planner created
+    int n_mirrors;
+    struct ggml_tensor **uploads; // (n_uploads) transfers of host leaves, run before any node
+    int n_uploads;
+    void *dev_buffer;             // (dev_buffer_size) device memory of the CUDA intermediates
+    size_t dev_buffer_size;
+    void *dev_wdata;              // (dev_wsize) device scratch shared by the CUDA nodes
+    size_t dev_wsize;
+    void *stream;
+    int capture_from;             // nodes [capture_from, n_nodes) are CUDA-only: replayed as a CUDA graph
+    int n_computes;
+    void *cuda_graph;             // the captured replay, or NULL
 };
+
+// executes a transfer node (thread 0 only); syncs the stream when the bytes land on the host
+int ggml_graph_run_transfer(struct ggml_cgraph *g, struct ggml_tensor *node);

@@ -3,6 +3,7 @@
 // workers sleep on a condition variable so an idle engine costs no CPU.
 #include "ops.h"
 #include "../graph.h"
+#include "../cuda/cuda.h"
 
 #include <immintrin.h>
 #include <pthread.h>
@@ -52,17 +53,69 @@ static void pool_record_error(struct ggml_threadpool *tp, int status) {
         snprintf(tp->error, sizeof tp->error, "%s", ggml_last_error());
 }
 
+// the CUDA-only tail: replayed from its capture when there is one, captured on the second compute
+// (the first one warms up libraries whose set-up cannot be captured), launched op by op otherwise
+static int run_cuda_tail(struct ggml_cgraph *g) {
+    static int graphs_off = -1;
+    if (graphs_off < 0) graphs_off = getenv("PYINFER_NO_CUDA_GRAPHS") != NULL;
+    if (g->cuda_graph) return ggml_cuda_graph_launch(g->cuda_graph, g->stream);
+    bool capture = !graphs_off && g->n_computes == 1 && g->n_nodes - g->capture_from > 1;
+    if (capture && ggml_cuda_graph_capture_begin(g->stream) != GGML_STATUS_OK) capture = false;
+    int st = GGML_STATUS_OK;
+    for (int i = g->capture_from; i < g->n_nodes && !st; i++)
+        if (g->nodes[i]->op != GGML_OP_VIEW) st = ggml_cuda_forward(g->nodes[i], g->dev_wdata, g->stream);
+    if (!capture) return st;
+    void *exec = NULL;
+    int cap_st = ggml_cuda_graph_capture_end(g->stream, &exec);
+    if (st == GGML_STATUS_OK && cap_st == GGML_STATUS_OK) {
+        g->cuda_graph = exec;
+        return ggml_cuda_graph_launch(exec, g->stream);
+    }
+    if (exec) ggml_cuda_graph_free(exec);
+    g->n_computes = 2; // capture failed: run op by op from now on
+    ggml_clear_error();
+    for (int i = g->capture_from; i < g->n_nodes && !st; i++)
+        if (g->nodes[i]->op != GGML_OP_VIEW) st = ggml_cuda_forward(g->nodes[i], g->dev_wdata, g->stream);
+    return st;
+}
+
 static void graph_run(struct ggml_threadpool *tp, int ith) {
     struct ggml_compute_params params = {
         .ith = ith, .nth = tp->n_threads, .wdata = tp->wdata, .wsize = tp->wsize, .tp = tp};
     struct ggml_cgraph *g = tp->graph;
-    for (int i = 0; i < g->n_nodes; i++) {
+    int first = 0;
+    if (g->stream) { // device work is issued by thread 0 alone; uploads read leaves nobody writes now
+        first = g->n_uploads;
+        for (int i = 0; i < first && ith == 0; i++) {
+            int st = ggml_graph_run_transfer(g, g->nodes[i]);
+            if (st) pool_record_error(tp, st);
+        }
+    }
+    for (int i = first; i < g->n_nodes; i++) {
         struct ggml_tensor *node = g->nodes[i];
         if (node->op == GGML_OP_VIEW) continue;
-        int st = ggml_cpu_forward(&params, node);
+        if (node->backend == GGML_BACKEND_CUDA) { // stream-ordered: no barrier
+            if (ith != 0) continue;
+            int st;
+            if (i == g->capture_from) {
+                st = run_cuda_tail(g);
+                i = g->n_nodes;
+            } else {
+                st = node->op == GGML_OP_TRANSFER ? ggml_graph_run_transfer(g, node)
+                                                   : ggml_cuda_forward(node, g->dev_wdata, g->stream);
+            }
+            if (st) pool_record_error(tp, st);
+            continue;
+        }
+        int st = node->op == GGML_OP_TRANSFER ? (ith == 0 ? ggml_graph_run_transfer(g, node) : GGML_STATUS_OK)
+                                              : ggml_cpu_forward(&params, node);
         if (st) pool_record_error(tp, st);
         ggml_barrier(tp);
         if (atomic_load_explicit(&tp->status, memory_order_relaxed)) return; // every thread sees it after the barrier
+    }
+    if (g->stream && ith == 0) {
+        int st = ggml_cuda_stream_sync(g->stream);
+        if (st) pool_record_error(tp, st);
     }
 }
 
@@ -136,9 +189,10 @@ int ggml_threadpool_n_threads(const struct ggml_threadpool *tp) { return tp ? tp
 
 int ggml_graph_compute(struct ggml_cgraph *g, struct ggml_threadpool *tp) {
     if (!g || !tp) return ggml_set_error(GGML_STATUS_INVALID_ARG, "null graph or thread pool");
-    if (!g->buffer) return ggml_set_error(GGML_STATUS_INVALID_ARG, "graph not planned: call ggml_graph_plan first");
+    if (!g->planned) return ggml_set_error(GGML_STATUS_INVALID_ARG, "graph not planned: call ggml_graph_plan first");
     size_t wsize = 0;
     for (int i = 0; i < g->n_nodes; i++) {
+        if (g->nodes[i]->backend != GGML_BACKEND_CPU) continue;
         size_t w = ggml_cpu_op_wsize(g->nodes[i], tp->n_threads);
         if (w > wsize) wsize = w;
     }
@@ -159,6 +213,7 @@ int ggml_graph_compute(struct ggml_cgraph *g, struct ggml_threadpool *tp) {
     graph_run(tp, 0);
     // workers may still be leaving graph_run; the next compute must not reset state under them
     while (atomic_load_explicit(&tp->n_done, memory_order_acquire) < tp->n_threads - 1) _mm_pause();
+    g->n_computes++;
     int st = atomic_load(&tp->status);
     if (st) return ggml_set_error(st, "%s", tp->error);
     return GGML_STATUS_OK;

@@ -1,0 +1,35 @@
+// cuda.h: the CUDA backend's C interface, used by the graph executor (C) and implemented in *.cu.
+// Every function returns a GGML status and sets ggml_set_error(GGML_STATUS_BACKEND_ERROR, ...) on failure;
+// without a CUDA build (cuda_absent.c) they fail with "this build has no CUDA".
+#pragma once
+#include "../ggml-impl.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+int ggml_cuda_init(void);                      // picks device 0 once; fails without a GPU
+int ggml_cuda_malloc(void **ptr, size_t size); // device memory
+void ggml_cuda_free(void *ptr);
+int ggml_cuda_host_malloc(void **ptr, size_t size); // pinned host memory (fast, async copies)
+void ggml_cuda_host_free(void *ptr);
+int ggml_cuda_memcpy_h2d(void *dst, const void *src, size_t n, void *stream); // async on stream
+int ggml_cuda_memcpy_d2h(void *dst, const void *src, size_t n, void *stream); // async on stream
+int ggml_cuda_memcpy_d2d(void *dst, const void *src, size_t n, void *stream);
+int ggml_cuda_stream_new(void **stream);
+void ggml_cuda_stream_free(void *stream);
+int ggml_cuda_stream_sync(void *stream);
+// CUDA graphs: capture the launches made on `stream` between begin and end, replay with launch
+int ggml_cuda_graph_capture_begin(void *stream);
+int ggml_cuda_graph_capture_end(void *stream, void **exec);
+int ggml_cuda_graph_launch(void *exec, void *stream);
+void ggml_cuda_graph_free(void *exec);
+
+// device scratch bytes a node needs (e.g. activations quantized to Q8, dequantized F16 tiles)
+size_t ggml_cuda_op_wsize(const struct ggml_tensor *node);
+// runs one node on `stream`; node->data and every src's data are device pointers; wdata is device scratch
+int ggml_cuda_forward(struct ggml_tensor *node, void *wdata, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
