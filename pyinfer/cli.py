@@ -70,6 +70,25 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_chat(args) -> int:
+    from pyinfer.chat import ChatSession
+    from pyinfer.model_files import resolve_model
+    from pyinfer.repl import interactive, scripted
+    from pyinfer.runtime import Model
+
+    template = None
+    if args.chat_template_file:
+        with open(args.chat_template_file, encoding="utf-8") as f:
+            template = f.read()
+    path = resolve_model(args.model)
+    model = Model(path, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads, kv_type=args.kv_type)
+    session = ChatSession(model, system=args.system_prompt, template=template, params=sampler_params(args),
+                          seed=args.seed, n_predict=args.n_predict)
+    if sys.stdin.isatty() and not args.json:
+        return interactive(session, path)
+    return scripted(session, args.json)
+
+
 def cmd_bench(args) -> int:
     from pyinfer.bench import bench
     from pyinfer.model_files import resolve_model
@@ -105,6 +124,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
     add_sampling_args(p)
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("chat", help="talk with a model (default: SmolLM2-135M-Instruct)",
+                       description="Talk with a model. Without -m the default model is pulled and converted on "
+                                   "first use. When stdin is not a terminal, each line is one message.")
+    add_model_args(p)
+    p.add_argument("-sys", "--system-prompt", default=None, help="system prompt")
+    p.add_argument("--chat-template-file", default=None, help="Jinja chat template to use instead of the model's")
+    p.add_argument("-n", "--n-predict", type=int, default=-1, help="most tokens per answer (default -1: no limit)")
+    p.add_argument("--json", action="store_true", help="scripted mode: one JSON object per turn on stdout")
+    add_sampling_args(p)
+    p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("bench", help="llama-bench style pp/tg speed test",
                        description="Prompt processing (pp) and generation (tg) speed, as llama-bench reports them.")

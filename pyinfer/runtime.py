@@ -84,7 +84,7 @@ class _StepGraph:
         self.graph = ggml.Graph(self.ctx, [self.logits]).plan()
         self._tokens, self._pos = tokens.numpy(), pos.numpy()
         self._pos_ids = pos_ids.numpy() if pos_ids is not None else None
-        self._logits = self.logits.numpy()
+        self._logits = self.logits.numpy().reshape(n_out, cfg.n_vocab)
         self.pos_offset = cfg.pos_offset
 
     def run(self, pool: ggml.ThreadPool, tokens, n_past: int) -> np.ndarray:
@@ -123,7 +123,7 @@ class Model:
         self.kv_cache = KVCache(cfg, self.n_ctx, KV_TYPES[kv_type])
         self.pool = ggml.ThreadPool(self.n_threads)
         self._graphs: OrderedDict[tuple[int, int], _StepGraph] = OrderedDict()
-        self.n_past = 0  # tokens in the KV cache
+        self.tokens: list[int] = []  # the sequence in the KV cache
         self.timings = Timings(load_ms=1e3 * (time.perf_counter() - t0))
 
     # --- tokens ---
@@ -163,19 +163,24 @@ class Model:
             n_out = len(chunk) if all_logits else (1 if last_chunk else 0)
             graph = self._graph(len(chunk), max(n_out, 1))
             logits = graph.run(self.pool, chunk, self.n_past)
-            self.n_past += len(chunk)
+            self.tokens.extend(int(t) for t in chunk)
             if n_out:
                 outs.append(logits.copy())
         out = np.concatenate(outs) if all_logits else outs[-1][-1]
         return out
 
+    @property
+    def n_past(self) -> int:
+        """Tokens in the KV cache."""
+        return len(self.tokens)
+
     def reset(self) -> None:
         """Forgets the sequence (the KV cache is overwritten from position 0)."""
-        self.n_past = 0
+        self.tokens.clear()
 
     def truncate(self, n_keep: int) -> None:
-        """Keeps the first n_keep tokens of the sequence (later ones are recomputed when needed)."""
-        self.n_past = max(0, min(n_keep, self.n_past))
+        """Keeps the first n_keep tokens of the sequence (later positions are overwritten when reused)."""
+        del self.tokens[max(0, n_keep):]
 
     def logits(self, tokens) -> np.ndarray:
         """Logits (n, n_vocab) of every token of a fresh sequence."""
