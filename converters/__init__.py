@@ -1,0 +1,1 @@
+"""Converters: HF checkpoints and llama.cpp GGUFs -> PowerGGUF."""

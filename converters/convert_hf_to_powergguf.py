@@ -1,0 +1,388 @@
+"""Convert a HF checkpoint folder or a llama.cpp GGUF into a PowerGGUF (and optionally a dense GGUF).
+
+PowerGGUF = llama.cpp's GGUF layout (keys, tensor names) except that each layer's down projection is
+stored transposed as `blk.N.ffn_down_t` (ne = [n_embd, n_ff]: one contiguous row of n_embd values per
+FFN neuron), plus `pyinfer.*` keys. LLaMA q/k rows get llama.cpp's permutation so that rope mode
+"normal" (adjacent pairs) applies; Qwen2 keeps HF order and uses "neox".
+
+dReLU convention: a LlamaForCausalLM whose config.json says `"hidden_act": "drelu"` computes
+relu(gate) * relu(up) (transformers has no such activation; set it by hand in config.json).
+
+From a GGUF input every tensor keeps its bytes and type, except ffn_down -> ffn_down_t, which is
+dequantized, transposed and requantized: to the same type when gguf-py can quantize it and its block
+divides n_embd, else to Q8_0 (F16 when n_embd is not a multiple of 32); `--down-type q8_0|f16` overrides
+this, because a second 4-bit rounding costs quality (SmolLM2-135M Q4_1: mean KL 0.33 nats/token vs the
+source file with Q4_1 ffn_down_t, 0.01 with Q8_0). `--outtype` does not apply to GGUF input.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGUFValueType, LlamaFileType
+
+from converters.gguf_out import FLOAT_TYPES, QUANTIZABLE, OutFile, OutTensor, Q, encode, pick_type, write_atomically
+from converters.hf_vocab import KV, read_json, vocab_metadata
+from converters.safetensors_source import SafetensorsSource
+from pyinfer.errors import ModelFormatError, PyInferError, UnsupportedError
+from pyinfer.gguf_file import GGUFFile, expected_tensor_shapes
+from pyinfer.model_config import ModelConfig
+
+PROG = "convert-hf-to-powergguf"
+OUTTYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1}
+HF_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "OPTForCausalLM": "opt"}
+LLAMA_ACTS = {"silu": "swiglu", "relu": "reglu", "drelu": "drelu", "gelu_pytorch_tanh": "geglu", "gelu_new": "geglu"}
+FORMAT_VERSION = 1
+
+# ----------------------------------------------------------------------------
+# HF config -> hyperparameters
+
+
+def _need(config: dict[str, Any], key: str) -> Any:
+    """config[key], or a one-line error naming the key."""
+    if key not in config:
+        raise ModelFormatError(f"config.json lacks {key}")
+    return config[key]
+
+
+def _rope(config: dict[str, Any]) -> tuple[float, float | None]:
+    """(rope base, linear scaling factor or None) from rope_parameters / rope_scaling / rope_theta."""
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    kind = params.get("rope_type", params.get("type", "default"))
+    theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+    if kind == "default":
+        return theta, None
+    if kind == "linear":
+        return theta, float(params["factor"])
+    raise UnsupportedError(f"unsupported rope type {kind!r}; supported: default, linear")
+
+
+def _hparams(config: dict[str, Any], arch: str) -> dict[str, Any]:
+    """The sizes and switches the tensor map and metadata need, from config.json."""
+    if arch == "opt":
+        checks = {"do_layer_norm_before": True, "activation_function": "relu", "enable_bias": True,
+                  "layer_norm_elementwise_affine": True, "_remove_final_layer_norm": False}
+        for key, want in checks.items():
+            if config.get(key, want) != want:
+                raise UnsupportedError(f"OPT with {key} = {config[key]!r} is not supported (only {want!r})")
+        if config.get("word_embed_proj_dim", config["hidden_size"]) != config["hidden_size"]:
+            raise UnsupportedError("OPT with word_embed_proj_dim != hidden_size (project_in/out) is not supported")
+        n_head = int(_need(config, "num_attention_heads"))
+        return {"n_embd": int(_need(config, "hidden_size")), "n_ff": int(_need(config, "ffn_dim")),
+                "n_layer": int(_need(config, "num_hidden_layers")), "n_head": n_head, "n_head_kv": n_head,
+                "n_ctx": int(_need(config, "max_position_embeddings")), "n_vocab": int(_need(config, "vocab_size")),
+                "eps": 1e-5, "tied": bool(config.get("tie_word_embeddings", True)), "ffn_kind": "relu",
+                "qkv_bias": True, "out_bias": True, "ffn_bias": True}
+    if config.get("use_sliding_window"):
+        raise UnsupportedError("sliding-window attention (use_sliding_window) is not supported")
+    act = config.get("hidden_act", "silu")
+    acts = LLAMA_ACTS if arch == "llama" else {"silu": "swiglu"}
+    if act not in acts:
+        raise UnsupportedError(f"{arch} with hidden_act {act!r} is not supported; supported: {', '.join(acts)}")
+    n_embd, n_head = int(_need(config, "hidden_size")), int(_need(config, "num_attention_heads"))
+    theta, factor = _rope(config)
+    return {"n_embd": n_embd, "n_ff": int(_need(config, "intermediate_size")),
+            "n_layer": int(_need(config, "num_hidden_layers")), "n_head": n_head,
+            "n_head_kv": int(config.get("num_key_value_heads") or n_head),
+            "head_dim": int(config.get("head_dim") or n_embd // max(n_head, 1)),
+            "n_ctx": int(_need(config, "max_position_embeddings")), "n_vocab": int(_need(config, "vocab_size")),
+            "eps": float(_need(config, "rms_norm_eps")), "tied": bool(config.get("tie_word_embeddings", False)),
+            "rope_theta": theta, "rope_factor": factor, "ffn_kind": acts[act],
+            "qkv_bias": arch == "qwen2" or bool(config.get("attention_bias")),
+            "out_bias": bool(config.get("attention_bias")), "ffn_bias": bool(config.get("mlp_bias"))}
+
+
+# ----------------------------------------------------------------------------
+# tensor names: GGUF name <- HF name, with the transform each needs
+
+
+def _tensor_map(arch: str, hp: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(gguf name, HF name, transform) with transform in '', 'perm_q', 'perm_k', 'down'."""
+    wb = (".weight", ".bias")
+    out: list[tuple[str, str, str]] = []
+    if arch == "opt":
+        p = "model.decoder."
+        out += [("token_embd.weight", p + "embed_tokens.weight", ""),
+                ("position_embd.weight", p + "embed_positions.weight", "")]
+        for il in range(hp["n_layer"]):
+            b, h = f"blk.{il}.", f"{p}layers.{il}."
+            pairs = [("attn_norm", "self_attn_layer_norm"), ("attn_q", "self_attn.q_proj"),
+                     ("attn_k", "self_attn.k_proj"), ("attn_v", "self_attn.v_proj"),
+                     ("attn_output", "self_attn.out_proj"), ("ffn_norm", "final_layer_norm"),
+                     ("ffn_up", "fc1"), ("ffn_down", "fc2")]
+            out += [(b + g + s, h + n + s, "down" if g == "ffn_down" else "") for g, n in pairs for s in wb]
+        out += [("output_norm" + s, p + "final_layer_norm" + s, "") for s in wb]
+    else:
+        p = "model."
+        out.append(("token_embd.weight", p + "embed_tokens.weight", ""))
+        perm = arch == "llama"
+        for il in range(hp["n_layer"]):
+            b, h = f"blk.{il}.", f"{p}layers.{il}."
+            proj = [("attn_q", "self_attn.q_proj", "perm_q" if perm else "", hp["qkv_bias"]),
+                    ("attn_k", "self_attn.k_proj", "perm_k" if perm else "", hp["qkv_bias"]),
+                    ("attn_v", "self_attn.v_proj", "", hp["qkv_bias"]),
+                    ("attn_output", "self_attn.o_proj", "", hp["out_bias"]),
+                    ("ffn_gate", "mlp.gate_proj", "", hp["ffn_bias"]),
+                    ("ffn_up", "mlp.up_proj", "", hp["ffn_bias"]),
+                    ("ffn_down", "mlp.down_proj", "down", hp["ffn_bias"])]
+            out += [(b + "attn_norm.weight", h + "input_layernorm.weight", ""),
+                    (b + "ffn_norm.weight", h + "post_attention_layernorm.weight", "")]
+            for g, n, tr, bias in proj:
+                out += [(b + g + s, h + n + s, tr) for s in (wb if bias else wb[:1])]
+        out.append(("output_norm.weight", p + "norm.weight", ""))
+    if not hp["tied"]:
+        out.append(("output.weight", "lm_head.weight", ""))
+    return out
+
+
+def _resolve(src: SafetensorsSource, hf_name: str) -> str:
+    """The stored name of `hf_name`, which some checkpoints keep without the 'model.' prefix."""
+    if hf_name not in src.tensors and hf_name.startswith("model.") and hf_name[6:] in src.tensors:
+        hf_name = hf_name[6:]
+    src.require(hf_name)
+    return hf_name
+
+
+def _rope_pair_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Reorder each head's rows from HF's halves (j, j + hd/2) to adjacent pairs (2j, 2j+1)."""
+    hd = w.shape[0] // n_heads
+    order = np.arange(hd).reshape(2, hd // 2).T.reshape(-1)  # (hd,): 0, hd/2, 1, hd/2+1, ...
+    rows = (np.arange(n_heads)[:, None] * hd + order[None, :]).reshape(-1)  # (n_heads * hd,)
+    return w[rows]
+
+
+# ----------------------------------------------------------------------------
+# metadata
+
+
+def _arch_kv(arch: str, hp: dict[str, Any], name: str, outtype: Q) -> list[KV]:
+    """general.* and {arch}.* keys as llama.cpp writes them."""
+    u32, f32, s = GGUFValueType.UINT32, GGUFValueType.FLOAT32, GGUFValueType.STRING
+    ftype = LlamaFileType.ALL_F32 if outtype == Q.F32 else LlamaFileType[f"MOSTLY_{outtype.name}"]
+    head_dim = hp.get("head_dim", hp["n_embd"] // hp["n_head"])
+    kv: list[KV] = [
+        ("general.name", name, s, None), ("general.file_type", int(ftype), u32, None),
+        ("general.quantization_version", 2, u32, None),
+        (f"{arch}.vocab_size", hp["n_vocab"], u32, None), (f"{arch}.context_length", hp["n_ctx"], u32, None),
+        (f"{arch}.embedding_length", hp["n_embd"], u32, None), (f"{arch}.block_count", hp["n_layer"], u32, None),
+        (f"{arch}.feed_forward_length", hp["n_ff"], u32, None),
+        (f"{arch}.attention.head_count", hp["n_head"], u32, None),
+        (f"{arch}.attention.head_count_kv", hp["n_head_kv"], u32, None),
+        (f"{arch}.attention.key_length", head_dim, u32, None),
+        (f"{arch}.attention.value_length", head_dim, u32, None),
+    ]
+    if arch == "opt":
+        kv.append((f"{arch}.attention.layer_norm_epsilon", hp["eps"], f32, None))
+        return kv
+    kv += [(f"{arch}.attention.layer_norm_rms_epsilon", hp["eps"], f32, None),
+           (f"{arch}.rope.freq_base", hp["rope_theta"], f32, None),
+           (f"{arch}.rope.dimension_count", head_dim, u32, None)]
+    if hp["rope_factor"] is not None:
+        kv += [(f"{arch}.rope.scaling.type", "linear", s, None),
+               (f"{arch}.rope.scaling.factor", hp["rope_factor"], f32, None)]
+    return kv
+
+
+def _pyinfer_kv(ffn_kind: str) -> list[KV]:
+    """The PowerGGUF keys of a freshly converted (not yet profiled) model."""
+    s = GGUFValueType.STRING
+    return [("pyinfer.format_version", FORMAT_VERSION, GGUFValueType.UINT32, None),
+            ("pyinfer.ffn_layout", "down_t", s, None), ("pyinfer.neuron_order", "original", s, None),
+            ("pyinfer.ffn_kind", ffn_kind, s, None)]
+
+
+def _check_plan(arch: str, kv: list[KV], tensors: list[OutTensor], layout: str, what: str) -> None:
+    """The planned file must load: the same check GGUFFile runs, done before anything is written."""
+    meta = {"general.architecture": arch} | {k: v for k, v, *_ in kv}
+    cfg = ModelConfig.from_metadata(meta, [t.name for t in tensors])
+    planned = {t.name: tuple(reversed(t.shape)) for t in tensors}
+    for name, ne in expected_tensor_shapes(cfg, layout).items():
+        if planned.get(name) != ne:
+            raise ModelFormatError(f"{what}: {name} has shape {list(planned.get(name, ()))}, expected {list(ne)}")
+
+
+# ----------------------------------------------------------------------------
+# plans
+
+
+def _plan_hf(folder: str, outtype: Q, out_path: str, dense_path: str | None) -> tuple[list[OutFile], list[str]]:
+    """Outputs for a HF checkpoint folder."""
+    config = read_json(os.path.join(folder, "config.json"))
+    if config is None:
+        raise ModelFormatError(f"{folder}: missing config.json")
+    archs = config.get("architectures") or [None]
+    if archs[0] not in HF_ARCHS:
+        raise UnsupportedError(f"unsupported architecture {archs[0]!r}; supported: {', '.join(HF_ARCHS)}")
+    arch = HF_ARCHS[archs[0]]
+    if dense_path is not None and arch == "opt":
+        raise UnsupportedError("--dense-gguf: llama.cpp has no OPT architecture, so no dense GGUF can be written")
+    hp = _hparams(config, arch)
+    src = SafetensorsSource(folder)
+    notes: list[str] = []
+    base_kv = _arch_kv(arch, hp, os.path.basename(os.path.abspath(folder)), outtype)
+    base_kv += vocab_metadata(folder, arch, hp["n_vocab"], config)
+
+    def plan(transposed: bool) -> list[OutTensor]:
+        tensors = []
+        for gname, hname, transform in _tensor_map(arch, hp):
+            hname = _resolve(src, hname)
+            shape = src.tensors[hname].shape
+            if transform == "down" and transposed:
+                gname = gname.replace("ffn_down", "ffn_down_t")
+                shape = shape[::-1]
+            qtype = pick_type(gname, shape, outtype, notes)
+            tensors.append(OutTensor(gname, shape, qtype, _producer(src, hname, transform, transposed, qtype, hp)))
+        return tensors
+
+    power = plan(transposed=True)
+    kv = base_kv + _pyinfer_kv(hp["ffn_kind"])
+    _check_plan(arch, kv, power, "down_t", folder)
+    outputs = [OutFile(out_path, arch, kv, power)]
+    if dense_path is not None:
+        dense = plan(transposed=False)
+        _check_plan(arch, base_kv, dense, "down", folder)
+        if hp["ffn_kind"] != "swiglu":
+            notes.append(f"{dense_path}: llama.cpp will run this {hp['ffn_kind']} model's FFN as SwiGLU "
+                         "(dense GGUFs carry no activation key): use it for speed comparisons only")
+        outputs.append(OutFile(dense_path, arch, base_kv, dense))
+    return outputs, notes
+
+
+def _producer(src: SafetensorsSource, hname: str, transform: str, transposed: bool,
+              qtype: Q, hp: dict[str, Any]) -> Callable[[], np.ndarray]:
+    """A function loading one HF tensor, applying its transform and encoding it as `qtype`."""
+    def produce() -> np.ndarray:
+        w = src.load(hname)
+        if transform == "perm_q":
+            w = _rope_pair_rows(w, hp["n_head"])
+        elif transform == "perm_k":
+            w = _rope_pair_rows(w, hp["n_head_kv"])
+        elif transform == "down" and transposed:
+            w = w.T
+        return encode(w, qtype)
+    return produce
+
+
+def _down_t_type(qtype: Q, n_embd: int, name: str, notes: list[str], down_type: str) -> Q:
+    """Type of a requantized ffn_down_t: the source type when possible (down_type 'same'), else Q8_0, else F16."""
+    if down_type == "f16":
+        return Q.F16
+    fits = qtype in FLOAT_TYPES or (qtype in QUANTIZABLE and n_embd % GGML_QUANT_SIZES[qtype][0] == 0)
+    if down_type == "same" and fits:
+        return qtype
+    fallback = Q.Q8_0 if n_embd % 32 == 0 else Q.F16
+    if down_type == "same":
+        notes.append(f"{name}: {qtype.name} cannot be requantized along rows of {n_embd}; stored as {fallback.name}")
+    return fallback
+
+
+def _plan_gguf(path: str, out_path: str, dense_path: str | None,
+               down_type: str) -> tuple[list[OutFile], list[str]]:
+    """Outputs for a plain llama.cpp GGUF: same bytes, ffn_down transposed into ffn_down_t."""
+    g = GGUFFile(path)
+    if g.ffn_layout == "down_t":
+        raise ModelFormatError(f"{path}: already a PowerGGUF (has ffn_down_t)")
+    if g.config.arch == "opt" and dense_path is not None:
+        raise UnsupportedError("--dense-gguf: llama.cpp has no OPT architecture, so no dense GGUF can be written")
+    notes: list[str] = []
+    skip = ("general.architecture", "general.alignment")
+    copied = [kv for kv in g.typed_metadata() if kv[0] not in skip and not kv[0].startswith("pyinfer.")]
+
+    def raw(name: str) -> Callable[[], np.ndarray]:
+        return lambda: g.tensors[name].data
+
+    def down_t(name: str, qtype: Q) -> Callable[[], np.ndarray]:
+        return lambda: encode(g.dequantize(name).T, qtype)
+
+    power, dense = [], []
+    for info in g.tensors.values():
+        shape = tuple(reversed(info.ne))
+        dense.append(OutTensor(info.name, shape, Q(info.type), raw(info.name)))
+        if re.fullmatch(r"blk\.\d+\.ffn_down\.weight", info.name):
+            name = info.name.replace("ffn_down", "ffn_down_t")
+            qtype = _down_t_type(Q(info.type), g.config.n_embd, name, notes, down_type)
+            power.append(OutTensor(name, shape[::-1], qtype, down_t(info.name, qtype)))
+        else:
+            name = info.name.replace("ffn_down.", "ffn_down_t.")
+            power.append(OutTensor(name, shape, Q(info.type), raw(info.name)))
+    kv = copied + _pyinfer_kv(g.config.ffn_kind)
+    _check_plan(g.config.arch, kv, power, "down_t", path)
+    outputs = [OutFile(out_path, g.config.arch, kv, power)]
+    if dense_path is not None:
+        outputs.append(OutFile(dense_path, g.config.arch, copied, dense))
+    return outputs, notes
+
+
+# ----------------------------------------------------------------------------
+# command line
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG, description="Convert a HF checkpoint folder (LlamaForCausalLM, Qwen2ForCausalLM, "
+        "OPTForCausalLM; safetensors) or a llama.cpp GGUF into a PowerGGUF (ffn_down stored transposed).",
+        epilog='dReLU LLaMA models: set "hidden_act": "drelu" in config.json (relu on gate and up).')
+    p.add_argument("input", help="HF model folder or .gguf file")
+    p.add_argument("-o", "--outfile", help="output PowerGGUF path (default: next to the input)")
+    p.add_argument("--outtype", choices=list(OUTTYPES), default=None,
+                   help="weight type for HF input (default f16); norms and biases stay F32")
+    p.add_argument("--down-type", choices=["same", "q8_0", "f16"], default="same",
+                   help="GGUF input only: type of the requantized ffn_down_t (default: the source type when "
+                   "its block divides n_embd, else Q8_0); q8_0 avoids a second 4-bit rounding")
+    p.add_argument("--dense-gguf", metavar="PATH",
+                   help="also write a plain llama.cpp-loadable GGUF (ffn_down, no pyinfer keys) of the same weights")
+    return p
+
+
+def _default_out(inp: str, outtype: str) -> str:
+    """<folder>/<name>-<type>-power.gguf for a folder, <stem>-power.gguf next to a GGUF."""
+    inp = os.path.abspath(inp)
+    if os.path.isdir(inp):
+        return os.path.join(inp, f"{os.path.basename(inp)}-{outtype}-power.gguf")
+    return os.path.splitext(inp)[0] + "-power.gguf"
+
+
+def convert(inp: str, outfile: str | None = None, outtype: str | None = None,
+            dense_gguf: str | None = None, down_type: str = "same") -> list[str]:
+    """Convert; returns notes for the user. Raises PyInferError/OSError with one-line messages."""
+    if not os.path.exists(inp):
+        raise ModelFormatError(f"{inp}: no such file or directory")
+    is_gguf = os.path.isfile(inp)
+    out = outfile or _default_out(inp, outtype or "f16")
+    if is_gguf:
+        outputs, notes = _plan_gguf(inp, out, dense_gguf, down_type)
+        if outtype is not None:
+            notes.insert(0, "--outtype is ignored for GGUF input: tensors keep their types")
+    else:
+        outputs, notes = _plan_hf(inp, OUTTYPES[outtype or "f16"], out, dense_gguf)
+    for note in dict.fromkeys(notes):  # the dense plan repeats the PowerGGUF's notes
+        print(f"{PROG}: note: {note}", file=sys.stderr)
+    write_atomically(outputs)
+    return [o.path for o in outputs]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: 0 on success, 1 with one line on stderr on error, 130 on Ctrl-C."""
+    args = _parser().parse_args(argv)
+    try:
+        written = convert(args.input, args.outfile, args.outtype, args.dense_gguf, args.down_type)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; no output written", file=sys.stderr)
+        return 130
+    except (PyInferError, OSError) as exc:
+        text = " ".join(str(exc).split()) if not isinstance(exc, OSError) or not exc.strerror else \
+            f"{exc.filename or ''}: {exc.strerror}".lstrip(": ")
+        print(f"{PROG}: error: {text}", file=sys.stderr)
+        return 1
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Planned GGUF outputs and their atomic, streaming write (one tensor in memory at a time)."""
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+from gguf.quants import quantize
+from tqdm import tqdm
+
+from converters.hf_vocab import KV
+
+Q = GGMLQuantizationType
+FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
+# types gguf-py can quantize to (the rest it can only dequantize)
+QUANTIZABLE = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0)
+
+
+@dataclass
+class OutTensor:
+    """A tensor to write: numpy-order shape in elements, its GGML type and a function giving its bytes."""
+
+    name: str
+    shape: tuple[int, ...]
+    qtype: GGMLQuantizationType
+    produce: Callable[[], np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        block, type_size = GGML_QUANT_SIZES[self.qtype]
+        return math.prod(self.shape[:-1]) * (self.shape[-1] // block) * type_size
+
+
+@dataclass
+class OutFile:
+    """One GGUF to write."""
+
+    path: str
+    arch: str
+    kv: list[KV]
+    tensors: list[OutTensor]
+
+
+def encode(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    """float values (numpy order) -> the array whose bytes are the tensor's data in `qtype`."""
+    return quantize(np.ascontiguousarray(values, dtype=np.float32), qtype)
+
+
+def pick_type(name: str, shape: tuple[int, ...], outtype: GGMLQuantizationType,
+              notes: list[str]) -> GGMLQuantizationType:
+    """llama.cpp's rule: 1-D tensors and learned positions stay F32; rows not a whole number of blocks -> F16."""
+    if len(shape) == 1 or name.startswith("position_embd"):
+        return Q.F32
+    block = GGML_QUANT_SIZES[outtype][0]
+    if shape[-1] % block:
+        notes.append(f"{name}: row of {shape[-1]} is not a multiple of {outtype.name}'s block {block}; stored as F16")
+        return Q.F16
+    return outtype
+
+
+def _temp_path(path: str) -> str:
+    """A fresh hidden name next to `path`, so the final rename stays on one file system."""
+    folder, base = os.path.split(os.path.abspath(path))
+    return os.path.join(folder, f".{base}.{os.getpid()}.{secrets.token_hex(4)}.part")
+
+
+def _write_one(out: OutFile, temp: str, bar: tqdm) -> None:
+    """Header, metadata and tensor infos first, then each tensor's data produced and written in turn."""
+    writer = GGUFWriter(None, out.arch)
+    for key, value, vtype, sub_type in out.kv:
+        writer.add_key_value(key, value, vtype, sub_type)
+    for t in out.tensors:
+        # a non-uint8 dtype tells gguf-py the shape is already in elements
+        writer.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=t.qtype)
+    writer.open_output_file(Path(temp))
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for t in out.tensors:
+            data = t.produce()
+            if data.nbytes != t.nbytes:
+                raise RuntimeError(f"internal error: {t.name} produced {data.nbytes} bytes, planned {t.nbytes}")
+            writer.write_tensor_data(data)
+            bar.update(t.nbytes)
+    finally:
+        writer.close()
+
+
+def write_atomically(outputs: list[OutFile]) -> None:
+    """Write every output to a temp file, then rename all; on any error or interrupt leave none behind."""
+    temps: list[str] = []
+    total = sum(t.nbytes for out in outputs for t in out.tensors)
+    try:
+        with tqdm(total=total, unit="B", unit_scale=True, desc="writing", file=sys.stderr, disable=None) as bar:
+            for out in outputs:
+                temps.append(_temp_path(out.path))
+                _write_one(out, temps[-1], bar)
+        for out, temp in zip(outputs, temps, strict=True):
+            os.replace(temp, out.path)
+    except BaseException:
+        for temp in temps:
+            if os.path.exists(temp):
+                os.remove(temp)
+        raise

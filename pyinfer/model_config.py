@@ -1,0 +1,137 @@
+"""Model hyperparameters read from GGUF metadata (llama.cpp keys plus `pyinfer.*` keys)."""
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyinfer.errors import ModelFormatError, UnsupportedError
+
+SUPPORTED_ARCHS = ("llama", "qwen2", "opt")
+FFN_KINDS = ("swiglu", "reglu", "drelu", "relu", "geglu")
+
+# arch -> (norm kind, rope mode, default ffn kind, learned-position offset)
+_ARCH_TRAITS: dict[str, tuple[str, str | None, str, int]] = {
+    "llama": ("rms", "normal", "swiglu", 0),
+    "qwen2": ("rms", "neox", "swiglu", 0),
+    # OPT's learned position table has 2 leading rows that no position uses
+    "opt": ("layer", None, "relu", 2),
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What a forward pass needs to know besides the weights.
+
+    ffn_kind: swiglu = silu(gate)*up, reglu = relu(gate)*up, drelu = relu(gate)*relu(up),
+    geglu = gelu_tanh(gate)*up, relu = relu(up) with no gate (OPT).
+    rope_scale: linear position scaling; positions are divided by it (1.0 = none).
+    """
+
+    arch: str
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    norm_kind: str
+    norm_eps: float
+    rope_mode: str | None
+    rope_base: float
+    rope_scale: float
+    n_rot: int
+    ffn_kind: str
+    tied_embeddings: bool
+    qkv_bias: bool
+    attn_out_bias: bool
+    ffn_bias: bool
+    pos_offset: int
+
+    @property
+    def gated(self) -> bool:
+        """True when the FFN has a gate projection (everything except OPT's plain ReLU)."""
+        return self.ffn_kind != "relu"
+
+    @classmethod
+    def from_metadata(cls, meta: Mapping[str, Any],
+                      tensor_names: Collection[str] | None = None) -> ModelConfig:
+        """Read the config; tensor_names (when given) decide tied embeddings and biases as llama.cpp does."""
+        arch = meta.get("general.architecture")
+        if arch not in _ARCH_TRAITS:
+            raise UnsupportedError(
+                f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}")
+        norm_kind, rope_mode, default_ffn, pos_offset = _ARCH_TRAITS[arch]
+
+        def key(name: str, default: Any = ...) -> Any:
+            full = f"{arch}.{name}"
+            if full in meta:
+                return meta[full]
+            if default is ...:
+                raise ModelFormatError(f"GGUF metadata lacks required key {full}")
+            return default
+
+        n_embd = int(key("embedding_length"))
+        n_head = int(key("attention.head_count"))
+        if n_head <= 0 or n_embd <= 0:
+            raise ModelFormatError(f"bad sizes: embedding_length {n_embd}, head_count {n_head}")
+        head_dim = int(key("attention.key_length", n_embd // n_head))
+        n_vocab = key("vocab_size", None)
+        if n_vocab is None:
+            tokens = meta.get("tokenizer.ggml.tokens")
+            if tokens is None:
+                raise ModelFormatError(f"GGUF metadata lacks {arch}.vocab_size and tokenizer.ggml.tokens")
+            n_vocab = len(tokens)
+        eps_key = "attention.layer_norm_rms_epsilon" if norm_kind == "rms" else "attention.layer_norm_epsilon"
+        scaling = key("rope.scaling.type", "none")
+        if scaling not in ("none", "linear"):
+            raise UnsupportedError(f"unsupported rope scaling {scaling!r}; supported: none, linear")
+        names = set(tensor_names) if tensor_names is not None else None
+
+        def has(name: str, default: bool) -> bool:
+            return default if names is None else name in names
+
+        cfg = cls(
+            arch=arch,
+            n_vocab=int(n_vocab),
+            n_ctx_train=int(key("context_length")),
+            n_embd=n_embd,
+            n_layer=int(key("block_count")),
+            n_ff=int(key("feed_forward_length")),
+            n_head=n_head,
+            n_head_kv=int(key("attention.head_count_kv", n_head)),
+            head_dim=head_dim,
+            norm_kind=norm_kind,
+            norm_eps=float(key(eps_key)),
+            rope_mode=rope_mode,
+            rope_base=float(key("rope.freq_base", 10000.0)),
+            rope_scale=float(key("rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0,
+            n_rot=int(key("rope.dimension_count", head_dim)) if rope_mode else 0,
+            ffn_kind=str(meta.get("pyinfer.ffn_kind", default_ffn)),
+            tied_embeddings=not has("output.weight", arch != "opt"),
+            qkv_bias=has("blk.0.attn_q.bias", arch in ("qwen2", "opt")),
+            attn_out_bias=has("blk.0.attn_output.bias", arch == "opt"),
+            ffn_bias=has("blk.0.ffn_up.bias", arch == "opt"),
+            pos_offset=pos_offset,
+        )
+        cfg._check()
+        return cfg
+
+    def _check(self) -> None:
+        """Reject values no forward pass can run with, naming the first bad one."""
+        sizes = ("n_vocab", "n_ctx_train", "n_embd", "n_layer", "n_ff", "n_head", "n_head_kv", "head_dim")
+        for name in sizes:
+            if getattr(self, name) <= 0:
+                raise ModelFormatError(f"bad model size {name} = {getattr(self, name)}")
+        if self.n_head % self.n_head_kv:
+            raise ModelFormatError(f"head_count {self.n_head} is not a multiple of head_count_kv {self.n_head_kv}")
+        if self.rope_mode and (self.n_rot % 2 or not 0 < self.n_rot <= self.head_dim):
+            raise ModelFormatError(f"bad rope.dimension_count {self.n_rot} for head size {self.head_dim}")
+        if self.ffn_kind not in FFN_KINDS:
+            raise UnsupportedError(f"unsupported pyinfer.ffn_kind {self.ffn_kind!r}; supported: {', '.join(FFN_KINDS)}")
+        if (self.ffn_kind == "relu") != (self.arch == "opt"):
+            raise UnsupportedError(f"ffn kind {self.ffn_kind!r} does not fit architecture {self.arch}")
+        if self.norm_eps <= 0:
+            raise ModelFormatError(f"bad norm epsilon {self.norm_eps}")

@@ -1,0 +1,174 @@
+"""Tiny random HF checkpoints (with a tiny trained BPE tokenizer) and their float64 transformers oracles."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from unittest import mock
+
+import numpy as np
+import torch
+
+N_VOCAB = 300  # embedding rows; the tokenizer has fewer tokens, the rest become [PAD] entries
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TEXT = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Sphinx of black quartz, judge my vow!",
+    "A tiny model with a tiny vocabulary: 12345 67890.",
+    "Pack my box with five dozen liquor jugs; how vexingly quick daft zebras jump.",
+] * 4
+
+# variant -> (architecture, extra config); "drelu" is our config.json convention (see the converter)
+VARIANTS = {
+    "llama_silu": ("llama", {"hidden_act": "silu"}),
+    "llama_relu": ("llama", {"hidden_act": "relu"}),
+    "llama_drelu": ("llama", {"hidden_act": "drelu"}),
+    "llama_geglu": ("llama", {"hidden_act": "gelu_pytorch_tanh"}),
+    "qwen2": ("qwen2", {"tie_word_embeddings": True}),
+    "opt": ("opt", {}),
+}
+
+
+@dataclass
+class TinyModel:
+    """A saved checkpoint folder and the in-memory float64 model that is its oracle."""
+
+    folder: str
+    model: torch.nn.Module
+
+    def logits(self, tokens: list[int]) -> np.ndarray:
+        """Oracle logits (n_tokens, n_vocab), all in float64 (transformers upcasts softmax to float32 only)."""
+        softmax = torch.nn.functional.softmax
+
+        def softmax_f64(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None, **_: object):
+            return softmax(x, dim=dim)
+
+        with torch.no_grad(), mock.patch.object(torch.nn.functional, "softmax", softmax_f64):
+            return self.model(torch.tensor([tokens])).logits[0].numpy()
+
+
+def save_tokenizer(folder: str) -> None:
+    """Train a ~280-token byte-level BPE and save it with transformers (tokenizer.json, config, template)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=280, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(TEXT, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE)
+    fast.save_pretrained(folder)
+
+
+def _config(arch: str, extra: dict):
+    import transformers as T
+
+    if arch == "opt":
+        return T.OPTConfig(hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+                           vocab_size=N_VOCAB, max_position_embeddings=64, word_embed_proj_dim=64,
+                           attn_implementation="eager", **extra)
+    cls = T.LlamaConfig if arch == "llama" else T.Qwen2Config
+    extra = dict(extra)
+    act = extra.pop("hidden_act", "silu")
+    return cls(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=N_VOCAB, max_position_embeddings=64, rms_norm_eps=1e-5,
+               hidden_act="relu" if act == "drelu" else act, attn_implementation="eager", **extra)
+
+
+def _randomize(model: torch.nn.Module, seed: int) -> None:
+    """Every parameter random (norm scales near 1), so any misplaced weight changes the logits."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            is_norm = "norm" in name or "layer_norm" in name
+            scale = 0.3 if p.ndim == 1 else 0.15
+            p.copy_(1.0 + 0.1 * noise if is_norm and name.endswith("weight") else scale * noise)
+
+
+def _patch_drelu(model: torch.nn.Module) -> None:
+    """transformers has no dReLU: make every MLP compute down(relu(gate(x)) * relu(up(x)))."""
+    for layer in model.model.layers:
+        mlp = layer.mlp
+        mlp.forward = (lambda m: lambda x: m.down_proj(torch.relu(m.gate_proj(x)) * torch.relu(m.up_proj(x))))(mlp)
+
+
+def _rmsnorm_f64(model: torch.nn.Module) -> None:
+    """Keep RMSNorm in float64 (transformers upcasts to float32 only)."""
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNorm"):
+            eps = module.variance_epsilon
+            module.forward = (lambda m, e: lambda x: m.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + e))(
+                module, eps)
+
+
+def _rotary_f64(model: torch.nn.Module) -> None:
+    """Compute HF's rope angles in float64 (transformers computes them in float32)."""
+    rot = getattr(model.model, "rotary_emb", None)
+    if rot is None:
+        return
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    base = cfg.rope_parameters["rope_theta"]
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (head_dim/2,)
+
+    def forward(x: torch.Tensor, position_ids: torch.Tensor):
+        freqs = position_ids[..., None].double() * inv_freq  # (batch, T, head_dim/2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (batch, T, head_dim)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+    rot.forward = forward
+
+
+def build(variant: str, folder: str, seed: int = 0, dtype: torch.dtype = torch.float32,
+          max_shard_size: str | None = None) -> TinyModel:
+    """Create, randomize and save a tiny checkpoint of `variant` into `folder` (weights stored as `dtype`)."""
+    import transformers as T
+
+    arch, extra = VARIANTS[variant]
+    cfg = _config(arch, extra)
+    cls = {"llama": T.LlamaForCausalLM, "qwen2": T.Qwen2ForCausalLM, "opt": T.OPTForCausalLM}[arch]
+    torch.manual_seed(seed)
+    model = cls(cfg).eval()
+    _randomize(model, seed)
+    model.to(dtype)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(folder, **kwargs)
+    save_tokenizer(folder)
+    if extra.get("hidden_act") == "drelu":
+        path = os.path.join(folder, "config.json")
+        with open(path) as f:
+            config = json.load(f)
+        config["hidden_act"] = "drelu"
+        with open(path, "w") as f:
+            json.dump(config, f, indent=2)
+        _patch_drelu(model)
+    _rotary_f64(model)
+    _rmsnorm_f64(model)
+    return TinyModel(folder, model.double())
+
+
+def roundtrip_weights(tiny: TinyModel, qtype) -> TinyModel:
+    """The oracle with every 2-D weight passed through `qtype` along its ggml rows, as the converter stores it.
+
+    Rows are the input axis for projections and embeddings; the down projection is stored transposed
+    (ffn_down_t), so its rows are the output axis. Learned positions and 1-D tensors stay exact.
+    """
+    from gguf.quants import dequantize, quantize
+
+    def rt(w: np.ndarray) -> np.ndarray:
+        return dequantize(quantize(w.astype(np.float32), qtype), qtype).astype(np.float64)
+
+    with torch.no_grad():
+        for name, p in tiny.model.named_parameters():
+            if p.ndim != 2 or "embed_positions" in name:
+                continue
+            w = p.detach().numpy()
+            down = "down_proj" in name or "fc2" in name
+            p.copy_(torch.from_numpy(rt(w.T).T if down else rt(w)))
+    return tiny

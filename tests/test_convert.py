@@ -1,0 +1,343 @@
+"""Converter + GGUFFile + numpy reference against transformers on tiny random checkpoints."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFReader
+from gguf.quants import dequantize, quantize
+from hf_tiny import CHAT_TEMPLATE, N_VOCAB, SPECIALS, VARIANTS, build, roundtrip_weights
+
+import converters.convert_hf_to_powergguf as conv
+from converters.gguf_out import pick_type
+from pyinfer.gguf_file import GGUFFile
+from pyinfer.reference import reference_ffn_activations, reference_logits
+
+TOKENS = [1, 5, 77, 200, 3, 9, 250, 11, 299]
+EXACT = 1e-8  # float64 vs float64: only the float32-stored eps / rope base differ
+
+
+def rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def convert(folder: str, out: str, *extra: str) -> int:
+    return conv.main([folder, "-o", out, *extra])
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """variant -> TinyModel, built on first use (the oracle is shared: copy() before changing weights)."""
+    built = {}
+
+    def get(variant: str):
+        if variant not in built:
+            built[variant] = build(variant, str(tmp_path_factory.mktemp(variant)))
+        return built[variant]
+    return get
+
+
+@pytest.fixture(scope="module")
+def power_silu(models, tmp_path_factory):
+    """llama_silu converted to F32 PowerGGUF plus its dense GGUF."""
+    out = tmp_path_factory.mktemp("power")
+    power, dense = str(out / "m.gguf"), str(out / "dense.gguf")
+    assert convert(models("llama_silu").folder, power, "--outtype", "f32", "--dense-gguf", dense) == 0
+    return power, dense
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_f32_matches_transformers(models, tmp_path, variant):
+    tiny = models(variant)
+    out = str(tmp_path / "m.gguf")
+    assert convert(tiny.folder, out, "--outtype", "f32") == 0
+    g = GGUFFile(out)
+    assert g.ffn_layout == "down_t"
+    assert rel_err(reference_logits(g, TOKENS), tiny.logits(TOKENS)) < EXACT
+
+
+def test_powergguf_layout(power_silu, models):
+    r = GGUFReader(power_silu[0])  # the standard reader opens it
+    meta = {k: f.contents() for k, f in r.fields.items()}
+    assert meta["general.architecture"] == "llama"
+    assert meta["pyinfer.format_version"] == 1
+    assert meta["pyinfer.ffn_layout"] == "down_t"
+    assert meta["pyinfer.neuron_order"] == "original"
+    assert meta["pyinfer.ffn_kind"] == "swiglu"
+    assert meta["llama.feed_forward_length"] == 128 and meta["llama.attention.head_count_kv"] == 2
+    tensors = {t.name: t for t in r.tensors}
+    assert "blk.0.ffn_down.weight" not in tensors
+    assert list(tensors["blk.1.ffn_down_t.weight"].shape) == [64, 128]  # ne: one row of n_embd per neuron
+    assert tensors["blk.0.attn_norm.weight"].tensor_type == Q.F32
+    g = GGUFFile(power_silu[0])
+    cfg = g.config
+    assert (cfg.n_vocab, cfg.n_embd, cfg.n_layer, cfg.n_ff, cfg.n_head, cfg.n_head_kv, cfg.head_dim) == \
+        (N_VOCAB, 64, 2, 128, 4, 2, 16)
+    assert cfg.rope_mode == "normal" and not cfg.tied_embeddings and not cfg.qkv_bias
+    # ffn_down_t rows are the columns of HF's down_proj
+    hf_down = models("llama_silu").model.model.layers[1].mlp.down_proj.weight.detach().numpy()  # (n_embd, n_ff)
+    np.testing.assert_array_equal(g.dequantize("blk.1.ffn_down_t.weight"), hf_down.T)
+
+
+def test_tokenizer_metadata(power_silu, models):
+    meta = GGUFFile(power_silu[0]).metadata
+    with open(os.path.join(models("llama_silu").folder, "tokenizer.json")) as f:
+        tj = json.load(f)
+    vocab = tj["model"]["vocab"]
+    tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
+    assert len(tokens) == len(types) == N_VOCAB
+    for tok, tid in vocab.items():
+        assert tokens[tid] == tok
+    n_real = max(vocab.values()) + 1
+    assert tokens[n_real:] == [f"[PAD{i}]" for i in range(n_real, N_VOCAB)] and set(types[n_real:]) == {5}
+    ids = {s: vocab[s] for s in SPECIALS}
+    assert all(types[i] == 3 for i in ids.values())  # control
+    assert meta["tokenizer.ggml.bos_token_id"] == ids["<|im_start|>"]
+    assert meta["tokenizer.ggml.eos_token_id"] == ids["<|im_end|>"]
+    assert meta["tokenizer.ggml.padding_token_id"] == ids["<|endoftext|>"]
+    assert meta["tokenizer.ggml.model"] == "gpt2" and meta["tokenizer.ggml.pre"] == "gpt-2"
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    assert meta["tokenizer.ggml.merges"] == merges
+    assert meta["tokenizer.chat_template"] == CHAT_TEMPLATE
+    assert meta["tokenizer.ggml.add_bos_token"] is False
+
+
+@pytest.mark.parametrize("variant,outtype,bound", [
+    ("llama_silu", "f16", 5e-3), ("llama_silu", "bf16", 3e-2), ("llama_silu", "q8_0", 0.1),
+    ("llama_silu", "q4_0", 1.0), ("llama_silu", "q4_1", 1.0), ("opt", "q8_0", 0.1), ("qwen2", "q4_0", 1.0)])
+def test_quantized(tmp_path, variant, outtype, bound):
+    tiny = build(variant, str(tmp_path / "hf"))
+    out = str(tmp_path / "m.gguf")
+    assert convert(tiny.folder, out, "--outtype", outtype) == 0
+    g = GGUFFile(out)
+    assert g.tensors["blk.0.ffn_up.weight"].type == Q[outtype.upper()]
+    assert g.tensors["blk.0.ffn_down_t.weight"].type == Q[outtype.upper()]
+    assert g.tensors["output_norm.weight"].type == Q.F32
+    got = reference_logits(g, TOKENS)
+    assert rel_err(got, tiny.logits(TOKENS)) < bound
+    # exact: transformers with each weight quantized along the same rows
+    assert rel_err(got, roundtrip_weights(tiny, Q[outtype.upper()]).logits(TOKENS)) < EXACT
+
+
+def test_bf16_sharded_checkpoint(tmp_path):
+    tiny = build("qwen2", str(tmp_path / "hf"), seed=3, dtype=torch.bfloat16, max_shard_size="40KB")
+    shards = [n for n in os.listdir(tiny.folder) if n.endswith(".safetensors")]
+    assert len(shards) > 1 and os.path.exists(os.path.join(tiny.folder, "model.safetensors.index.json"))
+    out = str(tmp_path / "m.gguf")
+    assert convert(tiny.folder, out, "--outtype", "f32") == 0
+    g = GGUFFile(out)
+    assert g.config.tied_embeddings and g.config.qkv_bias and g.config.rope_mode == "neox"
+    assert rel_err(reference_logits(g, TOKENS), tiny.logits(TOKENS)) < EXACT
+
+
+def test_dense_gguf_export(power_silu):
+    power, dense = power_silu
+    r = GGUFReader(dense)
+    assert not [k for k in r.fields if k.startswith("pyinfer.")]
+    tensors = {t.name: t for t in r.tensors}
+    assert "blk.0.ffn_down_t.weight" not in tensors
+    assert list(tensors["blk.0.ffn_down.weight"].shape) == [128, 64]
+    g = GGUFFile(dense)
+    assert g.ffn_layout == "down"
+    np.testing.assert_allclose(reference_logits(g, TOKENS), reference_logits(GGUFFile(power), TOKENS),
+                               rtol=0, atol=1e-12)
+
+
+def test_gguf_input_f32_keeps_bytes(power_silu, tmp_path):
+    power, dense = power_silu
+    out = str(tmp_path / "from_gguf.gguf")
+    assert convert(dense, out) == 0
+    src, got = GGUFFile(dense), GGUFFile(out)
+    assert got.ffn_layout == "down_t" and got.metadata["pyinfer.ffn_kind"] == "swiglu"
+    for name, info in src.tensors.items():
+        if "ffn_down" not in name:
+            assert got.tensors[name].type == info.type
+            np.testing.assert_array_equal(got.tensors[name].data, info.data)
+    assert got.metadata["tokenizer.ggml.tokens"] == src.metadata["tokenizer.ggml.tokens"]
+    np.testing.assert_array_equal(reference_logits(got, TOKENS), reference_logits(GGUFFile(power), TOKENS))
+
+
+@pytest.mark.parametrize("outtype,down_type,want", [("q4_1", "same", "Q4_1"), ("q8_0", "same", "Q8_0"),
+                                                    ("q4_0", "q8_0", "Q8_0"), ("q4_0", "f16", "F16")])
+def test_gguf_input_requantizes_down(models, tmp_path, outtype, down_type, want):
+    dense, out = str(tmp_path / "dense.gguf"), str(tmp_path / "power.gguf")
+    assert convert(models("llama_relu").folder, str(tmp_path / "p0.gguf"), "--outtype", outtype,
+                   "--dense-gguf", dense) == 0
+    assert convert(dense, out, "--down-type", down_type) == 0
+    src, got = GGUFFile(dense), GGUFFile(out)
+    qtype = Q[want]
+    assert got.tensors["blk.0.ffn_down_t.weight"].type == qtype
+    assert got.tensors["blk.0.ffn_up.weight"].type == Q[outtype.upper()]
+    # ffn_down_t = requantized transpose of the dequantized ffn_down
+    down = src.dequantize("blk.0.ffn_down.weight").astype(np.float32)  # (n_embd, n_ff)
+    want = dequantize(quantize(np.ascontiguousarray(down.T), qtype), qtype)
+    np.testing.assert_array_equal(got.dequantize("blk.0.ffn_down_t.weight"), want)
+    assert rel_err(reference_logits(got, TOKENS), reference_logits(src, TOKENS)) < 0.5
+
+
+def test_reference_capture(models, tmp_path):
+    tiny = models("llama_relu")
+    out = str(tmp_path / "m.gguf")
+    assert convert(tiny.folder, out, "--outtype", "f32") == 0
+    seen: dict[str, list[np.ndarray]] = {"ffn_in": [], "ffn_h": []}
+    hooks = []
+    for layer in tiny.model.model.layers:
+        hooks.append(layer.mlp.register_forward_pre_hook(lambda m, a: seen["ffn_in"].append(a[0][0].numpy())))
+        hooks.append(layer.mlp.down_proj.register_forward_pre_hook(
+            lambda m, a: seen["ffn_h"].append(a[0][0].numpy())))
+    try:
+        tiny.logits(TOKENS)
+    finally:
+        for h in hooks:
+            h.remove()
+    cap = reference_ffn_activations(GGUFFile(out), TOKENS)
+    for key in ("ffn_in", "ffn_h"):
+        assert len(cap[key]) == 2
+        for a, b in zip(cap[key], seen[key], strict=True):
+            assert rel_err(a, b) < EXACT
+    assert (cap["ffn_h"][0] == 0).mean() > 0.3  # ReGLU: relu(gate) zeroes many neurons
+
+
+def test_down_t_type_for_unquantizable_sources():
+    notes: list[str] = []
+    assert conv._down_t_type(Q.Q4_K, 576, "d", notes, "same") == Q.Q8_0  # gguf-py cannot quantize K-quants
+    assert conv._down_t_type(Q.Q4_0, 48, "d", notes, "same") == Q.F16  # 48 is not a whole Q8_0 block
+    assert conv._down_t_type(Q.Q4_0, 64, "d", notes, "same") == Q.Q4_0
+    assert conv._down_t_type(Q.BF16, 48, "d", notes, "same") == Q.BF16
+    assert len(notes) == 2
+
+
+def test_pick_type_falls_back_to_f16():
+    notes: list[str] = []
+    assert pick_type("blk.0.ffn_down.weight", (64, 80), Q.Q8_0, notes) == Q.F16 and len(notes) == 1
+    assert pick_type("blk.0.attn_norm.weight", (64,), Q.Q8_0, notes) == Q.F32
+    assert pick_type("blk.0.ffn_up.weight", (128, 64), Q.Q4_0, notes) == Q.Q4_0 and len(notes) == 1
+
+
+# ----------------------------------------------------------------------------
+# bad inputs: exit 1, one line on stderr, nothing written
+
+
+def _truncate_shard(folder: str) -> None:
+    path = os.path.join(folder, "model.safetensors")
+    os.truncate(path, os.path.getsize(path) - 100)
+
+
+def _set_config(key: str, value):
+    def edit(folder: str) -> None:
+        path = os.path.join(folder, "config.json")
+        with open(path) as f:
+            config = json.load(f)
+        config[key] = value
+        with open(path, "w") as f:
+            json.dump(config, f)
+    return edit
+
+
+def _int_dtype(folder: str) -> None:
+    """Relabel one F32 tensor as I32 (same size, so the header stays valid)."""
+    path = os.path.join(folder, "model.safetensors")
+    with open(path, "r+b") as f:
+        head = f.read(4096)
+        at = head.index(b'"F32"')
+        f.seek(at)
+        f.write(b'"I32"')
+
+
+BAD_INPUTS = {
+    "truncated safetensors": (_truncate_shard, "truncated"),
+    "unknown arch": (_set_config("architectures", ["GPT2LMHeadModel"]), "unsupported architecture"),
+    "shape mismatch": (_set_config("intermediate_size", 96), "expected"),
+    "unknown dtype": (_int_dtype, "dtype"),
+    "no tokenizer": (lambda d: os.remove(os.path.join(d, "tokenizer.json")), "tokenizer"),
+    "bad activation": (_set_config("hidden_act", "tanh"), "hidden_act"),
+    "llama3 rope": (_set_config("rope_parameters", {"rope_type": "llama3", "rope_theta": 5e5}), "rope"),
+}
+
+
+def _check_failed(rc: int, capsys, words: str) -> None:
+    err = capsys.readouterr().err.strip()
+    assert rc == 1
+    assert len(err.splitlines()) == 1 and err.startswith("convert-hf-to-powergguf: error:"), err
+    assert words in err, err
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_fails_cleanly(models, tmp_path, capsys, case):
+    folder = str(tmp_path / "hf")
+    shutil.copytree(models("llama_silu").folder, folder)
+    edit, words = BAD_INPUTS[case]
+    edit(folder)
+    before = sorted(os.listdir(folder))
+    rc = convert(folder, os.path.join(folder, "m.gguf"), "--dense-gguf", os.path.join(folder, "d.gguf"))
+    _check_failed(rc, capsys, words)
+    assert sorted(os.listdir(folder)) == before
+
+
+def test_missing_dir(tmp_path, capsys):
+    _check_failed(convert(str(tmp_path / "nope"), str(tmp_path / "m.gguf")), capsys, "no such file or directory")
+    assert os.listdir(tmp_path) == []
+
+
+def test_unwritable_output(models, tmp_path, capsys):
+    rc = convert(models("opt").folder, str(tmp_path / "missing_dir" / "m.gguf"))
+    _check_failed(rc, capsys, "No such file or directory")
+    assert os.listdir(tmp_path) == []
+
+
+def test_opt_has_no_dense_gguf(models, tmp_path, capsys):
+    rc = convert(models("opt").folder, str(tmp_path / "m.gguf"), "--dense-gguf", str(tmp_path / "d.gguf"))
+    _check_failed(rc, capsys, "OPT")
+    assert os.listdir(tmp_path) == []
+
+
+def test_interrupt_leaves_nothing(models, tmp_path, capsys, monkeypatch):
+    calls = []
+
+    def interrupted(values, qtype):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return quantize(np.asarray(values, dtype=np.float32), qtype)
+
+    monkeypatch.setattr(conv, "encode", interrupted)
+    rc = convert(models("llama_silu").folder, str(tmp_path / "m.gguf"), "--dense-gguf", str(tmp_path / "d.gguf"))
+    assert rc == 130 and "interrupted" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
+
+
+def test_help_runs_as_script():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    res = subprocess.run([sys.executable, "-m", "converters.convert_hf_to_powergguf", "--help"],
+                         cwd=root, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "--dense-gguf" in res.stdout and "--outtype" in res.stdout
+
+
+def test_sentencepiece_vocab(tmp_path):
+    import sentencepiece as spm
+    from hf_tiny import TEXT
+
+    from converters.hf_vocab import vocab_metadata
+
+    prefix = str(tmp_path / "tokenizer")
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(TEXT * 8), model_prefix=prefix, vocab_size=340,
+                                   model_type="bpe", byte_fallback=True, minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_file=prefix + ".model")
+    with open(tmp_path / "tokenizer_config.json", "w") as f:
+        json.dump({"bos_token": "<s>", "eos_token": "</s>"}, f)
+    meta = {k: v for k, v, *_ in vocab_metadata(str(tmp_path), "llama", 352, {})}
+    n = sp.get_piece_size()
+    assert meta["tokenizer.ggml.model"] == "llama" and meta["tokenizer.ggml.add_bos_token"] is True
+    assert meta["tokenizer.ggml.tokens"][:n] == [sp.id_to_piece(i) for i in range(n)]
+    assert len(meta["tokenizer.ggml.tokens"]) == len(meta["tokenizer.ggml.scores"]) == 352
+    np.testing.assert_allclose(meta["tokenizer.ggml.scores"][:n], [sp.get_score(i) for i in range(n)])
+    types = meta["tokenizer.ggml.token_type"]
+    assert types[sp.unk_id()] == 2 and types[sp.bos_id()] == 3 and types[sp.piece_to_id("<0x41>")] == 6
+    assert meta["tokenizer.ggml.bos_token_id"] == sp.bos_id() and meta["tokenizer.ggml.eos_token_id"] == sp.eos_id()
