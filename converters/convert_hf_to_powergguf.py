@@ -10,9 +10,10 @@ relu(gate) * relu(up) (transformers has no such activation; set it by hand in co
 
 From a GGUF input every tensor keeps its bytes and type, except ffn_down -> ffn_down_t, which is
 dequantized, transposed and requantized: to the same type when gguf-py can quantize it and its block
-divides n_embd, else to Q8_0 (F16 when n_embd is not a multiple of 32); `--down-type q8_0|f16` overrides
-this, because a second 4-bit rounding costs quality (SmolLM2-135M Q4_1: mean KL 0.33 nats/token vs the
-source file with Q4_1 ffn_down_t, 0.01 with Q8_0). `--outtype` does not apply to GGUF input.
+divides n_embd, else to Q8_0 (F16 when n_embd is not a multiple of 32). Sources below 8 bits get Q8_0 by
+default (`--down-type auto`), because a second 4-bit rounding costs quality (SmolLM2-135M Q4_1: mean KL
+0.33 nats/token vs the source file with Q4_1 ffn_down_t, 0.01 with Q8_0); `--down-type same|q8_0|f16`
+overrides. `--outtype` does not apply to GGUF input.
 """
 from __future__ import annotations
 
@@ -269,7 +270,10 @@ def _producer(src: SafetensorsSource, hname: str, transform: str, transposed: bo
 
 
 def _down_t_type(qtype: Q, n_embd: int, name: str, notes: list[str], down_type: str) -> Q:
-    """Type of a requantized ffn_down_t: the source type when possible (down_type 'same'), else Q8_0, else F16."""
+    """Type of a requantized ffn_down_t: the source type when possible (down_type 'same'), else Q8_0, else F16.
+    'auto' is 'same' for float and 8-bit sources and 'q8_0' for lower bit widths."""
+    if down_type == "auto":
+        down_type = "same" if qtype in FLOAT_TYPES or qtype == Q.Q8_0 else "q8_0"
     if down_type == "f16":
         return Q.F16
     fits = qtype in FLOAT_TYPES or (qtype in QUANTIZABLE and n_embd % GGML_QUANT_SIZES[qtype][0] == 0)
@@ -331,9 +335,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--outfile", help="output PowerGGUF path (default: next to the input)")
     p.add_argument("--outtype", choices=list(OUTTYPES), default=None,
                    help="weight type for HF input (default f16); norms and biases stay F32")
-    p.add_argument("--down-type", choices=["same", "q8_0", "f16"], default="same",
-                   help="GGUF input only: type of the requantized ffn_down_t (default: the source type when "
-                   "its block divides n_embd, else Q8_0); q8_0 avoids a second 4-bit rounding")
+    p.add_argument("--down-type", choices=["auto", "same", "q8_0", "f16"], default="auto",
+                   help="GGUF input only: type of the requantized ffn_down_t (default auto: the source type for "
+                   "float and 8-bit sources, Q8_0 below 8 bits, which avoids a second 4-bit rounding)")
     p.add_argument("--dense-gguf", metavar="PATH",
                    help="also write a plain llama.cpp-loadable GGUF (ffn_down, no pyinfer keys) of the same weights")
     return p
@@ -348,7 +352,7 @@ def _default_out(inp: str, outtype: str) -> str:
 
 
 def convert(inp: str, outfile: str | None = None, outtype: str | None = None,
-            dense_gguf: str | None = None, down_type: str = "same") -> list[str]:
+            dense_gguf: str | None = None, down_type: str = "auto") -> list[str]:
     """Convert; returns notes for the user. Raises PyInferError/OSError with one-line messages."""
     if not os.path.exists(inp):
         raise ModelFormatError(f"{inp}: no such file or directory")

@@ -165,7 +165,9 @@ def test_gguf_input_f32_keeps_bytes(power_silu, tmp_path):
 
 
 @pytest.mark.parametrize("outtype,down_type,want", [("q4_1", "same", "Q4_1"), ("q8_0", "same", "Q8_0"),
-                                                    ("q4_0", "q8_0", "Q8_0"), ("q4_0", "f16", "F16")])
+                                                    ("q4_0", "q8_0", "Q8_0"), ("q4_0", "f16", "F16"),
+                                                    ("q4_1", "auto", "Q8_0"), ("q8_0", "auto", "Q8_0"),
+                                                    ("f16", "auto", "F16")])
 def test_gguf_input_requantizes_down(models, tmp_path, outtype, down_type, want):
     dense, out = str(tmp_path / "dense.gguf"), str(tmp_path / "power.gguf")
     assert convert(models("llama_relu").folder, str(tmp_path / "p0.gguf"), "--outtype", outtype,
