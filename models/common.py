@@ -23,11 +23,12 @@ class GraphInputs:
 class Builder:
     """What an architecture's graph needs: a context for op nodes, the config, weights and KV cache."""
 
-    def __init__(self, ctx: ggml.Context, cfg, weights: dict[str, ggml.Tensor], kv_cache):
+    def __init__(self, ctx: ggml.Context, cfg, weights: dict[str, ggml.Tensor], kv_cache, capture: dict | None = None):
         self.ctx = ctx
         self.cfg = cfg
         self.weights = weights
         self.kv_cache = kv_cache
+        self.capture = capture  # name -> tensor, filled with intermediates a profiler asks for
 
     def w(self, name: str) -> ggml.Tensor:
         t = self.weights.get(name + ".weight")
@@ -94,6 +95,9 @@ def ffn_activation(b: Builder, il: int, h: ggml.Tensor) -> ggml.Tensor:
 def ffn_block(b: Builder, il: int, h: ggml.Tensor) -> ggml.Tensor:
     """Dense FFN: (n_tokens, n_embd) -> (n_tokens, n_embd); PowerGGUF's down_t is summed row by row."""
     act = ffn_activation(b, il, h)  # (n, n_ff)
+    if b.capture is not None:
+        b.capture[f"ffn_inp.{il}"] = h  # (n, n_embd)
+        b.capture[f"ffn_act.{il}"] = act  # (n, n_ff)
     down = f"blk.{il}.ffn_down_t"
     if b.has(down):
         y = b.ctx.axpy_rows(b.w(down), act)

@@ -72,16 +72,17 @@ class Timings:
 class _StepGraph:
     """One planned graph for a fixed number of tokens; inputs are written before each compute."""
 
-    def __init__(self, model: Model, n_tokens: int, n_out: int):
+    def __init__(self, model: Model, n_tokens: int, n_out: int, capture: bool = False):
         cfg = model.config
         self.ctx = ggml.Context(8 << 20)
         tokens = self.ctx.new_tensor(ggml.I32, (n_tokens,))
         pos = self.ctx.new_tensor(ggml.I32, (n_tokens,))
         pos_ids = self.ctx.new_tensor(ggml.I32, (n_tokens,)) if cfg.pos_offset else None
         self.inputs = GraphInputs(tokens=tokens, pos=pos, n_out=n_out, pos_ids=pos_ids)
-        builder = Builder(self.ctx, cfg, model.weights, model.kv_cache)
+        self.captured: dict[str, ggml.Tensor] = {}
+        builder = Builder(self.ctx, cfg, model.weights, model.kv_cache, self.captured if capture else None)
         self.logits = models.builder_for(cfg.arch)(builder, self.inputs)  # (n_out, n_vocab)
-        self.graph = ggml.Graph(self.ctx, [self.logits]).plan()
+        self.graph = ggml.Graph(self.ctx, [self.logits, *self.captured.values()]).plan()
         self._tokens, self._pos = tokens.numpy(), pos.numpy()
         self._pos_ids = pos_ids.numpy() if pos_ids is not None else None
         self._logits = self.logits.numpy().reshape(n_out, cfg.n_vocab)
@@ -122,7 +123,7 @@ class Model:
             self.weights[name] = t
         self.kv_cache = KVCache(cfg, self.n_ctx, KV_TYPES[kv_type])
         self.pool = ggml.ThreadPool(self.n_threads)
-        self._graphs: OrderedDict[tuple[int, int], _StepGraph] = OrderedDict()
+        self._graphs: OrderedDict[tuple[int, int, bool], _StepGraph] = OrderedDict()
         self.tokens: list[int] = []  # the sequence in the KV cache
         self.timings = Timings(load_ms=1e3 * (time.perf_counter() - t0))
 
@@ -134,11 +135,11 @@ class Model:
         return self.tokenizer.decode(list(ids))
 
     # --- evaluation ---
-    def _graph(self, n_tokens: int, n_out: int) -> _StepGraph:
-        key = (n_tokens, n_out)
+    def _graph(self, n_tokens: int, n_out: int, capture: bool = False) -> _StepGraph:
+        key = (n_tokens, n_out, capture)
         g = self._graphs.get(key)
         if g is None:
-            g = self._graphs[key] = _StepGraph(self, n_tokens, n_out)
+            g = self._graphs[key] = _StepGraph(self, n_tokens, n_out, capture)
             if len(self._graphs) > _MAX_CACHED_GRAPHS:
                 self._graphs.popitem(last=False)
         else:
@@ -181,6 +182,20 @@ class Model:
     def truncate(self, n_keep: int) -> None:
         """Keeps the first n_keep tokens of the sequence (later positions are overwritten when reused)."""
         del self.tokens[max(0, n_keep):]
+
+    def ffn_activations(self, tokens) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Logits (n, n_vocab) of a fresh sequence (at most one batch) and, per layer il, the FFN input
+        `ffn_inp.{il}` (n, n_embd) and hidden activations `ffn_act.{il}` (n, n_ff): what a profiler counts."""
+        tokens = np.asarray(tokens, dtype=np.int32)
+        if not 0 < len(tokens) <= min(self.n_batch, self.n_ctx):
+            raise InvalidArgumentError(f"ffn_activations takes 1 to {min(self.n_batch, self.n_ctx)} tokens")
+        self.reset()
+        graph = self._graph(len(tokens), len(tokens), capture=True)
+        logits = graph.run(self.pool, tokens, 0).copy()
+        self.tokens.extend(int(t) for t in tokens)
+        n = len(tokens)
+        acts = {name: t.numpy().reshape(n, -1).copy() for name, t in graph.captured.items()}
+        return logits, acts
 
     def logits(self, tokens) -> np.ndarray:
         """Logits (n, n_vocab) of every token of a fresh sequence."""
