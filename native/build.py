@@ -38,6 +38,22 @@ def find_nvcc() -> str | None:
     return None
 
 
+def cuda_library_dirs() -> list[str]:
+    """Folders holding libcudart_static.a: CUDA installs put it in lib, lib64 or targets/<arch>/lib."""
+    nvcc = Path(find_nvcc() or "/usr/local/cuda/bin/nvcc")
+    roots = [Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")), nvcc.resolve().parent.parent,
+             *sorted(Path("/usr/local").glob("cuda*"))]
+    found = []
+    for root in roots:
+        for sub in ("lib64", "lib", "targets/x86_64-linux/lib"):
+            d = root / sub
+            if (d / "libcudart_static.a").is_file() and str(d) not in found:
+                found.append(str(d))
+    if not found:
+        raise RuntimeError("nvcc is present but libcudart_static.a is not: set CUDA_HOME or PYINFER_NO_CUDA=1")
+    return found
+
+
 def sources() -> tuple[list[Path], list[Path]]:
     c_files = sorted([*ROOT.glob("ggml/src/**/*.c"), *ROOT.glob("native/src/**/*.c")])
     cu_files = sorted([*ROOT.glob("ggml/src/cuda/*.cu"), *ROOT.glob("native/src/**/*.cu")])
@@ -109,8 +125,7 @@ def make_ffibuilder(use_cuda: bool):
     libraries = ["m", "pthread"]
     library_dirs = []
     if use_cuda:
-        cuda_home = Path(find_nvcc()).resolve().parent.parent
-        library_dirs += [str(cuda_home / "lib64"), str(cuda_home / "lib64" / "stubs")]
+        library_dirs += cuda_library_dirs()
         libraries += ["cudart_static", "stdc++", "dl", "rt"]
     ffi.set_source(
         "pyinfer._pyinfer_native",

@@ -101,6 +101,9 @@ int ggml_dequantize(enum ggml_type type, const void *src, float *dst, int64_t n)
 int ggml_vec_dot(enum ggml_type type, int64_t n, float *result, const void *w, const void *x);
 // same, forcing the scalar reference path (the oracle for the SIMD path)
 int ggml_vec_dot_ref(enum ggml_type type, int64_t n, float *result, const void *w, const void *x);
+// y[0..n) += a * row, row of `type` (n a multiple of the block size); _ref forces the scalar path
+int ggml_axpy(enum ggml_type type, int64_t n, float *y, float a, const void *row);
+int ggml_axpy_ref(enum ggml_type type, int64_t n, float *y, float a, const void *row);
 
 // --- CPU features, chosen at run time ---
 bool ggml_cpu_has_avx2(void);

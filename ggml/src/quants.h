@@ -1,0 +1,188 @@
+// quants.h: quantized block layouts (llama.cpp's, byte for byte) and F16/BF16 <-> F32 conversion.
+// Plain C structs and integer-only helpers, shared by the C kernels and the CUDA kernels (nvcc).
+#pragma once
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define GGML_QFN static inline __host__ __device__
+#else
+#define GGML_QFN static inline
+#endif
+
+#ifdef __cplusplus
+#define GGML_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
+#else
+#define GGML_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
+#endif
+
+#define QK4_0 32
+#define QK4_1 32
+#define QK5_0 32
+#define QK8_0 32
+#define QK8_1 32
+#define QK_K 256
+#define K_SCALE_SIZE 12 // Q4_K: 8 six-bit scales + 8 six-bit mins packed into 12 bytes
+
+// x = d * (q - 8), q in [0, 15]; qs[j] holds value j (low nibble) and value j + 16 (high nibble)
+typedef struct {
+    uint16_t d;            // f16 scale
+    uint8_t qs[QK4_0 / 2]; // (16,) nibbles
+} block_q4_0;
+GGML_STATIC_ASSERT(sizeof(block_q4_0) == 18, "block_q4_0 must be 18 bytes");
+
+// x = d * q + m, q in [0, 15]; nibble order as Q4_0
+typedef struct {
+    uint16_t d;            // f16 scale
+    uint16_t m;            // f16 minimum
+    uint8_t qs[QK4_1 / 2]; // (16,) nibbles
+} block_q4_1;
+GGML_STATIC_ASSERT(sizeof(block_q4_1) == 20, "block_q4_1 must be 20 bytes");
+
+// x = d * (q - 16), q in [0, 31]: low 4 bits as Q4_0, bit 4 of value j is bit j of qh (little endian)
+typedef struct {
+    uint16_t d;            // f16 scale
+    uint8_t qh[4];         // (32,) fifth bits
+    uint8_t qs[QK5_0 / 2]; // (16,) nibbles
+} block_q5_0;
+GGML_STATIC_ASSERT(sizeof(block_q5_0) == 22, "block_q5_0 must be 22 bytes");
+
+// x = d * q, q in [-127, 127]
+typedef struct {
+    uint16_t d;        // f16 scale
+    int8_t qs[QK8_0];  // (32,)
+} block_q8_0;
+GGML_STATIC_ASSERT(sizeof(block_q8_0) == 34, "block_q8_0 must be 34 bytes");
+
+// activations for Q4_1: as Q8_0 plus s = d * sum(qs), which carries Q4_1's minimum through the dot
+typedef struct {
+    uint16_t d;        // f16 scale
+    uint16_t s;        // f16 d * sum(qs)
+    int8_t qs[QK8_1];  // (32,)
+} block_q8_1;
+GGML_STATIC_ASSERT(sizeof(block_q8_1) == 36, "block_q8_1 must be 36 bytes");
+
+// 8 sub-blocks of 32: x = d * sc[s] * q - dmin * m[s], q in [0, 15], sc/m six bits each.
+// qs[32 c + l] holds sub-block 2c value l (low nibble) and sub-block 2c + 1 value l (high nibble).
+typedef struct {
+    uint16_t d;                    // f16 scale of the scales
+    uint16_t dmin;                 // f16 scale of the mins
+    uint8_t scales[K_SCALE_SIZE];  // (12,) packed sc[8], m[8]
+    uint8_t qs[QK_K / 2];          // (128,) nibbles
+} block_q4_K;
+GGML_STATIC_ASSERT(sizeof(block_q4_K) == 144, "block_q4_K must be 144 bytes");
+
+// 16 sub-blocks of 16: x = d * scales[s] * (q - 32), q in [0, 63].
+// For half h and l in [0, 32): value 128h + l      = ql[64h + l] & 15      | (qh[32h + l] >> 0 & 3) << 4
+//                             value 128h + l + 32 = ql[64h + l + 32] & 15 | (qh[32h + l] >> 2 & 3) << 4
+//                             value 128h + l + 64 = ql[64h + l] >> 4      | (qh[32h + l] >> 4 & 3) << 4
+//                             value 128h + l + 96 = ql[64h + l + 32] >> 4 | (qh[32h + l] >> 6 & 3) << 4
+typedef struct {
+    uint8_t ql[QK_K / 2];      // (128,) low 4 bits
+    uint8_t qh[QK_K / 4];      // (64,) high 2 bits
+    int8_t scales[QK_K / 16];  // (16,) sub-block scales
+    uint16_t d;                // f16 super-block scale
+} block_q6_K;
+GGML_STATIC_ASSERT(sizeof(block_q6_K) == 210, "block_q6_K must be 210 bytes");
+
+// activations for the K-quants: x = d * q, with per-16 sums of q for the mins/offset terms
+typedef struct {
+    float d;                 // f32 scale
+    int8_t qs[QK_K];         // (256,)
+    int16_t bsums[QK_K / 16]; // (16,) sum of qs[16 i .. 16 i + 16)
+} block_q8_K;
+GGML_STATIC_ASSERT(sizeof(block_q8_K) == 292, "block_q8_K must be 292 bytes");
+
+// Q4_K: six-bit scale and min of sub-block s (0..7) from the packed 12 bytes
+GGML_QFN void ggml_q4_K_get_scale_min(const uint8_t *scales, int s, uint8_t *sc, uint8_t *m) {
+    if (s < 4) {
+        *sc = scales[s] & 63;
+        *m = scales[s + 4] & 63;
+    } else {
+        *sc = (uint8_t)((scales[s + 4] & 0x0F) | ((scales[s - 4] >> 6) << 4));
+        *m = (uint8_t)((scales[s + 4] >> 4) | ((scales[s] >> 6) << 4));
+    }
+}
+
+// --- F16 / BF16 <-> F32, integer only so that host and device agree bit for bit ---
+
+GGML_QFN uint32_t ggml_f32_bits(float f) {
+    union { float f; uint32_t u; } v;
+    v.f = f;
+    return v.u;
+}
+
+GGML_QFN float ggml_f32_from_bits(uint32_t u) {
+    union { float f; uint32_t u; } v;
+    v.u = u;
+    return v.f;
+}
+
+// exact: every half is a float
+GGML_QFN float ggml_fp16_to_fp32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1F;
+    uint32_t man = h & 0x3FF;
+    if (exp == 0x1F) {
+        return ggml_f32_from_bits(sign | 0x7F800000 | (man << 13)); // inf, NaN (payload kept)
+    }
+    if (exp == 0) {
+        if (man == 0) {
+            return ggml_f32_from_bits(sign);
+        }
+        // subnormal half: normalize into a float exponent
+        exp = 113;
+        while (!(man & 0x400)) {
+            man <<= 1;
+            exp--;
+        }
+        return ggml_f32_from_bits(sign | (exp << 23) | ((man & 0x3FF) << 13));
+    }
+    return ggml_f32_from_bits(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+// round to nearest even (as numpy's astype(float16)); overflow gives inf, NaN stays NaN (quieted)
+GGML_QFN uint16_t ggml_fp32_to_fp16(float f) {
+    uint32_t u = ggml_f32_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
+    uint32_t a = u & 0x7FFFFFFF;
+    if (a > 0x7F800000) {
+        return (uint16_t)(sign | 0x7E00 | ((a >> 13) & 0x3FF));
+    }
+    if (a >= 0x47800000) { // >= 65536 (or inf): beyond every rounding to 65504
+        return (uint16_t)(sign | 0x7C00);
+    }
+    if (a >= 0x38800000) { // normal half range: rebias the exponent, round 13 dropped bits
+        uint32_t h = (a - 0x38000000) >> 13;
+        uint32_t rest = a & 0x1FFF;
+        if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) {
+            h++; // a carry out of the mantissa correctly bumps the exponent (up to inf)
+        }
+        return (uint16_t)(sign | h);
+    }
+    if (a < 0x33000000) { // <= 2^-25: rounds to zero (2^-25 itself ties to even zero)
+        return sign;
+    }
+    // subnormal half: value / 2^-24, rounded to nearest even
+    uint32_t man = (a & 0x7FFFFF) | 0x800000;
+    int shift = 126 - (int)(a >> 23); // in [14, 24]
+    uint32_t h = man >> shift;
+    uint32_t rest = man & ((1u << shift) - 1);
+    uint32_t half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (h & 1))) {
+        h++;
+    }
+    return (uint16_t)(sign | h);
+}
+
+GGML_QFN float ggml_bf16_to_fp32(uint16_t h) {
+    return ggml_f32_from_bits((uint32_t)h << 16);
+}
+
+// as gguf.quants.BF16: NaN forced quiet (truncated), everything else rounded to nearest even
+GGML_QFN uint16_t ggml_fp32_to_bf16(float f) {
+    uint32_t u = ggml_f32_bits(f);
+    if ((u & 0x7FFFFFFF) > 0x7F800000) {
+        return (uint16_t)((u >> 16) | 0x40);
+    }
+    return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}

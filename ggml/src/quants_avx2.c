@@ -1,0 +1,459 @@
+// quants_avx2.c: AVX2/FMA/F16C dot products and axpy, installed by ggml_quants_init when the CPU has them.
+// Quantized dots multiply 8-bit integers (maddubs/madd), exact within a block, then scale in float.
+// Several float accumulators are kept and summed once at the end; every result is checked against
+// the scalar kernels of quants.c (tests/test_quants.py).
+#include "ggml-impl.h"
+#include "quants.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+static inline float avx2_hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float avx2_f16(uint16_t h) {
+    return _cvtsh_ss(h);
+}
+
+// 16 bytes of nibbles -> 32 bytes: low nibbles (values 0..15) in the low lane, high nibbles above
+static inline __m256i avx2_unpack_nibbles(const uint8_t *qs) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i v = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+// signed x signed bytes -> 8 int32 sums of 4 products (sign moved onto b so maddubs sees |a| unsigned)
+static inline __m256i avx2_dot_i8(__m256i a, __m256i b) {
+    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+// unsigned x signed bytes -> 8 int32 sums of 4 products
+static inline __m256i avx2_dot_u8i8(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+// 32 bits -> 32 bytes, 0xFF where the bit is set (byte j <- bit j)
+static inline __m256i avx2_bits_to_bytes(const uint8_t *bits) {
+    uint32_t b32;
+    memcpy(&b32, bits, sizeof b32);
+    const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)b32), spread);
+    const __m256i mask = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(bytes, mask), mask);
+}
+
+// ============================================================================================
+// F32, F16
+// ============================================================================================
+
+static void f32_vec_dot_avx2(int64_t n, float *s, const void *w, const void *x) {
+    const float *a = w, *b = x; // (n,), (n,)
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+        acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), acc2);
+        acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), acc3);
+    }
+    for (; i + 8 <= n; i += 8) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    }
+    float sum = avx2_hsum_ps(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+    for (; i < n; i++) {
+        sum += a[i] * b[i];
+    }
+    *s = sum;
+}
+
+static inline __m256 avx2_load_f16(const uint16_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+static void f16_vec_dot_avx2(int64_t n, float *s, const void *w, const void *x) {
+    const uint16_t *a = w, *b = x; // (n,), (n,)
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm256_fmadd_ps(avx2_load_f16(a + i), avx2_load_f16(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(avx2_load_f16(a + i + 8), avx2_load_f16(b + i + 8), acc1);
+        acc2 = _mm256_fmadd_ps(avx2_load_f16(a + i + 16), avx2_load_f16(b + i + 16), acc2);
+        acc3 = _mm256_fmadd_ps(avx2_load_f16(a + i + 24), avx2_load_f16(b + i + 24), acc3);
+    }
+    for (; i + 8 <= n; i += 8) {
+        acc0 = _mm256_fmadd_ps(avx2_load_f16(a + i), avx2_load_f16(b + i), acc0);
+    }
+    float sum = avx2_hsum_ps(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+    for (; i < n; i++) {
+        sum += avx2_f16(a[i]) * avx2_f16(b[i]);
+    }
+    *s = sum;
+}
+
+static void f32_axpy_avx2(int64_t n, float *y, float a, const void *row) {
+    const float *x = row; // (n,)
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        for (int k = 0; k < 32; k += 8) {
+            _mm256_storeu_ps(y + i + k, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i + k), _mm256_loadu_ps(y + i + k)));
+        }
+    }
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    }
+    for (; i < n; i++) {
+        y[i] += a * x[i];
+    }
+}
+
+static void f16_axpy_avx2(int64_t n, float *y, float a, const void *row) {
+    const uint16_t *x = row; // (n,)
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        for (int k = 0; k < 32; k += 8) {
+            _mm256_storeu_ps(y + i + k, _mm256_fmadd_ps(va, avx2_load_f16(x + i + k), _mm256_loadu_ps(y + i + k)));
+        }
+    }
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, avx2_load_f16(x + i), _mm256_loadu_ps(y + i)));
+    }
+    for (; i < n; i++) {
+        y[i] += a * avx2_f16(x[i]);
+    }
+}
+
+// conversions: F16C rounds to nearest even like the scalar path, so results are identical
+static void f16_to_float_avx2(const void *src, float *dst, int64_t n) {
+    const uint16_t *x = src; // (n,)
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(dst + i, avx2_load_f16(x + i));
+    }
+    for (; i < n; i++) {
+        dst[i] = ggml_fp16_to_fp32(x[i]);
+    }
+}
+
+static void f16_from_float_avx2(const float *src, void *dst, int64_t n) {
+    uint16_t *y = dst; // (n,)
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+        _mm_storeu_si128((__m128i *)(y + i), h);
+    }
+    for (; i < n; i++) {
+        y[i] = ggml_fp32_to_fp16(src[i]);
+    }
+}
+
+// ============================================================================================
+// Q4_0, Q4_1, Q5_0, Q8_0 with Q8 activations
+// ============================================================================================
+
+// four halves -> four floats; packed on the scalar side, which is idle while the vector units work
+static inline __m128 avx2_f16x4(uint16_t h0, uint16_t h1, uint16_t h2, uint16_t h3) {
+    const uint64_t packed = (uint64_t)h0 | (uint64_t)h1 << 16 | (uint64_t)h2 << 32 | (uint64_t)h3 << 48;
+    return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)packed));
+}
+
+// products of the f16 scales of 4 weight blocks and 4 activation blocks, in lanes 0..3
+static inline __m256 avx2_scales4(uint16_t w0, uint16_t w1, uint16_t w2, uint16_t w3,
+                                  uint16_t x0, uint16_t x1, uint16_t x2, uint16_t x3) {
+    return _mm256_castps128_ps256(_mm_mul_ps(avx2_f16x4(w0, w1, w2, w3), avx2_f16x4(x0, x1, x2, x3)));
+}
+
+static inline __m256i avx2_load2_128(const void *lo, const void *hi) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)lo)),
+                                   _mm_loadu_si128((const __m128i *)hi), 1);
+}
+
+// signed bytes a . b -> 16 int16 sums of 2 products (sign moved onto b so maddubs sees |a| unsigned)
+static inline __m256i avx2_dot_i8_i16(__m256i a, __m256i b) {
+    return _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+}
+
+// blocks 0 and 1 of Q4_0 . Q8_0 at once: one register holds both blocks' nibbles (block 0 in the low
+// lane), so one madd serves two blocks -> int32 lanes 0..3 block 0, 4..7 block 1.
+// sum (q - 8) y = sum q y - 8 sum y: unsigned maddubs, no sign juggling
+static inline __m256i q4_0_pair_dot(const block_q4_0 *a, const block_q8_0 *b) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
+    const __m256i v = avx2_load2_128(a[0].qs, a[1].qs);
+    const __m256i lo = _mm256_and_si256(v, low4);
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    const __m256i ylo = avx2_load2_128(b[0].qs, b[1].qs), yhi = avx2_load2_128(b[0].qs + 16, b[1].qs + 16);
+    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, ylo), _mm256_maddubs_epi16(hi, yhi));
+    const __m256i o = _mm256_add_epi16(_mm256_maddubs_epi16(eight, ylo), _mm256_maddubs_epi16(eight, yhi));
+    return _mm256_madd_epi16(_mm256_sub_epi16(p, o), _mm256_set1_epi16(1));
+}
+
+static void q4_0_vec_dot_avx2(int64_t n, float *s, const void *w, const void *x) {
+    const block_q4_0 *a = w; // (n / 32,)
+    const block_q8_0 *b = x; // (n / 32,)
+    const int64_t nb = n / QK4_0;
+    // q4_0_pair_dot's lane order: scales [s0 x4, s1 x4]
+    const __m256i order01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), order23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        const __m256 sc = avx2_scales4(a[i].d, a[i + 1].d, a[i + 2].d, a[i + 3].d, b[i].d, b[i + 1].d, b[i + 2].d, b[i + 3].d);
+        acc0 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sc, order01), _mm256_cvtepi32_ps(q4_0_pair_dot(a + i, b + i)), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sc, order23), _mm256_cvtepi32_ps(q4_0_pair_dot(a + i + 2, b + i + 2)), acc1);
+    }
+    float sum = avx2_hsum_ps(_mm256_add_ps(acc0, acc1));
+    for (; i < nb; i++) {
+        const __m256i q = _mm256_sub_epi8(avx2_unpack_nibbles(a[i].qs), _mm256_set1_epi8(8));
+        const __m256i p = avx2_dot_i8(q, _mm256_loadu_si256((const __m256i *)b[i].qs));
+        sum += avx2_f16(a[i].d) * avx2_f16(b[i].d) * avx2_hsum_ps(_mm256_cvtepi32_ps(p));
+    }
+    *s = sum;
+}
+
+// blocks 0 and 1 of Q8_0 . Q8_0: int32 sums in lanes {0, 1, 4, 5} for block 0 and {2, 3, 6, 7} for block 1
+static inline __m256i q8_0_pair_dot(const block_q8_0 *a, const block_q8_0 *b) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i p0 = _mm256_madd_epi16(avx2_dot_i8_i16(_mm256_loadu_si256((const __m256i *)a[0].qs),
+                                                         _mm256_loadu_si256((const __m256i *)b[0].qs)), ones);
+    const __m256i p1 = _mm256_madd_epi16(avx2_dot_i8_i16(_mm256_loadu_si256((const __m256i *)a[1].qs),
+                                                         _mm256_loadu_si256((const __m256i *)b[1].qs)), ones);
+    return _mm256_hadd_epi32(p0, p1);
+}
+
+static void q8_0_vec_dot_avx2(int64_t n, float *s, const void *w, const void *x) {
+    const block_q8_0 *a = w; // (n / 32,)
+    const block_q8_0 *b = x; // (n / 32,)
+    const int64_t nb = n / QK8_0;
+    // q8_0_pair_dot's lane order: scales [s0 s0 s1 s1 s0 s0 s1 s1]
+    const __m256i order01 = _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1), order23 = _mm256_setr_epi32(2, 2, 3, 3, 2, 2, 3, 3);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        const __m256 sc = avx2_scales4(a[i].d, a[i + 1].d, a[i + 2].d, a[i + 3].d, b[i].d, b[i + 1].d, b[i + 2].d, b[i + 3].d);
+        acc0 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sc, order01), _mm256_cvtepi32_ps(q8_0_pair_dot(a + i, b + i)), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sc, order23), _mm256_cvtepi32_ps(q8_0_pair_dot(a + i + 2, b + i + 2)), acc1);
+    }
+    float sum = avx2_hsum_ps(_mm256_add_ps(acc0, acc1));
+    for (; i < nb; i++) {
+        const __m256i p = avx2_dot_i8(_mm256_loadu_si256((const __m256i *)a[i].qs), _mm256_loadu_si256((const __m256i *)b[i].qs));
+        sum += avx2_f16(a[i].d) * avx2_f16(b[i].d) * avx2_hsum_ps(_mm256_cvtepi32_ps(p));
+    }
+    *s = sum;
+}
+
+// blocks 0 and 1 of Q4_1 . Q8_1 (sum q y only; the minimum's share comes from s): lanes as q4_0_pair_dot
+static inline __m256i q4_1_pair_dot(const block_q4_1 *a, const block_q8_1 *b) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i v = avx2_load2_128(a[0].qs, a[1].qs);
+    const __m256i lo = _mm256_and_si256(v, low4);
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, avx2_load2_128(b[0].qs, b[1].qs)),
+                                       _mm256_maddubs_epi16(hi, avx2_load2_128(b[0].qs + 16, b[1].qs + 16)));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+static void q4_1_vec_dot_avx2(int64_t n, float *s, const void *w, const void *x) {
+    const block_q4_1 *a = w; // (n / 32,)
+    const block_q8_1 *b = x; // (n / 32,)
+    const int64_t nb = n / QK4_1;
+    const __m256i order01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), order23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps(); // sum of m * s: the minimum's share
+    int64_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        const __m256 sc = avx2_scales4(a[i].d, a[i + 1].d, a[i + 2].d, a[i + 3].d, b[i].d, b[i + 1].d, b[i + 2].d, b[i + 3].d);
+        accm = _mm_fmadd_ps(avx2_f16x4(a[i].m, a[i + 1].m, a[i + 2].m, a[i + 3].m),
+                            avx2_f16x4(b[i].s, b[i + 1].s, b[i + 2].s, b[i + 3].s), accm);
+        acc0 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sc, order01), _mm256_cvtepi32_ps(q4_1_pair_dot(a + i, b + i)), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sc, order23), _mm256_cvtepi32_ps(q4_1_pair_dot(a + i + 2, b + i + 2)), acc1);
+    }
+    float sum = avx2_hsum_ps(_mm256_add_ps(acc0, acc1)) + avx2_hsum_ps(_mm256_castps128_ps256(accm));
+    for (; i < nb; i++) {
+        const __m256i p = avx2_dot_u8i8(avx2_unpack_nibbles(a[i].qs), _mm256_loadu_si256((const __m256i *)b[i].qs));
+        sum += avx2_f16(a[i].d) * avx2_f16(b[i].d) * avx2_hsum_ps(_mm256_cvtepi32_ps(p)) + avx2_f16(a[i].m) * avx2_f16(b[i].s);
+    }
+    *s = sum;
+}
+
+static inline uint32_t avx2_load_u32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+// blocks 0 and 1 of Q5_0 . Q8_0: q = nibble | fifth bit << 4 unsigned, sum (q - 16) y = sum q y - 16 sum y;
+// lanes as q4_0_pair_dot
+static inline __m256i q5_0_pair_dot(const block_q5_0 *a, const block_q8_0 *b) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10), sixteen = _mm256_set1_epi8(16);
+    const uint32_t h0 = avx2_load_u32(a[0].qh), h1 = avx2_load_u32(a[1].qh);
+    const uint32_t hlo = (h0 & 0xFFFF) | (h1 << 16), hhi = (h0 >> 16) | (h1 & 0xFFFF0000); // fifth bits per register
+    const __m256i v = avx2_load2_128(a[0].qs, a[1].qs);
+    const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, low4), _mm256_and_si256(avx2_bits_to_bytes((const uint8_t *)&hlo), bit4));
+    const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4),
+                                       _mm256_and_si256(avx2_bits_to_bytes((const uint8_t *)&hhi), bit4));
+    const __m256i ylo = avx2_load2_128(b[0].qs, b[1].qs), yhi = avx2_load2_128(b[0].qs + 16, b[1].qs + 16);
+    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, ylo), _mm256_maddubs_epi16(hi, yhi));
+    const __m256i o = _mm256_add_epi16(_mm256_maddubs_epi16(sixteen, ylo), _mm256_maddubs_epi16(sixteen, yhi));
+    return _mm256_madd_epi16(_mm256_sub_epi16(p, o), _mm256_set1_epi16(1));
+}
+
+static void q5_0_vec_dot_avx2(int64_t n, float *s, const void *w, const void *x) {
+    const block_q5_0 *a = w; // (n / 32,)
+    const block_q8_0 *b = x; // (n / 32,)
+    const int64_t nb = n / QK5_0;
+    const __m256i order01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), order23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        const __m256 sc = avx2_scales4(a[i].d, a[i + 1].d, a[i + 2].d, a[i + 3].d, b[i].d, b[i + 1].d, b[i + 2].d, b[i + 3].d);
+        acc0 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sc, order01), _mm256_cvtepi32_ps(q5_0_pair_dot(a + i, b + i)), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sc, order23), _mm256_cvtepi32_ps(q5_0_pair_dot(a + i + 2, b + i + 2)), acc1);
+    }
+    float sum = avx2_hsum_ps(_mm256_add_ps(acc0, acc1));
+    for (; i < nb; i++) {
+        // q - 16 = nibble when the fifth bit is set, else nibble - 16 = nibble | 0xF0 (two's complement)
+        const __m256i hi = _mm256_andnot_si256(avx2_bits_to_bytes(a[i].qh), _mm256_set1_epi8((char)0xF0));
+        const __m256i q = _mm256_or_si256(avx2_unpack_nibbles(a[i].qs), hi);
+        const __m256i p = avx2_dot_i8(q, _mm256_loadu_si256((const __m256i *)b[i].qs));
+        sum += avx2_f16(a[i].d) * avx2_f16(b[i].d) * avx2_hsum_ps(_mm256_cvtepi32_ps(p));
+    }
+    *s = sum;
+}
+
+// y[0..32) += s * q[0..32) for 16 bytes of signed values per half (lo: values 0..15, hi: 16..31)
+static inline void avx2_axpy_i8x32(float *y, __m256 s, __m128i lo, __m128i hi) {
+    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int k = 0; k < 4; k++) {
+        const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k]));
+        _mm256_storeu_ps(y + 8 * k, _mm256_fmadd_ps(s, q, _mm256_loadu_ps(y + 8 * k)));
+    }
+}
+
+static void q4_0_axpy_avx2(int64_t n, float *y, float a, const void *row) {
+    const block_q4_0 *x = row; // (n / 32,)
+    const __m128i low4 = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+    for (int64_t i = 0; i < n / QK4_0; i++) {
+        const __m128i b = _mm_loadu_si128((const __m128i *)x[i].qs);
+        const __m128i lo = _mm_sub_epi8(_mm_and_si128(b, low4), eight);
+        const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), low4), eight);
+        avx2_axpy_i8x32(y + i * QK4_0, _mm256_set1_ps(a * avx2_f16(x[i].d)), lo, hi);
+    }
+}
+
+static void q8_0_axpy_avx2(int64_t n, float *y, float a, const void *row) {
+    const block_q8_0 *x = row; // (n / 32,)
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        const __m128i lo = _mm_loadu_si128((const __m128i *)x[i].qs);
+        const __m128i hi = _mm_loadu_si128((const __m128i *)(x[i].qs + 16));
+        avx2_axpy_i8x32(y + i * QK8_0, _mm256_set1_ps(a * avx2_f16(x[i].d)), lo, hi);
+    }
+}
+
+// ============================================================================================
+// Q4_K, Q6_K with Q8_K activations
+// ============================================================================================
+
+static void q4_K_vec_dot_avx2(int64_t n, float *s, const void *w, const void *x) {
+    const block_q4_K *a = w; // (n / 256,)
+    const block_q8_K *b = x; // (n / 256,)
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m256 acc = _mm256_setzero_ps();
+    float summ = 0.0f; // the mins' share, subtracted at the end
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        // unpack the 6-bit scales (sc) and mins (m) of the 8 sub-blocks, four per 32-bit word
+        uint32_t u[3];
+        memcpy(u, a[i].scales, sizeof u);
+        const uint32_t sc_lo = u[0] & 0x3F3F3F3F, sc_hi = (u[2] & 0x0F0F0F0F) | ((u[0] >> 2) & 0x30303030);
+        const uint32_t m_lo = u[1] & 0x3F3F3F3F, m_hi = ((u[2] >> 4) & 0x0F0F0F0F) | ((u[1] >> 2) & 0x30303030);
+        uint8_t sc[8];
+        memcpy(sc, &sc_lo, 4);
+        memcpy(sc + 4, &sc_hi, 4);
+
+        // sum over sub-blocks of m * sum(qx), from the per-16 sums of the activations
+        const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)b[i].bsums),
+                                          _mm_loadu_si128((const __m128i *)(b[i].bsums + 8))); // (8,) per 32
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo));
+        __m128i pm = _mm_madd_epi16(bs, mins);
+        pm = _mm_add_epi32(pm, _mm_shuffle_epi32(pm, _MM_SHUFFLE(1, 0, 3, 2)));
+        pm = _mm_add_epi32(pm, _mm_shuffle_epi32(pm, _MM_SHUFFLE(2, 3, 0, 1)));
+        summ += b[i].d * avx2_f16(a[i].dmin) * (float)_mm_cvtsi128_si32(pm);
+
+        __m256i sumi = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            const __m256i q4 = _mm256_loadu_si256((const __m256i *)(a[i].qs + 32 * c));
+            const __m256i lo = _mm256_and_si256(q4, low4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), low4);
+            const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(b[i].qs + 64 * c)));
+            const __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(b[i].qs + 64 * c + 32)));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * c])));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * c + 1])));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(b[i].d * avx2_f16(a[i].d)), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    *s = avx2_hsum_ps(acc) - summ;
+}
+
+static void q6_K_vec_dot_avx2(int64_t n, float *s, const void *w, const void *x) {
+    const block_q6_K *a = w; // (n / 256,)
+    const block_q8_K *b = x; // (n / 256,)
+    const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x03), bits45 = _mm256_set1_epi8(0x30);
+    // byte shuffles broadcasting int16 scale 2g to the low lane and 2g + 1 to the high lane
+    const __m256i pick[4] = {
+        _mm256_set_epi64x(0x0302030203020302, 0x0302030203020302, 0x0100010001000100, 0x0100010001000100),
+        _mm256_set_epi64x(0x0706070607060706, 0x0706070607060706, 0x0504050405040504, 0x0504050405040504),
+        _mm256_set_epi64x(0x0B0A0B0A0B0A0B0A, 0x0B0A0B0A0B0A0B0A, 0x0908090809080908, 0x0908090809080908),
+        _mm256_set_epi64x(0x0F0E0F0E0F0E0F0E, 0x0F0E0F0E0F0E0F0E, 0x0D0C0D0C0D0C0D0C, 0x0D0C0D0C0D0C0D0C),
+    };
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a[i].scales)); // (16,) int16
+        // the -32 offset: 32 * sum over sub-blocks of scale * sum(qx)
+        const __m256i offs = _mm256_madd_epi16(scales, _mm256_loadu_si256((const __m256i *)b[i].bsums));
+        __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(offs, 5));
+        for (int h = 0; h < 2; h++) {
+            const __m256i sc = h == 0 ? _mm256_permute2x128_si256(scales, scales, 0x00)
+                                      : _mm256_permute2x128_si256(scales, scales, 0x11);
+            const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h));
+            const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(a[i].qh + 32 * h));
+            const __m256i q[4] = {
+                _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, two), 4)),
+                _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(qh, bits45)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                                _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45)),
+            };
+            for (int g = 0; g < 4; g++) {
+                const __m256i y = _mm256_loadu_si256((const __m256i *)(b[i].qs + 128 * h + 32 * g));
+                const __m256i p = _mm256_maddubs_epi16(q[g], y);
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, pick[g])));
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(b[i].d * avx2_f16(a[i].d)), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    *s = avx2_hsum_ps(acc);
+}
+
+void ggml_quants_install_avx2(struct ggml_type_traits *traits) {
+    traits[GGML_TYPE_F32].vec_dot = f32_vec_dot_avx2;
+    traits[GGML_TYPE_F32].axpy = f32_axpy_avx2;
+    traits[GGML_TYPE_F16].vec_dot = f16_vec_dot_avx2;
+    traits[GGML_TYPE_F16].axpy = f16_axpy_avx2;
+    traits[GGML_TYPE_F16].to_float = f16_to_float_avx2;
+    traits[GGML_TYPE_F16].from_float = f16_from_float_avx2;
+    traits[GGML_TYPE_Q4_0].vec_dot = q4_0_vec_dot_avx2;
+    traits[GGML_TYPE_Q4_0].axpy = q4_0_axpy_avx2;
+    traits[GGML_TYPE_Q4_1].vec_dot = q4_1_vec_dot_avx2;
+    traits[GGML_TYPE_Q5_0].vec_dot = q5_0_vec_dot_avx2;
+    traits[GGML_TYPE_Q8_0].vec_dot = q8_0_vec_dot_avx2;
+    traits[GGML_TYPE_Q8_0].axpy = q8_0_axpy_avx2;
+    traits[GGML_TYPE_Q4_K].vec_dot = q4_K_vec_dot_avx2;
+    traits[GGML_TYPE_Q6_K].vec_dot = q6_K_vec_dot_avx2;
+}
