@@ -127,7 +127,9 @@ class Tensor:
         """Copies values into the tensor (converting F32 input to the tensor's type)."""
         dtype = _NUMPY_DTYPES.get(self.type)
         if dtype is not None:
-            raw = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype), self.shape)).view(np.uint8)
+            arr = np.asarray(values, dtype)
+            arr = arr.reshape(self.shape) if arr.size == np.prod(self.shape) else np.broadcast_to(arr, self.shape)
+            raw = np.ascontiguousarray(arr).view(np.uint8)
         else:
             raw = quantize(self.type, np.asarray(values, np.float32)).reshape(-1)
         if raw.size != self.nbytes:

@@ -129,6 +129,7 @@ enum ggml_type ggml_get_type(const struct ggml_tensor *t);
 enum ggml_op ggml_get_op(const struct ggml_tensor *t);
 int64_t ggml_get_ne(const struct ggml_tensor *t, int dim);
 size_t ggml_get_nb(const struct ggml_tensor *t, int dim);
+struct ggml_tensor *ggml_get_src(const struct ggml_tensor *t, int i); // NULL past the last source
 int ggml_n_dims(const struct ggml_tensor *t);
 int64_t ggml_nelements(const struct ggml_tensor *t);
 int64_t ggml_nrows(const struct ggml_tensor *t);

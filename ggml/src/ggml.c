@@ -241,6 +241,10 @@ enum ggml_op ggml_get_op(const struct ggml_tensor *t) { return t->op; }
 int64_t ggml_get_ne(const struct ggml_tensor *t, int dim) { return dim >= 0 && dim < GGML_MAX_DIMS ? t->ne[dim] : 1; }
 size_t ggml_get_nb(const struct ggml_tensor *t, int dim) { return dim >= 0 && dim < GGML_MAX_DIMS ? t->nb[dim] : 0; }
 
+struct ggml_tensor *ggml_get_src(const struct ggml_tensor *t, int i) {
+    return t && i >= 0 && i < GGML_MAX_SRC ? t->src[i] : NULL;
+}
+
 int ggml_n_dims(const struct ggml_tensor *t) {
     for (int i = GGML_MAX_DIMS - 1; i >= 1; i--)
         if (t->ne[i] > 1) return i + 1;

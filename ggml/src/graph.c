@@ -86,7 +86,8 @@ struct free_block {
 struct planner {
     struct free_block *blocks; // sorted by offset
     int n_blocks, cap_blocks;
-    size_t top;                // high-water mark
+    size_t top;                // end of the used part
+    size_t peak;               // the largest top ever: the buffer's size
 };
 
 static size_t planner_alloc(struct planner *p, size_t size) {
@@ -104,6 +105,7 @@ static size_t planner_alloc(struct planner *p, size_t size) {
     }
     size_t offs = p->top;
     p->top += size;
+    if (p->top > p->peak) p->peak = p->top;
     return offs;
 }
 
@@ -240,7 +242,7 @@ static int plan_backend(struct ggml_cgraph *g, enum ggml_backend backend, const 
         }
     }
     free(p.blocks);
-    *total = p.top ? p.top : GRAPH_ALIGN;
+    *total = p.peak ? p.peak : GRAPH_ALIGN;
     return status;
 }
 
@@ -250,7 +252,7 @@ int ggml_graph_to_backend(struct ggml_cgraph *g, enum ggml_backend backend) {
     for (int i = 0; i < g->n_nodes; i++)
         for (int s = 0; s < GGML_MAX_SRC; s++) {
             struct ggml_tensor *src = g->nodes[i]->src[s];
-            if (!src) continue;
+            if (!src || storage_of(src)->op != GGML_OP_NONE) continue; // nodes run where the planner puts them
             int st = ggml_tensor_to_backend(storage_of(src), backend);
             if (st) return st;
         }

@@ -1,0 +1,98 @@
+// ops_matmul.c: mul_mat. Phase 1: the threads convert x's columns to the weight type's vec_dot_type
+// (Q8_0, Q8_1, Q8_K, F16...) into wdata; barrier; phase 2: the threads split the weight rows.
+#include "ops_kernels.h"
+
+// weight rows per tile: 16 rows of a 4096-wide Q4_0 matrix are 37 KB and stay in L2 across columns
+#define MUL_MAT_ROW_TILE 16
+
+// x is used in place when the dot product takes F32
+static bool xcols_in_place(const struct ggml_tensor *w) {
+    return ggml_get_type_traits(w->type)->vec_dot_type == GGML_TYPE_F32;
+}
+
+size_t ggml_cpu_xcols_wsize(const struct ggml_tensor *w, const struct ggml_tensor *x) {
+    if (xcols_in_place(w)) return 0;
+    enum ggml_type vdt = ggml_get_type_traits(w->type)->vec_dot_type;
+    // (m, row_size(vdt, k)) the converted columns
+    return ggml_cpu_align_up((size_t)ggml_nrows(x) * ggml_row_size(vdt, x->ne[0]));
+}
+
+int ggml_cpu_xcols_prepare(const struct ggml_compute_params *p, const struct ggml_tensor *w,
+                           const struct ggml_tensor *x, struct ggml_cpu_xcols *xc) {
+    const struct ggml_type_traits *tw = ggml_get_type_traits(w->type);
+    if (!tw->vec_dot) return ggml_set_error(GGML_STATUS_UNSUPPORTED, "no dot product for %s", ggml_type_name(w->type));
+    if (x->type != GGML_TYPE_F32) return ggml_set_error(GGML_STATUS_UNSUPPORTED, "mul_mat takes F32 activations");
+    if (w->ne[0] != x->ne[0] || w->ne[0] % tw->blck_size)
+        return ggml_set_error(GGML_STATUS_INVALID_ARG, "mul_mat: inner sizes %lld and %lld", (long long)w->ne[0],
+                              (long long)x->ne[0]);
+    const int64_t k = x->ne[0], m = ggml_nrows(x);
+    if (xcols_in_place(w)) {
+        // 2-D x (the constructors' contract): columns are its rows
+        xc->base = x->data;
+        xc->stride = x->nb[1];
+        return GGML_STATUS_OK;
+    }
+    const enum ggml_type vdt = tw->vec_dot_type;
+    const struct ggml_type_traits *tv = ggml_get_type_traits(vdt);
+    if (!tv->from_float)
+        return ggml_set_error(GGML_STATUS_UNSUPPORTED, "cannot convert activations to %s", ggml_type_name(vdt));
+    if (k % tv->blck_size)
+        return ggml_set_error(GGML_STATUS_INVALID_ARG, "mul_mat: %lld is not a multiple of %s's block",
+                              (long long)k, ggml_type_name(vdt));
+    const size_t row = ggml_row_size(vdt, k);
+    xc->base = p->wdata;
+    xc->stride = row;
+    // blocks are independent: the threads split all m * k / blck of them, so one column is parallel too
+    const int64_t bpr = k / tv->blck_size;
+    int64_t b0, b1;
+    ggml_thread_range(m * bpr, p->ith, p->nth, &b0, &b1);
+    while (b0 < b1) {
+        const int64_t j = b0 / bpr, b = b0 % bpr;
+        const int64_t nb = bpr - b < b1 - b0 ? bpr - b : b1 - b0;
+        tv->from_float((const float *)ggml_cpu_row_ptr(x, j) + b * tv->blck_size,
+                       (char *)p->wdata + (size_t)j * row + (size_t)b * tv->type_size, nb * tv->blck_size);
+        b0 += nb;
+    }
+    return GGML_STATUS_OK;
+}
+
+// dst[r, j] = w[r] . x[j] for rows [r0, r1) and all m columns, weight rows tiled so they stay in cache
+static void mul_mat_rows_dense(const struct ggml_tensor *w, const struct ggml_cpu_xcols *xc,
+                               struct ggml_tensor *dst, int64_t r0, int64_t r1) {
+    const ggml_vec_dot_fn dot = ggml_get_type_traits(w->type)->vec_dot;
+    const int64_t k = w->ne[0], m = dst->ne[1];
+    const char *wd = w->data;
+    char *dd = dst->data;
+    if (m == 1) {
+        float *y = (float *)dd; // (n)
+        for (int64_t r = r0; r < r1; r++) dot(k, &y[r], wd + r * (int64_t)w->nb[1], xc->base);
+        return;
+    }
+    for (int64_t t0 = r0; t0 < r1; t0 += MUL_MAT_ROW_TILE) {
+        const int64_t t1 = t0 + MUL_MAT_ROW_TILE < r1 ? t0 + MUL_MAT_ROW_TILE : r1;
+        for (int64_t j = 0; j < m; j++) {
+            const char *xj = xc->base + (size_t)j * xc->stride;
+            float *yj = (float *)(dd + j * (int64_t)dst->nb[1]); // (n) column j of the output
+            for (int64_t r = t0; r < t1; r++) dot(k, &yj[r], wd + r * (int64_t)w->nb[1], xj);
+        }
+    }
+}
+
+size_t ggml_cpu_mul_mat_wsize(const struct ggml_tensor *dst, int n_threads) {
+    (void)n_threads;
+    return ggml_cpu_xcols_wsize(dst->src[0], dst->src[1]);
+}
+
+int ggml_cpu_op_mul_mat(const struct ggml_compute_params *p, struct ggml_tensor *dst) {
+    const struct ggml_tensor *w = dst->src[0], *x = dst->src[1];
+    if (ggml_nrows(w) != w->ne[1] || ggml_nrows(x) != x->ne[1])
+        return ggml_set_error(GGML_STATUS_UNSUPPORTED, "mul_mat takes matrices");
+    struct ggml_cpu_xcols xc;
+    int st = ggml_cpu_xcols_prepare(p, w, x, &xc);
+    if (st) return st;
+    ggml_barrier(p->tp);
+    int64_t r0, r1;
+    ggml_thread_range(w->ne[1], p->ith, p->nth, &r0, &r1);
+    mul_mat_rows_dense(w, &xc, dst, r0, r1);
+    return GGML_STATUS_OK;
+}

@@ -1,0 +1,187 @@
+"""One numpy float64 function per ggml op: the oracles the kernels are tested against.
+
+Shapes are numpy order (outermost first), the reverse of ggml's `ne`: a ggml weight `[k, n]` is an
+array `(n, k)`, activations `[k, m]` are `(m, k)`. Quantized weights are passed dequantized.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+ROPE_NORMAL, ROPE_NEOX = 0, 2
+
+
+def _f64(a) -> np.ndarray:
+    return np.asarray(a, dtype=np.float64)
+
+
+# --- elementwise ---
+
+def cpy(a) -> np.ndarray:
+    return _f64(a).copy()
+
+
+def get_rows(w, ids) -> np.ndarray:
+    """w (n, k), ids (m,) -> (m, k); an id outside [0, n) is an error."""
+    w, ids = _f64(w), np.asarray(ids, dtype=np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= w.shape[0]):
+        raise ValueError("get_rows: id out of range")
+    return w[ids]
+
+
+def add(a, b) -> np.ndarray:
+    return _f64(a) + _f64(b)
+
+
+def mul(a, b) -> np.ndarray:
+    return _f64(a) * _f64(b)
+
+
+def scale(a, s: float) -> np.ndarray:
+    return _f64(a) * np.float64(np.float32(s))
+
+
+def silu(a) -> np.ndarray:
+    a = _f64(a)
+    with np.errstate(over="ignore"):
+        return a / (1.0 + np.exp(-a))
+
+
+def gelu(a) -> np.ndarray:
+    """The tanh approximation."""
+    a = _f64(a)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return 0.5 * a * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (a + 0.044715 * a**3)))
+
+
+def relu(a) -> np.ndarray:
+    return np.maximum(_f64(a), 0.0)
+
+
+# --- norms (over the last axis, no weight) ---
+
+def rms_norm(a, eps: float) -> np.ndarray:
+    a = _f64(a)
+    return a / np.sqrt(np.mean(a * a, axis=-1, keepdims=True) + np.float32(eps))
+
+
+def layer_norm(a, eps: float) -> np.ndarray:
+    a = _f64(a)
+    d = a - a.mean(axis=-1, keepdims=True)
+    return d / np.sqrt(np.mean(d * d, axis=-1, keepdims=True) + np.float32(eps))
+
+
+# --- matmul ---
+
+def mul_mat(w, x) -> np.ndarray:
+    """w (n, k), x (m, k) -> (m, n)."""
+    return _f64(x) @ _f64(w).T
+
+
+# --- attention family ---
+
+def rope(x, pos, n_dims: int, mode: int, freq_base: float, freq_scale: float = 1.0) -> np.ndarray:
+    """x (n_tokens, n_head, head_dim), pos (n_tokens,); theta_i = pos * freq_scale * base^(-2i / n_dims)."""
+    x = _f64(x)
+    out = x.copy()
+    half = n_dims // 2
+    inv = np.float64(np.float32(freq_base)) ** (-2.0 * np.arange(half) / n_dims)  # (half,)
+    theta = np.asarray(pos, np.float64)[:, None] * np.float64(np.float32(freq_scale)) * inv  # (n_tokens, half)
+    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]  # (n_tokens, 1, half)
+    if mode == ROPE_NEOX:
+        i0, i1 = np.arange(half), np.arange(half) + half
+    else:
+        i0, i1 = 2 * np.arange(half), 2 * np.arange(half) + 1
+    a, b = x[..., i0], x[..., i1]
+    out[..., i0] = a * c - b * s
+    out[..., i1] = a * s + b * c
+    return out
+
+
+def soft_max(a, pos=None, scale: float = 1.0) -> np.ndarray:
+    """a (n_rows, n_cols); with pos (n_rows,), columns j > pos[r] are masked (probability 0)."""
+    y = _f64(a) * np.float64(np.float32(scale))
+    if pos is not None:
+        pos = np.asarray(pos, np.int64)
+        if pos.size and pos.min() < 0:
+            raise ValueError("soft_max: negative position")
+        y = np.where(np.arange(y.shape[-1])[None, :] > pos[:, None], -np.inf, y)
+    y = np.exp(y - y.max(axis=-1, keepdims=True))
+    return y / y.sum(axis=-1, keepdims=True)
+
+
+def kv_store(cache, src, pos) -> np.ndarray:
+    """cache (n_ctx, n_kv_head, head_dim), src (n_tokens, n_kv_head, head_dim) -> the updated cache."""
+    out = _f64(cache).copy()
+    pos = np.asarray(pos, np.int64)
+    if pos.size and (pos.min() < 0 or pos.max() >= out.shape[0]):
+        raise ValueError("kv_store: position outside the cache")
+    out[pos] = _f64(src)
+    return out
+
+
+def attention(q, k, v, pos, scale: float) -> np.ndarray:
+    """q (n_tokens, n_head, hd), k/v caches (n_ctx, n_kv_head, hd) -> (n_tokens, n_head * hd).
+
+    Token t attends cache slots [0, pos[t]]; head h reads kv head h // (n_head // n_kv_head).
+    """
+    q, k, v = _f64(q), _f64(k), _f64(v)
+    pos = np.asarray(pos, np.int64)
+    n_tokens, n_head, hd = q.shape
+    if pos.size and (pos.min() < 0 or pos.max() >= k.shape[0]):
+        raise ValueError("attention: position outside the cache")
+    group = n_head // k.shape[1]
+    out = np.empty((n_tokens, n_head, hd))
+    for t in range(n_tokens):
+        for h in range(n_head):
+            kk, vv = k[: pos[t] + 1, h // group], v[: pos[t] + 1, h // group]  # (pos + 1, hd)
+            s = np.float64(np.float32(scale)) * (kk @ q[t, h])  # (pos + 1,)
+            p = np.exp(s - s.max())
+            out[t, h] = (p / p.sum()) @ vv
+    return out.reshape(n_tokens, n_head * hd)
+
+
+# --- neuron-aware sparse ops ---
+
+def selection(sel, n_rows: int, m: int, begin: int = 0, end: int = -1) -> np.ndarray:
+    """How often each row counts for each column: (m, n_rows) integers.
+
+    sel: None (every row), a float mask (m, n_rows) (selected where > 0), or an int index list (m, n_sel)
+    whose entries < 0 end a column's list (an entry >= n_rows is an error; a repeated entry counts again).
+    Only rows in [begin, end) count (end < 0: n_rows).
+    """
+    end = n_rows if end < 0 else end
+    counts = np.zeros((m, n_rows), dtype=np.int64)
+    if sel is None:
+        counts[:] = 1
+    elif np.issubdtype(np.asarray(sel).dtype, np.floating):
+        counts[:] = np.asarray(sel, np.float64).reshape(m, n_rows) > 0
+    else:
+        sel = np.asarray(sel, np.int64).reshape(m, -1)
+        for j in range(m):
+            neg = np.flatnonzero(sel[j] < 0)
+            ids = sel[j, : neg[0] if neg.size else sel.shape[1]]
+            if ids.size and ids.max() >= n_rows:
+                raise ValueError("index list entry >= n_rows")
+            np.add.at(counts[j], ids, 1)
+    counts[:, :begin] = 0
+    counts[:, end:] = 0
+    return counts
+
+
+def mul_mat_rows(w, x, sel=None, begin: int = 0, end: int = -1) -> np.ndarray:
+    """w (n_rows, k), x (m, k) -> (m, n_rows): x @ w.T where selected, 0 elsewhere."""
+    x = _f64(x)
+    counts = selection(sel, np.shape(w)[0], x.shape[0], begin, end)
+    return np.where(counts > 0, mul_mat(w, x), 0.0)
+
+
+def axpy_rows(wt, h, sel=None, begin: int = 0, end: int = -1) -> np.ndarray:
+    """wt (n_rows, d), h (m, n_rows) -> (m, d) = sum over selected rows i of h[:, i] * wt[i]."""
+    h, wt = _f64(h), _f64(wt)
+    counts = selection(sel, wt.shape[0], h.shape[0], begin, end)
+    out = np.zeros((h.shape[0], wt.shape[1]))
+    for j in range(h.shape[0]):
+        rows = np.flatnonzero(counts[j])  # unselected rows never touch the sum (not even as 0 * inf)
+        out[j] = (h[j, rows] * counts[j, rows]) @ wt[rows]
+    return out

@@ -1,0 +1,89 @@
+"""Token sampling with llama.cpp's default chain and defaults: repeat penalty -> top-k -> top-p -> min-p ->
+temperature -> seeded draw; temperature <= 0 is greedy. Vectorised numpy, no loop over the vocabulary."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplerParams:
+    temperature: float = 0.8  # <= 0: greedy
+    top_k: int = 40  # <= 0: off
+    top_p: float = 0.95  # >= 1: off
+    min_p: float = 0.05  # <= 0: off
+    repeat_penalty: float = 1.0  # 1: off
+    repeat_last_n: int = 64  # 0: off, -1: the whole history
+
+
+def penalize_repeats(logits: np.ndarray, history: Sequence[int], penalty: float, last_n: int) -> np.ndarray:
+    """Copy of logits (n_vocab,) with each distinct token of the last `last_n` of history penalized once:
+    positive logits divided by `penalty`, the others multiplied (as llama.cpp)."""
+    out = np.array(logits, dtype=np.float32, copy=True)
+    if penalty == 1.0 or last_n == 0 or len(history) == 0:
+        return out
+    recent = np.unique(np.asarray(history if last_n < 0 else history[-last_n:], dtype=np.int64))  # (n_distinct,)
+    vals = out[recent]
+    out[recent] = np.where(vals > 0, vals / penalty, vals * penalty)
+    return out
+
+
+def top_k_ids(logits: np.ndarray, k: int) -> np.ndarray:
+    """Ids of the k largest logits, largest first; all ids sorted when k <= 0 or k >= n_vocab."""
+    n = logits.shape[0]
+    if 0 < k < n:
+        part = np.argpartition(-logits, k - 1)[:k]  # (k,) unordered
+        return part[np.argsort(-logits[part], kind="stable")]
+    return np.argsort(-logits, kind="stable")
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.exp(np.asarray(logits, dtype=np.float64) - np.max(logits))
+    return z / z.sum()
+
+
+def top_p_keep(sorted_logits: np.ndarray, p: float) -> int:
+    """How many of the logits (sorted descending) the smallest prefix with probability mass >= p holds."""
+    n = sorted_logits.shape[0]
+    if p >= 1.0:
+        return n
+    cum = np.cumsum(softmax(sorted_logits))
+    return min(int(np.searchsorted(cum, p, side="left")) + 1, n)
+
+
+def min_p_keep(sorted_logits: np.ndarray, min_p: float) -> int:
+    """How many of the logits (sorted descending) have probability >= min_p times the largest (at least 1)."""
+    if min_p <= 0.0:
+        return sorted_logits.shape[0]
+    threshold = sorted_logits[0] + np.log(min_p)
+    return max(int(np.count_nonzero(sorted_logits >= threshold)), 1)
+
+
+class Sampler:
+    """Picks the next token from logits; `seed=None` seeds from the OS."""
+
+    def __init__(self, params: SamplerParams | None = None, seed: int | None = None) -> None:
+        self.params = params or SamplerParams()
+        self.rng = np.random.default_rng(seed)
+
+    def candidates(self, logits: np.ndarray, history: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, probabilities) the draw chooses from, after every stage of the chain; one id when greedy."""
+        p = self.params
+        x = penalize_repeats(logits, history, p.repeat_penalty, p.repeat_last_n)  # (n_vocab,)
+        if p.temperature <= 0:
+            return np.array([int(np.argmax(x))]), np.ones(1)
+        ids = top_k_ids(x, p.top_k)  # (k,) largest first
+        lg = x[ids].astype(np.float64)  # (k,)
+        n = top_p_keep(lg, p.top_p)
+        n = min_p_keep(lg[:n], p.min_p)
+        return ids[:n], softmax(lg[:n] / p.temperature)
+
+    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        ids, probs = self.candidates(logits, history)
+        if ids.shape[0] == 1:
+            return int(ids[0])
+        i = int(np.searchsorted(np.cumsum(probs), self.rng.random(), side="right"))
+        return int(ids[min(i, ids.shape[0] - 1)])

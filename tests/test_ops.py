@@ -1,0 +1,385 @@
+"""CPU kernels of the dense ops against pyinfer.reference_ops (numpy float64).
+
+Outputs are poisoned with NaN before each compute, so a kernel that skips an element fails.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pyinfer import ggml
+from pyinfer import reference_ops as ref
+from pyinfer.errors import InvalidArgumentError
+
+SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+QUANT_TYPES = (ggml.Q8_0, ggml.Q4_0, ggml.Q4_1, ggml.Q5_0, ggml.Q4_K, ggml.Q6_K)
+# Q4_1's dot takes the activations' block sums as stored in Q8_1 (f16), the rest is float32 rounding
+EMU_TOL = {ggml.Q4_1: 2e-3}
+# relative error of a dot product after the activations are converted to the weight's vec_dot_type
+ACT_TOL = {ggml.F32: 1e-5, ggml.F16: 2e-3, ggml.BF16: 1e-2, **{t: 0.02 for t in QUANT_TYPES}}
+_POOLS: dict[int, ggml.ThreadPool] = {}
+
+
+def pool(n: int) -> ggml.ThreadPool:
+    if n not in _POOLS:
+        _POOLS[n] = ggml.ThreadPool(n)
+    return _POOLS[n]
+
+
+def tensor(ctx: ggml.Context, arr: np.ndarray, type_: int | None = None) -> ggml.Tensor:
+    """tensor_from_numpy with leading axes of 1 dropped: ggml shapes do not keep them."""
+    arr = np.asarray(arr)
+    while arr.ndim > 1 and arr.shape[0] == 1:
+        arr = arr[0]
+    return ctx.tensor_from_numpy(arr, type_)
+
+
+def compute(ctx: ggml.Context, outputs: list[ggml.Tensor], n_threads: int, ndim: int = 2) -> list[np.ndarray]:
+    """Plans and runs a graph of outputs with their buffers poisoned (NaN) first; results as arrays
+    of ndim axes (ggml drops outer axes of size 1, the references keep them)."""
+    g = ggml.Graph(ctx, outputs).plan()
+    for t in outputs:
+        out = t.numpy()
+        out[...] = np.nan if out.dtype.kind == "f" else -123456789
+    g.compute(pool(n_threads))
+    return [t.numpy().reshape(tuple(reversed(t.ne))[4 - ndim:]).copy() for t in outputs]
+
+
+def weights(ctx: ggml.Context, w: np.ndarray, type_: int) -> tuple[ggml.Tensor, np.ndarray]:
+    """A weight tensor of type_ and the float64 values it really holds."""
+    t = tensor(ctx, w.astype(np.float32), type_)
+    return t, ggml.dequantize(type_, t.raw(), w.size).reshape(w.shape).astype(np.float64)
+
+
+def rows_for(type_: int, draw, max_blocks: int = 3) -> int:
+    """A row length valid for type_: whole blocks, or any length for plain types."""
+    blk = ggml.block_size(type_)
+    if blk == 1:
+        return draw(st.integers(1, 300))
+    return blk * draw(st.integers(1, max_blocks if blk < 256 else 2))
+
+
+def rng_for(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def assert_close(got, want, rtol: float, atol: float = 0.0) -> None:
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+
+
+def emulated_matmul(w64: np.ndarray, x: np.ndarray, type_: int) -> np.ndarray:
+    """What the kernel computes: dequantized weights times activations round-tripped through vec_dot_type."""
+    vdt = ggml.lib.ggml_vec_dot_type(type_)
+    if vdt == ggml.F32:
+        xq = x.astype(np.float64)
+    else:
+        xq = ggml.dequantize(vdt, ggml.quantize(vdt, x), x.size).reshape(x.shape).astype(np.float64)
+    return xq @ w64.T
+
+
+# ---------------------------------------------------------------------------------------------------
+# mul_mat
+# ---------------------------------------------------------------------------------------------------
+
+@st.composite
+def matmul_case(draw):
+    type_ = draw(st.sampled_from(ggml.WEIGHT_TYPES))
+    return type_, rows_for(type_, draw), draw(st.integers(1, 37)), draw(st.integers(1, 5)), draw(st.integers(1, 3))
+
+
+@SETTINGS
+@given(case=matmul_case(), seed=st.integers(0, 2**31))
+def test_mul_mat_matches_reference(case, seed):
+    type_, k, n, m, n_threads = case
+    rng = rng_for(seed)
+    ctx = ggml.Context(32 << 20)
+    wt, w64 = weights(ctx, rng.standard_normal((n, k)), type_)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    (y,) = compute(ctx, [ctx.mul_mat(wt, tensor(ctx, x))], n_threads)
+    assert y.shape == (m, n)
+    # tight: the exact arithmetic the kernel does, up to float32 summation
+    bound = np.abs(emulated_matmul(np.abs(w64), np.abs(x), type_))
+    assert np.all(np.abs(y - emulated_matmul(w64, x, type_)) <= EMU_TOL.get(type_, 2e-5) * bound + 1e-6)
+    # loose: against float64 activations, the cost of converting them
+    want = ref.mul_mat(w64, x)
+    assert np.linalg.norm(y - want) <= ACT_TOL[type_] * np.linalg.norm(want) + 1e-6
+
+
+@pytest.mark.parametrize("type_", ggml.WEIGHT_TYPES)
+def test_mul_mat_simd_matches_scalar(type_):
+    rng = rng_for(type_)
+    k = 512
+    ctx = ggml.Context(32 << 20)
+    wt, _ = weights(ctx, rng.standard_normal((45, k)), type_)
+    x = tensor(ctx, rng.standard_normal((3, k)).astype(np.float32))
+    y = ctx.mul_mat(wt, x)
+    try:
+        ggml.lib.ggml_cpu_set_simd(False)
+        (scalar,) = compute(ctx, [y], 2)
+    finally:
+        ggml.lib.ggml_cpu_set_simd(True)
+    (simd,) = compute(ctx, [y], 3)
+    assert_close(simd, scalar, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("type_", [ggml.Q8_0, ggml.Q4_K])
+def test_mul_mat_large_activations(type_):
+    # 1e6: near the largest Q8_0 can hold (its f16 scale overflows past 65504 * 127)
+    rng = rng_for(1)
+    ctx = ggml.Context(8 << 20)
+    wt, w64 = weights(ctx, rng.standard_normal((8, 256)), type_)
+    x = (rng.standard_normal((2, 256)) * 1e6).astype(np.float32)
+    (y,) = compute(ctx, [ctx.mul_mat(wt, tensor(ctx, x))], 2)
+    want = ref.mul_mat(w64, x)
+    assert np.linalg.norm(y - want) <= 0.02 * np.linalg.norm(want)
+
+
+# ---------------------------------------------------------------------------------------------------
+# get_rows, cpy
+# ---------------------------------------------------------------------------------------------------
+
+@SETTINGS
+@given(type_=st.sampled_from(ggml.WEIGHT_TYPES), data=st.data(), seed=st.integers(0, 2**31))
+def test_get_rows_every_type(type_, data, seed):
+    rng = rng_for(seed)
+    k, n = rows_for(type_, data.draw), data.draw(st.integers(1, 20))
+    ids = np.asarray(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=12)), np.int32)
+    ctx = ggml.Context(16 << 20)
+    wt, w64 = weights(ctx, rng.standard_normal((n, k)) * 3, type_)
+    (y,) = compute(ctx, [ctx.get_rows(wt, tensor(ctx, ids))], data.draw(st.integers(1, 3)))
+    np.testing.assert_array_equal(y, ref.get_rows(w64, ids).astype(np.float32))
+
+
+@pytest.mark.parametrize("bad", [-1, 7, 1 << 30])
+def test_get_rows_rejects_bad_id(bad):
+    ctx = ggml.Context(1 << 20)
+    w = tensor(ctx, np.ones((7, 4), np.float32))
+    y = ctx.get_rows(w, tensor(ctx, np.array([0, bad, 2], np.int32)))
+    with pytest.raises(InvalidArgumentError, match="id"):
+        compute(ctx, [y], 3)
+
+
+@pytest.mark.parametrize("type_", [ggml.F16, ggml.BF16, *QUANT_TYPES])
+def test_cpy_quantizes_like_quantize(type_):
+    rng = rng_for(type_)
+    x = (rng.standard_normal((5, 512)) * 10).astype(np.float32)
+    ctx = ggml.Context(8 << 20)
+    y = ctx.cpy(tensor(ctx, x), type_)
+    g = ggml.Graph(ctx, [y]).plan()
+    y.raw()[...] = 0xFF
+    g.compute(pool(3))
+    np.testing.assert_array_equal(y.raw(), ggml.quantize(type_, x).reshape(-1))
+
+
+@pytest.mark.parametrize("type_", [ggml.F16, ggml.BF16, *QUANT_TYPES])
+def test_cpy_dequantizes_to_f32(type_):
+    rng = rng_for(type_)
+    ctx = ggml.Context(8 << 20)
+    wt, w64 = weights(ctx, rng.standard_normal((3, 256)), type_)
+    (y,) = compute(ctx, [ctx.cpy(wt, ggml.F32)], 2)
+    np.testing.assert_array_equal(y, w64.astype(np.float32))
+
+
+def swapped_view(ctx: ggml.Context, t: ggml.Tensor, a: np.ndarray) -> ggml.Tensor:
+    """A view of t (holding a (p, q, r)) that is a.transpose(1, 0, 2): outer strides only, rows stay whole."""
+    return ctx.view(t, (a.shape[1], a.shape[0], a.shape[2]), (a.strides[1], a.strides[0], a.strides[2]))
+
+
+@SETTINGS
+@given(shape=st.tuples(st.integers(1, 9), st.integers(1, 9), st.integers(1, 40)), seed=st.integers(0, 2**31),
+       threads=st.integers(1, 3))
+def test_cpy_of_strided_view(shape, seed, threads):
+    rng = rng_for(seed)
+    a = (rng.standard_normal(shape) * 100).astype(np.float32)
+    ctx = ggml.Context(8 << 20)
+    tv = swapped_view(ctx, tensor(ctx, a), a)
+    y32, y16 = compute(ctx, [ctx.cpy(tv, ggml.F32), ctx.cpy(tv, ggml.F16)], threads, ndim=3)
+    np.testing.assert_array_equal(y32, a.transpose(1, 0, 2))
+    np.testing.assert_array_equal(y16, a.transpose(1, 0, 2).astype(np.float16))
+
+
+def test_cpy_same_type_i32_exact():
+    ids = np.arange(-5, 40, dtype=np.int32).reshape(5, 9) * 977
+    ctx = ggml.Context(1 << 20)
+    (y,) = compute(ctx, [ctx.cpy(tensor(ctx, ids), ggml.I32)], 2)
+    np.testing.assert_array_equal(y, ids)
+
+
+# ---------------------------------------------------------------------------------------------------
+# elementwise
+# ---------------------------------------------------------------------------------------------------
+
+EXTREMES = np.array([0.0, -0.0, 1e-38, -1e-38, 1.0, -1.0, 20.0, -20.0, 88.0, -88.0, 100.0, -100.0, 1e10, -1e10,
+                     1e30, -1e30], np.float32)
+
+
+@st.composite
+def float_arrays(draw, shape):
+    values = draw(st.lists(st.floats(-1e6, 1e6, width=32), min_size=1, max_size=1))
+    rng = rng_for(draw(st.integers(0, 2**31)))
+    a = rng.standard_normal(shape).astype(np.float32) * np.float32(abs(values[0]) + 1)
+    flat = a.reshape(-1)
+    k = draw(st.integers(0, min(len(EXTREMES), flat.size)))
+    flat[:k] = EXTREMES[:k]
+    return a
+
+
+@SETTINGS
+@given(data=st.data(), shape=st.tuples(st.integers(1, 4), st.integers(1, 5), st.integers(1, 70)),
+       broadcast=st.booleans(), op=st.sampled_from(["add", "mul"]), threads=st.integers(1, 3))
+def test_binary_ops(data, shape, broadcast, op, threads):
+    a = data.draw(float_arrays(shape))
+    b = data.draw(float_arrays((1, 1, shape[2]) if broadcast else shape))
+    ctx = ggml.Context(8 << 20)
+    (y,) = compute(ctx, [getattr(ctx, op)(tensor(ctx, a), tensor(ctx, b))], threads, ndim=3)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = getattr(ref, op)(a, b).astype(np.float32)
+    np.testing.assert_array_equal(y, want)  # one float32 operation each: exact
+
+
+@SETTINGS
+@given(data=st.data(), shape=st.tuples(st.integers(1, 6), st.integers(1, 6), st.integers(1, 30)),
+       threads=st.integers(1, 3))
+def test_binary_ops_on_views(data, shape, threads):
+    # src0 a strided view; the broadcast row a row inside another matrix (a view at an offset)
+    a = data.draw(float_arrays(shape))
+    rows = data.draw(float_arrays((3, shape[2])))
+    ctx = ggml.Context(8 << 20)
+    av = swapped_view(ctx, tensor(ctx, a), a)
+    row = ctx.view(tensor(ctx, rows), (1, shape[2]), None, offset=rows.strides[0] * 2)
+    y_add, y_mul = compute(ctx, [ctx.add(av, av), ctx.mul(av, row)], threads, ndim=3)
+    at = a.transpose(1, 0, 2)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(y_add, at + at)
+        np.testing.assert_array_equal(y_mul, at * rows[2])
+
+
+@SETTINGS
+@given(data=st.data(), shape=st.tuples(st.integers(1, 5), st.integers(1, 90)),
+       op=st.sampled_from(["silu", "gelu", "relu", "scale"]), s=st.floats(-1e3, 1e3, width=32),
+       threads=st.integers(1, 3))
+def test_unary_ops(data, shape, op, s, threads):
+    a = data.draw(float_arrays(shape))
+    ctx = ggml.Context(8 << 20)
+    at = tensor(ctx, a)
+    node = ctx.scale(at, s) if op == "scale" else getattr(ctx, op)(at)
+    (y,) = compute(ctx, [node], threads)
+    with np.errstate(over="ignore"):
+        want = ref.scale(a, s) if op == "scale" else getattr(ref, op)(a)
+    # silu and gelu cancel (1 + tanh) or divide near 0: their error is relative to x, not to the result
+    want = want.astype(np.float32).astype(np.float64)
+    assert np.all(np.abs(y - want) <= 2e-6 * np.abs(want) + 5e-7 * np.abs(a) + 1e-37)
+
+
+def test_unary_op_on_view():
+    a = np.arange(120, dtype=np.float32).reshape(3, 4, 10) - 60
+    ctx = ggml.Context(1 << 20)
+    (y,) = compute(ctx, [ctx.relu(swapped_view(ctx, tensor(ctx, a), a))], 3, ndim=3)
+    np.testing.assert_array_equal(y, np.maximum(a.transpose(1, 0, 2), 0))
+
+
+# ---------------------------------------------------------------------------------------------------
+# norms
+# ---------------------------------------------------------------------------------------------------
+
+@SETTINGS
+@given(shape=st.tuples(st.integers(1, 7), st.integers(1, 300)), magnitude=st.sampled_from([1e-20, 1.0, 1e5, 1e25]),
+       eps=st.sampled_from([0.0, 1e-6, 1e-5]), op=st.sampled_from(["rms_norm", "layer_norm"]),
+       threads=st.integers(1, 3), seed=st.integers(0, 2**31))
+def test_norms(shape, magnitude, eps, op, threads, seed):
+    rng = rng_for(seed)
+    a = (rng.standard_normal(shape) * magnitude + magnitude * 0.5).astype(np.float32)
+    ctx = ggml.Context(8 << 20)
+    (y,) = compute(ctx, [getattr(ctx, op)(tensor(ctx, a), eps)], threads)
+    want = getattr(ref, op)(a, eps)
+    assert_close(y, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(initial=0))
+
+
+# ---------------------------------------------------------------------------------------------------
+# rope, soft_max
+# ---------------------------------------------------------------------------------------------------
+
+@SETTINGS
+@given(n_tokens=st.integers(1, 5), n_head=st.integers(1, 4), half_hd=st.integers(1, 40), data=st.data(),
+       mode=st.sampled_from([ggml.ROPE_NORMAL, ggml.ROPE_NEOX]), base=st.sampled_from([10000.0, 1e6, 500.0]),
+       fscale=st.sampled_from([1.0, 0.25]), threads=st.integers(1, 3), seed=st.integers(0, 2**31))
+def test_rope(n_tokens, n_head, half_hd, data, mode, base, fscale, threads, seed):
+    rng = rng_for(seed)
+    hd = 2 * half_hd + data.draw(st.integers(0, 1))
+    n_dims = 2 * data.draw(st.integers(1, half_hd))
+    x = rng.standard_normal((n_tokens, n_head, hd)).astype(np.float32)
+    pos = rng.integers(0, 40000, n_tokens).astype(np.int32)
+    ctx = ggml.Context(8 << 20)
+    node = ctx.rope(tensor(ctx, x), tensor(ctx, pos), n_dims, mode, base, fscale)
+    (y,) = compute(ctx, [node], threads, ndim=3)
+    assert_close(y, ref.rope(x, pos, n_dims, mode, base, fscale), rtol=0, atol=1e-5)
+
+
+@SETTINGS
+@given(n_rows=st.integers(1, 9), n_cols=st.integers(1, 80), use_pos=st.booleans(),
+       scale=st.sampled_from([1.0, 0.125, 30.0]), spread=st.sampled_from([1.0, 100.0, 1e4]),
+       threads=st.integers(1, 3), seed=st.integers(0, 2**31))
+def test_soft_max(n_rows, n_cols, use_pos, scale, spread, threads, seed):
+    rng = rng_for(seed)
+    a = (rng.standard_normal((n_rows, n_cols)) * spread).astype(np.float32)
+    pos = rng.integers(0, n_cols + 3, n_rows).astype(np.int32) if use_pos else None
+    ctx = ggml.Context(8 << 20)
+    node = ctx.soft_max(tensor(ctx, a), tensor(ctx, pos) if use_pos else None, scale)
+    (y,) = compute(ctx, [node], threads)
+    assert_close(y, ref.soft_max(a, pos, scale), rtol=1e-5, atol=1e-7)
+
+
+def test_soft_max_rejects_negative_position():
+    ctx = ggml.Context(1 << 20)
+    node = ctx.soft_max(tensor(ctx, np.ones((3, 4), np.float32)),
+                        tensor(ctx, np.array([0, -1, 2], np.int32)))
+    with pytest.raises(InvalidArgumentError, match="position"):
+        compute(ctx, [node], 3)
+
+
+# ---------------------------------------------------------------------------------------------------
+# kv_store + attention
+# ---------------------------------------------------------------------------------------------------
+
+@SETTINGS
+@given(cache_type=st.sampled_from([ggml.F32, ggml.F16]), n_kv=st.integers(1, 3), group=st.integers(1, 3),
+       hd=st.integers(1, 40), n_ctx=st.integers(1, 24), data=st.data(), threads=st.integers(1, 3),
+       seed=st.integers(0, 2**31))
+def test_kv_store_and_attention(cache_type, n_kv, group, hd, n_ctx, data, threads, seed):
+    rng = rng_for(seed)
+    n_head = n_kv * group
+    n_tokens = data.draw(st.integers(1, n_ctx))
+    p0 = data.draw(st.integers(0, n_ctx - n_tokens))
+    pos = np.arange(p0, p0 + n_tokens, dtype=np.int32)
+    np_type = np.float16 if cache_type == ggml.F16 else np.float32
+    k0 = rng.standard_normal((n_ctx, n_kv, hd)).astype(np_type)  # earlier tokens
+    v0 = rng.standard_normal((n_ctx, n_kv, hd)).astype(np_type)
+    k_new = rng.standard_normal((n_tokens, n_kv, hd)).astype(np.float32)
+    v_new = rng.standard_normal((n_tokens, n_kv, hd)).astype(np.float32)
+    q = (rng.standard_normal((n_tokens, n_head, hd)) * 2).astype(np.float32)
+    scale = 1.0 / np.sqrt(hd)
+    ctx = ggml.Context(16 << 20)
+    kc, vc = tensor(ctx, k0, cache_type), tensor(ctx, v0, cache_type)
+    post = tensor(ctx, pos)
+    ks = ctx.kv_store(kc, tensor(ctx, k_new), post)
+    vs = ctx.kv_store(vc, tensor(ctx, v_new), post)
+    (y,) = compute(ctx, [ctx.attention(tensor(ctx, q), ks, vs, post, scale)], threads)
+    k_want = ref.kv_store(k0, k_new.astype(np_type), pos)
+    v_want = ref.kv_store(v0, v_new.astype(np_type), pos)
+    np.testing.assert_array_equal(kc.numpy().reshape(k0.shape), k_want.astype(np_type))  # in place, rounded as numpy
+    np.testing.assert_array_equal(vc.numpy().reshape(v0.shape), v_want.astype(np_type))
+    assert_close(y, ref.attention(q, k_want, v_want, pos, scale), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [-1, 8])
+def test_attention_rejects_position_outside_cache(bad):
+    ctx = ggml.Context(1 << 20)
+    cache = ctx.new_tensor(ggml.F32, (8, 1, 4))
+    pos = tensor(ctx, np.array([3, bad], np.int32))
+    ks = ctx.kv_store(cache, tensor(ctx, np.ones((2, 1, 4), np.float32)), pos)
+    out = ctx.attention(tensor(ctx, np.ones((2, 2, 4), np.float32)), ks, ks, pos, 0.5)
+    with pytest.raises(InvalidArgumentError, match="position"):
+        compute(ctx, [out], 3)

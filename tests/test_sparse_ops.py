@@ -1,0 +1,187 @@
+"""Neuron-aware sparse kernels (mul_mat_rows, axpy_rows) against pyinfer.reference_ops.
+
+Every weight type, selectors of every kind (none, F32 masks of density 0..1, I32 index lists),
+row ranges, 1..3 threads, outputs poisoned with NaN first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pyinfer import ggml
+from pyinfer import reference_ops as ref
+from pyinfer.errors import InvalidArgumentError
+
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_POOLS: dict[int, ggml.ThreadPool] = {}
+
+
+def pool(n: int) -> ggml.ThreadPool:
+    if n not in _POOLS:
+        _POOLS[n] = ggml.ThreadPool(n)
+    return _POOLS[n]
+
+
+def tensor(ctx: ggml.Context, arr: np.ndarray, type_: int | None = None) -> ggml.Tensor:
+    """tensor_from_numpy with leading axes of 1 dropped: ggml shapes do not keep them."""
+    arr = np.asarray(arr)
+    while arr.ndim > 1 and arr.shape[0] == 1:
+        arr = arr[0]
+    return ctx.tensor_from_numpy(arr, type_)
+
+
+def compute(ctx: ggml.Context, outputs: list[ggml.Tensor], n_threads: int, ndim: int = 2) -> list[np.ndarray]:
+    """Plans and runs a graph of outputs with their buffers poisoned (NaN) first; results as arrays
+    of ndim axes (ggml drops outer axes of size 1, the references keep them)."""
+    g = ggml.Graph(ctx, outputs).plan()
+    for t in outputs:
+        out = t.numpy()
+        out[...] = np.nan if out.dtype.kind == "f" else -123456789
+    g.compute(pool(n_threads))
+    return [t.numpy().reshape(tuple(reversed(t.ne))[4 - ndim:]).copy() for t in outputs]
+
+
+def weights(ctx: ggml.Context, w: np.ndarray, type_: int) -> tuple[ggml.Tensor, np.ndarray]:
+    """A weight tensor of type_ and the float64 values it really holds."""
+    t = tensor(ctx, w.astype(np.float32), type_)
+    return t, ggml.dequantize(type_, t.raw(), w.size).reshape(w.shape).astype(np.float64)
+
+
+def activations_as_kernel_sees(x: np.ndarray, type_: int) -> np.ndarray:
+    """x round-tripped through type_'s vec_dot_type: what mul_mat_rows really multiplies."""
+    vdt = ggml.lib.ggml_vec_dot_type(type_)
+    if vdt == ggml.F32:
+        return x.astype(np.float64)
+    return ggml.dequantize(vdt, ggml.quantize(vdt, x), x.size).reshape(x.shape).astype(np.float64)
+
+
+@st.composite
+def selectors(draw, n_rows: int, m: int, rng: np.random.Generator):
+    """(numpy selector or None, kind): a mask (m, n_rows) or an index list (m, n_sel)."""
+    kind = draw(st.sampled_from(["none", "mask", "mask", "index"]))
+    if kind == "none":
+        return None, kind
+    if kind == "mask":
+        density = draw(st.sampled_from([0.0, 0.01, 0.1, 0.5, 0.9, 1.0]))
+        mask = np.where(rng.random((m, n_rows)) < density, rng.random((m, n_rows)) + 0.01, -rng.random((m, n_rows)))
+        mask[rng.random((m, n_rows)) < 0.05] = 0.0  # 0 is not selected
+        return mask.astype(np.float32), kind
+    n_sel = draw(st.integers(1, n_rows))
+    lists = np.full((m, n_sel), -1, np.int32)
+    for j in range(m):
+        take = draw(st.integers(0, n_sel))
+        lists[j, :take] = rng.permutation(n_rows)[:take]
+        if take < n_sel and draw(st.booleans()):
+            lists[j, take + 1:] = rng.integers(0, 2 * n_rows, n_sel - take - 1)  # after the terminator: ignored
+    return lists, kind
+
+
+@st.composite
+def sparse_case(draw, block_axis_max: int = 3):
+    type_ = draw(st.sampled_from(ggml.WEIGHT_TYPES))
+    blk = ggml.block_size(type_)
+    width = draw(st.integers(1, 200)) if blk == 1 else blk * draw(st.integers(1, block_axis_max if blk < 256 else 2))
+    n_rows = draw(st.integers(1, 70))
+    m = draw(st.sampled_from([1, 1, 2, 3, 6]))  # axpy_rows splits rows up to 4 columns, d beyond
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    sel, kind = draw(selectors(n_rows, m, rng))
+    begin = draw(st.integers(0, n_rows))
+    end = draw(st.sampled_from([-1, draw(st.integers(begin, n_rows))]))
+    return type_, width, n_rows, m, sel, kind, begin, end, draw(st.integers(1, 3)), rng
+
+
+def selector_tensor(ctx: ggml.Context, sel):
+    return None if sel is None else tensor(ctx, sel)
+
+
+@SETTINGS
+@given(case=sparse_case())
+def test_mul_mat_rows(case):
+    type_, k, n_rows, m, sel, _, begin, end, threads, rng = case
+    ctx = ggml.Context(32 << 20)
+    wt, w64 = weights(ctx, rng.standard_normal((n_rows, k)), type_)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    node = ctx.mul_mat_rows(wt, tensor(ctx, x), selector_tensor(ctx, sel), begin, end)
+    (y,) = compute(ctx, [node], threads)
+    chosen = ref.selection(sel, n_rows, m, begin, end) > 0
+    np.testing.assert_array_equal(y[~chosen], 0.0)  # unselected: exactly zero, no NaN left from the poison
+    xq = activations_as_kernel_sees(x, type_)
+    want = ref.mul_mat_rows(w64, xq, sel, begin, end)
+    bound = np.abs(xq) @ np.abs(w64).T
+    assert np.all(np.abs(y - want) <= (2e-3 if type_ == ggml.Q4_1 else 2e-5) * bound + 1e-6)  # Q4_1: f16 block sums
+    loose = ref.mul_mat_rows(w64, x, sel, begin, end)
+    assert np.linalg.norm(y - loose) <= 0.02 * np.linalg.norm(loose) + 1e-6
+
+
+@SETTINGS
+@given(case=sparse_case())
+def test_axpy_rows(case):
+    type_, d, n_rows, m, sel, _, begin, end, threads, rng = case
+    ctx = ggml.Context(32 << 20)
+    wt, w64 = weights(ctx, rng.standard_normal((n_rows, d)), type_)
+    h = rng.standard_normal((m, n_rows)).astype(np.float32)
+    h[rng.random(h.shape) < 0.3] = 0.0  # ReLU-like zeros among the selected
+    node = ctx.axpy_rows(wt, tensor(ctx, h), selector_tensor(ctx, sel), begin, end)
+    (y,) = compute(ctx, [node], threads)
+    want = ref.axpy_rows(w64, h, sel, begin, end)
+    counts = ref.selection(sel, n_rows, m, begin, end)
+    bound = (np.abs(h) * counts) @ np.abs(w64)
+    assert np.all(np.abs(y - want) <= 1e-5 * bound + 1e-30)  # exact zeros where nothing is selected
+
+
+@pytest.mark.parametrize("op", ["mul_mat_rows", "axpy_rows"])
+def test_index_list_entry_out_of_range_is_an_error(op):
+    ctx = ggml.Context(4 << 20)
+    w = tensor(ctx, np.ones((10, 64), np.float32), ggml.Q8_0)
+    act = tensor(ctx, np.ones((1, 64 if op == "mul_mat_rows" else 10), np.float32))
+    sel = tensor(ctx, np.array([[3, 10, -1]], np.int32))
+    node = getattr(ctx, op)(w, act, sel)
+    with pytest.raises(InvalidArgumentError, match="index"):
+        compute(ctx, [node], 3)
+    # the pool survives the error: the next graph runs
+    ok = getattr(ctx, op)(w, act, tensor(ctx, np.array([[3, 9, -1]], np.int32)))
+    compute(ctx, [ok], 3)
+
+
+def test_axpy_rows_counts_repeated_index():
+    ctx = ggml.Context(1 << 20)
+    wt = np.arange(16, dtype=np.float32).reshape(4, 4)
+    h = np.array([[1.0, 2.0, 3.0, 4.0]], np.float32)
+    sel = np.array([[1, 1, 2, -1]], np.int32)
+    (y,) = compute(ctx, [ctx.axpy_rows(tensor(ctx, wt), tensor(ctx, h),
+                                       tensor(ctx, sel))], 2)
+    np.testing.assert_array_equal(y, [2 * 2 * wt[1] + 3 * wt[2]])  # row 3 after the terminator
+
+
+@pytest.mark.parametrize("type_", ggml.WEIGHT_TYPES)
+@pytest.mark.parametrize("op", ["mul_mat_rows", "axpy_rows"])
+def test_simd_matches_scalar(type_, op):
+    rng = np.random.default_rng(type_)
+    n_rows, width = 40, 512
+    ctx = ggml.Context(16 << 20)
+    wt, _ = weights(ctx, rng.standard_normal((n_rows, width)), type_)
+    mask = (rng.random((2, n_rows)) < 0.4).astype(np.float32)
+    act = rng.standard_normal((2, width if op == "mul_mat_rows" else n_rows)).astype(np.float32)
+    node = getattr(ctx, op)(wt, tensor(ctx, act), tensor(ctx, mask), 3, 37)
+    try:
+        ggml.lib.ggml_cpu_set_simd(False)
+        (scalar,) = compute(ctx, [node], 2)
+    finally:
+        ggml.lib.ggml_cpu_set_simd(True)
+    (simd,) = compute(ctx, [node], 3)
+    np.testing.assert_allclose(simd, scalar, rtol=1e-4, atol=1e-4)
+
+
+def test_sparse_matches_dense_at_full_density():
+    # all rows selected: the sparse ops are mul_mat and its transpose
+    rng = np.random.default_rng(7)
+    ctx = ggml.Context(16 << 20)
+    w = rng.standard_normal((96, 256)).astype(np.float32)
+    wt = tensor(ctx, w, ggml.Q4_0)
+    x = tensor(ctx, rng.standard_normal((1, 256)).astype(np.float32))
+    ones = tensor(ctx, np.ones((1, 96), np.float32))
+    dense, sparse = compute(ctx, [ctx.mul_mat(wt, x), ctx.mul_mat_rows(wt, x, ones)], 3)
+    np.testing.assert_array_equal(sparse, dense)

@@ -1,0 +1,296 @@
+"""Tokenizer against independent oracles: transformers' tokenizer for the SmolLM2 GGUF, HF byte-level BPE
+tokenizers trained here (one per split regex), and a sentencepiece BPE model trained here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pyinfer.errors import PyInferError, UnsupportedError
+from pyinfer.tokenizer import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED, Tokenizer
+
+TEXTS = [
+    "",
+    "Hello world",
+    "Hello, World! How are you today?",
+    "price 12345 and 3.14159, 1,000,000",
+    "  leading  spaces\n\n\ttabs   and trailing   ",
+    " single leading space",
+    "\n\nnewlines\r\nwindows\rcr\n",
+    "你好，世界。日本語のテキスト",
+    "emoji 🤖🎉👍🏽 family 👨‍👩‍👧",
+    "ünïcödé ﬁ Ωmega café naïve Ελληνικά русский",
+    "def f(x):\n    return x**2  # square\n\nprint(f(3))\n",
+    "I'm can't WE'LL they'VE you'd",
+    "tabs\tand\u00a0nbsp and \u200b zero width",
+    "a" * 300,
+    "<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n",
+    "text<|im_end|>more<|endoftext|>",
+    "<not_special> <|im_start|",
+]
+
+# A corpus for training the tiny tokenizers: English prose, code, numbers and a little non-Latin text.
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "It was the best of times, it was the worst of times, it was the age of wisdom.",
+    "def main():\n    for i in range(10):\n        print(i * 2, 'hello world')\n    return 0\n",
+    "Numbers like 2024, 3.14 and 1,000,000 appear in text; so do dates: 12/31/1999.",
+    "In 2024 and 2025, call 555-1234 or 555-9876; 12345678 is 1999 plus 12343679.",
+    "Café, naïve, façade — résumé. Über straße. 東京は日本の首都です。 Привет мир!",
+    "She said: \"I'm sure we'll go, but they've said you'd rather not.\"",
+    "    indented line\n\n\ttabbed line\nthe end   ",
+] * 5
+
+
+def meta_from_hf_bpe(tok, pre: str) -> dict:
+    """GGUF-style metadata for a byte-level BPE `tokenizers.Tokenizer`, as llama.cpp's converter writes it."""
+    model = json.loads(tok.to_str())["model"]
+    vocab = model["vocab"]
+    tokens = [None] * len(vocab)
+    for text, i in vocab.items():
+        tokens[i] = text
+    specials = {t.content for t in tok.get_added_tokens_decoder().values()}
+    merges = [" ".join(m) if isinstance(m, list) else m for m in model["merges"]]
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [TOKEN_CONTROL if t in specials else TOKEN_NORMAL for t in tokens],
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.bos_token_id": vocab["<|endoftext|>"],
+        "tokenizer.ggml.eos_token_id": vocab["<|endoftext|>"],
+    }
+
+
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+UNMERGEABLE = "\u0120zqzq"  # " zqzq": in the vocabulary but no merge makes it (tests ignore_merges)
+
+
+def hf_bpe(pre: str):
+    """An HF byte-level BPE tokenizer with the pre-tokenizer HF models of that family use, on one vocabulary
+    trained here with GPT-2's split (so it has merges across digits and a token only ignore_merges reaches)."""
+    from tokenizers import Regex, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    if "base" not in _CACHE:
+        base = HFTokenizer(models.BPE())
+        base.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=SPECIALS, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        base.train_from_iterator(CORPUS, trainer)
+        model = json.loads(base.to_str())["model"]
+        vocab = dict(model["vocab"], **{UNMERGEABLE: len(model["vocab"])})
+        _CACHE["base"] = vocab, [tuple(m) for m in model["merges"]]
+    vocab, merges = _CACHE["base"]
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre == "llama-bpe"))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.pre_tokenizer = {
+        "gpt-2": pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        "smollm": pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                           pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]),
+        "llama-bpe": pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_SPLIT), "isolated"), byte_level]),
+        "qwen2": pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_SPLIT), "isolated"), byte_level]),
+    }[pre]
+    tok.add_special_tokens(SPECIALS)
+    return tok
+
+
+_CACHE: dict = {}
+
+
+@pytest.fixture(scope="module", params=["gpt-2", "smollm", "llama-bpe", "qwen2"])
+def bpe_pair(request):
+    """(our tokenizer, HF oracle) for the byte-level BPE vocabulary with the pre-tokenizer `pre` names."""
+    hf = hf_bpe(request.param)
+    return Tokenizer.from_gguf_metadata(meta_from_hf_bpe(hf, request.param)), hf
+
+
+BPE_TEXTS = TEXTS + ["a zqzq b", "Call 555-1234 in 2024 or 12345678 ' 1999'"]
+
+
+@pytest.mark.parametrize("text", BPE_TEXTS)
+def test_byte_level_bpe_matches_hf(bpe_pair, text):
+    ours, hf = bpe_pair
+    expect = hf.encode(text, add_special_tokens=False).ids
+    assert ours.encode(text, add_special=False) == expect
+    assert ours.decode(expect) == text
+
+
+def test_pre_tokenizers_differ_on_this_vocabulary():
+    """The regexes must matter here, or the comparisons above could not tell them apart."""
+    outs = {pre: tuple(hf_bpe(pre).encode("".join(BPE_TEXTS)).ids)
+            for pre in ("gpt-2", "smollm", "llama-bpe", "qwen2")}
+    assert len(set(outs.values())) == 4
+
+
+@given(st.text(max_size=40))
+def test_byte_level_bpe_random_text(text):
+    hf = hf_bpe("smollm")
+    ours = _ours_gpt2()
+    assert ours.encode(text, add_special=False) == hf.encode(text, add_special_tokens=False).ids
+    assert ours.decode(ours.encode(text)) == text
+
+
+def _ours_gpt2():
+    if "ours" not in _CACHE:
+        _CACHE["ours"] = Tokenizer.from_gguf_metadata(meta_from_hf_bpe(hf_bpe("smollm"), "smollm"))
+    return _CACHE["ours"]
+
+
+def test_parse_special_off_splits_control_tokens():
+    tok = _ours_gpt2()
+    start = tok.tokens.index("<|im_start|>")
+    assert tok.encode("<|im_start|>hi", add_special=False) == [start] + tok.encode("hi", add_special=False)
+    plain = tok.encode("<|im_start|>hi", add_special=False, parse_special=False)
+    assert start not in plain and tok.decode(plain) == "<|im_start|>hi"
+
+
+def test_unknown_pre_tokenizer_is_refused():
+    meta = meta_from_hf_bpe(hf_bpe("gpt-2"), "no-such-pre")
+    with pytest.raises(UnsupportedError, match="no-such-pre"):
+        Tokenizer.from_gguf_metadata(meta)
+    assert issubclass(UnsupportedError, PyInferError)
+
+
+# ---- sentencepiece ("llama" vocab) ----
+
+@pytest.fixture(scope="module")
+def spm(tmp_path_factory):
+    """A sentencepiece BPE model trained here (byte fallback, no normalization) and our tokenizer for it."""
+    import sentencepiece as sp
+
+    folder = tmp_path_factory.mktemp("spm")
+    corpus = folder / "corpus.txt"
+    corpus.write_text("\n".join(CORPUS), encoding="utf-8")
+    sp.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(folder / "m"), vocab_size=400, model_type="bpe", byte_fallback=True,
+        character_coverage=0.98, normalization_rule_name="identity", remove_extra_whitespaces=False,
+        user_defined_symbols=["<|im_start|>"], minloglevel=2)
+    proc = sp.SentencePieceProcessor(model_file=str(folder / "m.model"))
+    types = []
+    for i in range(proc.get_piece_size()):
+        kind = TOKEN_NORMAL
+        if proc.is_control(i):
+            kind = TOKEN_CONTROL
+        elif proc.is_unknown(i):
+            kind = TOKEN_UNKNOWN
+        elif proc.is_byte(i):
+            kind = TOKEN_BYTE
+        elif proc.id_to_piece(i) == "<|im_start|>":
+            kind = TOKEN_USER_DEFINED
+        types.append(kind)
+    meta = {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": [proc.id_to_piece(i) for i in range(proc.get_piece_size())],
+        "tokenizer.ggml.scores": [proc.get_score(i) for i in range(proc.get_piece_size())],
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.bos_token_id": proc.bos_id(),
+        "tokenizer.ggml.eos_token_id": proc.eos_id(),
+        "tokenizer.ggml.unknown_token_id": proc.unk_id(),
+    }
+    return Tokenizer.from_gguf_metadata(meta), proc
+
+
+SPM_TEXTS = [t for t in TEXTS if "<|" not in t]  # sentencepiece puts no dummy prefix after special tokens
+
+
+@pytest.mark.parametrize("text", SPM_TEXTS)
+def test_sentencepiece_matches_spm(spm, text):
+    ours, proc = spm
+    expect = proc.encode(text)
+    assert ours.encode(text, add_special=False) == expect
+    assert ours.encode(text) == [proc.bos_id()] + expect  # llama vocab: bos by default
+    assert ours.decode(expect) == proc.decode(expect) == text
+
+
+@given(st.text(alphabet=st.characters(codec="utf-8", exclude_characters="<"), max_size=30))
+def test_sentencepiece_random_text(spm, text):
+    ours, proc = spm
+    assert ours.encode(text, add_special=False) == proc.encode(text)
+    assert ours.decode(proc.encode(text)) == proc.decode(proc.encode(text))
+
+
+def test_sentencepiece_byte_fallback_and_special(spm):
+    ours, proc = spm
+    ids = ours.encode("龍", add_special=False)  # a character outside the vocabulary: three byte tokens
+    assert [ours.types[i] for i in ids[-3:]] == [TOKEN_BYTE] * 3
+    user = ours.tokens.index("<|im_start|>")
+    # as llama.cpp: each text fragment after a special token gets the dummy prefix again
+    assert ours.encode("a<|im_start|>b", add_special=False) == (
+        ours.encode("a", add_special=False) + [user] + ours.encode("b", add_special=False))
+    assert ours.decode([proc.bos_id(), *ours.encode("hi", add_special=False)], skip_special=True) == "hi"
+    assert user in ours.encode("a<|im_start|>b", parse_special=False)  # user-defined: matched regardless
+
+
+# ---- streaming ----
+
+@given(st.text(max_size=30))
+def test_stream_pieces_are_complete_and_join_to_decode(text):
+    tok = _ours_gpt2()
+    ids = tok.encode(text, add_special=False)
+    pieces = list(tok.decode_stream(ids))
+    assert "".join(pieces) == tok.decode(ids) == text
+    assert all(p and "\ufffd" not in p for p in pieces)
+
+
+def test_stream_skips_control_tokens_by_default():
+    tok = _ours_gpt2()
+    ids = tok.encode("<|im_start|>hi<|im_end|>", add_special=False)
+    assert "".join(tok.decode_stream(ids)) == tok.decode(ids, skip_special=True) == "hi"
+    assert "".join(tok.decode_stream(ids, skip_special=False)) == tok.decode(ids) == "<|im_start|>hi<|im_end|>"
+
+
+def test_stream_sentencepiece_strips_only_the_first_prefix(spm):
+    ours, _ = spm
+    ids = ours.encode("hello world 龍 end", add_special=False)
+    assert "".join(ours.decode_stream(ids)) == "hello world 龍 end"
+    stream = ours.stream_decoder()
+    out = [stream.push(i) for i in ours.encode("龍", add_special=False)]
+    assert out[-1] == "龍" and not any(out[:-1]) and stream.flush() == ""  # bytes held until complete
+
+
+# ---- the real default model ----
+
+def _read_tokenizer_meta(path) -> dict:
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    return {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from pyinfer.pull import pull
+
+    try:
+        path = pull(progress=False)
+    except PyInferError as e:
+        pytest.skip(f"default model not in the cache and not fetchable: {e}")
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return Tokenizer.from_gguf_metadata(_read_tokenizer_meta(path)), hf
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_smollm2_matches_transformers(smollm2, text):
+    ours, hf = smollm2
+    expect = hf.encode(text, add_special_tokens=True)
+    assert ours.encode(text) == expect
+    assert ours.decode(expect) == hf.decode(expect) == text
+
+
+def test_smollm2_specials(smollm2):
+    ours, _ = smollm2
+    assert (ours.n_vocab, ours.bos_id, ours.eos_id) == (49152, 1, 2)
+    assert ours.eot_ids == {ours.tokens.index("<|im_end|>"), ours.tokens.index("<|endoftext|>")}
+    assert ours.encode("<|im_start|>") == [1]
+    assert 1 not in ours.encode("<|im_start|>", parse_special=False)
+    assert ours.token_to_piece(ours.encode(" world")[0]) == " world"
