@@ -155,7 +155,10 @@ def build_inplace() -> Path:
     built = Path(ffi.compile(tmpdir=str(tmp), verbose=False))
     target = ROOT / "pyinfer" / (
         "_pyinfer_native" + sysconfig.get_config_var("EXT_SUFFIX"))
-    shutil.copyfile(built, target)
+    # a new file renamed into place: running processes keep the old one mapped (copying over it crashes them)
+    tmp_target = target.with_name(target.name + ".tmp")
+    shutil.copyfile(built, tmp_target)
+    os.replace(tmp_target, target)
     return target
 
 

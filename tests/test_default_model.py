@@ -1,0 +1,74 @@
+"""The real default model, SmolLM2-135M-Instruct (Q4_1 GGUF), through our engine against transformers
+loading the same GGUF (dequantized to float32). The README's test command pulls the model first."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import converters.convert_hf_to_powergguf as conv
+from pyinfer.pull import pull
+from pyinfer.runtime import Model
+from pyinfer.sampling import SamplerParams
+
+TEXT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined "
+        "movable metal type with an oil-based ink and a wooden press. Within fifty years, printers in more "
+        "than two hundred cities had produced millions of books, and")
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    path = pull(progress=False)
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
+    return path, hf
+
+
+def _hf_logits(hf, tokens) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return hf(torch.tensor([tokens])).logits[0].double().numpy()
+
+
+def _agreement(ours: np.ndarray, theirs: np.ndarray) -> float:
+    return float(np.mean(ours.argmax(-1) == theirs.argmax(-1)))
+
+
+def test_teacher_forced_top1_agrees_with_transformers(smollm, capsys):
+    path, hf = smollm
+    model = Model(path, n_ctx=512, kv_type="f32")
+    tokens = model.tokenize(TEXT)
+    ours, theirs = model.logits(tokens), _hf_logits(hf, tokens)
+    rate = _agreement(ours, theirs)
+    rel = float(np.linalg.norm(ours - theirs) / np.linalg.norm(theirs))
+    with capsys.disabled():
+        print(f"\nSmolLM2-135M Q4_1, {len(tokens)} positions: top-1 agreement with transformers {rate:.3f}, "
+              f"relative logit error {rel:.4f}")
+    # our dot products quantize activations to Q8_1 blocks (as llama.cpp); transformers runs float32
+    assert rate >= 0.9 and rel < 0.08
+
+
+def test_greedy_answer_equals_transformers(smollm):
+    path, hf = smollm
+    model = Model(path, n_ctx=512)
+    prompt = model.tokenize("The capital of France is")
+    ours = list(model.generate_tokens(prompt, 16, SamplerParams(temperature=0), stop_at_eos=False))
+    seq = list(prompt)
+    for _ in range(16):
+        seq.append(int(_hf_logits(hf, seq)[-1].argmax()))
+    assert ours == seq[len(prompt):]
+    assert "Paris" in model.detokenize(ours)
+
+
+def test_converted_powergguf_agrees(smollm, tmp_path, capsys):
+    """Our converter's PowerGGUF (ffn_down_t requantized to Q8_0) stays close to the source file."""
+    path, hf = smollm
+    out = tmp_path / "smollm-power.gguf"
+    assert conv.main([str(path), "-o", str(out)]) == 0
+    model = Model(out, n_ctx=512, kv_type="f32")
+    tokens = model.tokenize(TEXT)
+    rate = _agreement(model.logits(tokens), _hf_logits(hf, tokens))
+    with capsys.disabled():
+        print(f"\nSmolLM2-135M PowerGGUF (down_t Q8_0): top-1 agreement with transformers {rate:.3f}")
+    assert rate >= 0.85

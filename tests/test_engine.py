@@ -1,0 +1,122 @@
+"""The native engine end to end (converter -> GGUF -> graphs -> driver loop) against transformers."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from hf_tiny import N_VOCAB, VARIANTS, build, roundtrip_weights
+
+import converters.convert_hf_to_powergguf as conv
+from pyinfer.errors import ContextFullError, InvalidArgumentError
+from pyinfer.runtime import Model
+from pyinfer.sampling import SamplerParams
+
+RNG = np.random.default_rng(7)
+PROMPTS = [[5], RNG.integers(0, N_VOCAB, 9).tolist(), RNG.integers(0, N_VOCAB, 23).tolist()]
+
+
+def rel_err(a, b) -> float:
+    return float(np.abs(np.asarray(a, np.float64) - b).max() / np.abs(b).max())
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(variant, outtype) -> (TinyModel oracle, converted PowerGGUF path, dense GGUF path or None)."""
+    cache = {}
+
+    def get(variant: str, outtype: str = "f32"):
+        if (variant, outtype) not in cache:
+            folder = tmp_path_factory.mktemp(f"{variant}-{outtype}")
+            oracle = build(variant, str(folder / "hf"))
+            power, dense = str(folder / "m.gguf"), str(folder / "dense.gguf")
+            args = [oracle.folder, "-o", power, "--outtype", outtype]
+            if VARIANTS[variant][0] != "opt":
+                args += ["--dense-gguf", dense]
+            assert conv.main(args) == 0
+            cache[(variant, outtype)] = (oracle, power, dense if VARIANTS[variant][0] != "opt" else None)
+        return cache[(variant, outtype)]
+
+    return get
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_f32_logits_match_transformers(tiny, variant):
+    oracle, power, _ = tiny(variant)
+    model = Model(power, n_ctx=64, kv_type="f32", n_threads=2)
+    for tokens in PROMPTS:
+        want = oracle.logits(tokens)
+        got = model.logits(tokens)
+        assert got.shape == want.shape
+        assert rel_err(got, want) < 1e-4, (variant, len(tokens))
+
+
+@pytest.mark.parametrize("variant", ["llama_silu", "llama_relu", "qwen2", "opt"])
+def test_greedy_32_steps_equal_transformers(tiny, variant):
+    """Greedy decoding through the KV cache equals argmax of the float64 oracle recomputed from scratch;
+    a difference is allowed only where the oracle's top two logits tie within float32 rounding."""
+    oracle, power, _ = tiny(variant)
+    model = Model(power, n_ctx=64, kv_type="f32", n_threads=2)
+    prompt = PROMPTS[1]
+    ours = list(model.generate_tokens(prompt, 32, SamplerParams(temperature=0), stop_at_eos=False))
+    seq = list(prompt)
+    for step, token in enumerate(ours):
+        logits = oracle.logits(seq)[-1]
+        best = int(np.argmax(logits))
+        if token != best:
+            top2 = np.sort(logits)[-2:]
+            assert top2[1] - top2[0] < 1e-4 * np.abs(logits).max(), (variant, step)
+            break
+        seq.append(token)
+    assert len(ours) == 32
+
+
+@pytest.mark.parametrize("outtype,qtype,bound", [("f16", Q.F16, 2e-3), ("bf16", Q.BF16, 1.5e-2), ("q8_0", Q.Q8_0, 5e-2),
+                                                 ("q4_0", Q.Q4_0, 8e-2)])
+def test_quantized_logits_within_bounds(tiny, outtype, qtype, bound):
+    """Against the oracle whose weights went through the same rounding: what remains is our arithmetic
+    (activations rounded to F16 / BF16 / Q8 blocks for the dot products, as llama.cpp does)."""
+    oracle, power, _ = tiny("llama_silu", outtype)
+    roundtrip_weights(oracle, qtype)
+    model = Model(power, n_ctx=64, kv_type="f32", n_threads=2)
+    for tokens in PROMPTS[1:]:
+        assert rel_err(model.logits(tokens), oracle.logits(tokens)) < bound
+
+
+def test_batches_and_cache_reuse_give_the_same_logits(tiny):
+    _, power, _ = tiny("qwen2")
+    whole = Model(power, n_ctx=64, kv_type="f32").logits(PROMPTS[2])
+    batched = Model(power, n_ctx=64, n_batch=4, kv_type="f32").logits(PROMPTS[2])
+    np.testing.assert_allclose(batched, whole, rtol=0, atol=1e-5 * np.abs(whole).max())
+    model = Model(power, n_ctx=64, kv_type="f32")
+    model.eval(PROMPTS[2][:10])
+    last = model.eval(PROMPTS[2][10:], all_logits=True)
+    np.testing.assert_allclose(last, whole[10:], rtol=0, atol=1e-5 * np.abs(whole).max())
+
+
+def test_plain_gguf_runs_like_powergguf(tiny):
+    """A llama.cpp GGUF (ffn_down, no pyinfer keys) runs directly; llama.cpp's format has no activation
+    key, so this holds for SwiGLU models."""
+    _, power, dense = tiny("llama_silu")
+    a = Model(power, n_ctx=64, kv_type="f32").logits(PROMPTS[2])
+    b = Model(dense, n_ctx=64, kv_type="f32").logits(PROMPTS[2])
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(a).max())
+
+
+def test_f16_kv_cache_close_to_f32(tiny):
+    _, power, _ = tiny("llama_silu")
+    a = Model(power, n_ctx=64, kv_type="f32").logits(PROMPTS[2])
+    b = Model(power, n_ctx=64, kv_type="f16").logits(PROMPTS[2])
+    assert rel_err(b, a) < 5e-3
+
+
+def test_bad_calls_raise_clear_errors(tiny):
+    _, power, _ = tiny("llama_silu")
+    model = Model(power, n_ctx=16, kv_type="f32")
+    with pytest.raises(ContextFullError, match="context"):
+        model.eval(list(range(17)))
+    with pytest.raises(InvalidArgumentError, match="token ids"):
+        model.eval([N_VOCAB])
+    with pytest.raises(InvalidArgumentError):
+        Model(power, kv_type="q4_0")
+    model.eval(list(range(10)))  # still usable after the errors
+    assert model.n_past == 10
