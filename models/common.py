@@ -23,12 +23,14 @@ class GraphInputs:
 class Builder:
     """What an architecture's graph needs: a context for op nodes, the config, weights and KV cache."""
 
-    def __init__(self, ctx: ggml.Context, cfg, weights: dict[str, ggml.Tensor], kv_cache, capture: dict | None = None):
+    def __init__(self, ctx: ggml.Context, cfg, weights: dict[str, ggml.Tensor], kv_cache, capture: dict | None = None,
+                 sparse=None):
         self.ctx = ctx
         self.cfg = cfg
         self.weights = weights
         self.kv_cache = kv_cache
         self.capture = capture  # name -> tensor, filled with intermediates a profiler asks for
+        self.sparse = sparse  # models.sparse_ffn.SparseSpec: FFNs take the predicted rows only
 
     def w(self, name: str) -> ggml.Tensor:
         t = self.weights.get(name + ".weight")
@@ -94,6 +96,10 @@ def ffn_activation(b: Builder, il: int, h: ggml.Tensor) -> ggml.Tensor:
 
 def ffn_block(b: Builder, il: int, h: ggml.Tensor) -> ggml.Tensor:
     """Dense FFN: (n_tokens, n_embd) -> (n_tokens, n_embd); PowerGGUF's down_t is summed row by row."""
+    if b.sparse is not None:
+        from models import sparse_ffn  # imports this module
+
+        return sparse_ffn.ffn_block(b, il, h)
     act = ffn_activation(b, il, h)  # (n, n_ff)
     if b.capture is not None:
         b.capture[f"ffn_inp.{il}"] = h  # (n, n_embd)

@@ -3,6 +3,7 @@ per generated token. Sampling and detokenizing stay in Python; nothing per-op is
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections import OrderedDict
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import models
+from models import sparse_ffn
 from models.common import Builder, GraphInputs
 from pyinfer import ggml
 from pyinfer.errors import ContextFullError, InvalidArgumentError
@@ -51,6 +53,9 @@ class Timings:
     def reset(self) -> None:
         self.prompt_ms = self.eval_ms = self.sample_ms = 0.0
         self.prompt_tokens = self.eval_tokens = 0
+        for key in ("ffn_rows_active", "ffn_rows_total"):
+            if key in self.extra:
+                self.extra[key] = 0
 
     def report(self, prefix: str = "pyinfer_perf_context_print") -> str:
         def rate(ms, n):
@@ -66,7 +71,20 @@ class Timings:
             f"{prefix}:        eval time = {self.eval_ms:10.2f} ms / {self.eval_tokens:5d} runs   "
             + rate(self.eval_ms, self.eval_tokens),
             f"{prefix}:       total time = {total:10.2f} ms / {self.prompt_tokens + self.eval_tokens:5d} tokens",
+            *self._sparse_lines(prefix),
         ])
+
+    def _sparse_lines(self, prefix: str) -> list[str]:
+        """The sparse FFN's realised density and the predictors' share of a decoded token's time."""
+        if "ffn_rows_total" not in self.extra:
+            return []
+        x = self.extra
+        density = x["ffn_rows_active"] / x["ffn_rows_total"] if x["ffn_rows_total"] else 0.0
+        pred_ms = x.get("predictor_ms", 0.0)
+        per_token = self.eval_ms / self.eval_tokens if self.eval_tokens else 0.0
+        share = 100.0 * pred_ms / per_token if per_token > 0 else 0.0
+        return [f"{prefix}:   sparse FFN density = {100.0 * density:6.2f} % of neurons, predictors "
+                f"{pred_ms:.2f} ms per token ({share:.1f} % of eval time)"]
 
 
 class _StepGraph:
@@ -80,9 +98,12 @@ class _StepGraph:
         pos_ids = self.ctx.new_tensor(ggml.I32, (n_tokens,)) if cfg.pos_offset else None
         self.inputs = GraphInputs(tokens=tokens, pos=pos, n_out=n_out, pos_ids=pos_ids)
         self.captured: dict[str, ggml.Tensor] = {}
-        builder = Builder(self.ctx, cfg, model.weights, model.kv_cache, self.captured if capture else None)
+        spec = dataclasses.replace(model.sparse_spec, masks={}) if model.sparse_spec else None
+        builder = Builder(self.ctx, cfg, model.weights, model.kv_cache, self.captured if capture else None, spec)
         self.logits = models.builder_for(cfg.arch)(builder, self.inputs)  # (n_out, n_vocab)
-        self.graph = ggml.Graph(self.ctx, [self.logits, *self.captured.values()]).plan()
+        masks = list(spec.masks.values()) if spec else []  # per layer (n_tokens, n_ff)
+        self.graph = ggml.Graph(self.ctx, [self.logits, *self.captured.values(), *masks]).plan()
+        self.masks = [m.numpy() for m in masks]
         self._tokens, self._pos = tokens.numpy(), pos.numpy()
         self._pos_ids = pos_ids.numpy() if pos_ids is not None else None
         self._logits = self.logits.numpy().reshape(n_out, cfg.n_vocab)
@@ -96,12 +117,20 @@ class _StepGraph:
         self.graph.compute(pool)
         return self._logits
 
+    def active_rows(self) -> int:
+        """Neurons (token, layer, row) the last compute's down projections summed."""
+        return sum(int(np.count_nonzero(m > 0)) for m in self.masks)
+
 
 class Model:
     """A loaded model: `pyinfer.Model(path)`, then tokenize / logits / generate."""
 
     def __init__(self, path: str | os.PathLike[str], *, n_ctx: int = 0, n_batch: int = 512,
-                 n_threads: int | None = None, kv_type: str = "f16"):
+                 n_threads: int | None = None, kv_type: str = "f16", sparse: bool | None = None,
+                 sparsity_threshold: float = 0.0, oracle: bool = False):
+        """sparse: the predicted-neuron FFN (None: on when the file has predictors); sparsity_threshold is
+        added to the predictors' logit threshold (higher = fewer neurons); oracle (tests) masks with the
+        true active set, computed densely."""
         t0 = time.perf_counter()
         if kv_type not in KV_TYPES:
             raise InvalidArgumentError(f"KV cache type must be one of {', '.join(KV_TYPES)}, not {kv_type!r}")
@@ -123,9 +152,49 @@ class Model:
             self.weights[name] = t
         self.kv_cache = KVCache(cfg, self.n_ctx, KV_TYPES[kv_type])
         self.pool = ggml.ThreadPool(self.n_threads)
+        self.sparse_spec = self._sparse_spec(sparse, sparsity_threshold, oracle)
         self._graphs: OrderedDict[tuple[int, int, bool], _StepGraph] = OrderedDict()
         self.tokens: list[int] = []  # the sequence in the KV cache
         self.timings = Timings(load_ms=1e3 * (time.perf_counter() - t0))
+        if self.sparse_spec is not None:
+            self.timings.extra.update(ffn_rows_active=0, ffn_rows_total=0, predictor_ms=self._predictor_ms())
+
+    # --- sparse FFN ---
+    @property
+    def has_predictors(self) -> bool:
+        return "blk.0.fc1.weight" in self.file.tensors
+
+    def _sparse_spec(self, sparse: bool | None, logit_threshold: float, oracle: bool):
+        if sparse is None:
+            sparse = oracle or self.has_predictors
+        if not sparse:
+            return None
+        if not (oracle or self.has_predictors):
+            raise InvalidArgumentError(f"{self.file.path} has no predictors (blk.N.fc1/fc2): run pyinfer sparsify")
+        if self.file.ffn_layout != "down_t":
+            raise InvalidArgumentError("the sparse FFN needs a PowerGGUF (ffn_down_t): convert the model first")
+        n_ff = self.config.n_ff
+        self._sparse_ctx = ggml.Context(2 * self.config.n_layer * (4 * n_ff + 4096) + (1 << 16))
+        return sparse_ffn.make_spec(self._sparse_ctx, self.file.tensors, self.file.metadata, self.config,
+                                    logit_threshold=logit_threshold, oracle=oracle)
+
+    def _predictor_ms(self, reps: int = 5) -> float:
+        """Milliseconds one token spends in the predictors, timed on a graph of the predictors alone."""
+        if self.sparse_spec.oracle:
+            return 0.0
+        ctx = ggml.Context(1 << 20)
+        x = ctx.tensor_from_numpy(np.random.default_rng(0).standard_normal(self.config.n_embd))  # (n_embd,)
+        outs = []
+        for il in range(self.config.n_layer):
+            z = ctx.relu(ctx.mul_mat(self.weights[f"blk.{il}.fc1.weight"], x))  # (r_l,)
+            outs.append(ctx.add(ctx.mul_mat(self.weights[f"blk.{il}.fc2.weight"], z), self.sparse_spec.pred_bias[il]))
+        graph = ggml.Graph(ctx, outs).plan()
+        times = []
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            graph.compute(self.pool)
+            times.append(1e3 * (time.perf_counter() - t0))
+        return float(np.median(times[1:]))
 
     # --- tokens ---
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
@@ -164,6 +233,9 @@ class Model:
             n_out = len(chunk) if all_logits else (1 if last_chunk else 0)
             graph = self._graph(len(chunk), max(n_out, 1))
             logits = graph.run(self.pool, chunk, self.n_past)
+            if graph.masks:
+                self.timings.extra["ffn_rows_active"] += graph.active_rows()
+                self.timings.extra["ffn_rows_total"] += len(chunk) * self.config.n_layer * self.config.n_ff
             self.tokens.extend(int(t) for t in chunk)
             if n_out:
                 outs.append(logits.copy())

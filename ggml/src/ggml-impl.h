@@ -2,6 +2,10 @@
 #pragma once
 #include "ggml.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define GGML_MAX_NAME 64
 
 struct ggml_tensor {
@@ -61,3 +65,7 @@ static inline float ggml_op_param_f32(const struct ggml_tensor *t, int i) {
 static inline void ggml_set_op_param_f32(struct ggml_tensor *t, int i, float f) {
     __builtin_memcpy(&t->op_params[i], &f, sizeof f);
 }
+
+#ifdef __cplusplus
+}
+#endif

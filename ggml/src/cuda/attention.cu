@@ -1,0 +1,129 @@
+// attention.cu: kv_store (F32 rows into an F32 or F16 cache) and causal attention over the cache with
+// GQA. One block per (head, token); its 8 warps split the slots [0, pos[t]] round-robin, each keeping an
+// online softmax (running max, sum, weighted V) over its slots; the 8 partial states merge at the end.
+#include "common.cuh"
+
+#define ATT_WARPS 8
+#define ATT_MAX_DPL 8 // head dims per lane: head_dim <= 256
+
+// ---------------------------------------------------------------------------------------------------
+// KV_STORE: cache[:, h, pos[t]] = src[:, h, t]; a position outside [0, n_ctx) is skipped
+// ---------------------------------------------------------------------------------------------------
+
+__global__ void kv_store_kernel(cuda_view src, const char *pos, int64_t pos_nb0, cuda_view cache, bool f16) {
+    const int64_t hd = src.ne[0], nh = src.ne[1], n = hd * nh * src.ne[2];
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t i = e % hd, h = (e / hd) % nh, t = e / (hd * nh);
+        const int64_t p = *(const int32_t *)(pos + t * pos_nb0);
+        if (p < 0 || p >= cache.ne[2]) continue;
+        const float v = *(const float *)(src.data + i * 4 + h * src.nb[1] + t * src.nb[2]);
+        char *slot = cache.data + h * cache.nb[1] + p * cache.nb[2];
+        if (f16)
+            ((__half *)slot)[i] = __float2half_rn(v);
+        else
+            ((float *)slot)[i] = v;
+    }
+}
+
+int cuda_op_kv_store(struct ggml_tensor *dst, cudaStream_t st) {
+    const struct ggml_tensor *src = dst->src[1], *pos = dst->src[2];
+    if (src->type != GGML_TYPE_F32 || (dst->type != GGML_TYPE_F32 && dst->type != GGML_TYPE_F16))
+        return ggml_set_error(GGML_STATUS_UNSUPPORTED, "kv_store takes F32 rows into an F32/F16 cache");
+    const int64_t n = src->ne[0] * src->ne[1] * src->ne[2];
+    int64_t blocks = (n + CUDA_BLOCK - 1) / CUDA_BLOCK;
+    kv_store_kernel<<<(unsigned)(blocks < 65536 ? (blocks ? blocks : 1) : 65536), CUDA_BLOCK, 0, st>>>(
+        cuda_view_of(src), (const char *)pos->data, (int64_t)pos->nb[0], cuda_view_of(dst), dst->type == GGML_TYPE_F16);
+    return cuda_launch_status("kv_store");
+}
+
+// ---------------------------------------------------------------------------------------------------
+// ATTENTION
+// ---------------------------------------------------------------------------------------------------
+
+template <bool F16>
+static __device__ __forceinline__ float cache_at(const char *row, int d) {
+    return F16 ? __half2float(((const __half *)row)[d]) : ((const float *)row)[d];
+}
+
+template <bool F16>
+__global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cuda_view q, cuda_view k, cuda_view v,
+                                                                  const char *pos, int64_t pos_nb0, cuda_view dst,
+                                                                  float scale) {
+    __shared__ float sh_m[ATT_WARPS], sh_l[ATT_WARPS];
+    __shared__ float sh_acc[ATT_WARPS][ATT_MAX_DPL * 32];
+    const int hd = (int)q.ne[0], h = blockIdx.x, lane = threadIdx.x % 32, w = threadIdx.x / 32;
+    const int64_t t = blockIdx.y;
+    const int64_t g = h / (q.ne[1] / k.ne[1]); // kv head of this query head
+    const float *qrow = (const float *)(q.data + h * q.nb[1] + t * q.nb[2]); // (hd)
+    float qr[ATT_MAX_DPL], acc[ATT_MAX_DPL];
+#pragma unroll
+    for (int i = 0; i < ATT_MAX_DPL; i++) {
+        const int d = lane + 32 * i;
+        qr[i] = d < hd ? qrow[d] * scale : 0.0f; // scale folded into q
+        acc[i] = 0.0f;
+    }
+    int64_t last = *(const int32_t *)(pos + t * pos_nb0);
+    if (last >= k.ne[2]) last = k.ne[2] - 1;
+    const char *kbase = k.data + g * k.nb[1], *vbase = v.data + g * v.nb[1];
+    float mx = -INFINITY, sum = 0.0f;
+    for (int64_t s = w; s <= last; s += ATT_WARPS) {
+        const char *kr = kbase + s * k.nb[2], *vr = vbase + s * v.nb[2];
+        float part = 0.0f, vv[ATT_MAX_DPL];
+#pragma unroll
+        for (int i = 0; i < ATT_MAX_DPL; i++) {
+            const int d = lane + 32 * i;
+            // v is loaded together with k so both reads are in flight at once
+            vv[i] = d < hd ? cache_at<F16>(vr, d) : 0.0f;
+            if (d < hd) part += qr[i] * cache_at<F16>(kr, d);
+        }
+        const float score = warp_sum(part);
+        const float mnew = fmaxf(mx, score);
+        const float c = expf(mx - mnew), p = expf(score - mnew);
+        sum = sum * c + p;
+#pragma unroll
+        for (int i = 0; i < ATT_MAX_DPL; i++) acc[i] = acc[i] * c + p * vv[i];
+        mx = mnew;
+    }
+    if (lane == 0) {
+        sh_m[w] = mx;
+        sh_l[w] = sum;
+    }
+#pragma unroll
+    for (int i = 0; i < ATT_MAX_DPL; i++) sh_acc[w][lane + 32 * i] = acc[i];
+    __syncthreads();
+    float m_all = -INFINITY;
+    for (int j = 0; j < ATT_WARPS; j++) m_all = fmaxf(m_all, sh_m[j]);
+    float l_all = 0.0f, cw[ATT_WARPS];
+    for (int j = 0; j < ATT_WARPS; j++) {
+        cw[j] = sh_l[j] > 0.0f ? expf(sh_m[j] - m_all) : 0.0f; // a warp without slots adds nothing
+        l_all += sh_l[j] * cw[j];
+    }
+    float *out = (float *)(dst.data + t * dst.nb[1]) + (int64_t)h * hd; // (hd)
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.0f;
+        for (int j = 0; j < ATT_WARPS; j++) o += sh_acc[j][d] * cw[j];
+        out[d] = o / l_all;
+    }
+}
+
+int cuda_op_attention(struct ggml_tensor *dst, cudaStream_t st) {
+    const struct ggml_tensor *q = dst->src[0], *k = dst->src[1], *v = dst->src[2], *pos = dst->src[3];
+    if (q->type != GGML_TYPE_F32 || k->type != v->type || (k->type != GGML_TYPE_F32 && k->type != GGML_TYPE_F16))
+        return ggml_set_error(GGML_STATUS_UNSUPPORTED, "attention on CUDA: F32 q over an F32 or F16 cache");
+    if (q->ne[0] > ATT_MAX_DPL * 32)
+        return ggml_set_error(GGML_STATUS_UNSUPPORTED, "attention on CUDA: head size %lld > %d", (long long)q->ne[0],
+                              ATT_MAX_DPL * 32);
+    if (q->ne[1] > 65535 || q->ne[2] > 65535)
+        return ggml_set_error(GGML_STATUS_UNSUPPORTED, "attention on CUDA: too many heads or tokens");
+    const dim3 grid((unsigned)q->ne[1], (unsigned)q->ne[2]);
+    const float scale = ggml_op_param_f32(dst, 0);
+    if (k->type == GGML_TYPE_F16)
+        attention_kernel<true><<<grid, ATT_WARPS * 32, 0, st>>>(cuda_view_of(q), cuda_view_of(k), cuda_view_of(v),
+                                                                (const char *)pos->data, (int64_t)pos->nb[0],
+                                                                cuda_view_of(dst), scale);
+    else
+        attention_kernel<false><<<grid, ATT_WARPS * 32, 0, st>>>(cuda_view_of(q), cuda_view_of(k), cuda_view_of(v),
+                                                                 (const char *)pos->data, (int64_t)pos->nb[0],
+                                                                 cuda_view_of(dst), scale);
+    return cuda_launch_status("attention");
+}

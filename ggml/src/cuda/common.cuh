@@ -1,0 +1,194 @@
+// common.cuh: what every CUDA op file shares: error helpers, the tensor view passed to kernels, warp
+// reductions, F16/BF16 loads and the per-type dequantization of one value or of 32 consecutive values.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "../ggml-impl.h"
+#include "cuda.h"
+#include "../quants.h"
+
+#define CUDA_BLOCK 256 // threads per block of the row kernels
+
+// turns a CUDA error into a ggml status (with its message); `what` names the failing step
+static inline int cuda_status(cudaError_t err, const char *what) {
+    if (err == cudaSuccess) return GGML_STATUS_OK;
+    return ggml_set_error(GGML_STATUS_BACKEND_ERROR, "CUDA %s: %s", what, cudaGetErrorString(err));
+}
+
+// after a launch: configuration errors show up here (asynchronous faults at the next sync)
+static inline int cuda_launch_status(const char *what) { return cuda_status(cudaGetLastError(), what); }
+
+// a tensor as the kernels see it: data on the device, shape and byte strides
+struct cuda_view {
+    char *data;
+    int64_t ne[4];
+    int64_t nb[4];
+};
+
+static inline cuda_view cuda_view_of(const struct ggml_tensor *t) {
+    cuda_view v;
+    v.data = (char *)t->data;
+    for (int i = 0; i < 4; i++) {
+        v.ne[i] = t->ne[i];
+        v.nb[i] = (int64_t)t->nb[i];
+    }
+    return v;
+}
+
+// row r (counted over ne[1..3]) of v
+static __device__ __forceinline__ char *cuda_row(const cuda_view &v, int64_t r) {
+    const int64_t i1 = r % v.ne[1], i2 = (r / v.ne[1]) % v.ne[2], i3 = r / (v.ne[1] * v.ne[2]);
+    return v.data + i1 * v.nb[1] + i2 * v.nb[2] + i3 * v.nb[3];
+}
+
+static __device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// sum over all threads of a block of CUDA_BLOCK; every thread gets the result (sh: 32 floats)
+static __device__ __forceinline__ float block_sum(float v, float *sh) {
+    v = warp_sum(v);
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    __syncthreads(); // sh may still be read by a previous call
+    if (l == 0) sh[w] = v;
+    __syncthreads();
+    v = l < (int)(blockDim.x / 32) ? sh[l] : 0.0f;
+    return warp_sum(v);
+}
+
+static __device__ __forceinline__ float block_max(float v, float *sh) {
+    v = warp_max(v);
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    __syncthreads();
+    if (l == 0) sh[w] = v;
+    __syncthreads();
+    v = l < (int)(blockDim.x / 32) ? sh[l] : -INFINITY;
+    return warp_max(v);
+}
+
+static __device__ __forceinline__ float f16_at(const void *p) { return __half2float(*(const __half *)p); }
+static __device__ __forceinline__ float h2f(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
+static __device__ __forceinline__ float bf2f(uint32_t h) { return __uint_as_float(h << 16); }
+static __device__ __forceinline__ uint16_t u16_at(const uint8_t *p) { return *(const uint16_t *)p; }
+
+// value i of a row of `type` (any type with a dequantization; F32, F16, BF16, the quants)
+static __device__ float cuda_dequant1(int type, const uint8_t *row, int64_t i) {
+    switch (type) {
+    case GGML_TYPE_F32: return ((const float *)row)[i];
+    case GGML_TYPE_F16: return h2f(((const uint16_t *)row)[i]);
+    case GGML_TYPE_BF16: return bf2f(((const uint16_t *)row)[i]);
+    case GGML_TYPE_Q4_0: {
+        const uint8_t *b = row + (i / 32) * 18;
+        const int j = (int)(i % 32);
+        const int q = j < 16 ? (b[2 + j] & 15) : (b[2 + j - 16] >> 4);
+        return h2f(u16_at(b)) * (float)(q - 8);
+    }
+    case GGML_TYPE_Q4_1: {
+        const uint8_t *b = row + (i / 32) * 20;
+        const int j = (int)(i % 32);
+        const int q = j < 16 ? (b[4 + j] & 15) : (b[4 + j - 16] >> 4);
+        return h2f(u16_at(b)) * (float)q + h2f(u16_at(b + 2));
+    }
+    case GGML_TYPE_Q5_0: {
+        const uint8_t *b = row + (i / 32) * 22;
+        const int j = (int)(i % 32);
+        const int lo = j < 16 ? (b[6 + j] & 15) : (b[6 + j - 16] >> 4);
+        const int hi = (b[2 + j / 8] >> (j % 8)) & 1;
+        return h2f(u16_at(b)) * (float)((lo | hi << 4) - 16);
+    }
+    case GGML_TYPE_Q8_0: {
+        const uint8_t *b = row + (i / 32) * 34;
+        return h2f(u16_at(b)) * (float)(int8_t)b[2 + i % 32];
+    }
+    case GGML_TYPE_Q8_1: {
+        const uint8_t *b = row + (i / 32) * 36;
+        return h2f(u16_at(b)) * (float)(int8_t)b[4 + i % 32];
+    }
+    case GGML_TYPE_Q4_K: {
+        const uint8_t *b = row + (i / 256) * 144;
+        const int j = (int)(i % 256), s = j / 32, l = j % 32;
+        uint8_t sc, m;
+        ggml_q4_K_get_scale_min(b + 4, s, &sc, &m);
+        const uint8_t byte = b[16 + 32 * (s / 2) + l];
+        const int q = (s & 1) ? byte >> 4 : byte & 15;
+        return h2f(u16_at(b)) * (float)sc * (float)q - h2f(u16_at(b + 2)) * (float)m;
+    }
+    case GGML_TYPE_Q6_K: {
+        const uint8_t *b = row + (i / 256) * 210;
+        const int j = (int)(i % 256), h = j / 128, r = j % 128, quarter = r / 32, l = r % 32;
+        const uint8_t qlb = b[64 * h + l + 32 * (quarter & 1)];
+        const int lo = quarter < 2 ? qlb & 15 : qlb >> 4;
+        const int hi = (b[128 + 32 * h + l] >> (2 * quarter)) & 3;
+        return h2f(u16_at(b + 208)) * (float)(int8_t)b[192 + j / 16] * (float)((lo | hi << 4) - 32);
+    }
+    case GGML_TYPE_Q8_K: {
+        const uint8_t *b = row + (i / 256) * 292;
+        return *(const float *)b * (float)(int8_t)b[4 + i % 256];
+    }
+    default: return __int_as_float(0x7fc00000); // unreachable: the host checks types first
+    }
+}
+
+static inline bool cuda_type_dequantizes(enum ggml_type t) {
+    switch (t) {
+    case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16: case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1:
+    case GGML_TYPE_Q5_0: case GGML_TYPE_Q8_0: case GGML_TYPE_Q8_1: case GGML_TYPE_Q4_K: case GGML_TYPE_Q6_K:
+    case GGML_TYPE_Q8_K: return true;
+    default: return false;
+    }
+}
+
+// the weight types of mul_mat, mul_mat_rows and axpy_rows
+static inline bool cuda_type_is_weight(enum ggml_type t) {
+    return t != GGML_TYPE_Q8_1 && t != GGML_TYPE_Q8_K && cuda_type_dequantizes(t);
+}
+
+// --- per-family entry points (forward.cu dispatches) ---
+int cuda_op_cpy(struct ggml_tensor *dst, cudaStream_t st);
+int cuda_op_get_rows(struct ggml_tensor *dst, cudaStream_t st);
+int cuda_op_binary(struct ggml_tensor *dst, cudaStream_t st);
+int cuda_op_unary(struct ggml_tensor *dst, cudaStream_t st);
+int cuda_op_norm(struct ggml_tensor *dst, cudaStream_t st);
+int cuda_op_rope(struct ggml_tensor *dst, cudaStream_t st);
+int cuda_op_soft_max(struct ggml_tensor *dst, cudaStream_t st);
+int cuda_op_kv_store(struct ggml_tensor *dst, cudaStream_t st);
+int cuda_op_attention(struct ggml_tensor *dst, cudaStream_t st);
+int cuda_op_mul_mat(struct ggml_tensor *dst, void *wdata, cudaStream_t st);
+size_t cuda_mul_mat_wsize(const struct ggml_tensor *dst);
+int cuda_op_mul_mat_rows(struct ggml_tensor *dst, void *wdata, cudaStream_t st);
+size_t cuda_mul_mat_rows_wsize(const struct ggml_tensor *dst);
+int cuda_op_axpy_rows(struct ggml_tensor *dst, cudaStream_t st);
+
+// --- shared between gemv.cu, sparse.cu and gemm.cu ---
+#define GEMV_MAX_COLS 8 // mul_mat with at most this many columns runs as a GEMV, beyond as a GEMM
+enum cuda_sel_mode { CUDA_SEL_ALL = 0, CUDA_SEL_MASK = 1, CUDA_SEL_LIST = 2 };
+struct cuda_rows_sel {
+    int mode;             // cuda_sel_mode
+    const char *sel;      // F32 mask [n_rows, m] or I32 list [n_sel, m]
+    int64_t nb0, nb1;     // its byte strides
+    int64_t n_sel;        // entries per list column
+    int64_t begin, end;   // rows considered
+};
+// bytes of x [k, m] as Q8_1 (int8 values, then (d, d*sum) per 32) for a quantized weight type
+size_t cuda_xq_wsize(enum ggml_type wtype, int64_t k, int64_t m);
+// y[n_rows, m] = W x over the rows `s` selects (zeros elsewhere); x converted into wdata as needed
+int cuda_rows_dot(const struct ggml_tensor *w, const struct ggml_tensor *x, struct ggml_tensor *y,
+                  const cuda_rows_sel &s, void *wdata, cudaStream_t st);
+// GEMM path of mul_mat (m > GEMV_MAX_COLS): tensor cores through cuBLAS, or our WMMA kernel
+int cuda_gemm(const struct ggml_tensor *w, const struct ggml_tensor *x, struct ggml_tensor *y, void *wdata,
+              cudaStream_t st);
+size_t cuda_gemm_wsize(const struct ggml_tensor *w, const struct ggml_tensor *x);
+// loads cuBLAS at run time (once); false when it cannot be loaded
+bool cuda_blas_load(void);
+// rows [r0, r0 + nr) of w (k values each) dequantized to F16 [nr, k]
+int cuda_dequant_rows_f16(const struct ggml_tensor *w, int64_t r0, int64_t nr, __half *out, cudaStream_t st);

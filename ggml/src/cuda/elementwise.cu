@@ -1,0 +1,154 @@
+// elementwise.cu: cpy/convert, get_rows (every dequantizable type), add/mul with row broadcast,
+// scale, silu, gelu (tanh), relu, and the dequantization of weight rows to F16 used by the GEMM.
+// Sources may be views: rows are found through nb[1..3] (rows themselves are contiguous).
+#include "common.cuh"
+
+static unsigned grid_for(int64_t n) {
+    int64_t b = (n + CUDA_BLOCK - 1) / CUDA_BLOCK;
+    return (unsigned)(b < 65536 ? (b > 0 ? b : 1) : 65536); // grid-stride loops cover the rest
+}
+
+// ---------------------------------------------------------------------------------------------------
+// CPY: same type copies bytes; otherwise any dequantizable type -> F32, F16 or BF16
+// ---------------------------------------------------------------------------------------------------
+
+__global__ void cpy_bytes_kernel(cuda_view src, cuda_view dst, int64_t row_bytes, int64_t nrows) {
+    const int64_t n = row_bytes * nrows;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = e / row_bytes, b = e % row_bytes;
+        cuda_row(dst, r)[b] = cuda_row(src, r)[b];
+    }
+}
+
+__global__ void cpy_convert_kernel(cuda_view src, int stype, cuda_view dst, int dtype, int64_t nrows) {
+    const int64_t n0 = src.ne[0], n = n0 * nrows;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = e / n0, i = e % n0;
+        const float v = cuda_dequant1(stype, (const uint8_t *)cuda_row(src, r), i);
+        char *d = cuda_row(dst, r);
+        if (dtype == GGML_TYPE_F32)
+            ((float *)d)[i] = v;
+        else if (dtype == GGML_TYPE_F16)
+            ((uint16_t *)d)[i] = ggml_fp32_to_fp16(v);
+        else
+            ((uint16_t *)d)[i] = ggml_fp32_to_bf16(v);
+    }
+}
+
+int cuda_op_cpy(struct ggml_tensor *dst, cudaStream_t st) {
+    const struct ggml_tensor *src = dst->src[0];
+    const int64_t nrows = ggml_nrows(src);
+    if (dst->ne[0] != src->ne[0] || ggml_nrows(dst) != nrows)
+        return ggml_set_error(GGML_STATUS_INVALID_ARG, "cpy: shapes differ");
+    if (src->type == dst->type) {
+        const int64_t rb = (int64_t)ggml_row_size(src->type, src->ne[0]);
+        cpy_bytes_kernel<<<grid_for(rb * nrows), CUDA_BLOCK, 0, st>>>(cuda_view_of(src), cuda_view_of(dst), rb, nrows);
+        return cuda_launch_status("cpy");
+    }
+    const bool dst_ok = dst->type == GGML_TYPE_F32 || dst->type == GGML_TYPE_F16 || dst->type == GGML_TYPE_BF16;
+    if (!dst_ok || !cuda_type_dequantizes(src->type))
+        return ggml_set_error(GGML_STATUS_UNSUPPORTED, "cpy on CUDA: no conversion %s -> %s",
+                              ggml_type_name(src->type), ggml_type_name(dst->type));
+    cpy_convert_kernel<<<grid_for(src->ne[0] * nrows), CUDA_BLOCK, 0, st>>>(cuda_view_of(src), src->type,
+                                                                            cuda_view_of(dst), dst->type, nrows);
+    return cuda_launch_status("cpy");
+}
+
+// ---------------------------------------------------------------------------------------------------
+// GET_ROWS: dst [k, m] F32 = rows ids[0..m) of src [k, n]; an id outside [0, n) gives a NaN row (the host
+// cannot check device-side ids without a sync)
+// ---------------------------------------------------------------------------------------------------
+
+__global__ void get_rows_kernel(cuda_view src, int type, const char *ids, int64_t ids_nb0, cuda_view dst, int64_t m) {
+    const int64_t k = src.ne[0], n = k * m;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = e / k, i = e % k;
+        const int32_t id = *(const int32_t *)(ids + r * ids_nb0);
+        float v = __int_as_float(0x7fc00000);
+        if (id >= 0 && id < src.ne[1]) v = cuda_dequant1(type, (const uint8_t *)src.data + id * src.nb[1], i);
+        ((float *)cuda_row(dst, r))[i] = v;
+    }
+}
+
+int cuda_op_get_rows(struct ggml_tensor *dst, cudaStream_t st) {
+    const struct ggml_tensor *src = dst->src[0], *ids = dst->src[1];
+    if (!cuda_type_dequantizes(src->type) || ids->type != GGML_TYPE_I32)
+        return ggml_set_error(GGML_STATUS_UNSUPPORTED, "get_rows on CUDA cannot read %s", ggml_type_name(src->type));
+    const int64_t m = ids->ne[0];
+    get_rows_kernel<<<grid_for(src->ne[0] * m), CUDA_BLOCK, 0, st>>>(cuda_view_of(src), src->type,
+                                                                     (const char *)ids->data, (int64_t)ids->nb[0],
+                                                                     cuda_view_of(dst), m);
+    return cuda_launch_status("get_rows");
+}
+
+// ---------------------------------------------------------------------------------------------------
+// ADD, MUL (b is a's shape or one row broadcast over a's rows); SCALE, SILU, GELU, RELU
+// ---------------------------------------------------------------------------------------------------
+
+__global__ void binary_kernel(cuda_view a, cuda_view b, cuda_view dst, bool broadcast, bool is_add, int64_t nrows) {
+    const int64_t n0 = a.ne[0], n = n0 * nrows;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = e / n0, i = e % n0;
+        const float x = ((const float *)cuda_row(a, r))[i];
+        const float y = ((const float *)(broadcast ? b.data : cuda_row(b, r)))[i];
+        ((float *)cuda_row(dst, r))[i] = is_add ? x + y : x * y;
+    }
+}
+
+int cuda_op_binary(struct ggml_tensor *dst, cudaStream_t st) {
+    const struct ggml_tensor *a = dst->src[0], *b = dst->src[1];
+    if (a->type != GGML_TYPE_F32 || b->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32)
+        return ggml_set_error(GGML_STATUS_UNSUPPORTED, "add/mul take F32 tensors");
+    const int64_t nrows = ggml_nrows(a);
+    binary_kernel<<<grid_for(a->ne[0] * nrows), CUDA_BLOCK, 0, st>>>(cuda_view_of(a), cuda_view_of(b), cuda_view_of(dst),
+                                                                     ggml_nrows(b) == 1, dst->op == GGML_OP_ADD, nrows);
+    return cuda_launch_status("add/mul");
+}
+
+__global__ void unary_kernel(cuda_view a, cuda_view dst, int op, float s, int64_t nrows) {
+    const int64_t n0 = a.ne[0], n = n0 * nrows;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = e / n0, i = e % n0;
+        const float x = ((const float *)cuda_row(a, r))[i];
+        float y;
+        if (op == GGML_OP_SCALE)
+            y = x * s;
+        else if (op == GGML_OP_SILU)
+            y = x / (1.0f + expf(-x));
+        else if (op == GGML_OP_GELU)
+            y = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+        else
+            y = x < 0.0f ? 0.0f : x; // NaN stays NaN
+        ((float *)cuda_row(dst, r))[i] = y;
+    }
+}
+
+int cuda_op_unary(struct ggml_tensor *dst, cudaStream_t st) {
+    const struct ggml_tensor *a = dst->src[0];
+    if (a->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32)
+        return ggml_set_error(GGML_STATUS_UNSUPPORTED, "elementwise ops take F32 tensors");
+    const float s = dst->op == GGML_OP_SCALE ? ggml_op_param_f32(dst, 0) : 0.0f;
+    const int64_t nrows = ggml_nrows(a);
+    unary_kernel<<<grid_for(a->ne[0] * nrows), CUDA_BLOCK, 0, st>>>(cuda_view_of(a), cuda_view_of(dst), (int)dst->op,
+                                                                    s, nrows);
+    return cuda_launch_status("unary op");
+}
+
+// ---------------------------------------------------------------------------------------------------
+// weight rows -> F16 (the GEMM's A operand)
+// ---------------------------------------------------------------------------------------------------
+
+__global__ void dequant_f16_kernel(const uint8_t *w, int64_t nb1, int type, int64_t k, int64_t nr, __half *out) {
+    const int64_t n = k * nr;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = e / k, i = e % k;
+        out[e] = __float2half_rn(cuda_dequant1(type, w + r * nb1, i));
+    }
+}
+
+int cuda_dequant_rows_f16(const struct ggml_tensor *w, int64_t r0, int64_t nr, __half *out, cudaStream_t st) {
+    const int64_t k = w->ne[0];
+    dequant_f16_kernel<<<grid_for(k * nr), CUDA_BLOCK, 0, st>>>((const uint8_t *)w->data + r0 * (int64_t)w->nb[1],
+                                                                (int64_t)w->nb[1], w->type, k, nr, out);
+    return cuda_launch_status("dequantize to F16");
+}

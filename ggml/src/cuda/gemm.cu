@@ -1,0 +1,174 @@
+// gemm.cu: mul_mat with many columns on tensor cores. cuBLAS is loaded at run time (dlopen, no build-time
+// dependency): F16 and BF16 weights go in as they are, F32 weights as TF32, quantized weights are
+// dequantized to F16 in row chunks in wdata; x is converted to the weights' 16-bit type; F32 accumulate.
+// Without cuBLAS, the same F16 operands go through our WMMA kernel (every weight type dequantized to F16).
+#include <dlfcn.h>
+#include <mma.h>
+
+#include "common.cuh"
+
+// --- the few cuBLAS declarations we use (values from cublas_api.h / library_types.h) ---
+typedef struct cublasContext *cublas_handle;
+typedef int (*cublas_create_fn)(cublas_handle *);
+typedef int (*cublas_set_stream_fn)(cublas_handle, cudaStream_t);
+typedef int (*cublas_set_workspace_fn)(cublas_handle, void *, size_t);
+typedef int (*cublas_gemm_ex_fn)(cublas_handle, int transa, int transb, int m, int n, int k, const void *alpha,
+                                 const void *A, int Atype, int lda, const void *B, int Btype, int ldb,
+                                 const void *beta, void *C, int Ctype, int ldc, int compute, int algo);
+enum { BLAS_OP_N = 0, BLAS_OP_T = 1 };
+enum { BLAS_R_32F = 0, BLAS_R_16F = 2, BLAS_R_16BF = 14 };
+enum { BLAS_COMPUTE_32F = 68, BLAS_COMPUTE_32F_FAST_TF32 = 77 };
+enum { BLAS_GEMM_DEFAULT = -1 };
+
+#define GEMM_CHUNK_BYTES ((size_t)64 << 20) // F16 scratch for dequantized weight rows
+#define BLAS_WORKSPACE ((size_t)32 << 20)
+
+static struct {
+    bool tried, ok;
+    cublas_handle handle;
+    cublas_set_stream_fn set_stream;
+    cublas_gemm_ex_fn gemm_ex;
+} g_blas;
+
+bool cuda_blas_load(void) {
+    if (g_blas.tried) return g_blas.ok;
+    g_blas.tried = true;
+    if (getenv("PYINFER_NO_CUBLAS")) return false; // tests the WMMA fallback
+    void *lib = dlopen("libcublas.so.13", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) lib = dlopen("libcublas.so.12", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) lib = dlopen("libcublas.so", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return false;
+    cublas_create_fn create = (cublas_create_fn)dlsym(lib, "cublasCreate_v2");
+    cublas_set_workspace_fn set_ws = (cublas_set_workspace_fn)dlsym(lib, "cublasSetWorkspace_v2");
+    g_blas.set_stream = (cublas_set_stream_fn)dlsym(lib, "cublasSetStream_v2");
+    g_blas.gemm_ex = (cublas_gemm_ex_fn)dlsym(lib, "cublasGemmEx");
+    if (!create || !g_blas.set_stream || !g_blas.gemm_ex || create(&g_blas.handle) != 0) return false;
+    // a fixed workspace: cuBLAS then allocates nothing while a CUDA graph is being captured
+    void *ws = NULL;
+    if (set_ws && cudaMalloc(&ws, BLAS_WORKSPACE) == cudaSuccess) set_ws(g_blas.handle, ws, BLAS_WORKSPACE);
+    cudaGetLastError();
+    g_blas.ok = true;
+    return true;
+}
+
+static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+// weight rows dequantized per chunk
+static int64_t gemm_chunk_rows(const struct ggml_tensor *w) {
+    const int64_t k = w->ne[0], n = w->ne[1];
+    int64_t r = (int64_t)(GEMM_CHUNK_BYTES / (2 * (size_t)k));
+    r = r < 128 ? 128 : r / 128 * 128;
+    return r < n ? r : n;
+}
+
+size_t cuda_gemm_wsize(const struct ggml_tensor *w, const struct ggml_tensor *x) {
+    const int64_t k = w->ne[0], m = x->ne[1];
+    // (m, k) x in 16 bits, then (chunk, k) F16 weight rows (F16 weights are used in place)
+    size_t bytes = align256((size_t)(m * k) * 2);
+    if (w->type != GGML_TYPE_F16) bytes += align256((size_t)gemm_chunk_rows(w) * (size_t)k * 2);
+    return bytes;
+}
+
+__global__ void x_to_16_kernel(const float *x, int64_t x_ld, int64_t k, int64_t m, uint16_t *out, bool bf16) {
+    const int64_t n = k * m;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const float v = x[(e / k) * x_ld + e % k];
+        out[e] = bf16 ? ggml_fp32_to_bf16(v) : __half_as_ushort(__float2half_rn(v));
+    }
+}
+
+// --- fallback: C[n, m] (column j at y + j * ldy) = A[n, k] (F16 rows) . B[m, k] (F16 rows), 32x32 tiles ---
+#define WM_TILE 32
+#define WM_K 16
+
+__global__ void __launch_bounds__(128) wmma_gemm_kernel(const __half *A, const __half *B, float *y, int64_t ldy,
+                                                        int64_t n, int64_t m, int64_t k) {
+    using namespace nvcuda;
+    __shared__ __align__(32) __half sa[WM_TILE * WM_K]; // (32 rows, 16 k)
+    __shared__ __align__(32) __half sb[WM_TILE * WM_K]; // (32 cols, 16 k)
+    __shared__ __align__(32) float sc[WM_TILE * WM_TILE]; // (32 cols, 32 rows)
+    const int warp = threadIdx.x / 32, wr = warp % 2, wc = warp / 2;
+    const int64_t r0 = (int64_t)blockIdx.x * WM_TILE, j0 = (int64_t)blockIdx.y * WM_TILE;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+    for (int64_t k0 = 0; k0 < k; k0 += WM_K) {
+        for (int e = threadIdx.x; e < WM_TILE * WM_K; e += blockDim.x) {
+            const int r = e / WM_K, kk = e % WM_K;
+            const bool in_k = k0 + kk < k;
+            sa[e] = in_k && r0 + r < n ? A[(r0 + r) * k + k0 + kk] : __float2half(0.0f);
+            sb[e] = in_k && j0 + r < m ? B[(j0 + r) * k + k0 + kk] : __float2half(0.0f);
+        }
+        __syncthreads();
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
+        wmma::load_matrix_sync(fa, sa + wr * 16 * WM_K, WM_K);
+        wmma::load_matrix_sync(fb, sb + wc * 16 * WM_K, WM_K);
+        wmma::mma_sync(acc, fa, fb, acc);
+        __syncthreads();
+    }
+    wmma::store_matrix_sync(sc + wc * 16 * WM_TILE + wr * 16, acc, WM_TILE, wmma::mem_col_major);
+    __syncthreads();
+    for (int e = threadIdx.x; e < WM_TILE * WM_TILE; e += blockDim.x) {
+        const int c = e / WM_TILE, r = e % WM_TILE;
+        if (r0 + r < n && j0 + c < m) y[(j0 + c) * ldy + r0 + r] = sc[e];
+    }
+}
+
+int cuda_gemm(const struct ggml_tensor *w, const struct ggml_tensor *x, struct ggml_tensor *y, void *wdata,
+              cudaStream_t st) {
+    const enum ggml_type type = w->type;
+    const int64_t k = w->ne[0], n = w->ne[1], m = x->ne[1];
+    const int64_t ldy = (int64_t)y->nb[1] / 4, x_ld = (int64_t)x->nb[1] / 4;
+    if (!cuda_type_is_weight(type) || x->type != GGML_TYPE_F32)
+        return ggml_set_error(GGML_STATUS_UNSUPPORTED, "CUDA GEMM cannot read %s", ggml_type_name(type));
+    if (k > INT32_MAX || n > INT32_MAX || m > INT32_MAX || (int64_t)w->nb[1] != (int64_t)ggml_row_size(type, k))
+        return ggml_set_error(GGML_STATUS_UNSUPPORTED, "CUDA GEMM takes contiguous weights of int sizes");
+    const bool blas = cuda_blas_load();
+    const float one = 1.0f, zero = 0.0f;
+    uint16_t *x16 = (uint16_t *)wdata; // (m, k)
+    __half *wchunk = (__half *)((char *)wdata + align256((size_t)(m * k) * 2)); // (chunk, k)
+    if (blas && type == GGML_TYPE_F32) {
+        if (g_blas.set_stream(g_blas.handle, st) ||
+            g_blas.gemm_ex(g_blas.handle, BLAS_OP_T, BLAS_OP_N, (int)n, (int)m, (int)k, &one, w->data, BLAS_R_32F,
+                           (int)k, x->data, BLAS_R_32F, (int)x_ld, &zero, y->data, BLAS_R_32F, (int)ldy,
+                           BLAS_COMPUTE_32F_FAST_TF32, BLAS_GEMM_DEFAULT))
+            return ggml_set_error(GGML_STATUS_BACKEND_ERROR, "cublasGemmEx (F32) failed");
+        return GGML_STATUS_OK;
+    }
+    const bool bf16 = blas && type == GGML_TYPE_BF16;
+    const int64_t nx = m * k, blocks = (nx + CUDA_BLOCK - 1) / CUDA_BLOCK;
+    x_to_16_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), CUDA_BLOCK, 0, st>>>((const float *)x->data, x_ld, k,
+                                                                                         m, x16, bf16);
+    int rc = cuda_launch_status("convert activations");
+    if (rc) return rc;
+    if (blas && (type == GGML_TYPE_F16 || type == GGML_TYPE_BF16)) {
+        const int t16 = bf16 ? BLAS_R_16BF : BLAS_R_16F;
+        if (g_blas.set_stream(g_blas.handle, st) ||
+            g_blas.gemm_ex(g_blas.handle, BLAS_OP_T, BLAS_OP_N, (int)n, (int)m, (int)k, &one, w->data, t16, (int)k,
+                           x16, t16, (int)k, &zero, y->data, BLAS_R_32F, (int)ldy, BLAS_COMPUTE_32F, BLAS_GEMM_DEFAULT))
+            return ggml_set_error(GGML_STATUS_BACKEND_ERROR, "cublasGemmEx (16-bit) failed");
+        return GGML_STATUS_OK;
+    }
+    const int64_t chunk = gemm_chunk_rows(w);
+    for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+        const int64_t nr = n - r0 < chunk ? n - r0 : chunk;
+        const __half *a = (const __half *)w->data + r0 * k;
+        if (type != GGML_TYPE_F16) { // F16 rows are used in place
+            if ((rc = cuda_dequant_rows_f16(w, r0, nr, wchunk, st))) return rc;
+            a = wchunk;
+        }
+        float *yc = (float *)y->data + r0;
+        if (blas) {
+            if (g_blas.set_stream(g_blas.handle, st) ||
+                g_blas.gemm_ex(g_blas.handle, BLAS_OP_T, BLAS_OP_N, (int)nr, (int)m, (int)k, &one, a, BLAS_R_16F, (int)k,
+                               x16, BLAS_R_16F, (int)k, &zero, yc, BLAS_R_32F, (int)ldy, BLAS_COMPUTE_32F,
+                               BLAS_GEMM_DEFAULT))
+                return ggml_set_error(GGML_STATUS_BACKEND_ERROR, "cublasGemmEx (dequantized) failed");
+        } else {
+            const dim3 grid((unsigned)((nr + WM_TILE - 1) / WM_TILE), (unsigned)((m + WM_TILE - 1) / WM_TILE));
+            wmma_gemm_kernel<<<grid, 128, 0, st>>>(a, (const __half *)x16, yc, ldy, nr, m, k);
+            if ((rc = cuda_launch_status("WMMA GEMM"))) return rc;
+        }
+    }
+    return GGML_STATUS_OK;
+}

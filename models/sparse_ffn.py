@@ -1,0 +1,150 @@
+"""PowerInfer's sparse FFN: predictor -> mask -> selected rows of up (and gate) -> activation -> (threshold)
+-> AXPY over the same rows of ffn_down_t.
+
+A mask is an F32 tensor (n_tokens, n_ff) whose positive entries select a neuron for that token, so the
+predictor's logits are a mask as they are. Neurons outside the mask contribute nothing, which makes the
+result independent of whether up/gate were computed row by row (`mul_mat_rows`) or densely (`mul_mat`):
+batches larger than `SparseSpec.dense_above` take the dense up/gate (faster there, see docs) and the
+same down-projection mask, so perplexity measured in batches is the perplexity of the sparse decoder.
+
+Shapes in comments are numpy order, (outer, ..., inner).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pyinfer import ggml
+from pyinfer.errors import ModelFormatError
+
+KINDS = ("relu", "threshold")
+# prompts of more tokens than this compute up/gate densely under the same mask. tools/bench_sparse.py --pp
+# measured selected rows faster than dense mul_mat at every size from 1 to 512 tokens (SmolLM2, 51%
+# density, docs/BENCHMARKS.md), so by default no prompt takes the dense path; re-measure when mul_mat
+# gets a tiled GEMM.
+DENSE_ABOVE = 1 << 30
+
+
+@dataclass
+class SparseSpec:
+    """What the sparse FFN of a model needs besides its weights.
+
+    kind: "relu" (active = output != 0) or "threshold" (|act(gate)*up| <= thresholds[il] zeroed too).
+    pred_bias: per layer the predictor's output bias minus the run-time logit threshold, (n_ff,) F32.
+    neg_thresholds: per layer (n_ff,) F32 filled with -t_l, for layers whose t_l > 0.
+    oracle: the mask is the true active set, computed densely (tests: sparse == dense).
+    masks: filled while building a graph, layer -> (n_tokens, n_ff) down-projection mask, which the
+    runtime keeps as a graph output to count the realised density.
+    """
+
+    kind: str
+    thresholds: list[float]
+    pred_bias: dict[int, ggml.Tensor]
+    neg_thresholds: dict[int, ggml.Tensor]
+    oracle: bool = False
+    dense_above: int = DENSE_ABOVE
+    masks: dict[int, ggml.Tensor] = field(default_factory=dict)
+
+
+def metadata_spec(meta: dict, n_layer: int) -> tuple[str, list[float]]:
+    """(kind, per-layer thresholds) from a PowerGGUF's `pyinfer.sparsity.*` metadata."""
+    kind = str(meta.get("pyinfer.sparsity.kind", "relu"))
+    if kind not in KINDS:
+        raise ModelFormatError(f"unknown pyinfer.sparsity.kind {kind!r}; known: {', '.join(KINDS)}")
+    thresholds = [float(t) for t in meta.get("pyinfer.sparsity.thresholds", [0.0] * n_layer)]
+    if len(thresholds) != n_layer:
+        raise ModelFormatError(f"pyinfer.sparsity.thresholds has {len(thresholds)} values for {n_layer} layers")
+    if kind == "relu":
+        thresholds = [0.0] * n_layer
+    return kind, thresholds
+
+
+def make_spec(ctx: ggml.Context, file_tensors, meta: dict, cfg, *, logit_threshold: float = 0.0,
+              oracle: bool = False) -> SparseSpec:
+    """The spec for a loaded PowerGGUF; its small tensors are allocated in ctx (which must outlive it)."""
+    kind, thresholds = metadata_spec(meta, cfg.n_layer)
+    pred_bias, neg_t = {}, {}
+    for il in range(cfg.n_layer):
+        if not oracle:
+            info = file_tensors.get(f"blk.{il}.fc2.bias")
+            if info is None:
+                raise ModelFormatError(f"model has no predictor tensor blk.{il}.fc2.bias")
+            if info.type != ggml.F32 or info.ne != (cfg.n_ff,):
+                raise ModelFormatError(f"blk.{il}.fc2.bias must be F32 [{cfg.n_ff}]")
+            bias = np.frombuffer(info.data, dtype=np.float32)  # (n_ff,)
+            pred_bias[il] = ctx.tensor_from_numpy(bias - np.float32(logit_threshold))
+        if thresholds[il] > 0:
+            neg_t[il] = ctx.tensor_from_numpy(np.full(cfg.n_ff, -thresholds[il], dtype=np.float32))
+    return SparseSpec(kind, thresholds, pred_bias, neg_t, oracle=oracle)
+
+
+def _abs(ctx: ggml.Context, x: ggml.Tensor) -> ggml.Tensor:
+    return ctx.add(ctx.relu(x), ctx.relu(ctx.scale(x, -1.0)))
+
+
+def _active(b, il: int, act: ggml.Tensor) -> ggml.Tensor:
+    """Positive where a neuron's output survives: act itself for non-negative activations without a
+    threshold, else |act| - t_l."""
+    ctx = b.ctx
+    neg_t = b.sparse.neg_thresholds.get(il)
+    if neg_t is None and b.cfg.ffn_kind in ("relu", "drelu"):
+        return act
+    a = _abs(ctx, act)
+    return ctx.add(a, neg_t) if neg_t is not None else a
+
+
+def _predict(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
+    """The predictor's logits (n, n_ff): fc2 @ relu(fc1 @ h) + bias; positive = predicted active."""
+    from models.common import ffn_activation
+
+    spec, ctx = b.sparse, b.ctx
+    if spec.oracle:
+        return _active(b, il, ffn_activation(b, il, h))
+    z = ctx.relu(ctx.mul_mat(b.w(f"blk.{il}.fc1"), h))  # (n, r_l)
+    return ctx.add(ctx.mul_mat(b.w(f"blk.{il}.fc2"), z), spec.pred_bias[il])  # (n, n_ff)
+
+
+def ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
+    """Sparse FFN of layer il: (n_tokens, n_embd) -> (n_tokens, n_embd)."""
+    ctx, kind, spec = b.ctx, b.cfg.ffn_kind, b.sparse
+    n = h.shape[0] if len(h.shape) == 2 else 1
+    pred = _predict(b, il, h)  # (n, n_ff)
+    dense = n > spec.dense_above
+
+    def proj(name: str, sel: ggml.Tensor) -> ggml.Tensor:
+        w = b.w(f"blk.{il}.{name}")
+        y = ctx.mul_mat(w, h) if dense else ctx.mul_mat_rows(w, h, sel)  # (n, n_ff)
+        bias = b.weights.get(f"blk.{il}.{name}.bias")
+        return ctx.add(y, bias) if bias is not None else y
+
+    computed = pred  # (n, n_ff) positive on the rows computed (when not dense)
+    if kind == "relu":
+        act = ctx.relu(proj("ffn_up", pred))
+    else:
+        gate = proj("ffn_gate", pred)
+        if kind in ("reglu", "drelu"):
+            g = computed = ctx.relu(gate)
+            up = proj("ffn_up", g)  # rows whose gate is off are not needed: relu(gate) is a finer mask
+            act = ctx.mul(g, ctx.relu(up) if kind == "drelu" else up)
+        elif kind == "swiglu":
+            act = ctx.mul(ctx.silu(gate), proj("ffn_up", pred))
+        elif kind == "geglu":
+            act = ctx.mul(ctx.gelu(gate), proj("ffn_up", pred))
+        else:
+            raise ModelFormatError(f"unknown FFN kind {kind!r}")
+    if dense or b.cfg.ffn_bias:
+        # rows outside the prediction were computed (dense) or carry a bias: the mask must exclude them
+        sel = ctx.mul(ctx.relu(pred), ctx.relu(_active(b, il, act)))
+    elif il in spec.neg_thresholds or kind in ("relu", "drelu"):
+        sel = _active(b, il, act)  # zero outside the computed rows
+    else:
+        sel = computed  # every computed row of a gated FFN is nonzero (but for exact zeros)
+    spec.masks[il] = sel
+    if b.capture is not None:
+        b.capture[f"ffn_inp.{il}"] = h  # (n, n_embd)
+        b.capture[f"ffn_act.{il}"] = act  # (n, n_ff), before the down mask
+    y = ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t"), act, sel)  # (n, n_embd)
+    bias = b.weights.get(f"blk.{il}.ffn_down_t.bias")
+    return ctx.add(y, bias) if bias is not None else y

@@ -1,0 +1,346 @@
+"""CUDA kernels against the CPU backend (the same graph built twice) and pyinfer.reference_ops (float64).
+
+Every op, every weight type, hypothesis-drawn shapes (row lengths that are not multiples of a warp, of
+16 bytes or of a 256-value unit, so the unaligned kernel paths run too), masks of density 0..1, index
+lists with terminators and repeats, row ranges. Outputs are poisoned (NaN) on the device before each run.
+Skipped without a GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pyinfer import ggml
+from pyinfer import reference_ops as ref
+from pyinfer._native import check, ffi, lib
+
+pytestmark = pytest.mark.skipif(lib.ggml_cuda_device_count() == 0, reason="no CUDA device")
+
+SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+QUANT_TYPES = (ggml.Q8_0, ggml.Q4_0, ggml.Q4_1, ggml.Q5_0, ggml.Q4_K, ggml.Q6_K)
+# error of a dot product relative to sum |w| |x|: activations quantized to 8 bits (quants), x as F16
+# in the GEMM, TF32 for F32 weights in the GEMM
+DOT_TOL = {ggml.F32: 2e-3, ggml.F16: 2e-3, ggml.BF16: 1e-2, **{t: 0.02 for t in QUANT_TYPES}}
+_POOL: list[ggml.ThreadPool] = []
+
+
+def pool() -> ggml.ThreadPool:
+    if not _POOL:
+        _POOL.append(ggml.ThreadPool(2))
+    return _POOL[0]
+
+
+def tensor(ctx: ggml.Context, arr: np.ndarray, type_: int | None = None) -> ggml.Tensor:
+    arr = np.asarray(arr)
+    while arr.ndim > 1 and arr.shape[0] == 1:
+        arr = arr[0]
+    return ctx.tensor_from_numpy(arr, type_)
+
+
+def read(t: ggml.Tensor) -> np.ndarray:
+    """An output's values (wherever it lives) in numpy order, 2-D or more as given by ne."""
+    raw = np.empty(t.nbytes, dtype=np.uint8)
+    check(lib.ggml_tensor_read(t.ptr, ffi.from_buffer(raw), 0, t.nbytes))
+    return raw.view(np.float32).reshape(tuple(reversed(t.ne))).copy()
+
+
+def run(build, backend: str) -> list[np.ndarray]:
+    """build(ctx) -> outputs; planned, poisoned with NaN, computed on `backend`."""
+    ctx = ggml.Context(64 << 20)
+    outputs = build(ctx)
+    g = ggml.Graph(ctx, outputs, backend=backend).plan()
+    for t in outputs:
+        nan = np.full(t.nbytes // 4, np.nan, dtype=np.float32)
+        check(lib.ggml_tensor_write(t.ptr, ffi.from_buffer(nan), 0, t.nbytes))
+    g.compute(pool())
+    return [read(t) for t in outputs]
+
+
+def both(build) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(cuda results, cpu results) of the same graph."""
+    return run(build, "cuda"), run(build, "cpu")
+
+
+def weight_values(type_: int, w: np.ndarray) -> np.ndarray:
+    """The float64 values a weight of type_ really holds."""
+    raw = ggml.quantize(type_, w.astype(np.float32)) if type_ not in (ggml.F32, ggml.F16) else None
+    if raw is None:
+        return w.astype(np.float32 if type_ == ggml.F32 else np.float16).astype(np.float64)
+    return ggml.dequantize(type_, raw, w.size).reshape(w.shape).astype(np.float64)
+
+
+def row_len(type_: int, draw, max_blocks: int = 4) -> int:
+    blk = ggml.block_size(type_)
+    if blk == 1:
+        return draw(st.sampled_from([1, 7, 31, 33, 64, 100, 257, 576, 1000]))
+    # 576 / 32 = 18 blocks: rows not 16-byte aligned for the 18/22/34-byte blocks
+    return blk * draw(st.integers(1, max_blocks if blk < 256 else 3)) if draw(st.booleans()) else (
+        576 if blk == 32 else 512)
+
+
+def assert_dot_close(got, want, bound, type_):
+    tol = DOT_TOL[type_] * bound + 1e-4
+    bad = ~(np.abs(got - want) <= tol)
+    assert not bad.any(), f"{bad.sum()} of {bad.size} values off, e.g. got {got[bad][:4]} want {want[bad][:4]}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# elementwise, norms, rope, softmax, attention
+# ---------------------------------------------------------------------------------------------------
+
+@SETTINGS
+@given(rows=st.integers(1, 9), cols=st.integers(1, 300), seed=st.integers(0, 2**31),
+       op=st.sampled_from(["add", "mul", "add_b", "mul_b", "scale", "silu", "gelu", "relu", "view_add"]))
+def test_elementwise(rows, cols, seed, op):
+    rng = np.random.default_rng(seed)
+    a = (rng.standard_normal((rows, cols)) * 3).astype(np.float32)
+    b = rng.standard_normal((1 if op.endswith("_b") else rows, cols)).astype(np.float32)
+
+    def build(ctx):
+        ta, tb = tensor(ctx, a), tensor(ctx, b)
+        if op == "view_add":  # every other row of a 2x taller tensor: outer stride twice the row
+            big = tensor(ctx, np.repeat(a, 2, axis=0))
+            ta = ctx.view(big, (rows, cols), strides=(8 * cols, 4))
+            return [ctx.add(ta, tensor(ctx, a))]
+        if op.startswith("add"):
+            return [ctx.add(ta, tb)]
+        if op.startswith("mul"):
+            return [ctx.mul(ta, tb)]
+        if op == "scale":
+            return [ctx.scale(ta, -1.75)]
+        return [getattr(ctx, op)(ta)]
+
+    (got,), (cpu,) = both(build)
+    want = {"add": lambda: ref.add(a, b), "mul": lambda: ref.mul(a, b), "add_b": lambda: ref.add(a, b),
+            "mul_b": lambda: ref.mul(a, b), "scale": lambda: ref.scale(a, -1.75), "silu": lambda: ref.silu(a),
+            "gelu": lambda: ref.gelu(a), "relu": lambda: ref.relu(a), "view_add": lambda: 2.0 * a}[op]()
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, cpu, rtol=1e-5, atol=1e-6)
+
+
+CPY_CASES = [(ggml.F32, t) for t in (ggml.F32, ggml.F16, ggml.BF16)] + [
+    (t, ggml.F32) for t in (ggml.F16, ggml.BF16, *QUANT_TYPES)]
+
+
+@pytest.mark.parametrize(("src_type", "dst_type"), CPY_CASES)
+def test_cpy_converts(src_type, dst_type):
+    rng = np.random.default_rng(src_type * 100 + dst_type)
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+
+    def build(ctx):
+        t = ctx.cpy(tensor(ctx, x, src_type), dst_type)
+        return [ctx.cpy(t, ggml.F32)] if dst_type != ggml.F32 else [t]  # read 16-bit results back as F32
+
+    (got,), (cpu,) = both(build)
+    vals = weight_values(src_type if src_type != ggml.F32 else dst_type, x)
+    np.testing.assert_array_equal(got.reshape(vals.shape), vals.astype(np.float32))  # both round to nearest even
+    np.testing.assert_array_equal(got, cpu)
+
+
+@pytest.mark.parametrize("type_", [ggml.F32, ggml.F16, ggml.BF16, *QUANT_TYPES])
+def test_get_rows_every_type(type_):
+    rng = np.random.default_rng(type_)
+    k = 2 * max(ggml.block_size(type_), 33)
+    k -= k % ggml.block_size(type_)
+    w = rng.standard_normal((11, k)).astype(np.float32)
+    ids = np.array([3, 0, 10, 3, 7], dtype=np.int32)
+    vals = weight_values(type_, w)
+    (got,), (cpu,) = both(lambda ctx: [ctx.get_rows(tensor(ctx, w, type_), tensor(ctx, ids))])
+    np.testing.assert_allclose(got.reshape(len(ids), k), ref.get_rows(vals, ids), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(got, cpu)
+
+
+@SETTINGS
+@given(rows=st.integers(1, 6), cols=st.integers(1, 3000), seed=st.integers(0, 2**31),
+       layer=st.booleans(), offset=st.sampled_from([0.0, 100.0]))
+def test_norms(rows, cols, seed, layer, offset):
+    a = (np.random.default_rng(seed).standard_normal((rows, cols)) + offset).astype(np.float32)
+    op = "layer_norm" if layer else "rms_norm"
+    (got,), (cpu,) = both(lambda ctx: [getattr(ctx, op)(tensor(ctx, a), 1e-5)])
+    want = getattr(ref, op)(a, 1e-5)
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got, cpu, rtol=1e-4, atol=1e-4)
+
+
+@SETTINGS
+@given(n_tokens=st.integers(1, 5), n_head=st.integers(1, 4), half_hd=st.integers(1, 40), seed=st.integers(0, 2**31),
+       mode=st.sampled_from([ggml.ROPE_NORMAL, ggml.ROPE_NEOX]), partial=st.booleans())
+def test_rope(n_tokens, n_head, half_hd, seed, mode, partial):
+    rng = np.random.default_rng(seed)
+    hd = 2 * half_hd
+    n_dims = 2 * max(1, half_hd // 2) if partial else hd
+    x = rng.standard_normal((n_tokens, n_head, hd)).astype(np.float32)
+    pos = rng.integers(0, 5000, n_tokens).astype(np.int32)
+
+    def build(ctx):
+        tx = ctx.reshape(tensor(ctx, x.reshape(n_tokens * n_head, hd)), (n_tokens, n_head, hd))
+        return [ctx.rope(tx, tensor(ctx, pos), n_dims, mode, 10000.0, 1.0)]
+
+    (got,), (cpu,) = both(build)
+    want = ref.rope(x, pos, n_dims, mode, 10000.0, 1.0)
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got, cpu, rtol=1e-5, atol=1e-5)
+
+
+@SETTINGS
+@given(rows=st.integers(1, 7), cols=st.integers(1, 2000), use_pos=st.booleans(), seed=st.integers(0, 2**31))
+def test_soft_max(rows, cols, use_pos, seed):
+    rng = np.random.default_rng(seed)
+    a = (rng.standard_normal((rows, cols)) * 5).astype(np.float32)
+    pos = rng.integers(0, cols + 3, rows).astype(np.int32)
+
+    def build(ctx):
+        return [ctx.soft_max(tensor(ctx, a), tensor(ctx, pos) if use_pos else None, 0.7)]
+
+    (got,), (cpu,) = both(build)
+    want = ref.soft_max(a, pos if use_pos else None, 0.7)
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(got, cpu, rtol=1e-4, atol=1e-6)
+
+
+@SETTINGS
+@given(cache_type=st.sampled_from([ggml.F32, ggml.F16]), n_kv=st.integers(1, 3), group=st.integers(1, 3),
+       hd=st.sampled_from([8, 40, 64, 128, 256]), n_ctx=st.integers(1, 700), n_tokens=st.integers(1, 4),
+       seed=st.integers(0, 2**31))
+def test_kv_store_and_attention(cache_type, n_kv, group, hd, n_ctx, n_tokens, seed):
+    rng = np.random.default_rng(seed)
+    n_tokens = min(n_tokens, n_ctx)
+    n_head = n_kv * group
+    cache0 = rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float32)  # earlier tokens already stored
+    knew = rng.standard_normal((n_tokens, n_kv, hd)).astype(np.float32)
+    vnew = rng.standard_normal((n_tokens, n_kv, hd)).astype(np.float32)
+    q = rng.standard_normal((n_tokens, n_head, hd)).astype(np.float32)
+    pos = np.sort(rng.choice(n_ctx, n_tokens, replace=False)).astype(np.int32)
+    scale = 1.0 / np.sqrt(hd)
+
+    def build(ctx):
+        kc = tensor(ctx, cache0, cache_type)
+        vc = tensor(ctx, cache0[::-1].copy(), cache_type)
+        p = tensor(ctx, pos)
+        k = ctx.kv_store(kc, tensor(ctx, knew), p)
+        v = ctx.kv_store(vc, tensor(ctx, vnew), p)
+        return [ctx.attention(tensor(ctx, q), k, v, p, scale)]
+
+    (got,), (cpu,) = both(build)
+    cast = (lambda a: a.astype(np.float16).astype(np.float64)) if cache_type == ggml.F16 else np.float64
+    kc, vc = cast(cache0).copy(), cast(cache0[::-1]).copy()
+    kc[pos], vc[pos] = cast(knew), cast(vnew)
+    want = ref.attention(q, kc, vc, pos, scale)
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(got, cpu, rtol=1e-3, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------
+# mul_mat (GEMV for m <= 8, GEMM beyond), mul_mat_rows, axpy_rows
+# ---------------------------------------------------------------------------------------------------
+
+@st.composite
+def matmul_case(draw):
+    type_ = draw(st.sampled_from(ggml.WEIGHT_TYPES))
+    m = draw(st.sampled_from([1, 2, 3, 5, 8, 9, 17, 40]))
+    return type_, row_len(type_, draw), draw(st.integers(1, 300)), m
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=matmul_case(), seed=st.integers(0, 2**31))
+def test_mul_mat(case, seed):
+    type_, k, n, m = case
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    (got,), (cpu,) = both(lambda ctx: [ctx.mul_mat(tensor(ctx, w, type_), tensor(ctx, x))])
+    w64 = weight_values(type_, w)
+    want, bound = ref.mul_mat(w64, x), np.abs(x) @ np.abs(w64).T
+    assert_dot_close(got.reshape(want.shape), want, bound, type_)
+    assert_dot_close(got.reshape(want.shape), cpu.reshape(want.shape), 2 * bound, type_)
+
+
+@st.composite
+def selector(draw, n_rows: int, m: int, rng):
+    kind = draw(st.sampled_from(["none", "mask", "list"]))
+    begin = draw(st.integers(0, n_rows))
+    end = draw(st.sampled_from([-1, draw(st.integers(begin, n_rows))]))
+    if kind == "none":
+        return None, begin, end
+    if kind == "mask":
+        density = draw(st.sampled_from([0.0, 0.05, 0.1, 0.5, 1.0]))
+        return np.where(rng.random((m, n_rows)) < density, 1.0, -1.0).astype(np.float32), begin, end
+    n_sel = draw(st.integers(1, n_rows))
+    lists = rng.integers(0, n_rows, (m, n_sel)).astype(np.int32)  # repeats allowed
+    for j in range(m):
+        cut = draw(st.integers(0, n_sel))
+        lists[j, cut:] = -1
+        if cut < n_sel - 1:
+            lists[j, cut + 1:] = rng.integers(0, n_rows, n_sel - cut - 1)  # entries after the end are ignored
+    return lists, begin, end
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(type_=st.sampled_from(ggml.WEIGHT_TYPES), data=st.data(), seed=st.integers(0, 2**31))
+def test_mul_mat_rows(type_, data, seed):
+    rng = np.random.default_rng(seed)
+    k = row_len(type_, data.draw)
+    n = data.draw(st.integers(1, 700))
+    m = data.draw(st.sampled_from([1, 1, 2, 3, 10]))
+    sel, begin, end = data.draw(selector(n, m, rng))
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+
+    def build(ctx):
+        ts = None if sel is None else tensor(ctx, sel)
+        return [ctx.mul_mat_rows(tensor(ctx, w, type_), tensor(ctx, x), ts, begin, end)]
+
+    (got,), (cpu,) = both(build)
+    w64 = weight_values(type_, w)
+    want = ref.mul_mat_rows(w64, x, sel, begin, end)
+    bound = np.abs(x) @ np.abs(w64).T
+    got = got.reshape(want.shape)
+    assert np.all(got[ref.selection(sel, n, m, begin, end) == 0] == 0)  # unselected: exact zeros
+    assert_dot_close(got, want, bound, type_)
+    assert_dot_close(got, cpu.reshape(want.shape), 2 * bound, type_)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(type_=st.sampled_from(ggml.WEIGHT_TYPES), data=st.data(), seed=st.integers(0, 2**31))
+def test_axpy_rows(type_, data, seed):
+    rng = np.random.default_rng(seed)
+    d = row_len(type_, data.draw)
+    n = data.draw(st.integers(1, 700))
+    m = data.draw(st.sampled_from([1, 1, 2, 3]))
+    sel, begin, end = data.draw(selector(n, m, rng))
+    wt = rng.standard_normal((n, d)).astype(np.float32)
+    h = rng.standard_normal((m, n)).astype(np.float32)
+
+    def build(ctx):
+        ts = None if sel is None else tensor(ctx, sel)
+        return [ctx.axpy_rows(tensor(ctx, wt, type_), tensor(ctx, h), ts, begin, end)]
+
+    (got,), (cpu,) = both(build)
+    w64 = weight_values(type_, wt)
+    want = ref.axpy_rows(w64, h, sel, begin, end)
+    counts = ref.selection(sel, n, m, begin, end)
+    bound = (np.abs(h) * counts) @ np.abs(w64)
+    got = got.reshape(want.shape)
+    # float32 sums in a different order: relative to the sum of magnitudes
+    np.testing.assert_array_less(np.abs(got - want), 1e-5 * bound + 1e-5)
+    np.testing.assert_array_less(np.abs(got - cpu.reshape(want.shape)), 1e-5 * bound + 1e-5)
+
+
+def test_gemm_large_quantized_and_f16():
+    """A GEMM big enough for several cuBLAS tiles (and, for Q4_0, the dequantize-to-F16 path)."""
+    rng = np.random.default_rng(7)
+    k, n, m = 1024, 600, 70
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    for type_ in (ggml.F16, ggml.Q4_0, ggml.BF16, ggml.F32):
+        (got,) = run(lambda ctx, t=type_: [ctx.mul_mat(tensor(ctx, w, t), tensor(ctx, x))], "cuda")
+        w64 = weight_values(type_, w)
+        assert_dot_close(got.reshape(m, n), ref.mul_mat(w64, x), np.abs(x) @ np.abs(w64).T, type_)
+
+
+def test_device_name():
+    assert ggml.cuda_available()
+    assert ffi.string(lib.ggml_cuda_device_name())

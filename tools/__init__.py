@@ -1,0 +1,1 @@
+"""Offline steps (profiling, neuron reorder, predictor training, sparsify) and benchmarks."""

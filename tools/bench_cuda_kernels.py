@@ -1,0 +1,169 @@
+"""CUDA kernel benchmark: dense GEMV per weight type against the device copy bandwidth, and the sparse
+ops (mul_mat_rows, axpy_rows) at several densities against the dense GEMV of the same matrix.
+
+Kernels are timed without the graph executor: each op's node gets device buffers directly and N calls
+of ggml_cuda_forward are captured into one CUDA graph, which is replayed; time per call = wall time of
+the replays / (replays * N). The copy bandwidth is a captured 1 GiB device-to-device memcpy, counted as
+bytes read + written. Prints markdown tables (for docs/BENCHMARKS.md).
+
+    python tools/bench_cuda_kernels.py [--calls 50] [--replays 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+import cffi
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere
+
+from pyinfer import _pyinfer_native, ggml  # noqa: E402
+from pyinfer._native import check  # noqa: E402
+
+SHAPES = [(4096, 11008), (5120, 13824), (576, 1536)]  # (k, n): LLaMA-13B/7B FFN and SmolLM2-135M
+DENSITIES = [0.01, 0.05, 0.10, 0.25, 0.50, 1.00]
+SPARSE_TYPES = (ggml.F16, ggml.Q4_0, ggml.Q8_0, ggml.Q4_K)
+
+_CUDA_API = """
+int ggml_cuda_init(void);
+int ggml_cuda_malloc(void **ptr, size_t size);
+void ggml_cuda_free(void *ptr);
+int ggml_cuda_memcpy_h2d(void *dst, const void *src, size_t n, void *stream);
+int ggml_cuda_memcpy_d2d(void *dst, const void *src, size_t n, void *stream);
+int ggml_cuda_stream_new(void **stream);
+int ggml_cuda_stream_sync(void *stream);
+int ggml_cuda_graph_capture_begin(void *stream);
+int ggml_cuda_graph_capture_end(void *stream, void **exec);
+int ggml_cuda_graph_launch(void *exec, void *stream);
+void ggml_cuda_graph_free(void *exec);
+size_t ggml_cuda_op_wsize(const struct ggml_tensor *node);
+int ggml_cuda_forward(struct ggml_tensor *node, void *wdata, void *stream);
+"""
+
+
+def _tensor_struct() -> str:
+    """struct ggml_tensor as ggml-impl.h declares it, in cffi's dialect (kept in sync by reading it)."""
+    text = (ROOT / "ggml" / "src" / "ggml-impl.h").read_text()
+    body = re.search(r"struct ggml_tensor \{.*?\n\};", text, re.S).group(0)
+    for name, value in (("GGML_MAX_DIMS", 4), ("GGML_MAX_SRC", 6), ("GGML_MAX_OP_PARAMS", 8), ("GGML_MAX_NAME", 64)):
+        body = body.replace(name, str(value))
+    body = re.sub(r"enum ggml_\w+ ", "int ", body)
+    return re.sub(r"struct ggml_context \*", "void *", body)
+
+
+class Cuda:
+    """The internal CUDA API (cuda.h) of the built module, opened a second time in cffi's ABI mode."""
+
+    def __init__(self):
+        self.ffi = cffi.FFI()
+        self.ffi.cdef(_tensor_struct() + _CUDA_API)
+        self.lib = self.ffi.dlopen(_pyinfer_native.__file__)
+        check(self.lib.ggml_cuda_init())
+        box = self.ffi.new("void **")
+        check(self.lib.ggml_cuda_stream_new(box))
+        self.stream = box[0]
+        self._keep = []
+
+    def malloc(self, n: int):
+        box = self.ffi.new("void **")
+        check(self.lib.ggml_cuda_malloc(box, max(n, 1)))
+        self._keep.append(box[0])
+        return box[0]
+
+    def node(self, t: ggml.Tensor):
+        return self.ffi.cast("struct ggml_tensor *", int(ggml.ffi.cast("uintptr_t", t.ptr)))
+
+    def time_calls(self, call, n_calls: int, replays: int) -> float:
+        """Seconds per call of call() (which enqueues work on self.stream), from a replayed CUDA graph."""
+        check(self.lib.ggml_cuda_graph_capture_begin(self.stream))
+        for _ in range(n_calls):
+            check(call())
+        box = self.ffi.new("void **")
+        check(self.lib.ggml_cuda_graph_capture_end(self.stream, box))
+        exec_ = box[0]
+        check(self.lib.ggml_cuda_graph_launch(exec_, self.stream))  # warm up
+        check(self.lib.ggml_cuda_stream_sync(self.stream))
+        t0 = time.perf_counter()
+        for _ in range(replays):
+            check(self.lib.ggml_cuda_graph_launch(exec_, self.stream))
+        check(self.lib.ggml_cuda_stream_sync(self.stream))
+        dt = time.perf_counter() - t0
+        self.lib.ggml_cuda_graph_free(exec_)
+        return dt / (replays * n_calls)
+
+    def forward_timer(self, out: ggml.Tensor, n_calls: int, replays: int) -> float:
+        """Gives the op node `out` device memory for its result and scratch, then times it."""
+        node = self.node(out)
+        node.data = self.malloc(out.nbytes)
+        wsize = self.lib.ggml_cuda_op_wsize(node)
+        wdata = self.malloc(wsize) if wsize else self.ffi.NULL
+        return self.time_calls(lambda: self.lib.ggml_cuda_forward(node, wdata, self.stream), n_calls, replays)
+
+
+def copy_bandwidth(cu: Cuda, calls: int, replays: int) -> float:
+    n = 1 << 30
+    src, dst = cu.malloc(n), cu.malloc(n)
+    sec = cu.time_calls(lambda: cu.lib.ggml_cuda_memcpy_d2d(dst, src, n, cu.stream), max(2, calls // 10), replays)
+    return 2 * n / sec
+
+
+def weight(ctx: ggml.Context, type_: int, n: int, k: int, rng) -> ggml.Tensor:
+    return ctx.tensor_from_numpy(rng.standard_normal((n, k)).astype(np.float32), type_).to_device()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=50, help="forward calls captured per CUDA graph")
+    ap.add_argument("--replays", type=int, default=20, help="replays of the graph timed")
+    ap.add_argument("--only", help="one weight type (e.g. q4_0) and no sparse table: for profiling")
+    args = ap.parse_args()
+    cu = Cuda()
+    rng = np.random.default_rng(0)
+    bw = copy_bandwidth(cu, args.calls, args.replays)
+    print(f"device: {ggml.ffi.string(ggml.lib.ggml_cuda_device_name()).decode()}; "
+          f"copy bandwidth (D2D 1 GiB, read + write): {bw / 1e9:.0f} GB/s\n")
+
+    print("## Dense GEMV (mul_mat, m = 1)\n")
+    print("| type | k x n | weight MB | us | GB/s | % of copy |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    dense_us = {}
+    for k, n in SHAPES:
+        for type_ in ggml.WEIGHT_TYPES:
+            if k % ggml.block_size(type_) or (args.only and ggml.type_name(type_) != args.only):
+                continue
+            ctx = ggml.Context(ggml.row_size(type_, k) * n + (16 << 20))
+            w = weight(ctx, type_, n, k, rng)
+            x = ctx.tensor_from_numpy(rng.standard_normal((1, k)).astype(np.float32)[0]).to_device()
+            sec = cu.forward_timer(ctx.mul_mat(w, x), args.calls, args.replays)
+            dense_us[(type_, k, n)] = sec * 1e6
+            print(f"| {ggml.type_name(type_)} | {k} x {n} | {w.nbytes / 1e6:.1f} | {sec * 1e6:.1f} | "
+                  f"{w.nbytes / sec / 1e9:.0f} | {100 * w.nbytes / sec / bw:.0f} |")
+
+    if args.only:
+        return
+    print("\n## Sparse ops vs the dense GEMV of the same matrix (random F32 masks, m = 1)\n")
+    print("| type | k x n | density | mul_mat_rows us | speed-up | axpy_rows us | speed-up |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for k, n in SHAPES[:2]:
+        for type_ in SPARSE_TYPES:
+            ctx = ggml.Context(ggml.row_size(type_, k) * n + (16 << 20))
+            w = weight(ctx, type_, n, k, rng)  # mul_mat_rows: n rows of k; axpy_rows: n rows of d = k
+            x = ctx.tensor_from_numpy(rng.standard_normal(k).astype(np.float32)).to_device()
+            h = ctx.tensor_from_numpy(rng.standard_normal(n).astype(np.float32)).to_device()
+            for dens in DENSITIES:
+                mask = ctx.tensor_from_numpy(np.where(rng.random(n) < dens, 1.0, -1.0).astype(np.float32)).to_device()
+                t_mmr = cu.forward_timer(ctx.mul_mat_rows(w, x, mask), args.calls, args.replays) * 1e6
+                t_axpy = cu.forward_timer(ctx.axpy_rows(w, h, mask), args.calls, args.replays) * 1e6
+                base = dense_us[(type_, k, n)]
+                print(f"| {ggml.type_name(type_)} | {k} x {n} | {dens:.0%} | {t_mmr:.1f} | {base / t_mmr:.1f}x | "
+                      f"{t_axpy:.1f} | {base / t_axpy:.1f}x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""tg N (and optionally pp N) of one PowerGGUF with predictors, dense and sparse FFN, in one run.
+
+    python tools/bench_sparse.py MODEL [--tg 128] [-t THREADS] [--pp 2,4,8,32]
+
+Prints tokens/s of both, the realised FFN density, the predictors' time, the achieved speed-up and the
+bytes-per-token bound on it (decoding reads every weight once per token: the sparse decoder reads the
+non-FFN weights, the predictors and density x the FFN weights). --pp times prompts of each size with
+up/gate as selected rows (`mul_mat_rows`) and as a dense `mul_mat` under the same mask, which is how
+models.sparse_ffn.DENSE_ABOVE was chosen. Label results of tools/make_synthetic_model.py files SYNTHETIC.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from pyinfer.runtime import Model  # noqa: E402
+
+FFN_PARTS = ("ffn_up.", "ffn_gate.", "ffn_down_t.")
+PRED_PARTS = (".fc1.", ".fc2.")
+
+
+def weight_bytes(model: Model) -> tuple[int, int, int]:
+    """(FFN, predictor, other) bytes read per decoded token; of the embedding table only one row."""
+    ffn = pred = other = 0
+    for name, info in model.file.tensors.items():
+        n = info.data.nbytes
+        if any(p in name for p in FFN_PARTS):
+            ffn += n
+        elif any(p in name for p in PRED_PARTS):
+            pred += n
+        elif name == "token_embd.weight" and "output.weight" in model.file.tensors:
+            other += n // info.ne[1]
+        elif "ffn_act_freq" not in name:
+            other += n
+    return ffn, pred, other
+
+
+def tg(model: Model, n: int, reps: int, rng: np.random.Generator) -> float:
+    """Median tokens/s of n single-token steps from an empty cache (after one warm-up run)."""
+    rates = []
+    for rep in range(reps + 1):
+        model.reset()
+        model.timings.reset()
+        tokens = rng.integers(0, model.config.n_vocab, size=n)
+        t0 = time.perf_counter()
+        for tok in tokens:
+            model.eval([tok])
+        if rep:
+            rates.append(n / (time.perf_counter() - t0))
+    return float(np.median(rates))
+
+
+def pp_sweep(model: Model, sizes: list[int], rng: np.random.Generator) -> list[str]:
+    """ms per prompt of each size, up/gate as selected rows vs dense under the same mask."""
+    lines = ["| prompt tokens | rows (ms) | dense (ms) |", "| ---: | ---: | ---: |"]
+    for n in sizes:
+        times = []
+        for dense_above in (10**9, 0):
+            model.sparse_spec.dense_above = dense_above
+            model._graphs.clear()
+            best = float("inf")
+            for _ in range(3):
+                model.reset()
+                t0 = time.perf_counter()
+                model.eval(rng.integers(0, model.config.n_vocab, size=n))
+                best = min(best, time.perf_counter() - t0)
+            times.append(1e3 * best)
+        lines.append(f"| {n} | {times[0]:.1f} | {times[1]:.1f} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench_sparse", description=__doc__.split("\n\n")[0])
+    p.add_argument("model")
+    p.add_argument("--tg", type=int, default=128)
+    p.add_argument("--reps", type=int, default=1)
+    p.add_argument("-t", "--threads", type=int, default=None)
+    p.add_argument("--sparsity-threshold", type=float, default=0.0)
+    p.add_argument("--pp", default="", help="comma-separated prompt sizes for the rows-vs-dense sweep")
+    a = p.parse_args(argv)
+    rng = np.random.default_rng(1234)
+    kw = dict(n_ctx=max(a.tg, *[int(s) for s in a.pp.split(",") if s], 1) + 16, n_threads=a.threads)
+    dense = Model(a.model, sparse=False, **kw)
+    sparse = Model(a.model, sparse=True, sparsity_threshold=a.sparsity_threshold, **kw)
+    synthetic = bool(dense.file.metadata.get("pyinfer.synthetic", False))
+    t_dense = tg(dense, a.tg, a.reps, rng)
+    t_sparse = tg(sparse, a.tg, a.reps, rng)
+    x = sparse.timings.extra
+    rho = x["ffn_rows_active"] / x["ffn_rows_total"]
+    ffn, pred, other = weight_bytes(sparse)
+    bound = (ffn + other) / (rho * ffn + pred + other)
+    label = f" (SYNTHETIC: {dense.file.metadata.get('general.name', '')})" if synthetic else ""
+    print(f"model: {a.model}{label}, threads {sparse.n_threads}, tg{a.tg}")
+    print(f"bytes/token: FFN {ffn / 1e6:.1f} MB, predictors {pred / 1e6:.1f} MB, other {other / 1e6:.1f} MB")
+    print(f"dense : {t_dense:8.2f} tokens/s ({(ffn + other) * t_dense / 1e9:.1f} GB/s)")
+    print(f"sparse: {t_sparse:8.2f} tokens/s, FFN density {100 * rho:.1f} %, predictors "
+          f"{x['predictor_ms']:.2f} ms/token ({100 * x['predictor_ms'] * t_sparse / 1e3:.1f} % of the time)")
+    print(f"speed-up {t_sparse / t_dense:.2f}x; bytes-per-token bound {bound:.2f}x "
+          f"({100 * (t_sparse / t_dense) / bound:.0f} % of it)")
+    if a.pp:
+        print("\n".join(pp_sweep(sparse, [int(s) for s in a.pp.split(",")], rng)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
