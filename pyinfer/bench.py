@@ -44,10 +44,11 @@ def run_test(model: Model, kind: str, n: int, reps: int, rng: np.random.Generato
     return rates
 
 
-def bench(path: str, pp: list[int], tg: list[int], reps: int, n_threads: int | None, n_batch: int,
-          output: str, kv_type: str = "f16") -> str:
+def bench(path: str, pp: list[int], tg: list[int], reps: int, output: str, options: dict) -> str:
+    """options: Model() keyword arguments (the context size is set to fit the longest test)."""
     n_ctx = max([*pp, *tg, 1]) + 16
-    model = Model(path, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, kv_type=kv_type)
+    model = Model(path, **{**options, "n_ctx": n_ctx})
+    backend = "CUDA" if model.n_gpu_layers else "CPU"
     label, size_gib, params_b = _model_label(model)
     rng = np.random.default_rng(1234)
     rows = []
@@ -57,8 +58,9 @@ def bench(path: str, pp: list[int], tg: list[int], reps: int, n_threads: int | N
                 continue
             rates = run_test(model, kind, n, reps, rng)
             rows.append({
-                "model": label, "size_gib": size_gib, "params_b": params_b, "backend": "CPU",
-                "threads": model.n_threads, "n_batch": n_batch, "test": f"{kind}{n}",
+                "model": label, "size_gib": size_gib, "params_b": params_b, "backend": backend,
+                "threads": model.n_threads, "n_gpu_layers": model.n_gpu_layers, "n_batch": model.n_batch,
+                "sparse": model.sparse_spec is not None, "test": f"{kind}{n}",
                 "avg_ts": float(np.mean(rates)), "stddev_ts": float(np.std(rates)),
                 "median_ts": float(np.median(rates)), "samples_ts": rates,
                 "build": os.environ.get("PYINFER_BUILD_LABEL", ""),

@@ -16,6 +16,14 @@ def add_model_args(p: argparse.ArgumentParser, model_required: bool = False) -> 
     p.add_argument("-b", "--batch-size", type=int, default=512, help="prompt tokens per batch (default 512)")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--kv-type", choices=["f16", "f32"], default="f16", help="KV cache type (default f16)")
+    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=None,
+                   help="layers on the GPU, counted from the last (above n_layer: the output head too)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="cpu, or cuda for the whole model on the GPU (same as -ngl 999)")
+    p.add_argument("--sparse", choices=["auto", "on", "off"], default="auto",
+                   help="predicted-neuron FFN: auto = on when the model file has predictors")
+    p.add_argument("--sparsity-threshold", type=float, default=0.0,
+                   help="added to the predictors' threshold: higher skips more neurons (default 0)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -40,16 +48,27 @@ def sampler_params(args):
                          repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n)
 
 
+def model_options(args) -> dict:
+    """Model() keyword arguments from the shared model flags."""
+    if args.n_gpu_layers is not None and args.device == "cpu" and args.n_gpu_layers > 0:
+        raise PyInferError("--device cpu contradicts -ngl > 0")
+    ngl = args.n_gpu_layers if args.n_gpu_layers is not None else (999 if args.device == "cuda" else 0)
+    return dict(n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads, kv_type=args.kv_type,
+                n_gpu_layers=ngl, sparse={"auto": None, "on": True, "off": False}[args.sparse],
+                sparsity_threshold=args.sparsity_threshold)
+
+
 def load_model(args):
+    """(resolved path, Model) for the -m argument and the shared model flags."""
     from pyinfer.model_files import resolve_model
     from pyinfer.runtime import Model
 
     path = resolve_model(args.model)
-    return Model(path, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads, kv_type=args.kv_type)
+    return path, Model(path, **model_options(args))
 
 
 def cmd_run(args) -> int:
-    model = load_model(args)
+    _, model = load_model(args)
     prompt = args.prompt
     if args.file:
         with open(args.file, encoding="utf-8") as f:
@@ -72,16 +91,13 @@ def cmd_run(args) -> int:
 
 def cmd_chat(args) -> int:
     from pyinfer.chat import ChatSession
-    from pyinfer.model_files import resolve_model
     from pyinfer.repl import interactive, scripted
-    from pyinfer.runtime import Model
 
     template = None
     if args.chat_template_file:
         with open(args.chat_template_file, encoding="utf-8") as f:
             template = f.read()
-    path = resolve_model(args.model)
-    model = Model(path, n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads, kv_type=args.kv_type)
+    path, model = load_model(args)
     session = ChatSession(model, system=args.system_prompt, template=template, params=sampler_params(args),
                           seed=args.seed, n_predict=args.n_predict)
     if sys.stdin.isatty() and not args.json:
@@ -93,8 +109,8 @@ def cmd_bench(args) -> int:
     from pyinfer.bench import bench
     from pyinfer.model_files import resolve_model
 
-    print(bench(resolve_model(args.model), args.n_prompt, args.n_gen, args.repetitions, args.threads,
-                args.batch_size, args.output, args.kv_type))
+    print(bench(resolve_model(args.model), args.n_prompt, args.n_gen, args.repetitions, args.output,
+                model_options(args)))
     return 0
 
 
@@ -103,6 +119,12 @@ def cmd_pull(args) -> int:
 
     print(pull(args.name, cache_dir=args.cache_dir))
     return 0
+
+
+def cmd_perplexity(args) -> int:
+    from pyinfer.perplexity import main as perplexity_main
+
+    return perplexity_main(args.tool_args)
 
 
 def cmd_convert(args) -> int:
@@ -157,6 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
                        add_help=False)
     p.add_argument("converter_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("perplexity", help="llama.cpp-style perplexity and KL divergence of a model on a text",
+                       add_help=False)
+    p.add_argument("tool_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_perplexity)
     return parser
 
 

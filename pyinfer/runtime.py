@@ -16,7 +16,7 @@ import models
 from models import sparse_ffn
 from models.common import Builder, GraphInputs
 from pyinfer import ggml
-from pyinfer.errors import ContextFullError, InvalidArgumentError
+from pyinfer.errors import ContextFullError, InvalidArgumentError, UnsupportedError
 from pyinfer.gguf_file import GGUFFile
 from pyinfer.sampling import Sampler, SamplerParams
 from pyinfer.tokenizer import Tokenizer
@@ -103,11 +103,17 @@ class _StepGraph:
         self.logits = models.builder_for(cfg.arch)(builder, self.inputs)  # (n_out, n_vocab)
         masks = list(spec.masks.values()) if spec else []  # per layer (n_tokens, n_ff)
         self.graph = ggml.Graph(self.ctx, [self.logits, *self.captured.values(), *masks]).plan()
-        self.masks = [m.numpy() for m in masks]
+        self.mask_tensors = masks
         self._tokens, self._pos = tokens.numpy(), pos.numpy()
         self._pos_ids = pos_ids.numpy() if pos_ids is not None else None
-        self._logits = self.logits.numpy().reshape(n_out, cfg.n_vocab)
+        self.shape = (n_out, cfg.n_vocab)
+        # host outputs are read through views made once; device outputs are copied after each compute
+        self._logits = None if self.logits.on_device else self.logits.numpy().reshape(self.shape)
         self.pos_offset = cfg.pos_offset
+
+    @property
+    def masks(self) -> list[np.ndarray]:
+        return [m.numpy() for m in self.mask_tensors]
 
     def run(self, pool: ggml.ThreadPool, tokens, n_past: int) -> np.ndarray:
         self._tokens[:] = tokens
@@ -115,7 +121,7 @@ class _StepGraph:
         if self._pos_ids is not None:
             self._pos_ids[:] = self._pos + self.pos_offset
         self.graph.compute(pool)
-        return self._logits
+        return self.logits.numpy().reshape(self.shape) if self._logits is None else self._logits
 
     def active_rows(self) -> int:
         """Neurons (token, layer, row) the last compute's down projections summed."""
@@ -127,10 +133,11 @@ class Model:
 
     def __init__(self, path: str | os.PathLike[str], *, n_ctx: int = 0, n_batch: int = 512,
                  n_threads: int | None = None, kv_type: str = "f16", sparse: bool | None = None,
-                 sparsity_threshold: float = 0.0, oracle: bool = False):
+                 sparsity_threshold: float = 0.0, oracle: bool = False, n_gpu_layers: int = 0):
         """sparse: the predicted-neuron FFN (None: on when the file has predictors); sparsity_threshold is
         added to the predictors' logit threshold (higher = fewer neurons); oracle (tests) masks with the
-        true active set, computed densely."""
+        true active set, computed densely. n_gpu_layers: the last n layers (and, above n_layer, the output
+        head) live and run on the GPU, as llama.cpp's -ngl."""
         t0 = time.perf_counter()
         if kv_type not in KV_TYPES:
             raise InvalidArgumentError(f"KV cache type must be one of {', '.join(KV_TYPES)}, not {kv_type!r}")
@@ -151,6 +158,7 @@ class Model:
             t.name = name
             self.weights[name] = t
         self.kv_cache = KVCache(cfg, self.n_ctx, KV_TYPES[kv_type])
+        self.n_gpu_layers = self._offload(n_gpu_layers)
         self.pool = ggml.ThreadPool(self.n_threads)
         self.sparse_spec = self._sparse_spec(sparse, sparsity_threshold, oracle)
         self._graphs: OrderedDict[tuple[int, int, bool], _StepGraph] = OrderedDict()
@@ -158,6 +166,25 @@ class Model:
         self.timings = Timings(load_ms=1e3 * (time.perf_counter() - t0))
         if self.sparse_spec is not None:
             self.timings.extra.update(ffn_rows_active=0, ffn_rows_total=0, predictor_ms=self._predictor_ms())
+
+    def _offload(self, n_gpu_layers: int) -> int:
+        """Moves the weights and KV cache of the last n_gpu_layers layers to the GPU; returns how many."""
+        n_layer = self.config.n_layer
+        n = max(0, min(n_gpu_layers, n_layer + 1))
+        if n == 0:
+            return 0
+        if not ggml.cuda_available():
+            raise UnsupportedError("-ngl/--device cuda needs a CUDA build and a GPU; none is available here")
+        first = n_layer - min(n, n_layer)
+        on_gpu = [f"blk.{il}." for il in range(first, n_layer)]
+        heads = ("output.", "output_norm.") if n > n_layer else ()
+        for name, t in self.weights.items():
+            if name.startswith(tuple(on_gpu)) or name.startswith(heads):
+                t.to_device()
+        for il in range(first, n_layer):
+            self.kv_cache.k[il].to_device()
+            self.kv_cache.v[il].to_device()
+        return n
 
     # --- sparse FFN ---
     @property
@@ -233,7 +260,7 @@ class Model:
             n_out = len(chunk) if all_logits else (1 if last_chunk else 0)
             graph = self._graph(len(chunk), max(n_out, 1))
             logits = graph.run(self.pool, chunk, self.n_past)
-            if graph.masks:
+            if graph.mask_tensors:
                 self.timings.extra["ffn_rows_active"] += graph.active_rows()
                 self.timings.extra["ffn_rows_total"] += len(chunk) * self.config.n_layer * self.config.n_ff
             self.tokens.extend(int(t) for t in chunk)

@@ -6,12 +6,14 @@
 #include "../cuda/cuda.h"
 
 #include <immintrin.h>
+#include <linux/futex.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 struct ggml_threadpool {
     int n_threads;
@@ -28,23 +30,36 @@ struct ggml_threadpool {
 
     atomic_int barrier_count;
     atomic_int barrier_phase;
+    atomic_int barrier_sleepers; // threads asleep on barrier_phase
     atomic_int n_done;           // workers finished with the current graph
     atomic_int status;           // first failure of any thread
     char error[512];
 };
 
+// sleeps while *addr == val (or returns at once if it already differs)
+static void futex_wait(atomic_int *addr, int val) { syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0); }
+static void futex_wake_all(atomic_int *addr) { syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0); }
+
+// spin briefly (the common case: the others are a few microseconds behind), then sleep on a futex, so
+// a thread whose partner was descheduled gives its core back instead of burning the time slice
 void ggml_barrier(struct ggml_threadpool *tp) {
     if (tp->n_threads == 1) return;
     int phase = atomic_load_explicit(&tp->barrier_phase, memory_order_relaxed);
     if (atomic_fetch_add_explicit(&tp->barrier_count, 1, memory_order_acq_rel) == tp->n_threads - 1) {
         atomic_store_explicit(&tp->barrier_count, 0, memory_order_relaxed);
-        atomic_fetch_add_explicit(&tp->barrier_phase, 1, memory_order_release);
+        // seq_cst on both sides: a sleeper announces itself then rechecks the phase; the waker bumps the
+        // phase then checks for sleepers; one of the two always sees the other
+        atomic_fetch_add_explicit(&tp->barrier_phase, 1, memory_order_seq_cst);
+        if (atomic_load_explicit(&tp->barrier_sleepers, memory_order_seq_cst)) futex_wake_all(&tp->barrier_phase);
         return;
     }
-    for (int spins = 0; atomic_load_explicit(&tp->barrier_phase, memory_order_acquire) == phase; spins++) {
-        if (spins < 1 << 14) _mm_pause();
-        else sched_yield(); // oversubscribed machine: let the late thread run
+    for (int spins = 0; spins < 2048; spins++) {
+        if (atomic_load_explicit(&tp->barrier_phase, memory_order_acquire) != phase) return;
+        _mm_pause();
     }
+    atomic_fetch_add_explicit(&tp->barrier_sleepers, 1, memory_order_seq_cst);
+    while (atomic_load_explicit(&tp->barrier_phase, memory_order_seq_cst) == phase) futex_wait(&tp->barrier_phase, phase);
+    atomic_fetch_sub_explicit(&tp->barrier_sleepers, 1, memory_order_acq_rel);
 }
 
 static void pool_record_error(struct ggml_threadpool *tp, int status) {
