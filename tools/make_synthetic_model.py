@@ -134,22 +134,29 @@ def random_weight(rng: np.random.Generator, qtype: Q, shape: tuple[int, int], st
 
 
 def _vocab_kv(n_vocab: int) -> list:
-    """A byte-level vocabulary: the 256 bytes, then filler tokens; no merges (GGUF has no empty arrays)."""
+    """A byte-level vocabulary: the 256 bytes, one merge (llama.cpp requires the merges key and GGUF has
+    no empty arrays), then filler tokens."""
     from pyinfer.tokenizer import byte_to_unicode
 
     byte_chars = list(byte_to_unicode().values())
-    tokens = ["<|endoftext|>", *byte_chars, *(f"<|syn{i}|>" for i in range(n_vocab - 257))]
-    types = [3] + [1] * 256 + [4] * (n_vocab - 257)
+    space = byte_to_unicode()[ord(" ")]
+    tokens = ["<|endoftext|>", *byte_chars, space * 2, *(f"<|syn{i}|>" for i in range(n_vocab - 258))]
+    types = [3] + [1] * 257 + [4] * (n_vocab - 258)
     return [("tokenizer.ggml.model", "gpt2", V.STRING, None), ("tokenizer.ggml.pre", "default", V.STRING, None),
             ("tokenizer.ggml.tokens", tokens, V.ARRAY, V.STRING),
             ("tokenizer.ggml.token_type", types, V.ARRAY, V.INT32),
+            ("tokenizer.ggml.merges", [f"{space} {space}"], V.ARRAY, V.STRING),
             ("tokenizer.ggml.bos_token_id", 0, V.UINT32, None), ("tokenizer.ggml.eos_token_id", 0, V.UINT32, None)]
 
 
 def make_llama(path: str, shape: str, qtype: Q, *, seed: int = 0, density: float = 0.10, hot_frac: float = 0.17,
-               hot_share: float = 0.80, rank: int = 256, ffn_kind: str = "swiglu") -> None:
-    """A random LLaMA-shaped PowerGGUF with synthetic predictors, neurons hot-first."""
-    d, n_layer, n_ff, n_head, n_head_kv, n_vocab = SHAPES[shape]
+               hot_share: float = 0.80, rank: int = 256, ffn_kind: str = "swiglu", n_layer: int | None = None,
+               dense: bool = False) -> None:
+    """A random LLaMA-shaped PowerGGUF with synthetic predictors, neurons hot-first; dense: a plain
+    llama.cpp GGUF instead (ffn_down, no predictors, no pyinfer keys) that both engines run.
+    n_layer overrides the shape's layer count (speed per layer is what such benchmarks compare)."""
+    d, shape_layers, n_ff, n_head, n_head_kv, n_vocab = SHAPES[shape]
+    n_layer = n_layer or shape_layers
     head_dim, kv_dim = d // n_head, d // n_head * n_head_kv
     rng = np.random.default_rng(seed)
     freqs = power_law_freqs(n_ff, density, hot_frac, hot_share)
@@ -160,11 +167,12 @@ def make_llama(path: str, shape: str, qtype: Q, *, seed: int = 0, density: float
           ("llama.feed_forward_length", n_ff, u32, None), ("llama.attention.head_count", n_head, u32, None),
           ("llama.attention.head_count_kv", n_head_kv, u32, None),
           ("llama.attention.layer_norm_rms_epsilon", 1e-5, f32, None),
-          ("llama.rope.dimension_count", head_dim, u32, None),
-          ("pyinfer.format_version", 1, u32, None), ("pyinfer.ffn_layout", "down_t", V.STRING, None),
-          ("pyinfer.neuron_order", "hot_first", V.STRING, None), ("pyinfer.ffn_kind", ffn_kind, V.STRING, None),
-          *_sparsity_kv("relu" if ffn_kind in GATED_RELU else "threshold", n_layer, float(freqs.mean()), rank, 0.0),
-          *_vocab_kv(n_vocab)]
+          ("llama.rope.dimension_count", head_dim, u32, None), *_vocab_kv(n_vocab)]
+    if not dense:
+        kv += [("pyinfer.format_version", 1, u32, None), ("pyinfer.ffn_layout", "down_t", V.STRING, None),
+               ("pyinfer.neuron_order", "hot_first", V.STRING, None), ("pyinfer.ffn_kind", ffn_kind, V.STRING, None),
+               *_sparsity_kv("relu" if ffn_kind in GATED_RELU else "threshold", n_layer, float(freqs.mean()),
+                             rank, 0.0)]
 
     def mat(name: str, rows: int, k: int, std: float) -> OutTensor:
         seed_i = int(rng.integers(2**63))
@@ -181,9 +189,12 @@ def make_llama(path: str, shape: str, qtype: Q, *, seed: int = 0, density: float
         tensors += [ones(b + "attn_norm.weight"), mat(b + "attn_q.weight", d, d, d**-0.5),
                     mat(b + "attn_k.weight", kv_dim, d, d**-0.5), mat(b + "attn_v.weight", kv_dim, d, d**-0.5),
                     mat(b + "attn_output.weight", d, d, d**-0.5), ones(b + "ffn_norm.weight"),
-                    mat(b + "ffn_up.weight", n_ff, d, d**-0.5), mat(b + "ffn_gate.weight", n_ff, d, d**-0.5),
-                    mat(b + "ffn_down_t.weight", n_ff, d, n_ff**-0.5),
-                    *_predictor_tensors(il, *predictor(rng, d, rank, freqs), freqs)]
+                    mat(b + "ffn_up.weight", n_ff, d, d**-0.5), mat(b + "ffn_gate.weight", n_ff, d, d**-0.5)]
+        if dense:
+            tensors.append(mat(b + "ffn_down.weight", d, n_ff, n_ff**-0.5))
+        else:
+            tensors += [mat(b + "ffn_down_t.weight", n_ff, d, n_ff**-0.5),
+                        *_predictor_tensors(il, *predictor(rng, d, rank, freqs), freqs)]
     write_atomically([OutFile(path, "llama", kv, tensors)])
 
 
@@ -233,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank", type=int, default=None, help="predictor rank (256 random, 64 --from)")
     p.add_argument("--threshold", type=float, default=0.0, help="|h| threshold of --from (threshold kind)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layers", type=int, default=None, help="override the shape's layer count")
+    p.add_argument("--dense", action="store_true", help="plain llama.cpp GGUF (ffn_down, no predictors)")
     a = p.parse_args(argv)
     if (a.shape is None) == (a.src is None):
         p.error("give a shape or --from FILE")
@@ -240,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.src:
         add_predictors(a.src, a.output, rank=a.rank or 64, threshold=a.threshold, **common)
     else:
-        make_llama(a.output, a.shape, TYPES[a.type], rank=a.rank or 256, ffn_kind=a.ffn_kind, **common)
+        make_llama(a.output, a.shape, TYPES[a.type], rank=a.rank or 256, ffn_kind=a.ffn_kind, n_layer=a.layers,
+                   dense=a.dense, **common)
     print(f"wrote {a.output} (SYNTHETIC)", file=sys.stderr)
     return 0
 
