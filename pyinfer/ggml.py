@@ -275,6 +275,11 @@ class Graph:
     def mem_bytes(self) -> int:
         return lib.ggml_graph_mem_size(self.ptr)
 
+    @property
+    def replayed(self) -> bool:
+        """True once the GPU part runs as a captured CUDA graph."""
+        return bool(lib.ggml_graph_is_replayed(self.ptr))
+
     def plan(self) -> Graph:
         check(lib.ggml_graph_plan(self.ptr))
         self.planned = True

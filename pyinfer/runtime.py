@@ -149,7 +149,8 @@ class Model:
         models.builder_for(cfg.arch)  # unsupported architectures fail before anything is allocated
         self.n_ctx = min(n_ctx or 4096, cfg.n_ctx_train) if cfg.pos_offset else (n_ctx or min(cfg.n_ctx_train, 4096))
         self.n_batch = n_batch
-        self.n_threads = n_threads or os.cpu_count() or 1
+        # with the whole model on the GPU the CPU only looks up embeddings: one thread, no barriers
+        self.n_threads = n_threads or (1 if n_gpu_layers > cfg.n_layer else os.cpu_count() or 1)
         self.weights_ctx = ggml.Context(1024 * (len(self.file.tensors) + 16), no_alloc=True)
         self.weights: dict[str, ggml.Tensor] = {}
         for name, info in self.file.tensors.items():
@@ -273,6 +274,12 @@ class Model:
     def n_past(self) -> int:
         """Tokens in the KV cache."""
         return len(self.tokens)
+
+    @property
+    def decode_graph_replayed(self) -> bool:
+        """True when single-token steps run as a captured CUDA graph."""
+        g = self._graphs.get((1, 1, False))
+        return g is not None and g.graph.replayed
 
     def reset(self) -> None:
         """Forgets the sequence (the KV cache is overwritten from position 0)."""

@@ -179,6 +179,8 @@ int ggml_graph_to_backend(struct ggml_cgraph *g, enum ggml_backend backend);
 // allocates data for every node that has none; outputs keep their buffers across computes
 int ggml_graph_plan(struct ggml_cgraph *g);
 size_t ggml_graph_mem_size(const struct ggml_cgraph *g);
+// true once the graph's GPU part is replayed from a captured CUDA graph (from its second compute on)
+bool ggml_graph_is_replayed(const struct ggml_cgraph *g);
 void ggml_graph_free(struct ggml_cgraph *g);
 
 // --- devices ---

@@ -75,6 +75,8 @@ struct ggml_tensor *ggml_graph_node(const struct ggml_cgraph *g, int i) {
 
 size_t ggml_graph_mem_size(const struct ggml_cgraph *g) { return g ? g->buffer_size : 0; }
 
+bool ggml_graph_is_replayed(const struct ggml_cgraph *g) { return g && g->cuda_graph; }
+
 // ---------------------------------------------------------------------------------------------------
 // planning: first-fit over a virtual buffer, then one allocation of the high-water mark
 // ---------------------------------------------------------------------------------------------------
