@@ -10,44 +10,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from op_harness import compute, tensor, weights
 
 from pyinfer import ggml
 from pyinfer import reference_ops as ref
 from pyinfer.errors import InvalidArgumentError
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-_POOLS: dict[int, ggml.ThreadPool] = {}
-
-
-def pool(n: int) -> ggml.ThreadPool:
-    if n not in _POOLS:
-        _POOLS[n] = ggml.ThreadPool(n)
-    return _POOLS[n]
-
-
-def tensor(ctx: ggml.Context, arr: np.ndarray, type_: int | None = None) -> ggml.Tensor:
-    """tensor_from_numpy with leading axes of 1 dropped: ggml shapes do not keep them."""
-    arr = np.asarray(arr)
-    while arr.ndim > 1 and arr.shape[0] == 1:
-        arr = arr[0]
-    return ctx.tensor_from_numpy(arr, type_)
-
-
-def compute(ctx: ggml.Context, outputs: list[ggml.Tensor], n_threads: int, ndim: int = 2) -> list[np.ndarray]:
-    """Plans and runs a graph of outputs with their buffers poisoned (NaN) first; results as arrays
-    of ndim axes (ggml drops outer axes of size 1, the references keep them)."""
-    g = ggml.Graph(ctx, outputs).plan()
-    for t in outputs:
-        out = t.numpy()
-        out[...] = np.nan if out.dtype.kind == "f" else -123456789
-    g.compute(pool(n_threads))
-    return [t.numpy().reshape(tuple(reversed(t.ne))[4 - ndim:]).copy() for t in outputs]
-
-
-def weights(ctx: ggml.Context, w: np.ndarray, type_: int) -> tuple[ggml.Tensor, np.ndarray]:
-    """A weight tensor of type_ and the float64 values it really holds."""
-    t = tensor(ctx, w.astype(np.float32), type_)
-    return t, ggml.dequantize(type_, t.raw(), w.size).reshape(w.shape).astype(np.float64)
 
 
 def activations_as_kernel_sees(x: np.ndarray, type_: int) -> np.ndarray:
