@@ -1,8 +1,8 @@
-"""`pyinfer chat`: a conversation with a model, interactive (readline, slash commands, Ctrl-C to stop an
-answer) or scripted (one message per stdin line, answers on stdout, `--json` for one object per turn).
+"""`pyinfer chat`'s conversation: a model, a chat template and the messages so far.
 
 The KV cache is reused across turns: the conversation is rendered with the chat template every turn and
-only the tokens after the longest prefix already in the cache are processed.
+only the tokens after the longest prefix already in the cache are processed. When the context is full
+the oldest turns are dropped (the caller is told how many), never the new message.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pyinfer.chat_template import render_chat
+from pyinfer.chat_template import ChatTemplate
 from pyinfer.errors import ContextFullError, PyInferError
 from pyinfer.runtime import Model
 from pyinfer.sampling import SamplerParams
@@ -19,12 +19,12 @@ from pyinfer.sampling import SamplerParams
 HELP = """commands:
   /help           this help
   /reset          forget the conversation (keeps the system prompt)
-  /system TEXT    set the system prompt (and start over)
+  /system TEXT    set the system prompt (and start over); /system alone removes it
   /stats          speed and timings of the last answer and of the session
   /save FILE      write the conversation as JSON
   /load FILE      read a conversation written by /save
   /exit           leave (also Ctrl-D, or Ctrl-C at an empty prompt)
-end a line with \\ to continue the message on the next line"""
+end a line with \\ to continue the message on the next line; Ctrl-C stops an answer"""
 
 
 @dataclass
@@ -34,7 +34,7 @@ class TurnStats:
     prompt_ms: float = 0.0
     gen_tokens: int = 0
     gen_ms: float = 0.0
-    dropped_turns: int = 0
+    dropped_turns: int = 0  # oldest turns removed so that this one fits the context
 
     def line(self) -> str:
         pp = 1e3 * self.prompt_tokens / self.prompt_ms if self.prompt_ms else 0.0
@@ -49,7 +49,7 @@ class ChatSession:
 
     model: Model
     system: str | None = None
-    template: str | None = None
+    template: ChatTemplate | None = None  # None: the model's template (ChatML when it has none)
     params: SamplerParams = field(default_factory=SamplerParams)
     seed: int | None = None
     n_predict: int = -1  # -1: until end of turn or the context is full
@@ -59,42 +59,44 @@ class ChatSession:
 
     def __post_init__(self):
         if self.template is None:
-            self.template = self.model.file.metadata.get("tokenizer.chat_template")
-        self._turn_seed = self.seed
+            self.template = ChatTemplate.from_tokenizer(self.model.tokenizer)
 
-    def conversation(self) -> list[dict]:
+    def conversation(self, messages: list[dict] | None = None) -> list[dict]:
         head = [{"role": "system", "content": self.system}] if self.system else []
-        return head + self.messages
+        return head + (self.messages if messages is None else messages)
 
     def reset(self) -> None:
         self.messages.clear()
         self.model.reset()
 
-    def _prompt_tokens(self) -> list[int]:
-        tok = self.model.tokenizer
-        text = render_chat(self.template, self.conversation(), add_generation_prompt=True,
-                           bos_token=tok.token_to_piece(tok.bos_id) if tok.bos_id is not None else "",
-                           eos_token=tok.token_to_piece(tok.eos_id) if tok.eos_id is not None else "")
+    def _tokens(self, messages: list[dict] | None = None) -> list[int]:
+        text = self.template.render(self.conversation(messages), add_generation_prompt=True)
         # the template writes BOS itself where the model wants it
-        return tok.encode(text, add_special=False, parse_special=True)
+        return self.model.tokenizer.encode(text, add_special=False, parse_special=True)
+
+    def _reserve(self) -> int:
+        """Context kept free for the answer."""
+        return max(16, min(self.n_predict if self.n_predict > 0 else 256, self.model.n_ctx // 4))
 
     def _fit_context(self, stats: TurnStats) -> list[int]:
-        """Prompt tokens, dropping the oldest turns while the prompt leaves no room to answer."""
-        reserve = max(16, min(self.n_predict if self.n_predict > 0 else 256, self.model.n_ctx // 4))
-        while True:
-            tokens = self._prompt_tokens()
-            if len(tokens) + reserve <= self.model.n_ctx:
-                return tokens
-            if len(self.messages) <= 1:
-                raise ContextFullError(
-                    f"the message needs {len(tokens)} tokens but the context holds {self.model.n_ctx} (-c)")
-            drop = 2 if len(self.messages) > 2 and self.messages[0]["role"] == "user" else 1
-            del self.messages[:drop]
+        """Prompt tokens of the conversation (ending in the new message), dropping the oldest turns while
+        the prompt leaves no room to answer. A message too long on its own drops nothing."""
+        limit = self.model.n_ctx - self._reserve()
+        alone = len(self._tokens(self.messages[-1:]))
+        if alone > limit:
+            raise ContextFullError(f"message too long: {alone} tokens, but the context of {self.model.n_ctx} "
+                                   f"(-c) holds {limit} besides the answer; history kept")
+        while len(tokens := self._tokens()) > limit:
+            del self.messages[0]  # a turn: a user message and what follows up to the next one
+            while len(self.messages) > 1 and self.messages[0]["role"] != "user":
+                del self.messages[0]
             stats.dropped_turns += 1
+        return tokens
 
-    def reply(self, user_text: str, on_text: Callable[[str], None] | None = None) -> str:
-        """Adds the user's message, streams the answer through on_text, returns it.
-        A KeyboardInterrupt stops the answer; what was said so far is kept."""
+    def reply(self, user_text: str, on_text: Callable[[str], None] | None = None,
+              on_dropped: Callable[[int], None] | None = None) -> str:
+        """Adds the user's message, streams the answer through on_text, returns it. on_dropped hears how
+        many old turns made room first. A KeyboardInterrupt stops the answer; what was said is kept."""
         self.messages.append({"role": "user", "content": user_text})
         stats = TurnStats()
         try:
@@ -102,9 +104,10 @@ class ChatSession:
         except PyInferError:
             self.messages.pop()
             raise
-        cached = self.model.tokens
-        common = 0
-        for a, b in zip(cached, tokens[:-1]):  # at least one new token must be evaluated for logits
+        if stats.dropped_turns and on_dropped:
+            on_dropped(stats.dropped_turns)
+        common = 0  # at least one new token must be evaluated, for its logits
+        for a, b in zip(self.model.tokens, tokens[:-1], strict=False):
             if a != b:
                 break
             common += 1
@@ -122,8 +125,7 @@ class ChatSession:
         try:
             for tok in self.model.generate_tokens(tokens[common:], n_predict, self.params, seed):
                 stats.gen_tokens += 1
-                text = stream.push(tok)
-                if text:
+                if text := stream.push(tok):
                     pieces.append(text)
                     if on_text:
                         on_text(text)
@@ -131,8 +133,11 @@ class ChatSession:
             pieces.append(stream.flush())
             self._finish(pieces, stats, p0, e0)
             raise
-        tail = stream.flush()
-        if tail:
+        except PyInferError:
+            self.messages.pop()
+            self.model.reset()  # the cache may hold part of the failed step
+            raise
+        if tail := stream.flush():
             pieces.append(tail)
             if on_text:
                 on_text(tail)
@@ -148,17 +153,27 @@ class ChatSession:
         return answer
 
     def save(self, path: str) -> None:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump({"system": self.system, "messages": self.messages}, f, ensure_ascii=False, indent=1)
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump({"system": self.system, "messages": self.messages}, f, ensure_ascii=False, indent=1)
+                f.write("\n")
+        except OSError as exc:
+            raise PyInferError(f"cannot save the conversation to {path}: {exc.strerror or exc}") from None
 
     def load(self, path: str) -> None:
+        """Replaces the conversation (and system prompt) with a file written by `save`."""
         try:
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
-            messages = data["messages"]
-            if not all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages):
-                raise ValueError("messages need a role and a content")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise PyInferError(f"cannot load conversation from {path}: {exc}") from None
-        self.system = data.get("system")
-        self.messages = messages
+            messages, system = data["messages"], data.get("system")
+            if not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                       for m in messages):
+                raise ValueError("every message needs a role and a content string")
+            if system is not None and not isinstance(system, str):
+                raise ValueError("system must be a string or null")
+        except OSError as exc:
+            raise PyInferError(f"cannot load a conversation from {path}: {exc.strerror or exc}") from None
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise PyInferError(f"cannot load a conversation from {path}: {exc}") from None
+        self.system = system
+        self.messages = [{"role": m["role"], "content": m["content"]} for m in messages]

@@ -91,18 +91,22 @@ def cmd_run(args) -> int:
 
 
 def cmd_chat(args) -> int:
+    from pathlib import Path
+
     from pyinfer.chat import ChatSession
+    from pyinfer.chat_template import ChatTemplate
     from pyinfer.repl import interactive, scripted
 
-    template = None
-    if args.chat_template_file:
-        with open(args.chat_template_file, encoding="utf-8") as f:
-            template = f.read()
     path, model = load_model(args)
+    template = ChatTemplate.from_tokenizer(model.tokenizer, override=args.chat_template_file)
     session = ChatSession(model, system=args.system_prompt, template=template, params=sampler_params(args),
                           seed=args.seed, n_predict=args.n_predict)
+    cfg = model.config
+    banner = (f"pyinfer chat: {Path(path).name} ({cfg.arch}, {cfg.n_layer} layers) loaded in "
+              f"{model.timings.load_ms:.0f} ms; context {model.n_ctx} tokens")
     if sys.stdin.isatty() and not args.json:
-        return interactive(session, path)
+        return interactive(session, banner)
+    print(banner, file=sys.stderr, flush=True)
     return scripted(session, args.json)
 
 

@@ -153,7 +153,7 @@ def open_gguf(path: str) -> tuple[mmap.mmap, GGUFHeader]:
         with open(path, "rb") as f:
             size = f.seek(0, 2)
             if size == 0:
-                raise ModelFormatError(f"empty file")
+                raise ModelFormatError("empty file")
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except OSError as exc:
         raise ModelFormatError(f"cannot read it ({exc.strerror})") from None

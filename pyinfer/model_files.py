@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from pathlib import Path
 
 from pyinfer.errors import ModelFormatError
-from pyinfer.pull import cache_dir, pull
+from pyinfer.pull import DEFAULT_MODEL, cache_dir, default_model_path, pull
 
 
 def converted_path(folder: Path) -> Path:
@@ -22,6 +23,9 @@ def converted_path(folder: Path) -> Path:
 
 def resolve_model(arg: str | os.PathLike[str] | None) -> str:
     if arg is None:
+        if not default_model_path().is_file():
+            print(f"first run: fetching the default model {DEFAULT_MODEL} into {default_model_path().parent}",
+                  file=sys.stderr, flush=True)
         return str(pull())
     path = Path(arg)
     if path.is_dir():
@@ -30,6 +34,7 @@ def resolve_model(arg: str | os.PathLike[str] | None) -> str:
             from converters.convert_hf_to_powergguf import convert
 
             out.parent.mkdir(parents=True, exist_ok=True)
+            print(f"converting {path} to {out}", file=sys.stderr, flush=True)
             convert(path, out, outtype="f16")
         return str(out)
     if not path.exists():

@@ -1,10 +1,11 @@
-"""The terminal side of `pyinfer chat`: the interactive REPL and the scripted (stdin is not a TTY) mode."""
+"""The terminal side of `pyinfer chat`: the interactive REPL and the scripted (stdin is not a TTY) mode.
+Every failure a user can cause is one line, and only /exit, Ctrl-D or Ctrl-C at an empty prompt end it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
-from pathlib import Path
 
 from pyinfer.chat import HELP, ChatSession
 from pyinfer.errors import PyInferError
@@ -15,8 +16,28 @@ def _write(text: str) -> None:
     sys.stdout.flush()
 
 
+def stats_text(session: ChatSession) -> str:
+    model = session.model
+    t = model.timings
+    lines = [f"last answer: {session.last.line()}",
+             f"session: {session.n_turns} turns, {len(session.messages)} messages kept, {t.prompt_tokens} prompt "
+             f"tokens in {t.prompt_ms:.0f} ms, {t.eval_tokens} generated in {t.eval_ms:.0f} ms; "
+             f"context {model.n_past}/{model.n_ctx}"]
+    n_layer, ngl = model.config.n_layer, model.n_gpu_layers
+    gpu = (f"{min(ngl, n_layer)}/{n_layer} layers{' and the output head' if ngl > n_layer else ''} on the GPU, "
+           if ngl else "")
+    lines.append(f"device: {gpu}CPU with {model.n_threads} threads")
+    if total := t.extra.get("ffn_rows_total"):
+        lines.append(f"sparse FFN: {100 * t.extra['ffn_rows_active'] / total:.1f}% of neuron rows computed")
+    return "\n".join(lines)
+
+
+def dropped_notice(n: int) -> str:
+    return f"[context full: dropped the oldest turn{'s' if n > 1 else ''} ({n})]"
+
+
 def slash_command(session: ChatSession, line: str) -> bool:
-    """Runs a /command; returns False when the session should end."""
+    """Runs a /command; returns False when the session should end. Failures raise PyInferError."""
     name, _, arg = line[1:].partition(" ")
     arg = arg.strip()
     if name in ("exit", "quit"):
@@ -29,46 +50,61 @@ def slash_command(session: ChatSession, line: str) -> bool:
     elif name == "system":
         session.system = arg or None
         session.reset()
-        print("[system prompt set; conversation cleared]" if arg else "[system prompt removed]")
+        print("[system prompt set; conversation cleared]" if arg else "[system prompt removed; conversation cleared]")
     elif name == "stats":
-        t = session.model.timings
-        print(f"last answer: {session.last.line()}")
-        print(f"session: {session.n_turns} turns, {t.prompt_tokens} prompt tokens in {t.prompt_ms:.0f} ms, "
-              f"{t.eval_tokens} generated in {t.eval_ms:.0f} ms; context {session.model.n_past}/{session.model.n_ctx}")
-        print(f"device: CPU, {session.model.n_threads} threads")
-    elif name in ("save", "load"):
-        if not arg:
-            print(f"error: /{name} needs a file name")
-        elif name == "save":
-            session.save(arg)
-            print(f"[saved {len(session.messages)} messages to {arg}]")
-        else:
-            session.load(arg)
-            print(f"[loaded {len(session.messages)} messages from {arg}]")
+        print(stats_text(session))
+    elif name in ("save", "load") and not arg:
+        raise PyInferError(f"/{name} needs a file name")
+    elif name == "save":
+        session.save(arg)
+        print(f"[saved {len(session.messages)} messages to {arg}]")
+    elif name == "load":
+        session.load(arg)
+        print(f"[loaded {len(session.messages)} messages from {arg}]")
     else:
-        print(f"error: unknown command /{name} (try /help)")
+        raise PyInferError(f"unknown command /{name} (try /help)")
     return True
 
 
-def _read_message() -> str:
-    """One message; a line ending in a backslash continues on the next."""
-    lines = []
-    prompt = "> "
+def _pending_input() -> bool:
+    """Whether the line being edited holds text (so Ctrl-C clears it rather than leaving)."""
+    try:
+        import readline
+    except ImportError:  # pragma: no cover - platforms without readline
+        return False
+    return bool(readline.get_line_buffer())
+
+
+def _read_message() -> str | None:
+    """One message; a line ending in a backslash continues on the next. None: leave (Ctrl-D, or Ctrl-C
+    at an empty prompt); Ctrl-C with something typed discards it."""
+    lines: list[str] = []
     while True:
-        line = input(prompt)
+        try:
+            line = input(". " if lines else "> ")
+        except EOFError:
+            print()
+            return None
+        except KeyboardInterrupt:
+            print()
+            if lines or _pending_input():
+                return ""
+            return None
         if line.endswith("\\"):
             lines.append(line[:-1])
-            prompt = ". "
             continue
         lines.append(line)
         return "\n".join(lines)
 
 
 def _setup_readline() -> None:
+    """Line editing, and history kept in the cache folder across sessions."""
     try:
         import readline
     except ImportError:  # pragma: no cover - platforms without readline
         return
+    import atexit
+
     from pyinfer.pull import cache_dir
 
     history = cache_dir() / "chat_history"
@@ -78,7 +114,7 @@ def _setup_readline() -> None:
             readline.read_history_file(history)
     except OSError:
         return
-    import atexit
+    readline.set_history_length(1000)
 
     def save():
         try:
@@ -89,18 +125,13 @@ def _setup_readline() -> None:
     atexit.register(save)
 
 
-def interactive(session: ChatSession, model_name: str) -> int:
+def interactive(session: ChatSession, banner: str) -> int:
     _setup_readline()
-    print(f"pyinfer chat: {Path(model_name).name}, context {session.model.n_ctx} tokens. /help for commands, "
-          "Ctrl-C stops an answer, Ctrl-D leaves.")
+    print(banner)
+    print("/help for commands, Ctrl-C stops an answer, Ctrl-D leaves.")
     while True:
-        try:
-            line = _read_message()
-        except EOFError:
-            print()
-            return 0
-        except KeyboardInterrupt:
-            print()
+        line = _read_message()
+        if line is None:
             return 0
         if not line.strip():
             continue
@@ -109,7 +140,7 @@ def interactive(session: ChatSession, model_name: str) -> int:
                 if not slash_command(session, line.strip()):
                     return 0
                 continue
-            session.reply(line, on_text=_write)
+            session.reply(line, on_text=_write, on_dropped=lambda n: print(dropped_notice(n)))
             print()
         except KeyboardInterrupt:
             print("\n[stopped]")
@@ -118,19 +149,25 @@ def interactive(session: ChatSession, model_name: str) -> int:
 
 
 def scripted(session: ChatSession, as_json: bool) -> int:
-    """One message per stdin line; answers (or JSON objects) on stdout."""
+    """One message per stdin line; answers (or one JSON object per turn) on stdout, the rest (slash
+    commands' output, notices, errors) on stderr."""
+    def notice(n: int) -> None:
+        print(dropped_notice(n), file=sys.stderr, flush=True)
+
     for raw in sys.stdin:
         line = raw.rstrip("\n")
         if not line.strip():
             continue
         try:
             if line.startswith("/"):
-                if not slash_command(session, line.strip()):
+                with contextlib.redirect_stdout(sys.stderr):
+                    go_on = slash_command(session, line.strip())
+                if not go_on:
                     return 0
                 continue
-            answer = session.reply(line, on_text=None if as_json else _write)
+            answer = session.reply(line, on_text=None if as_json else _write, on_dropped=notice)
         except PyInferError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {exc}", file=sys.stderr, flush=True)
             continue
         if as_json:
             s = session.last

@@ -81,7 +81,7 @@ def test_default_model_greedy_64_tokens_equal_cpu():
     prompt = cpu.tokenize("The capital of France is")
     a = list(cpu.generate_tokens(prompt, 64, params, stop_at_eos=False))
     b = list(gpu.generate_tokens(prompt, 64, params, stop_at_eos=False))
-    same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), 64)
+    same = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), 64)
     print(f"\nSmolLM2 greedy: GPU equals CPU for {same} of 64 tokens")
     if same < 64:  # allowed only where the CPU's top two logits tie within rounding
         cpu.reset()

@@ -31,7 +31,7 @@ def test_random_graphs_plan_without_overlap(data):
     values = [x]  # numpy value of each op output
     nodes = [ctx.tensor_from_numpy(x)]
     consumers: dict[int, int] = {}  # node index -> last op index that reads it
-    for step in range(data.draw(st.integers(1, 12))):
+    for _ in range(data.draw(st.integers(1, 12))):
         kind = data.draw(st.sampled_from(["matmul", "silu", "add", "scale"]))
         a = data.draw(st.integers(0, len(nodes) - 1)) if kind == "add" else len(nodes) - 1
         prev = values[-1]

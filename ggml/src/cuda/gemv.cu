@@ -1,14 +1,18 @@
 // gemv.cu: mul_mat with few columns (m <= GEMV_MAX_COLS) as a memory-bound GEMV, and the row-selecting
-// variant behind mul_mat_rows (sparse.cu). One kernel serves both:
-//  - each block takes R candidate rows (dense: all rows; mask: rows selected in any column; index list:
-//    R list entries of one column), writes zeros for the unselected ones, and compacts the selected ones
-//    into a shared-memory list with a warp ballot, so no thread is spent on a skipped row;
-//  - groups of `tpr` threads (a power of two <= 32, sized to the row's length) then take one listed row
-//    each, stream its weights with 16-byte loads (a unit of G blocks per thread, so each lane has a
-//    whole aligned unit in flight) and reduce with warp shuffles; the weight bytes are read once for all
-//    m columns.
-// Activations: quantized weights use x quantized to Q8_1 on the device first (int8 + (d, d*sum) per 32,
-// d kept in F32) and dp4a; F32/F16/BF16 weights read x as F32 (L1/L2-resident, float4 loads).
+// variant behind mul_mat_rows (sparse.cu). Two kernels, both selecting rows the same way (dense: all
+// rows; mask: rows selected in any column; index list: list entries of one column), writing zeros for
+// the unselected ones and compacting the selected ones into a shared-memory list, so that no thread is
+// spent on a skipped row:
+//  - F32/F16/BF16 weights (rows_kernel): groups of `tpr` threads (a power of two <= 32, sized to the
+//    row's length) take one listed row each, stream it with 16-byte loads, 4 in flight per thread, and
+//    meet x as F32 (L1/L2-resident, float4 loads);
+//  - quantized weights (qrows_kernel): x is quantized to Q8_1 once per op (int8 + (d, d*sum) per 32, d in
+//    F32, a small buffer that stays in L1/L2); a warp takes NR listed rows at once, its lanes take
+//    neighbouring items of the rows (rowdot.cuh: a block, or a 16-byte chunk of a K-quant super-block),
+//    U items per lane in flight, straight from global memory, and multiply with dp4a; the NR rows share
+//    the activation loads; one shuffle reduction per row at the end. The grid is sized to one wave of
+//    resident blocks (each block taking as many row groups per warp as that needs), so no second,
+//    partly filled wave trails behind.
 #include "rowdot.cuh"
 
 struct rows_params {
@@ -22,88 +26,20 @@ struct rows_params {
     int64_t y_ld;
     int m;
     cuda_rows_sel s;
-    int R, tpr;
+    int R, tpr;       // candidates per block (per round of qrows_kernel), threads per row (rows_kernel)
 };
 
 static __device__ __forceinline__ bool mask_on(const cuda_rows_sel &s, int64_t i, int64_t j) {
     return *(const float *)(s.sel + i * s.nb0 + j * s.nb1) > 0.0f;
 }
 
-// ---------------------------------------------------------------------------------------------------
-// per-thread part of one row's dot products
-// ---------------------------------------------------------------------------------------------------
-
-template <int TYPE, bool ALIGNED>
-static __device__ __forceinline__ void row_dot_q(const rows_params &p, const uint8_t *wr, int64_t xoff, int mm, int sl,
-                                                 float *acc) {
-    using T = wq<TYPE>;
-    const int64_t nblk = p.k / T::QK, kb = p.k / 32; // weight blocks, x blocks per column
-    const int8_t *xq = p.xq + xoff * p.k;
-    const float2 *xds = p.xds + xoff * kb;
-    constexpr int UB = T::G * T::TS; // bytes of a unit
-    // units staged through shared memory where they fit: coalesced 16-byte loads by the whole group
-    constexpr bool STAGE = UB % 16 == 0 && UB * CUDA_BLOCK + 16 <= 46 * 1024;
-    int64_t b0 = 0;
-    if constexpr (ALIGNED && STAGE) {
-        constexpr int NV = UB / 16;
-        __shared__ uint4 stage[CUDA_BLOCK * NV + 1]; // (threads, NV) one unit per thread, + 1 read past the end
-        uint4 *region = stage + (threadIdx.x - sl) * NV; // (tpr, NV) this group's units
-        const int tpr = p.tpr;
-        const unsigned gmask = tpr == 32 ? 0xffffffffu : ((1u << tpr) - 1) << ((threadIdx.x % 32) & ~(tpr - 1));
-        const int64_t nunits = nblk / T::G;
-        for (int64_t base = 0; base < nunits; base += tpr) {
-            const int nv = (int)(nunits - base < tpr ? nunits - base : tpr) * NV;
-            const uint4 *src = (const uint4 *)wr + base * NV;
-#pragma unroll
-            for (int i = 0; i < NV; i++)
-                if (sl + tpr * i < nv) region[sl + tpr * i] = __ldg(src + sl + tpr * i);
-            __syncwarp(gmask);
-            // blocks of the staged span go round-robin over the lanes, so that neighbouring lanes read
-            // neighbouring activation blocks (coalesced) rather than blocks a whole unit apart
-            const uint32_t *rw = (const uint32_t *)region; // (nv * 4) staged words
-            const int span = nv / NV * T::G;                // blocks staged
-#pragma unroll
-            for (int g = 0; g < T::G; g++) {
-                const int blk = g * tpr + sl;
-                if (blk >= span) break;
-                const int B = blk * T::TS;
-                const uint32_t sel = (B & 2) ? 0x5432 : 0x3210; // blocks start 2-byte aligned
-                const uint32_t *w = rw + (B >> 2);
-                uint32_t u[(T::TS + 3) / 4];
-#pragma unroll
-                for (int i = 0; i < (T::TS + 3) / 4; i++) u[i] = __byte_perm(w[i], w[i + 1], sel);
-                const int64_t bi = (base * T::G + blk) * (T::QK / 32);
-#pragma unroll
-                for (int j = 0; j < GEMV_MAX_COLS; j++)
-                    if (j < mm) acc[j] += T::dot(u, 0, xq + j * p.k, xds + j * kb, bi);
-            }
-            __syncwarp(gmask); // the region is refilled next
-        }
-        b0 = nunits * T::G;
-    } else if constexpr (ALIGNED && T::G > 1) {
-        const int64_t nunits = nblk / T::G;
-        for (int64_t un = sl; un < nunits; un += p.tpr) {
-            uint32_t u[UB / 4];
-            load_bytes<UB>(wr + un * UB, u);
-#pragma unroll
-            for (int b = 0; b < T::G; b++) {
-                const int64_t bi = (un * T::G + b) * (T::QK / 32);
-#pragma unroll
-                for (int j = 0; j < GEMV_MAX_COLS; j++)
-                    if (j < mm) acc[j] += T::dot(u, b * T::TS, xq + j * p.k, xds + j * kb, bi);
-            }
-        }
-        b0 = nunits * T::G;
-    }
-    for (int64_t b = b0 + sl; b < nblk; b += p.tpr) {
-        uint32_t u[(T::TS + 3) / 4];
-        load_bytes<T::TS>(wr + b * T::TS, u);
-        const int64_t bi = b * (T::QK / 32);
-#pragma unroll
-        for (int j = 0; j < GEMV_MAX_COLS; j++)
-            if (j < mm) acc[j] += T::dot(u, 0, xq + j * p.k, xds + j * kb, bi);
-    }
+static __device__ __forceinline__ int32_t list_at(const cuda_rows_sel &s, int64_t e, int col) {
+    return *(const int32_t *)(s.sel + e * s.nb0 + col * s.nb1);
 }
+
+// ---------------------------------------------------------------------------------------------------
+// F32/F16/BF16: per-thread part of one row's dot products
+// ---------------------------------------------------------------------------------------------------
 
 // 8 consecutive weights of a float type from one 16-byte chunk (F32: 4, the rest zero)
 template <int TYPE>
@@ -169,28 +105,12 @@ static __device__ __forceinline__ void row_dot_f(const rows_params &p, const uin
     }
 }
 
-template <int TYPE>
-constexpr bool is_float_type = TYPE == GGML_TYPE_F32 || TYPE == GGML_TYPE_F16 || TYPE == GGML_TYPE_BF16;
-
-template <int TYPE, bool ALIGNED>
-static __device__ __forceinline__ void row_dot(const rows_params &p, const uint8_t *wr, int64_t xoff, int mm, int sl,
-                                               float *acc) {
-    if constexpr (is_float_type<TYPE>)
-        row_dot_f<TYPE, ALIGNED>(p, wr, xoff, mm, sl, acc);
-    else
-        row_dot_q<TYPE, ALIGNED>(p, wr, xoff, mm, sl, acc);
-}
-
 // ---------------------------------------------------------------------------------------------------
-// the kernel: select and compact candidate rows, then one thread group per listed row
+// F32/F16/BF16: select and compact candidate rows, then one thread group per listed row
 // ---------------------------------------------------------------------------------------------------
 
-// blocks per SM the register budget aims at: 4 where the decode is light, 2 for Q8_0 and the K-quants
-template <int TYPE>
-constexpr int rows_min_blocks = TYPE == GGML_TYPE_Q8_0 || TYPE == GGML_TYPE_Q4_K || TYPE == GGML_TYPE_Q6_K ? 2 : 4;
-
 template <int TYPE, bool ALIGNED>
-__global__ void __launch_bounds__(CUDA_BLOCK, rows_min_blocks<TYPE>) rows_kernel(rows_params p) {
+__global__ void __launch_bounds__(CUDA_BLOCK, 4) rows_kernel(rows_params p) {
     __shared__ int s_rows[CUDA_BLOCK];   // (total) listed rows of this block
     __shared__ int s_wcnt[CUDA_BLOCK / 32];
     __shared__ int s_term;               // list mode: first terminator of the column
@@ -206,10 +126,10 @@ __global__ void __launch_bounds__(CUDA_BLOCK, rows_min_blocks<TYPE>) rows_kernel
         __syncthreads();
         const int64_t lim = c0 + p.R < s.n_sel ? c0 + p.R : s.n_sel;
         for (int64_t e = tid; e < lim; e += blockDim.x)
-            if (*(const int32_t *)(s.sel + e * s.nb0 + col * s.nb1) < 0) atomicMin(&s_term, (int)e);
+            if (list_at(s, e, col) < 0) atomicMin(&s_term, (int)e);
         __syncthreads();
         if (tid < p.R && c0 + tid < s_term) {
-            row = *(const int32_t *)(s.sel + (c0 + tid) * s.nb0 + col * s.nb1);
+            row = list_at(s, c0 + tid, col);
             sel = row >= s.begin && row < s.end && row < p.n_rows;
         }
     } else if (tid < p.R && c0 + tid < p.n_rows) {
@@ -245,7 +165,7 @@ __global__ void __launch_bounds__(CUDA_BLOCK, rows_min_blocks<TYPE>) rows_kernel
         float acc[GEMV_MAX_COLS];
 #pragma unroll
         for (int j = 0; j < GEMV_MAX_COLS; j++) acc[j] = 0.0f;
-        if (active) row_dot<TYPE, ALIGNED>(p, p.w + r * p.w_nb1, xoff, mm, sl, acc);
+        if (active) row_dot_f<TYPE, ALIGNED>(p, p.w + r * p.w_nb1, xoff, mm, sl, acc);
 #pragma unroll
         for (int j = 0; j < GEMV_MAX_COLS; j++) {
             if (j >= mm) break;
@@ -263,6 +183,133 @@ __global__ void __launch_bounds__(CUDA_BLOCK, rows_min_blocks<TYPE>) rows_kernel
                 }
             }
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// quantized weights: select and compact candidate rows, then NR listed rows per warp
+// ---------------------------------------------------------------------------------------------------
+
+#define QROWS_WARPS 4     // warps per block of qrows_kernel
+#define QROWS_MAX 1024    // candidates per block and round at most (the shared row list)
+
+// rows a warp takes at once: NC = 1 (one column) shares x over the type's NR rows, NC = 8 over columns
+template <int TYPE, int NC>
+constexpr int qrows_nr = NC == 1 ? qrow<TYPE>::NR : 1;
+
+// blocks per SM that __launch_bounds__ asks registers for (64 registers a thread at 8, 80 at 6, 96 at 5):
+// as many as the type's loads in flight fit in without spilling
+template <int TYPE>
+constexpr int qrows_min_blocks = TYPE == GGML_TYPE_Q6_K ? 5 : TYPE == GGML_TYPE_Q8_0 ? 6 : 8;
+
+// acc[r][j] += row r of wr . column j of x (j < mm), over the lane's items of the rows
+template <int TYPE, bool A16, int NC, int NR>
+static __device__ __forceinline__ void qrow_dots(const uint8_t *const *wr, const int8_t *xq, const float2 *xds,
+                                                 int64_t k, int mm, int lane, float (*acc)[NC]) {
+    using Q = qrow<TYPE>;
+    constexpr int U = NC == 1 ? Q::U : 1;
+    const int64_t nit = Q::items(k), kb = k / 32;
+    for (int64_t i0 = lane; i0 < nit; i0 += 32 * U) {
+        typename Q::W w[U][NR];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t it = i0 + 32 * u < nit ? i0 + 32 * u : i0; // past the end: item i0 again, unused
+#pragma unroll
+            for (int r = 0; r < NR; r++) Q::template load<A16>(wr[r], it, w[u][r]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t it = i0 + 32 * u;
+            if (it >= nit) break;
+#pragma unroll
+            for (int j = 0; j < NC; j++) {
+                if (j >= mm) break;
+                typename Q::X x;
+                Q::xload(xq + j * k, xds + j * kb, it, x);
+#pragma unroll
+                for (int r = 0; r < NR; r++) acc[r][j] += Q::dot(w[u][r], x, it);
+            }
+        }
+    }
+}
+
+// Grid (blocks, 1) or, for index lists, (blocks, columns). Each round a block takes R candidates,
+// lists the selected rows (zeros for the others), and its warps take NR listed rows at a time.
+template <int TYPE, bool A16, int NC>
+__global__ void __launch_bounds__(QROWS_WARPS * 32, qrows_min_blocks<TYPE>) qrows_kernel(rows_params p) {
+    constexpr int NR = qrows_nr<TYPE, NC>;
+    __shared__ int s_rows[QROWS_MAX]; // (s_cnt) selected rows of this round
+    __shared__ int s_cnt, s_term;     // list mode: s_term = first negative entry of the column seen so far
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int col = blockIdx.y;
+    const cuda_rows_sel &s = p.s;
+    const bool list = s.mode == CUDA_SEL_LIST;
+    const int mm = list ? 1 : p.m;
+    const int64_t n_cand = list ? s.n_sel : p.n_rows;
+    const int8_t *xq = p.xq + (list ? col : 0) * p.k;
+    const float2 *xds = p.xds + (list ? col : 0) * (p.k / 32);
+    int64_t scanned = 0; // list entries [0, scanned) searched for a negative one
+    if (tid == 0) s_term = (int)s.n_sel;
+    for (int64_t c0 = (int64_t)blockIdx.x * p.R; c0 < n_cand; c0 += (int64_t)gridDim.x * p.R) {
+        const int64_t lim = c0 + p.R < n_cand ? c0 + p.R : n_cand;
+        if (tid == 0) s_cnt = 0;
+        if (list) { // an entry counts only before the column's first negative entry
+            __syncthreads();
+            for (int64_t e = scanned + tid; e < lim; e += blockDim.x)
+                if (list_at(s, e, col) < 0) atomicMin(&s_term, (int)e);
+            scanned = lim;
+        }
+        __syncthreads();
+        for (int64_t c = c0 + tid; c < lim; c += blockDim.x) {
+            int64_t row;
+            bool sel;
+            if (list) {
+                row = c < s_term ? list_at(s, c, col) : -1;
+                sel = row >= s.begin && row < s.end && row < p.n_rows;
+            } else {
+                row = c;
+                sel = row >= s.begin && row < s.end;
+                if (sel && s.mode == CUDA_SEL_MASK) {
+                    bool any = false;
+                    for (int j = 0; j < mm && !any; j++) any = mask_on(s, row, j);
+                    sel = any;
+                }
+                if (!sel)
+                    for (int j = 0; j < mm; j++) p.y[row + j * p.y_ld] = 0.0f;
+            }
+            if (sel) s_rows[atomicAdd(&s_cnt, 1)] = (int)row;
+        }
+        __syncthreads();
+        const int total = s_cnt;
+        for (int g = warp * NR; g < total; g += QROWS_WARPS * NR) {
+            int r_of[NR];
+            const uint8_t *wr[NR]; // rows past the list repeat row g: loaded, never written
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                r_of[r] = s_rows[g + r < total ? g + r : g];
+                wr[r] = p.w + (int64_t)r_of[r] * p.w_nb1;
+            }
+            float acc[NR][NC];
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+#pragma unroll
+                for (int j = 0; j < NC; j++) acc[r][j] = 0.0f;
+            qrow_dots<TYPE, A16, NC, NR>(wr, xq, xds, p.k, mm, lane, acc);
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+#pragma unroll
+                for (int j = 0; j < NC; j++) {
+                    if (j >= mm) break;
+                    const float v = warp_sum(acc[r][j]);
+                    if (lane != 0 || g + r >= total) continue;
+                    if (list)
+                        p.y[r_of[r] + col * p.y_ld] = v;
+                    else
+                        p.y[r_of[r] + j * p.y_ld] = s.mode != CUDA_SEL_MASK || mm == 1 || mask_on(s, r_of[r], j) ? v : 0.0f;
+                }
+            }
+        }
+        __syncthreads(); // s_rows and s_cnt are refilled next round
     }
 }
 
@@ -306,16 +353,61 @@ static void rows_launch(const rows_params &p, dim3 grid, bool aligned, cudaStrea
         rows_kernel<TYPE, false><<<grid, CUDA_BLOCK, 0, st>>>(p);
 }
 
-// blocks or 16-byte chunks each thread of a row's group takes at once
+// 16-byte chunks (or values, unaligned) each thread of a float row's group takes at once
 static int64_t row_units(enum ggml_type t, int64_t k, bool aligned) {
-    switch (t) {
-    case GGML_TYPE_F32: return aligned ? k / 4 / GEMV_FLOAT_UNROLL : k;
-    case GGML_TYPE_F16:
-    case GGML_TYPE_BF16: return aligned ? k / 8 / GEMV_FLOAT_UNROLL : k;
-    case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0: case GGML_TYPE_Q8_0: return aligned ? k / 256 : k / 32;
-    case GGML_TYPE_Q4_1: return aligned ? k / 128 : k / 32;
-    default: return k / 256; // K-quants: one super-block
+    if (!aligned) return k;
+    return k / (t == GGML_TYPE_F32 ? 4 : 8) / GEMV_FLOAT_UNROLL;
+}
+
+// multiprocessors of the current device (asked once)
+static int64_t cuda_sm_count(void) {
+    static const int64_t n = [] {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            (void)cudaGetLastError(); // not fatal: assume one
+        return (int64_t)(v > 0 ? v : 1);
+    }();
+    return n;
+}
+
+// blocks of one qrows_kernel instance the whole device holds at once (asked once per instance)
+template <int TYPE, bool A16, int NC>
+static int64_t qrows_capacity(void) {
+    static const int64_t n = [] {
+        int per_sm = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qrows_kernel<TYPE, A16, NC>, QROWS_WARPS * 32, 0) !=
+            cudaSuccess)
+            (void)cudaGetLastError();
+        return (int64_t)(per_sm > 0 ? per_sm : 1) * cuda_sm_count();
+    }();
+    return n;
+}
+
+// one wave of blocks (per grid row gy), each warp taking as many groups of NR rows as that needs
+template <int TYPE, bool A16, int NC>
+static void qrows_launch_as(rows_params p, int64_t n_cand, unsigned gy, cudaStream_t st) {
+    const int64_t rg = QROWS_WARPS * qrows_nr<TYPE, NC>; // rows of one round of a block, one group per warp
+    int64_t cap = qrows_capacity<TYPE, A16, NC>() / gy;
+    if (cap < 1) cap = 1;
+    const int64_t rounds = (n_cand + cap * rg - 1) / (cap * rg);
+    p.R = (int)(rounds * rg < QROWS_MAX ? rounds * rg : QROWS_MAX);
+    const int64_t blocks = (n_cand + p.R - 1) / p.R;
+    qrows_kernel<TYPE, A16, NC><<<dim3((unsigned)(blocks < cap ? blocks : cap), gy), QROWS_WARPS * 32, 0, st>>>(p);
+}
+
+template <int TYPE>
+static void qrows_launch(const rows_params &p, int64_t n_cand, unsigned gy, bool aligned, cudaStream_t st) {
+    const bool one_col = p.m == 1 || p.s.mode == CUDA_SEL_LIST; // lists: one column per block
+    // only Q4_K loads differently from 16-byte aligned rows (its chunks then need no realignment)
+    if constexpr (TYPE == GGML_TYPE_Q4_K) {
+        if (aligned) {
+            if (one_col) qrows_launch_as<TYPE, true, 1>(p, n_cand, gy, st);
+            else qrows_launch_as<TYPE, true, GEMV_MAX_COLS>(p, n_cand, gy, st);
+            return;
+        }
     }
+    if (one_col) qrows_launch_as<TYPE, false, 1>(p, n_cand, gy, st);
+    else qrows_launch_as<TYPE, false, GEMV_MAX_COLS>(p, n_cand, gy, st);
 }
 
 int cuda_rows_dot(const struct ggml_tensor *w, const struct ggml_tensor *x, struct ggml_tensor *y,
@@ -326,6 +418,8 @@ int cuda_rows_dot(const struct ggml_tensor *w, const struct ggml_tensor *x, stru
         return ggml_set_error(GGML_STATUS_UNSUPPORTED, "CUDA GEMV cannot read %s", ggml_type_name(type));
     if (n > INT32_MAX || k % ggml_blck_size(type))
         return ggml_set_error(GGML_STATUS_INVALID_ARG, "CUDA GEMV: bad shape");
+    if (s.mode == CUDA_SEL_LIST && m > 65535)
+        return ggml_set_error(GGML_STATUS_UNSUPPORTED, "CUDA GEMV: too many list columns");
     rows_params p;
     p.w = (const uint8_t *)w->data;
     p.w_nb1 = (int64_t)w->nb[1];
@@ -339,6 +433,7 @@ int cuda_rows_dot(const struct ggml_tensor *w, const struct ggml_tensor *x, stru
     p.y_ld = (int64_t)y->nb[1] / 4;
     p.m = (int)m;
     p.s = s;
+    p.R = p.tpr = 0;
     const bool is_float = type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16;
     bool aligned = ((uintptr_t)p.w % 16 == 0) && p.w_nb1 % 16 == 0;
     if (is_float) {
@@ -356,16 +451,20 @@ int cuda_rows_dot(const struct ggml_tensor *w, const struct ggml_tensor *x, stru
         p.xq = xq;
         p.xds = xds;
     }
-    const int64_t units = row_units(type, k, aligned);
-    int tpr = 32;
-    while (tpr > 1 && tpr / 2 >= units) tpr /= 2;
-    p.tpr = tpr;
-    const int slots = CUDA_BLOCK / tpr;
-    // dense and lists: one row per thread group; masks: 4x candidates, most of them skipped when sparse
-    p.R = s.mode == CUDA_SEL_MASK ? (4 * slots < CUDA_BLOCK ? 4 * slots : CUDA_BLOCK) : slots;
     const int64_t n_cand = s.mode == CUDA_SEL_LIST ? s.n_sel : n;
     if (n_cand == 0) return GGML_STATUS_OK;
-    const dim3 grid((unsigned)((n_cand + p.R - 1) / p.R), s.mode == CUDA_SEL_LIST ? (unsigned)m : 1u);
+    const unsigned gy = s.mode == CUDA_SEL_LIST ? (unsigned)m : 1u;
+    dim3 grid;
+    if (is_float) {
+        const int64_t units = row_units(type, k, aligned);
+        int tpr = 32;
+        while (tpr > 1 && tpr / 2 >= units) tpr /= 2;
+        p.tpr = tpr;
+        const int slots = CUDA_BLOCK / tpr;
+        // dense and lists: one row per thread group; masks: 4x candidates, most of them skipped when sparse
+        p.R = s.mode == CUDA_SEL_MASK ? (4 * slots < CUDA_BLOCK ? 4 * slots : CUDA_BLOCK) : slots;
+        grid = dim3((unsigned)((n_cand + p.R - 1) / p.R), gy);
+    }
     // dense and masks: groups of up to GEMV_MAX_COLS columns per launch (lists take one column per grid row)
     const int64_t group = s.mode == CUDA_SEL_LIST ? m : GEMV_MAX_COLS;
     const rows_params p0 = p;
@@ -380,12 +479,12 @@ int cuda_rows_dot(const struct ggml_tensor *w, const struct ggml_tensor *x, stru
         case GGML_TYPE_F32: rows_launch<GGML_TYPE_F32>(p, grid, aligned, st); break;
         case GGML_TYPE_F16: rows_launch<GGML_TYPE_F16>(p, grid, aligned, st); break;
         case GGML_TYPE_BF16: rows_launch<GGML_TYPE_BF16>(p, grid, aligned, st); break;
-        case GGML_TYPE_Q4_0: rows_launch<GGML_TYPE_Q4_0>(p, grid, aligned, st); break;
-        case GGML_TYPE_Q4_1: rows_launch<GGML_TYPE_Q4_1>(p, grid, aligned, st); break;
-        case GGML_TYPE_Q5_0: rows_launch<GGML_TYPE_Q5_0>(p, grid, aligned, st); break;
-        case GGML_TYPE_Q8_0: rows_launch<GGML_TYPE_Q8_0>(p, grid, aligned, st); break;
-        case GGML_TYPE_Q4_K: rows_launch<GGML_TYPE_Q4_K>(p, grid, aligned, st); break;
-        default: rows_launch<GGML_TYPE_Q6_K>(p, grid, aligned, st); break;
+        case GGML_TYPE_Q4_0: qrows_launch<GGML_TYPE_Q4_0>(p, n_cand, gy, aligned, st); break;
+        case GGML_TYPE_Q4_1: qrows_launch<GGML_TYPE_Q4_1>(p, n_cand, gy, aligned, st); break;
+        case GGML_TYPE_Q5_0: qrows_launch<GGML_TYPE_Q5_0>(p, n_cand, gy, aligned, st); break;
+        case GGML_TYPE_Q8_0: qrows_launch<GGML_TYPE_Q8_0>(p, n_cand, gy, aligned, st); break;
+        case GGML_TYPE_Q4_K: qrows_launch<GGML_TYPE_Q4_K>(p, n_cand, gy, aligned, st); break;
+        default: qrows_launch<GGML_TYPE_Q6_K>(p, n_cand, gy, aligned, st); break;
         }
     }
     return cuda_launch_status("row dot products");

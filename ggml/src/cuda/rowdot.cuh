@@ -1,7 +1,9 @@
-// rowdot.cuh: dot products of weight blocks with activations, per weight type, for gemv.cu.
-// Quantized weights meet activations quantized to Q8_1 (int8 per value, (d, d * sum) per 32 values) and
-// multiply with dp4a; F32/F16/BF16 weights meet F32 activations. Weight bytes are loaded into registers
-// as 32-bit words aligned to the start of what was loaded (16-byte loads where the address allows).
+// rowdot.cuh: weight bytes into registers and the per-type dot products of the quantized GEMV (gemv.cu).
+// Quantized weights meet activations quantized to Q8_1 (int8 per value, (d, d * sum) per 32 values, d in
+// F32) and multiply with dp4a. The GEMV splits each row into lane items (one block of the 32-value types,
+// one 16-byte quant chunk of a K-quant super-block) and gives neighbouring items to neighbouring lanes, so
+// a warp's loads cover a contiguous span; an item's bytes come straight from global memory (no shared
+// memory), as the 16-byte chunks covering them.
 #pragma once
 #include "common.cuh"
 
@@ -13,6 +15,7 @@ static __device__ __forceinline__ uint32_t wd(const uint32_t *u, int off) {
 static __device__ __forceinline__ uint32_t hw(const uint32_t *u, int off) {
     return (u[off >> 2] >> (8 * (off & 3))) & 0xFFFF;
 }
+static __device__ __forceinline__ int byte_at(const uint32_t *u, int off) { return (u[off >> 2] >> (8 * (off & 3))) & 0xFF; }
 
 // NB bytes at p (2-byte aligned) into words u[(NB + 3) / 4], u[0] holding bytes 0..3 of p
 template <int NB>
@@ -45,91 +48,6 @@ static __device__ __forceinline__ void load_bytes(const uint8_t *p, uint32_t *u)
     }
 }
 
-// the 32 int8 activations of x block bi as 8 words
-static __device__ __forceinline__ void load_xq(const int8_t *xq, int64_t bi, int *xv) {
-    const int4 *p = (const int4 *)(xq + 32 * bi);
-    const int4 a = __ldg(p), b = __ldg(p + 1);
-    xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w;
-    xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
-}
-
-// 4 six-bit... byte j of the words u starting at byte offset off
-static __device__ __forceinline__ int byte_at(const uint32_t *u, int off) { return (u[off >> 2] >> (8 * (off & 3))) & 0xFF; }
-
-// each weight type: QK values and TS bytes per block, G blocks per 16-byte-aligned unit, and the dot of
-// the block at byte B of u with x blocks starting at bi
-template <int TYPE> struct wq;
-
-template <> struct wq<GGML_TYPE_Q4_0> {
-    static constexpr int QK = 32, TS = 18, G = 8;
-    static __device__ __forceinline__ float dot(const uint32_t *u, int B, const int8_t *xq, const float2 *xds, int64_t bi) {
-        int xv[8];
-        load_xq(xq, bi, xv);
-        const float2 ds = __ldg(xds + bi);
-        int s = 0;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const uint32_t q = wd(u, B + 2 + 4 * i);
-            s = __dp4a((int)(q & 0x0F0F0F0F), xv[i], s);
-            s = __dp4a((int)((q >> 4) & 0x0F0F0F0F), xv[i + 4], s);
-        }
-        return h2f(hw(u, B)) * (ds.x * (float)s - 8.0f * ds.y);
-    }
-};
-
-template <> struct wq<GGML_TYPE_Q4_1> {
-    static constexpr int QK = 32, TS = 20, G = 4;
-    static __device__ __forceinline__ float dot(const uint32_t *u, int B, const int8_t *xq, const float2 *xds, int64_t bi) {
-        int xv[8];
-        load_xq(xq, bi, xv);
-        const float2 ds = __ldg(xds + bi);
-        int s = 0;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const uint32_t q = wd(u, B + 4 + 4 * i);
-            s = __dp4a((int)(q & 0x0F0F0F0F), xv[i], s);
-            s = __dp4a((int)((q >> 4) & 0x0F0F0F0F), xv[i + 4], s);
-        }
-        return h2f(hw(u, B)) * ds.x * (float)s + h2f(hw(u, B + 2)) * ds.y;
-    }
-};
-
-// bits 0..3 of t moved to bit 4 of bytes 0..3
-static __device__ __forceinline__ uint32_t spread4(uint32_t t) {
-    return ((t & 1) << 4) | ((t & 2) << 11) | ((t & 4) << 18) | ((t & 8) << 25);
-}
-
-template <> struct wq<GGML_TYPE_Q5_0> {
-    static constexpr int QK = 32, TS = 22, G = 8;
-    static __device__ __forceinline__ float dot(const uint32_t *u, int B, const int8_t *xq, const float2 *xds, int64_t bi) {
-        int xv[8];
-        load_xq(xq, bi, xv);
-        const float2 ds = __ldg(xds + bi);
-        const uint32_t qh = wd(u, B + 2);
-        int s = 0;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const uint32_t q = wd(u, B + 6 + 4 * i);
-            s = __dp4a((int)((q & 0x0F0F0F0F) | spread4((qh >> (4 * i)) & 15)), xv[i], s);
-            s = __dp4a((int)(((q >> 4) & 0x0F0F0F0F) | spread4((qh >> (16 + 4 * i)) & 15)), xv[i + 4], s);
-        }
-        return h2f(hw(u, B)) * (ds.x * (float)s - 16.0f * ds.y);
-    }
-};
-
-template <> struct wq<GGML_TYPE_Q8_0> {
-    static constexpr int QK = 32, TS = 34, G = 8;
-    static __device__ __forceinline__ float dot(const uint32_t *u, int B, const int8_t *xq, const float2 *xds, int64_t bi) {
-        int xv[8];
-        load_xq(xq, bi, xv);
-        const float2 ds = __ldg(xds + bi);
-        int s = 0;
-#pragma unroll
-        for (int i = 0; i < 8; i++) s = __dp4a((int)wd(u, B + 2 + 4 * i), xv[i], s);
-        return h2f(hw(u, B)) * ds.x * (float)s;
-    }
-};
-
 // Q4_K six-bit scale and min of sub-block s from the 12 packed bytes at byte 4 of the block
 static __device__ __forceinline__ void q4k_scale_min(const uint32_t *u, int B, int s, float &sc, float &m) {
     const int o = B + 4;
@@ -142,61 +60,256 @@ static __device__ __forceinline__ void q4k_scale_min(const uint32_t *u, int B, i
     }
 }
 
-template <> struct wq<GGML_TYPE_Q4_K> {
-    static constexpr int QK = 256, TS = 144, G = 1;
-    static __device__ __forceinline__ float dot(const uint32_t *u, int B, const int8_t *xq, const float2 *xds, int64_t bi) {
-        float acc = 0.0f, accm = 0.0f;
+// ---------------------------------------------------------------------------------------------------
+// weight windows: how an item's bytes get into registers
+// ---------------------------------------------------------------------------------------------------
+
+// NB bytes at p (2-byte aligned) into words u[(NB + 3) / 4], u[0] holding bytes 0..3 of p: the 16-byte
+// chunks that hold them (LDG.128; none beyond the last byte, so no load leaves the pages of the data),
+// realigned in registers by the even offset o of p in its chunk. AT16: p is 16-byte aligned (o = 0).
+template <int NB, bool AT16 = false>
+static __device__ __forceinline__ void load_win(const uint8_t *p, uint32_t *u) {
+    constexpr int NW = (NB + 3) / 4;
+    if constexpr (AT16) {
+        static_assert(NB % 16 == 0, "whole chunks");
 #pragma unroll
-        for (int c = 0; c < 4; c++) {
-            int xa[8], xb[8];
-            load_xq(xq, bi + 2 * c, xa);
-            load_xq(xq, bi + 2 * c + 1, xb);
-            const float2 da = __ldg(xds + bi + 2 * c), db = __ldg(xds + bi + 2 * c + 1);
-            int sa = 0, sb = 0;
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const uint32_t q = wd(u, B + 16 + 32 * c + 4 * i);
-                sa = __dp4a((int)(q & 0x0F0F0F0F), xa[i], sa);
-                sb = __dp4a((int)((q >> 4) & 0x0F0F0F0F), xb[i], sb);
-            }
-            float sca, ma, scb, mb;
-            q4k_scale_min(u, B, 2 * c, sca, ma);
-            q4k_scale_min(u, B, 2 * c + 1, scb, mb);
-            acc += sca * da.x * (float)sa + scb * db.x * (float)sb;
-            accm += ma * da.y + mb * db.y;
+        for (int i = 0; i < NB / 16; i++) {
+            const int4 v = __ldg((const int4 *)p + i);
+            u[4 * i] = v.x;
+            u[4 * i + 1] = v.y;
+            u[4 * i + 2] = v.z;
+            u[4 * i + 3] = v.w;
         }
-        return h2f(hw(u, B)) * acc - h2f(hw(u, B + 2)) * accm;
+    } else {
+        constexpr int NCH = (NB + 14 + 15) / 16; // chunks that hold NB bytes at any even offset
+        constexpr int NV = 4 * NCH;
+        const int o = (int)((uintptr_t)p & 15);
+        const int4 *c = (const int4 *)(p - o);
+        uint32_t v[NV + 3]; // (NV) loaded words, then zeros the shifts below may read
+#pragma unroll
+        for (int i = 0; i < NCH; i++) {
+            int4 t = make_int4(0, 0, 0, 0);
+            if (16 * i < NB || 16 * i < o + NB) t = __ldg(c + i);
+            v[4 * i] = t.x;
+            v[4 * i + 1] = t.y;
+            v[4 * i + 2] = t.z;
+            v[4 * i + 3] = t.w;
+        }
+        v[NV] = v[NV + 1] = v[NV + 2] = 0;
+        // drop o / 4 words (as 1 + 2), then funnel out the half word
+        const int q = o >> 2;
+        uint32_t t1[NV + 2];
+#pragma unroll
+        for (int i = 0; i < NV + 2; i++) t1[i] = (q & 1) ? v[i + 1] : v[i];
+        uint32_t t2[NW + 1];
+#pragma unroll
+        for (int i = 0; i < NW + 1; i++) t2[i] = (q & 2) ? t1[i + 2] : t1[i];
+        const uint32_t sh = (uint32_t)(o & 2) * 8;
+#pragma unroll
+        for (int i = 0; i < NW; i++) u[i] = __funnelshift_r(t2[i], t2[i + 1], sh);
+    }
+}
+
+// the 16 int8 activations at byte `off` of Q8_1 block b as 4 words
+static __device__ __forceinline__ void load_x16(const int8_t *xq, int64_t b, int off, int *v) {
+    const int4 a = __ldg((const int4 *)(xq + 32 * b + off));
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// per weight type: the lane items of a row and their dot products
+//   NR: rows a warp takes at once (they share the activation loads), U: items per lane in flight
+//   items(k): items per row; W: an item's weight words; X: the activations an item meets
+//   load<A16>(row, it, w) (A16: the row is 16-byte aligned); xload(xq, xds, it, x) (one column); dot(w, x, it)
+// ---------------------------------------------------------------------------------------------------
+
+template <int TYPE> struct qrow;
+
+// the 32-value types: an item is one block (TS bytes) against one Q8_1 block
+struct qrow_x32 {
+    struct X {
+        int v[8];
+        float2 ds;
+    };
+    static __device__ __forceinline__ void xload(const int8_t *xq, const float2 *xds, int64_t it, X &x) {
+        load_x16(xq, it, 0, x.v);
+        load_x16(xq, it, 16, x.v + 4);
+        x.ds = __ldg(xds + it);
+    }
+    static __host__ __device__ __forceinline__ int64_t items(int64_t k) { return k / 32; }
+};
+
+template <> struct qrow<GGML_TYPE_Q4_0> : qrow_x32 {
+    static constexpr int NR = 2, U = 2, TS = 18; // f16 d, 16 bytes of nibbles
+    struct W { uint32_t u[5]; };
+    template <bool A16> static __device__ __forceinline__ void load(const uint8_t *row, int64_t it, W &w) {
+        load_win<TS>(row + TS * it, w.u);
+    }
+    static __device__ __forceinline__ float dot(const W &w, const X &x, int64_t) {
+        int s = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t q = wd(w.u, 2 + 4 * i);
+            s = __dp4a((int)(q & 0x0F0F0F0F), x.v[i], s);
+            s = __dp4a((int)((q >> 4) & 0x0F0F0F0F), x.v[i + 4], s);
+        }
+        return h2f(hw(w.u, 0)) * (x.ds.x * (float)s - 8.0f * x.ds.y);
     }
 };
 
-template <> struct wq<GGML_TYPE_Q6_K> {
-    static constexpr int QK = 256, TS = 210, G = 1;
-    static __device__ __forceinline__ float dot(const uint32_t *u, int B, const int8_t *xq, const float2 *xds, int64_t bi) {
-        float acc = 0.0f;
+template <> struct qrow<GGML_TYPE_Q4_1> : qrow_x32 {
+    static constexpr int NR = 2, U = 2, TS = 20; // f16 d, f16 m, 16 bytes of nibbles
+    struct W { uint32_t u[5]; };
+    template <bool A16> static __device__ __forceinline__ void load(const uint8_t *row, int64_t it, W &w) {
+        load_win<TS>(row + TS * it, w.u);
+    }
+    static __device__ __forceinline__ float dot(const W &w, const X &x, int64_t) {
+        int s = 0;
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                int xv[8];
-                load_xq(xq, bi + 4 * h + q, xv);
-                const float dx = __ldg(xds + bi + 4 * h + q).x;
-                int sa = 0, sb = 0;
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    const uint32_t ql = wd(u, B + 64 * h + 32 * (q & 1) + 4 * i);
-                    const uint32_t qh = wd(u, B + 128 + 32 * h + 4 * i);
-                    const uint32_t lo = (q < 2 ? ql : ql >> 4) & 0x0F0F0F0F;
-                    const int v = (int)__vsubss4(lo | (((qh >> (2 * q)) & 0x03030303) << 4), 0x20202020);
-                    if (i < 4)
-                        sa = __dp4a(v, xv[i], sa);
-                    else
-                        sb = __dp4a(v, xv[i], sb);
-                }
-                const int s0 = 8 * h + 2 * q; // 16-value sub-block of the first half
-                const float sc0 = (float)(int8_t)byte_at(u, B + 192 + s0), sc1 = (float)(int8_t)byte_at(u, B + 193 + s0);
-                acc += dx * (sc0 * (float)sa + sc1 * (float)sb);
-            }
+        for (int i = 0; i < 4; i++) {
+            const uint32_t q = w.u[1 + i];
+            s = __dp4a((int)(q & 0x0F0F0F0F), x.v[i], s);
+            s = __dp4a((int)((q >> 4) & 0x0F0F0F0F), x.v[i + 4], s);
         }
-        return h2f(hw(u, B + 208)) * acc;
+        return h2f(hw(w.u, 0)) * x.ds.x * (float)s + h2f(hw(w.u, 2)) * x.ds.y;
+    }
+};
+
+// bits 0..3 of t moved to bit 4 of bytes 0..3
+static __device__ __forceinline__ uint32_t spread4(uint32_t t) {
+    return ((t & 1) << 4) | ((t & 2) << 11) | ((t & 4) << 18) | ((t & 8) << 25);
+}
+
+template <> struct qrow<GGML_TYPE_Q5_0> : qrow_x32 {
+    static constexpr int NR = 2, U = 2, TS = 22; // f16 d, 4 bytes of fifth bits, 16 bytes of nibbles
+    struct W { uint32_t u[6]; };
+    template <bool A16> static __device__ __forceinline__ void load(const uint8_t *row, int64_t it, W &w) {
+        load_win<TS>(row + TS * it, w.u);
+    }
+    static __device__ __forceinline__ float dot(const W &w, const X &x, int64_t) {
+        const uint32_t qh = wd(w.u, 2);
+        int s = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t q = wd(w.u, 6 + 4 * i);
+            s = __dp4a((int)((q & 0x0F0F0F0F) | spread4((qh >> (4 * i)) & 15)), x.v[i], s);
+            s = __dp4a((int)(((q >> 4) & 0x0F0F0F0F) | spread4((qh >> (16 + 4 * i)) & 15)), x.v[i + 4], s);
+        }
+        return h2f(hw(w.u, 0)) * (x.ds.x * (float)s - 16.0f * x.ds.y);
+    }
+};
+
+template <> struct qrow<GGML_TYPE_Q8_0> : qrow_x32 {
+    static constexpr int NR = 2, U = 1, TS = 34; // f16 d, 32 int8
+    struct W { uint32_t u[9]; };
+    template <bool A16> static __device__ __forceinline__ void load(const uint8_t *row, int64_t it, W &w) {
+        load_win<TS>(row + TS * it, w.u);
+    }
+    static __device__ __forceinline__ float dot(const W &w, const X &x, int64_t) {
+        int s = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) s = __dp4a((int)wd(w.u, 2 + 4 * i), x.v[i], s);
+        return h2f(hw(w.u, 0)) * x.ds.x * (float)s;
+    }
+};
+
+// Q4_K super-block (144 bytes): f16 d, f16 dmin, 12 bytes of six-bit scales and mins, 128 bytes of
+// nibbles; bytes [32 j, 32 j + 32) of the nibbles hold sub-block 2 j (low nibbles) and 2 j + 1 (high).
+// Item t (0..7) of a super-block: nibble chunk t, i.e. values [16 h, 16 h + 16) of sub-blocks 2 j and
+// 2 j + 1 (j = t / 2, h = t % 2); the lane with h = 0 adds the mins of both sub-blocks.
+template <> struct qrow<GGML_TYPE_Q4_K> {
+    static constexpr int NR = 2, U = 2;
+    struct W { uint32_t hd[4], q[4]; };
+    struct X {
+        int lo[4], hi[4];
+        float2 dlo, dhi;
+    };
+    static __host__ __device__ __forceinline__ int64_t items(int64_t k) { return k / 256 * 8; }
+    template <bool A16> static __device__ __forceinline__ void load(const uint8_t *row, int64_t it, W &w) {
+        const uint8_t *b = row + 144 * (it >> 3); // 16-byte aligned with the row: 144 = 9 x 16
+        load_win<16, A16>(b, w.hd);
+        load_win<16, A16>(b + 16 + 16 * (it & 7), w.q);
+    }
+    static __device__ __forceinline__ void xload(const int8_t *xq, const float2 *xds, int64_t it, X &x) {
+        const int64_t b = 8 * (it >> 3) + 2 * ((it >> 1) & 3); // Q8_1 block of sub-block 2 j
+        const int off = 16 * (int)(it & 1);
+        load_x16(xq, b, off, x.lo);
+        load_x16(xq, b + 1, off, x.hi);
+        x.dlo = __ldg(xds + b);
+        x.dhi = __ldg(xds + b + 1);
+    }
+    static __device__ __forceinline__ float dot(const W &w, const X &x, int64_t it) {
+        const int j = (int)(it >> 1) & 3;
+        // six-bit scales and mins of sub-blocks 0..3 or 4..7 as bytes of a word
+        const uint32_t a = w.hd[1], b = w.hd[2], c = w.hd[3];
+        const uint32_t scw = j < 2 ? a & 0x3F3F3F3F : (c & 0x0F0F0F0F) | ((a >> 2) & 0x30303030);
+        const uint32_t mw = j < 2 ? b & 0x3F3F3F3F : ((c >> 4) & 0x0F0F0F0F) | ((b >> 2) & 0x30303030);
+        const uint32_t sh = 16 * (j & 1);
+        int slo = 0, shi = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            slo = __dp4a((int)(w.q[i] & 0x0F0F0F0F), x.lo[i], slo);
+            shi = __dp4a((int)((w.q[i] >> 4) & 0x0F0F0F0F), x.hi[i], shi);
+        }
+        const float sc0 = (float)((scw >> sh) & 0xFF), sc1 = (float)((scw >> (sh + 8)) & 0xFF);
+        const float m0 = (float)((mw >> sh) & 0xFF), m1 = (float)((mw >> (sh + 8)) & 0xFF);
+        const float r = h2f(w.hd[0] & 0xFFFF) * (sc0 * x.dlo.x * (float)slo + sc1 * x.dhi.x * (float)shi);
+        const float mins = h2f(w.hd[0] >> 16) * (m0 * x.dlo.y + m1 * x.dhi.y);
+        return (it & 1) ? r : r - mins;
+    }
+};
+
+// Q6_K super-block (210 bytes): ql[128] (low nibbles), qh[64] (2-bit highs), int8 scales[16], f16 d.
+// Half h (128 values) uses ql[64 h, 64 h + 64), qh[32 h, 32 h + 32), scales[8 h, 8 h + 8); value
+// 128 h + 32 q + l (q = 0..3, l = 0..31) is (ql[64 h + l + 32 (q % 2)] nibble q / 2) | (qh[32 h + l]
+// bits 2 q, 2 q + 1) << 4, minus 32, times scales[8 h + l / 16 + 2 q].
+// Item t = 4 h + 2 p + i (0..7): l in [16 i, 16 i + 16) for q = p (low nibbles) and q = 2 + p (high).
+template <> struct qrow<GGML_TYPE_Q6_K> {
+    static constexpr int NR = 2, U = 1;
+    struct W { uint32_t ql[4], qh[4], tail[5]; }; // tail: scales[16], d
+    struct X {
+        int a[4], b[4]; // q = p, q = 2 + p
+        float da, db;
+        int za, zb;     // 32 * (sum of the 16 activations): the -32 offset, once for all rows
+    };
+    static __host__ __device__ __forceinline__ int64_t items(int64_t k) { return k / 256 * 8; }
+    template <bool A16> static __device__ __forceinline__ void load(const uint8_t *row, int64_t it, W &w) {
+        const int t = (int)(it & 7), h = t >> 2, p = (t >> 1) & 1, i = t & 1;
+        const uint8_t *b = row + 210 * (it >> 3);
+        load_win<16>(b + 64 * h + 32 * p + 16 * i, w.ql);
+        load_win<16>(b + 128 + 32 * h + 16 * i, w.qh);
+        load_win<18>(b + 192, w.tail);
+    }
+    static __device__ __forceinline__ void xload(const int8_t *xq, const float2 *xds, int64_t it, X &x) {
+        const int t = (int)(it & 7), h = t >> 2, p = (t >> 1) & 1, i = t & 1;
+        const int64_t ba = 8 * (it >> 3) + 4 * h + p;
+        load_x16(xq, ba, 16 * i, x.a);
+        load_x16(xq, ba + 2, 16 * i, x.b);
+        x.da = __ldg(&xds[ba].x);
+        x.db = __ldg(&xds[ba + 2].x);
+        int za = 0, zb = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            za = __dp4a(0x20202020, x.a[k], za);
+            zb = __dp4a(0x20202020, x.b[k], zb);
+        }
+        x.za = za;
+        x.zb = zb;
+    }
+    static __device__ __forceinline__ float dot(const W &w, const X &x, int64_t it) {
+        const int t = (int)(it & 7), h = t >> 2, p = (t >> 1) & 1, i = t & 1;
+        int sa = 0, sb = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t ha = ((w.qh[k] >> (2 * p)) & 0x03030303) << 4;
+            const uint32_t hb = ((w.qh[k] >> (4 + 2 * p)) & 0x03030303) << 4;
+            sa = __dp4a((int)((w.ql[k] & 0x0F0F0F0F) | ha), x.a[k], sa);
+            sb = __dp4a((int)(((w.ql[k] >> 4) & 0x0F0F0F0F) | hb), x.b[k], sb);
+        }
+        // scales[8 h + i + 2 p] and [.. + 4]: byte i + 2 p of tail words 2 h and 2 h + 1
+        const uint32_t bs = 8 * (i + 2 * p);
+        const float sca = (float)(int8_t)((h ? w.tail[2] : w.tail[0]) >> bs);
+        const float scb = (float)(int8_t)((h ? w.tail[3] : w.tail[1]) >> bs);
+        return h2f(w.tail[4] & 0xFFFF) * (sca * x.da * (float)(sa - x.za) + scb * x.db * (float)(sb - x.zb));
     }
 };
