@@ -179,6 +179,12 @@ class Model:
         first = n_layer - min(n, n_layer)
         on_gpu = [f"blk.{il}." for il in range(first, n_layer)]
         heads = ("output.", "output_norm.") if n > n_layer else ()
+        if heads and "output.weight" not in self.weights:  # tied: the head gets a GPU copy of the embeddings
+            emb = self.file.tensors["token_embd.weight"]
+            head = self.weights_ctx.new_tensor(emb.type, tuple(reversed(emb.ne)))
+            head.set_data(emb.data)
+            head.name = "output.weight"
+            self.weights["output.weight"] = head
         for name, t in self.weights.items():
             if name.startswith(tuple(on_gpu)) or name.startswith(heads):
                 t.to_device()

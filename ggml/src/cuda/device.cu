@@ -38,11 +38,15 @@ extern "C" int ggml_cuda_init(void) {
     return GGML_STATUS_OK;
 }
 
+// the row kernels read whole 16-byte chunks from rows at any alignment, so the last chunk of a tensor
+// may reach up to 15 bytes past it: every allocation carries that much slack
+#define CUDA_ALLOC_SLACK 64
+
 extern "C" int ggml_cuda_malloc(void **ptr, size_t size) {
     *ptr = NULL;
     int st = ggml_cuda_init();
     if (st) return st;
-    cudaError_t err = cudaMalloc(ptr, size ? size : 1);
+    cudaError_t err = cudaMalloc(ptr, size + CUDA_ALLOC_SLACK);
     if (err != cudaSuccess) {
         cudaGetLastError();
         *ptr = NULL;
