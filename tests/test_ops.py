@@ -94,6 +94,26 @@ def test_mul_mat_simd_matches_scalar(type_):
     assert_close(simd, scalar, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("type_", QUANT_TYPES)
+@settings(max_examples=8, deadline=None)
+@given(n=st.integers(1, 40), m=st.integers(2, 11), threads=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2**31))
+def test_mul_mat_tiles_match_scalar(type_, n, m, threads, seed):
+    """Several columns: 4 x 4 GEMM tiles plus their ragged row/column edges against the scalar vec_dot_ref."""
+    rng = rng_for(seed)
+    k = 2 * ggml.block_size(type_) if ggml.block_size(type_) == 256 else 6 * ggml.block_size(type_)
+    ctx = ggml.Context(32 << 20)
+    wt, _ = weights(ctx, rng.standard_normal((n, k)), type_)
+    y = ctx.mul_mat(wt, tensor(ctx, (rng.standard_normal((m, k)) * 3).astype(np.float32)))
+    try:
+        ggml.lib.ggml_cpu_set_simd(False)
+        (scalar,) = compute(ctx, [y], threads)
+    finally:
+        ggml.lib.ggml_cpu_set_simd(True)
+    (simd,) = compute(ctx, [y], threads)
+    # same quantized activations (the SIMD quantizer is exact), so only the summation order differs
+    assert_close(simd, scalar, rtol=1e-4, atol=1e-4 * np.abs(scalar).max())
+
+
 @pytest.mark.parametrize("type_", [ggml.Q8_0, ggml.Q4_K])
 def test_mul_mat_large_activations(type_):
     # 1e6: near the largest Q8_0 can hold (its f16 scale overflows past 65504 * 127)

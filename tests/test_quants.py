@@ -250,6 +250,35 @@ def test_q8_K_block_and_bsums(x):
     assert_bits_equal(c_dequantize(QT.Q8_K, q, x.size), (qs.astype(np.float32) * d).ravel())
 
 
+ACT_TYPES = [QT.Q8_0, QT.Q8_1, QT.Q8_K]  # what mul_mat converts activations to
+
+
+def c_quantize_act(qtype, x: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    bs, ts = block(qtype)
+    out = np.full(x.size // bs * ts, 0xA5, dtype=np.uint8)
+    check(lib.ggml_quantize_act(int(qtype), ffi.from_buffer("float[]", x), ffi.from_buffer(out), x.size))
+    return out
+
+
+@pytest.mark.parametrize("qtype", ACT_TYPES, ids=lambda t: t.name)
+@given(data=st.data(), special=st.sampled_from([None, np.inf, -np.inf, np.nan]))
+def test_quantize_act_equals_reference(qtype, data, special):
+    """The SIMD activation quantizer does the reference arithmetic (roundf ties included): same bytes,
+    also with Inf/NaN in a block; with SIMD off it is the reference itself."""
+    bs = int(lib.ggml_blck_size(int(qtype)))
+    x = data.draw(rows(bs, max_blocks=8 if qtype != QT.Q8_K else 3))
+    if data.draw(st.booleans()):  # amax 127 makes the scale 1: every k + 0.5 is an exact rounding tie
+        x[:bs] = np.resize(np.arange(-127, 127) + 0.5, bs)
+        x[0] = 127.0
+    if special is not None:
+        x[data.draw(st.integers(0, x.size - 1))] = special
+    want = c_quantize(qtype, x)
+    for simd in (True, False):
+        lib.ggml_cpu_set_simd(simd)
+        np.testing.assert_array_equal(c_quantize_act(qtype, x), want)
+
+
 # --- round trip ---
 
 QUANT_TYPES = [*FILE_QUANTS, QT.Q8_1, QT.Q8_K]
@@ -391,6 +420,86 @@ def test_axpy_matches_float64(qtype, data):
     fast = c_axpy(qtype, n, y0, a, wq, ref=False)
     assert (np.abs(ref - want) <= tol).all()
     assert (np.abs(fast - want) <= tol).all()
+
+
+AXPY_SIMD_TYPES = [QT.Q4_1, QT.Q5_0, QT.Q4_K, QT.Q6_K]  # quants_axpy_avx2.c: axpy and axpy4
+
+
+def random_blocks(qtype, n_blocks: int, rng: np.random.Generator) -> np.ndarray:
+    """Arbitrary block bytes (every level and scale/min code) with finite f16 scales in [-2, 2]."""
+    ts = block(qtype)[1]
+    wq = rng.integers(0, 256, n_blocks * ts, dtype=np.uint8).reshape(n_blocks, ts)
+    for off in {QT.Q6_K: [208], QT.Q4_K: [0, 2], QT.Q4_1: [0, 2]}.get(qtype, [0]):
+        wq[:, off:off + 2] = np.float16(rng.uniform(-2, 2, n_blocks)).view(np.uint8).reshape(n_blocks, 2)
+    return wq.ravel()
+
+
+def c_axpy_guarded(qtype, n: int, y: np.ndarray, a: float, row: np.ndarray, ref: bool) -> np.ndarray:
+    """c_axpy on y inside a NaN-poisoned buffer: the kernel must leave the poison around [0, n) alone."""
+    buf = np.full(n + 64, np.nan, np.float32)
+    buf[32:32 + n] = y
+    fn = lib.ggml_axpy_ref if ref else lib.ggml_axpy
+    check(fn(int(qtype), n, ffi.from_buffer("float[]", buf[32:]), a, ffi.from_buffer(np.ascontiguousarray(row))))
+    assert np.isnan(buf[:32]).all() and np.isnan(buf[32 + n:]).all()
+    return buf[32:32 + n].copy()
+
+
+@pytest.mark.parametrize("qtype", AXPY_SIMD_TYPES, ids=lambda t: t.name)
+@given(n_blocks=st.integers(1, 20), seed=st.integers(0, 2**32 - 1), a=st.sampled_from([0.0, -1.0, 0.37, 1e3]))
+def test_axpy_random_blocks_simd_vs_scalar(qtype, n_blocks, seed, a):
+    """Arbitrary blocks: SIMD and scalar axpy each within 4 roundings of float64 numpy on the dequantized
+    row (the C dequantizer is bit-exact with gguf.quants), and within 4 roundings of each other."""
+    rng = np.random.default_rng(seed)
+    n = n_blocks * block(qtype)[0]
+    wq = random_blocks(qtype, n_blocks, rng)
+    y0 = rng.standard_normal(n).astype(np.float32)
+    a = float(np.float32(a))
+    row = dequant_any(qtype, wq, n)
+    want = y0 + a * row
+    tol = 4 * np.finfo(np.float32).eps * (np.abs(y0) + np.abs(a * row)) + 1e-37
+    ref = c_axpy_guarded(qtype, n, y0, a, wq, ref=True)
+    fast = c_axpy_guarded(qtype, n, y0, a, wq, ref=False)
+    assert (np.abs(ref - want) <= tol).all()
+    assert (np.abs(fast - want) <= tol).all()
+    assert (np.abs(fast - ref) <= tol).all()
+
+
+def c_axpy4(qtype, n: int, y: np.ndarray, a: np.ndarray, rows: list[np.ndarray]) -> np.ndarray:
+    buf = np.full(n + 64, np.nan, np.float32)
+    buf[32:32 + n] = y
+    keep = [np.ascontiguousarray(r) for r in rows]
+    ptrs = ffi.new("void *[4]", [ffi.from_buffer(r) for r in keep])
+    check(lib.ggml_axpy4(int(qtype), n, ffi.from_buffer("float[]", buf[32:]),
+                         ffi.from_buffer("float[]", np.ascontiguousarray(a, np.float32)), ptrs))
+    assert np.isnan(buf[:32]).all() and np.isnan(buf[32 + n:]).all()
+    return buf[32:32 + n].copy()
+
+
+@pytest.mark.parametrize("qtype", [*AXPY_SIMD_TYPES, QT.Q4_0, QT.Q8_0, QT.F16], ids=lambda t: t.name)
+@given(n_blocks=st.integers(1, 20), seed=st.integers(0, 2**32 - 1))
+def test_axpy4_is_four_axpys(qtype, n_blocks, seed):
+    """axpy4 (types without one: four axpy calls) gives bit for bit what four SIMD axpy calls give, and
+    stays within 4 roundings per row of the scalar axpy and of float64 numpy."""
+    rng = np.random.default_rng(seed)
+    n = n_blocks * max(block(qtype)[0], 32)
+    if qtype == QT.F16:
+        rows = [rng.standard_normal(n).astype(np.float16).view(np.uint8) for _ in range(4)]
+    else:
+        rows = [random_blocks(qtype, n_blocks * max(block(qtype)[0], 32) // block(qtype)[0], rng) for _ in range(4)]
+    a = (rng.standard_normal(4) * np.array([1.0, 1e-3, 1e3, 0.0])).astype(np.float32)
+    y0 = rng.standard_normal(n).astype(np.float32)
+    got = c_axpy4(qtype, n, y0, a, rows)
+    seq, seq_ref = y0.copy(), y0.copy()
+    for r in range(4):
+        seq = c_axpy(qtype, n, seq, float(a[r]), rows[r], ref=False)
+        seq_ref = c_axpy(qtype, n, seq_ref, float(a[r]), rows[r], ref=True)
+    assert_bits_equal(got, seq)
+    deq = [dequant_any(qtype, r, n) for r in rows]
+    want = y0 + sum(float(a[r]) * deq[r] for r in range(4))
+    scale = np.abs(y0) + sum(np.abs(float(a[r]) * deq[r]) for r in range(4))
+    tol = 8 * np.finfo(np.float32).eps * scale + 1e-37
+    assert (np.abs(got - want) <= tol).all()
+    assert (np.abs(got - seq_ref) <= tol).all()
 
 
 # --- errors ---

@@ -96,6 +96,8 @@ enum ggml_type ggml_vec_dot_type(enum ggml_type type); // activation type the do
 
 // --- conversion and quantization of contiguous rows (n a multiple of the block size) ---
 int ggml_quantize(enum ggml_type type, const float *src, void *dst, int64_t n);
+// the activation quantizer mul_mat uses (SIMD where available); equals ggml_quantize on finite input
+int ggml_quantize_act(enum ggml_type type, const float *src, void *dst, int64_t n);
 int ggml_dequantize(enum ggml_type type, const void *src, float *dst, int64_t n);
 // dot of one weight row of `type` with activations already converted to ggml_vec_dot_type(type)
 int ggml_vec_dot(enum ggml_type type, int64_t n, float *result, const void *w, const void *x);
@@ -104,6 +106,8 @@ int ggml_vec_dot_ref(enum ggml_type type, int64_t n, float *result, const void *
 // y[0..n) += a * row, row of `type` (n a multiple of the block size); _ref forces the scalar path
 int ggml_axpy(enum ggml_type type, int64_t n, float *y, float a, const void *row);
 int ggml_axpy_ref(enum ggml_type type, int64_t n, float *y, float a, const void *row);
+// y[0..n) += a[r] * rows[r] for r = 0..3 in turn (the fast axpy4 where the type has one, else 4 axpy calls)
+int ggml_axpy4(enum ggml_type type, int64_t n, float *y, const float *a, const void *const *rows);
 
 // --- CPU features, chosen at run time ---
 bool ggml_cpu_has_avx2(void);

@@ -30,6 +30,13 @@ typedef void (*ggml_from_float_fn)(const float *src, void *dst, int64_t n);
 typedef void (*ggml_vec_dot_fn)(int64_t n, float *s, const void *w, const void *x);
 // y[0..n) += a * row, row of `type` (used by axpy_rows)
 typedef void (*ggml_axpy_fn)(int64_t n, float *y, float a, const void *row);
+// y[0..n) += a[r] * rows[r] for r = 0..3 in turn, y loaded and stored once (axpy_rows' groups of rows)
+typedef void (*ggml_axpy4_fn)(int64_t n, float *y, const float *a, const void *const *rows);
+// a GGML_GEMM_TILE_ROWS x GGML_GEMM_TILE_COLS tile of w . x: s[j * ss + r] = w[r] . x[j], rows of w
+// bw bytes apart, columns of x (already in vec_dot_type) bx bytes apart, ss floats between output columns
+typedef void (*ggml_gemm_tile_fn)(int64_t n, float *s, int64_t ss, const void *w, size_t bw, const void *x, size_t bx);
+#define GGML_GEMM_TILE_ROWS 4
+#define GGML_GEMM_TILE_COLS 4
 
 struct ggml_type_traits {
     const char *name;
@@ -38,10 +45,14 @@ struct ggml_type_traits {
     bool is_quantized;
     ggml_to_float_fn to_float;
     ggml_from_float_fn from_float;       // the reference quantizer (bit-exact with gguf.quants)
+    ggml_from_float_fn quantize_act;     // activations for vec_dot: equals from_float on finite input
     ggml_vec_dot_fn vec_dot;             // fastest available on this CPU (set at init)
     ggml_vec_dot_fn vec_dot_ref;         // scalar oracle
     ggml_axpy_fn axpy;
     ggml_axpy_fn axpy_ref;
+    ggml_axpy4_fn axpy4;                 // SIMD only, NULL where absent; its oracle: 4 axpy_ref calls
+    ggml_gemm_tile_fn gemm_tile;         // register-tiled m > 1 kernel, SIMD only (its oracle: vec_dot_ref);
+                                         // NULL: mul_mat loops over vec_dot
     enum ggml_type vec_dot_type;         // activations are converted to this before vec_dot
 };
 
@@ -50,6 +61,7 @@ const struct ggml_type_traits *ggml_get_type_traits(enum ggml_type type);
 void ggml_quants_init(void);
 // SIMD kernels (defined in *_avx2.c; installed by ggml_quants_init when the CPU supports them)
 void ggml_quants_install_avx2(struct ggml_type_traits *traits);
+void ggml_quants_install_axpy_avx2(struct ggml_type_traits *traits); // quants_axpy_avx2.c
 
 // a device allocation owned by a context (freed with it)
 int ggml_context_add_device_buffer(struct ggml_context *ctx, void *ptr);

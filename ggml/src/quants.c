@@ -598,10 +598,11 @@ QUANT_AXPY_REF(q6_K, QK_K, block_q6_K)
 #define TRAITS_FULL(type_, name_, blck_, size_, quant_, fn_, dot_type_)                     \
     [type_] = {.name = name_, .blck_size = blck_, .type_size = size_, .is_quantized = quant_, \
                .to_float = fn_##_to_float, .from_float = fn_##_from_float,                   \
+               .quantize_act = fn_##_from_float,                                             \
                .vec_dot = fn_##_vec_dot_ref, .vec_dot_ref = fn_##_vec_dot_ref,               \
                .axpy = fn_##_axpy_ref, .axpy_ref = fn_##_axpy_ref, .vec_dot_type = dot_type_}
 
-// ggml_quants_init copies it and lets the SIMD installers overwrite vec_dot/axpy in the copy
+// ggml_quants_init copies it and lets the SIMD installers overwrite the kernels in the copy
 static const struct ggml_type_traits traits_scalar[GGML_TYPE_COUNT] = {
     TRAITS_FULL(GGML_TYPE_F32, "f32", 1, sizeof(float), false, f32, GGML_TYPE_F32),
     TRAITS_FULL(GGML_TYPE_F16, "f16", 1, sizeof(uint16_t), false, f16, GGML_TYPE_F16),
@@ -614,15 +615,17 @@ static const struct ggml_type_traits traits_scalar[GGML_TYPE_COUNT] = {
     TRAITS_FULL(GGML_TYPE_Q6_K, "q6_K", QK_K, sizeof(block_q6_K), true, q6_K, GGML_TYPE_Q8_K),
     // activation types: converted to, never dotted as weights
     [GGML_TYPE_Q8_1] = {.name = "q8_1", .blck_size = QK8_1, .type_size = sizeof(block_q8_1), .is_quantized = true,
-                        .to_float = q8_1_to_float, .from_float = q8_1_from_float, .vec_dot_type = GGML_TYPE_Q8_1},
+                        .to_float = q8_1_to_float, .from_float = q8_1_from_float,
+                        .quantize_act = q8_1_from_float, .vec_dot_type = GGML_TYPE_Q8_1},
     [GGML_TYPE_Q8_K] = {.name = "q8_K", .blck_size = QK_K, .type_size = sizeof(block_q8_K), .is_quantized = true,
-                        .to_float = q8_K_to_float, .from_float = q8_K_from_float, .vec_dot_type = GGML_TYPE_Q8_K},
+                        .to_float = q8_K_to_float, .from_float = q8_K_from_float,
+                        .quantize_act = q8_K_from_float, .vec_dot_type = GGML_TYPE_Q8_K},
     // index types: storage only
     [GGML_TYPE_I8] = {.name = "i8", .blck_size = 1, .type_size = sizeof(int8_t), .vec_dot_type = GGML_TYPE_I8},
     [GGML_TYPE_I32] = {.name = "i32", .blck_size = 1, .type_size = sizeof(int32_t), .vec_dot_type = GGML_TYPE_I32},
 };
 
-static struct ggml_type_traits traits_simd[GGML_TYPE_COUNT]; // scalar table with SIMD vec_dot/axpy
+static struct ggml_type_traits traits_simd[GGML_TYPE_COUNT]; // scalar table with the SIMD kernels
 static struct ggml_type_traits traits_live[GGML_TYPE_COUNT]; // what ggml_get_type_traits hands out
 static bool quants_simd_available;
 static pthread_once_t quants_once = PTHREAD_ONCE_INIT;
@@ -640,8 +643,11 @@ static void quants_use_simd(bool enabled) {
     for (int t = 0; t < GGML_TYPE_COUNT; t++) {
         traits_live[t].vec_dot = src[t].vec_dot;
         traits_live[t].axpy = src[t].axpy;
+        traits_live[t].axpy4 = src[t].axpy4;
         traits_live[t].to_float = src[t].to_float;     // SIMD conversions are bit-identical (F16C)
         traits_live[t].from_float = src[t].from_float;
+        traits_live[t].quantize_act = src[t].quantize_act;
+        traits_live[t].gemm_tile = src[t].gemm_tile;
     }
 }
 
@@ -755,6 +761,15 @@ int ggml_quantize(enum ggml_type type, const float *src, void *dst, int64_t n) {
     return status;
 }
 
+int ggml_quantize_act(enum ggml_type type, const float *src, void *dst, int64_t n) {
+    const struct ggml_type_traits *tt = NULL;
+    const int status = quants_row_check(type, n, src, dst, QUANTS_FROM_FLOAT, &tt);
+    if (status == GGML_STATUS_OK) {
+        tt->quantize_act(src, dst, n);
+    }
+    return status;
+}
+
 int ggml_dequantize(enum ggml_type type, const void *src, float *dst, int64_t n) {
     const struct ggml_type_traits *tt = NULL;
     const int status = quants_row_check(type, n, src, dst, QUANTS_TO_FLOAT, &tt);
@@ -800,6 +815,25 @@ int ggml_axpy(enum ggml_type type, int64_t n, float *y, float a, const void *row
 
 int ggml_axpy_ref(enum ggml_type type, int64_t n, float *y, float a, const void *row) {
     return quants_axpy(type, n, y, a, row, true);
+}
+
+int ggml_axpy4(enum ggml_type type, int64_t n, float *y, const float *a, const void *const *rows) {
+    const struct ggml_type_traits *tt = NULL;
+    const int status = quants_row_check(type, n, rows, y, QUANTS_AXPY, &tt);
+    if (status != GGML_STATUS_OK) {
+        return status;
+    }
+    if (a == NULL || rows[0] == NULL || rows[1] == NULL || rows[2] == NULL || rows[3] == NULL) {
+        return ggml_set_error(GGML_STATUS_INVALID_ARG, "axpy4: null data");
+    }
+    if (tt->axpy4) {
+        tt->axpy4(n, y, a, rows);
+    } else {
+        for (int r = 0; r < 4; r++) {
+            tt->axpy(n, y, a[r], rows[r]);
+        }
+    }
+    return GGML_STATUS_OK;
 }
 
 // true when the AVX2 kernels can run: AVX2, FMA and F16C together

@@ -6,6 +6,8 @@
 #include "quants.h"
 
 #include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 static inline float avx2_hsum_ps(__m256 v) {
@@ -441,6 +443,213 @@ static void q6_K_vec_dot_avx2(int64_t n, float *s, const void *w, const void *x)
     *s = avx2_hsum_ps(acc);
 }
 
+// ============================================================================================
+// activation quantizers: the reference arithmetic (same division, multiply and rounding), 8 lanes at a time
+// ============================================================================================
+
+// roundf (half away from zero) exactly: v - trunc(v) is exact in float, so the tie test is too
+static inline __m256 avx2_round_away(__m256 v) {
+    const __m256 sign = _mm256_and_ps(v, _mm256_set1_ps(-0.0f));
+    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 frac = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_sub_ps(v, t));
+    const __m256 up = _mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    return _mm256_add_ps(t, _mm256_and_ps(up, _mm256_or_ps(sign, _mm256_set1_ps(1.0f))));
+}
+
+// largest |x| over 8 * nv values; a NaN anywhere gives NaN when nan_wins (Q8_0/Q8_1), else NaNs are
+// skipped (Q8_K), as in the scalar quantizers
+static inline float avx2_amax(const float *x, int nv, bool nan_wins) {
+    __m256 m = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+    for (int i = 0; i < nv; i++) {
+        const __m256 v = _mm256_loadu_ps(x + 8 * i);
+        m = _mm256_max_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), v), m); // maxps keeps m where v is NaN
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    if (nan_wins && _mm256_movemask_ps(nan)) {
+        // the first NaN's magnitude, payload and all, as the scalar loop finds it
+        for (int j = 0;; j++) {
+            if (isnan(x[j])) return fabsf(x[j]);
+        }
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+// 32 values -> clamp(round(x * id), -128, 127) as int8 in order; as the scalar quant_cast_int, values
+// outside the int range, infinities and NaNs give 0 (cvttps returns INT_MIN for exactly those)
+static inline __m256i avx2_quantize32(const float *x, float id) {
+    const __m256 vid = _mm256_set1_ps(id);
+    const __m256i bad = _mm256_set1_epi32(INT32_MIN);
+    __m256i q[4];
+    for (int i = 0; i < 4; i++) {
+        q[i] = _mm256_cvttps_epi32(avx2_round_away(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), vid)));
+        q[i] = _mm256_andnot_si256(_mm256_cmpeq_epi32(q[i], bad), q[i]);
+    }
+    // packs interleave the 128-bit lanes: dwords come out as q0 q1 q2 q3 (lo halves) then the hi halves
+    const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// sums of 4 signed bytes each
+static inline __m256i avx2_sum4_i8(__m256i q) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
+}
+
+static inline int avx2_hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+static inline int sse_hsum_epi32(__m128i v) {
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2)));
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(v);
+}
+
+static void q8_0_quantize_act_avx2(const float *src, void *dst, int64_t n) {
+    block_q8_0 *y = dst; // (n / 32,)
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        const float *x = src + i * QK8_0; // (32,)
+        const float d = avx2_amax(x, 4, true) / 127.0f;
+        _mm256_storeu_si256((__m256i *)y[i].qs, avx2_quantize32(x, d != 0.0f ? 1.0f / d : 0.0f));
+        y[i].d = ggml_fp32_to_fp16(d);
+    }
+}
+
+static void q8_1_quantize_act_avx2(const float *src, void *dst, int64_t n) {
+    block_q8_1 *y = dst; // (n / 32,)
+    for (int64_t i = 0; i < n / QK8_1; i++) {
+        const float *x = src + i * QK8_1; // (32,)
+        const float d = avx2_amax(x, 4, true) / 127.0f;
+        const __m256i q = avx2_quantize32(x, d != 0.0f ? 1.0f / d : 0.0f);
+        _mm256_storeu_si256((__m256i *)y[i].qs, q);
+        y[i].d = ggml_fp32_to_fp16(d);
+        y[i].s = ggml_fp32_to_fp16(ggml_fp16_to_fp32(y[i].d) * (float)avx2_hsum_epi32(avx2_sum4_i8(q)));
+    }
+}
+
+static void q8_K_quantize_act_avx2(const float *src, void *dst, int64_t n) {
+    block_q8_K *y = dst; // (n / 256,)
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float *x = src + i * QK_K; // (256,)
+        const float d = avx2_amax(x, QK_K / 8, false) / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = d;
+        for (int c = 0; c < QK_K / 32; c++) {
+            // Q8_K levels stop at -127; the bsums are of 16 values each
+            const __m256i q = _mm256_max_epi8(avx2_quantize32(x + 32 * c, id), _mm256_set1_epi8(-127));
+            _mm256_storeu_si256((__m256i *)(y[i].qs + 32 * c), q);
+            const __m256i s4 = avx2_sum4_i8(q); // lanes 0..3: values 0..15, lanes 4..7: values 16..31
+            y[i].bsums[2 * c] = (int16_t)sse_hsum_epi32(_mm256_castsi256_si128(s4));
+            y[i].bsums[2 * c + 1] = (int16_t)sse_hsum_epi32(_mm256_extracti128_si256(s4, 1));
+        }
+    }
+}
+
+// ============================================================================================
+// GEMM tiles (m > 1): 4 weight rows x 4 activation columns per call, AVX512-VNNI on 256-bit registers.
+// Each block of the 16 pairs is one vpdpbusd per pair (unsigned x signed bytes into int32, no int16
+// saturation); the 8 pairs of two columns are summed across lanes together (lane r + 4 j' = pair (r, j')),
+// so one fma applies the 8 scales and no horizontal sum is left per output.
+// ============================================================================================
+
+_Static_assert(GGML_GEMM_TILE_ROWS == 4 && GGML_GEMM_TILE_COLS == 4, "the tiles below are 4 x 4");
+
+#define VNNI_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
+
+// lane i of the result = sum of the lanes of p[i]
+VNNI_TARGET static inline __m256i vnni_sum8_epi32(const __m256i p[8]) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+// the 8 pair scales: weight scales of rows 0..3 times the scale of column j (lanes 0..3) and j + 1 (4..7)
+VNNI_TARGET static inline __m256 vnni_pair_scales(__m128 dw, uint16_t dx0, uint16_t dx1) {
+    const __m256 w = _mm256_set_m128(dw, dw);
+    return _mm256_mul_ps(w, _mm256_set_m128(_mm_set1_ps(avx2_f16(dx1)), _mm_set1_ps(avx2_f16(dx0))));
+}
+
+// acc01 lanes r + 4 j for columns 0, 1; acc23 for 2, 3 -> s[j * ss + r]
+VNNI_TARGET static inline void vnni_store_tile(float *s, int64_t ss, __m256 acc01, __m256 acc23) {
+    _mm_storeu_ps(s, _mm256_castps256_ps128(acc01));
+    _mm_storeu_ps(s + ss, _mm256_extractf128_ps(acc01, 1));
+    _mm_storeu_ps(s + 2 * ss, _mm256_castps256_ps128(acc23));
+    _mm_storeu_ps(s + 3 * ss, _mm256_extractf128_ps(acc23, 1));
+}
+
+// Q8_0 . Q8_0: x + 128 is unsigned, so x . w = (x + 128) . w - 128 sum(w); the correction seeds each row's dot
+VNNI_TARGET static void q8_0_gemm_tile_vnni(int64_t n, float *s, int64_t ss, const void *w, size_t bw,
+                                            const void *x, size_t bx) {
+    const block_q8_0 *wr[4], *xc[4]; // (4, n / 32) weight rows, activation columns
+    for (int i = 0; i < 4; i++) {
+        wr[i] = (const block_q8_0 *)((const char *)w + i * bw);
+        xc[i] = (const block_q8_0 *)((const char *)x + i * bx);
+    }
+    const __m256i flip = _mm256_set1_epi8((char)0x80), zero = _mm256_setzero_si256();
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < n / QK8_0; b++) {
+        __m256i wq[4], seed[4], ux[4];
+        for (int r = 0; r < 4; r++) {
+            wq[r] = _mm256_loadu_si256((const __m256i *)wr[r][b].qs);
+            seed[r] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, flip, wq[r]));
+        }
+        for (int j = 0; j < 4; j++) ux[j] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)xc[j][b].qs), flip);
+        const __m128 dw = avx2_f16x4(wr[0][b].d, wr[1][b].d, wr[2][b].d, wr[3][b].d);
+        for (int h = 0; h < 2; h++) {
+            __m256i p[8];
+            for (int r = 0; r < 4; r++) {
+                p[r] = _mm256_dpbusd_epi32(seed[r], ux[2 * h], wq[r]);
+                p[r + 4] = _mm256_dpbusd_epi32(seed[r], ux[2 * h + 1], wq[r]);
+            }
+            const __m256 sc = vnni_pair_scales(dw, xc[2 * h][b].d, xc[2 * h + 1][b].d);
+            acc[h] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(vnni_sum8_epi32(p)), acc[h]);
+        }
+    }
+    vnni_store_tile(s, ss, acc[0], acc[1]);
+}
+
+// Q4_0 . Q8_0: levels 0..15 are unsigned already; the -8 offset, -8 sum(x), seeds each column's dot
+VNNI_TARGET static void q4_0_gemm_tile_vnni(int64_t n, float *s, int64_t ss, const void *w, size_t bw,
+                                            const void *x, size_t bx) {
+    const block_q4_0 *wr[4]; // (4, n / 32) weight rows
+    const block_q8_0 *xc[4]; // (4, n / 32) activation columns
+    for (int i = 0; i < 4; i++) {
+        wr[i] = (const block_q4_0 *)((const char *)w + i * bw);
+        xc[i] = (const block_q8_0 *)((const char *)x + i * bx);
+    }
+    const __m256i eight = _mm256_set1_epi8(8), zero = _mm256_setzero_si256();
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < n / QK4_0; b++) {
+        __m256i wq[4], xq[4], seed[4];
+        for (int r = 0; r < 4; r++) wq[r] = avx2_unpack_nibbles(wr[r][b].qs);
+        for (int j = 0; j < 4; j++) {
+            xq[j] = _mm256_loadu_si256((const __m256i *)xc[j][b].qs);
+            seed[j] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, eight, xq[j]));
+        }
+        const __m128 dw = avx2_f16x4(wr[0][b].d, wr[1][b].d, wr[2][b].d, wr[3][b].d);
+        for (int h = 0; h < 2; h++) {
+            __m256i p[8];
+            for (int r = 0; r < 4; r++) {
+                p[r] = _mm256_dpbusd_epi32(seed[2 * h], wq[r], xq[2 * h]);
+                p[r + 4] = _mm256_dpbusd_epi32(seed[2 * h + 1], wq[r], xq[2 * h + 1]);
+            }
+            const __m256 sc = vnni_pair_scales(dw, xc[2 * h][b].d, xc[2 * h + 1][b].d);
+            acc[h] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(vnni_sum8_epi32(p)), acc[h]);
+        }
+    }
+    vnni_store_tile(s, ss, acc[0], acc[1]);
+}
+
+static bool cpu_has_avx512_vnni(void) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512vnni");
+}
+
 void ggml_quants_install_avx2(struct ggml_type_traits *traits) {
     traits[GGML_TYPE_F32].vec_dot = f32_vec_dot_avx2;
     traits[GGML_TYPE_F32].axpy = f32_axpy_avx2;
@@ -456,4 +665,12 @@ void ggml_quants_install_avx2(struct ggml_type_traits *traits) {
     traits[GGML_TYPE_Q8_0].axpy = q8_0_axpy_avx2;
     traits[GGML_TYPE_Q4_K].vec_dot = q4_K_vec_dot_avx2;
     traits[GGML_TYPE_Q6_K].vec_dot = q6_K_vec_dot_avx2;
+    ggml_quants_install_axpy_avx2(traits); // quants_axpy_avx2.c: axpy for Q4_1, Q5_0, Q4_K, Q6_K
+    traits[GGML_TYPE_Q8_0].quantize_act = q8_0_quantize_act_avx2;
+    traits[GGML_TYPE_Q8_1].quantize_act = q8_1_quantize_act_avx2;
+    traits[GGML_TYPE_Q8_K].quantize_act = q8_K_quantize_act_avx2;
+    if (cpu_has_avx512_vnni()) {
+        traits[GGML_TYPE_Q4_0].gemm_tile = q4_0_gemm_tile_vnni;
+        traits[GGML_TYPE_Q8_0].gemm_tile = q8_0_gemm_tile_vnni;
+    }
 }

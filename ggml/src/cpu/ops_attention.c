@@ -130,12 +130,81 @@ int ggml_cpu_op_kv_store(const struct ggml_compute_params *p, struct ggml_tensor
 
 // ---------------------------------------------------------------------------------------------------
 // ATTENTION: out[:, h, t] = softmax_s(scale * q[:, h, t] . k[:, g, s]) . v[:, g, s] over s in [0, pos[t]],
-// g = h / (n_head / n_kv_head). One pass with a running max and sum (online softmax): no score buffer.
+// g = h / (n_head / n_kv_head). A work unit is one head and up to ATTN_TOKENS consecutive tokens: each key
+// and value row is converted to F32 once for all of them; scores go to a buffer, then one max, one
+// vectorised exp pass and one weighted sum of the value rows per query (no running rescale).
 // ---------------------------------------------------------------------------------------------------
 
+#define ATTN_TOKENS 8
+
+// y[i] = exp(y[i] - mx) for i < n; returns the sum
+typedef float (*attn_exp_fn)(float *y, int64_t n, float mx);
+
+static float attn_exp_scalar(float *y, int64_t n, float mx) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        y[i] = expf(y[i] - mx);
+        sum += y[i];
+    }
+    return (float)sum;
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+// exp for x <= 0 (Cephes' expf): x = n ln2 + r, |r| <= ln2 / 2, exp(r) by a degree-7 polynomial, times 2^n
+__attribute__((target("avx2,fma"))) static float attn_exp_avx2(float *y, int64_t n, float mx) {
+    const __m256 vmx = _mm256_set1_ps(mx), lo = _mm256_set1_ps(-87.3f), log2e = _mm256_set1_ps(1.44269504f);
+    const __m256 c1 = _mm256_set1_ps(0.693359375f), c2 = _mm256_set1_ps(-2.12194440e-4f), one = _mm256_set1_ps(1.0f);
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(y + i), vmx), lo);
+        const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256 r = _mm256_fnmadd_ps(k, c2, _mm256_fnmadd_ps(k, c1, x));
+        __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+        p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, one));
+        const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+        const __m256 v = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+        _mm256_storeu_ps(y + i, v);
+        acc = _mm256_add_ps(acc, v);
+    }
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h) + attn_exp_scalar(y + i, n - i, mx);
+}
+#endif
+
+static attn_exp_fn attn_exp_pick(void) {
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return attn_exp_avx2;
+#endif
+    return attn_exp_scalar;
+}
+
+// per thread: (ATTN_TOKENS, n_ctx) scores, (ATTN_TOKENS, hd) output accumulators, (hd) a K or V row in F32
+static size_t attn_scratch_floats(int64_t hd, int64_t n_ctx) {
+    return (size_t)ATTN_TOKENS * (size_t)n_ctx + (size_t)ATTN_TOKENS * (size_t)hd + (size_t)hd;
+}
+
 size_t ggml_cpu_attention_wsize(const struct ggml_tensor *dst, int n_threads) {
-    // (n_threads, 2, head_dim) per thread: k row in F32, output accumulator
-    return (size_t)n_threads * ggml_cpu_align_up(2 * (size_t)dst->src[0]->ne[0] * sizeof(float));
+    const size_t floats = attn_scratch_floats(dst->src[0]->ne[0], dst->src[1]->ne[2]);
+    return (size_t)n_threads * ggml_cpu_align_up(floats * sizeof(float));
+}
+
+// row s of cache c for KV head g as F32 (converted into buf unless the cache is F32)
+static const float *attn_cache_row(const struct ggml_tensor *c, ggml_to_float_fn to_float, int64_t g, int64_t s,
+                                   float *buf) {
+    const char *row = (const char *)c->data + g * (int64_t)c->nb[1] + s * (int64_t)c->nb[2];
+    if (c->type == GGML_TYPE_F32) return (const float *)row;
+    to_float(row, buf, c->ne[0]);
+    return buf;
 }
 
 int ggml_cpu_op_attention(const struct ggml_compute_params *p, struct ggml_tensor *dst) {
@@ -144,47 +213,55 @@ int ggml_cpu_op_attention(const struct ggml_compute_params *p, struct ggml_tenso
     const int64_t hd = q->ne[0], n_head = q->ne[1], n_tokens = q->ne[2];
     const int64_t n_kv_head = k->ne[1], n_ctx = k->ne[2], group = n_head / n_kv_head;
     const struct ggml_type_traits *tk = ggml_get_type_traits(k->type), *tv = ggml_get_type_traits(v->type);
-    const ggml_vec_dot_fn dot = ggml_get_type_traits(GGML_TYPE_F32)->vec_dot;
-    if (!dot || !tv->axpy || (k->type != GGML_TYPE_F32 && !tk->to_float) || q->type != GGML_TYPE_F32)
+    const struct ggml_type_traits *tf = ggml_get_type_traits(GGML_TYPE_F32);
+    if ((k->type != GGML_TYPE_F32 && !tk->to_float) || (v->type != GGML_TYPE_F32 && !tv->to_float) ||
+        q->type != GGML_TYPE_F32)
         return ggml_set_error(GGML_STATUS_UNSUPPORTED, "attention: cache of %s/%s not readable",
                               ggml_type_name(k->type), ggml_type_name(v->type));
     int st = check_positions(pos, 0, n_ctx, "attention");
     if (st) return st;
-    float *kbuf = ggml_cpu_thread_scratch(p, 2 * (size_t)hd * sizeof(float)); // (hd) key row in F32
-    float *acc = kbuf + hd;                                                     // (hd) sum of p * v
-    int64_t r0, r1;
-    ggml_thread_range(n_head * n_tokens, p->ith, p->nth, &r0, &r1);
-    for (int64_t r = r0; r < r1; r++) {
-        const int64_t h = r % n_head, t = r / n_head, g = h / group;
-        const float *qrow = (const float *)((const char *)q->data + h * (int64_t)q->nb[1] + t * (int64_t)q->nb[2]);
-        memset(acc, 0, (size_t)hd * sizeof(float));
-        float mx = -INFINITY, sum = 0.0f;
-        const int64_t last = pos_at(pos, t);
-        for (int64_t s = 0; s <= last; s++) {
-            const char *krow = (const char *)k->data + g * (int64_t)k->nb[1] + s * (int64_t)k->nb[2];
-            const char *vrow = (const char *)v->data + g * (int64_t)v->nb[1] + s * (int64_t)v->nb[2];
-            float score;
-            if (k->type == GGML_TYPE_F32) {
-                dot(hd, &score, krow, qrow);
-            } else {
-                tk->to_float(krow, kbuf, hd);
-                dot(hd, &score, kbuf, qrow);
-            }
-            score *= scale;
-            if (score > mx) {
-                // a new maximum: rescale what was summed so far to it
-                const float c = expf(mx - score);
-                for (int64_t i = 0; i < hd; i++) acc[i] *= c;
-                sum *= c;
-                mx = score;
-            }
-            const float w = expf(score - mx);
-            sum += w;
-            tv->axpy(hd, acc, w, vrow);
+    const attn_exp_fn exp_sum = attn_exp_pick();
+    float *scores = ggml_cpu_thread_scratch(p, attn_scratch_floats(hd, n_ctx) * sizeof(float)); // (T, n_ctx)
+    float *acc = scores + ATTN_TOKENS * n_ctx;                                                  // (T, hd)
+    float *row = acc + ATTN_TOKENS * hd;                                                        // (hd)
+    const int64_t n_chunks = (n_tokens + ATTN_TOKENS - 1) / ATTN_TOKENS;
+    // units dealt round robin: with causal masks later tokens cost more, so contiguous ranges would not balance
+    for (int64_t u = p->ith; u < n_head * n_chunks; u += p->nth) {
+        const int64_t h = u % n_head, t0 = u / n_head * ATTN_TOKENS, g = h / group;
+        const int64_t nt = n_tokens - t0 < ATTN_TOKENS ? n_tokens - t0 : ATTN_TOKENS;
+        int64_t last[ATTN_TOKENS], smax = 0;
+        const float *qrow[ATTN_TOKENS]; // (nt) their query rows, (hd) each
+        for (int64_t i = 0; i < nt; i++) {
+            last[i] = pos_at(pos, t0 + i);
+            smax = last[i] > smax ? last[i] : smax;
+            qrow[i] = (const float *)((const char *)q->data + h * (int64_t)q->nb[1] + (t0 + i) * (int64_t)q->nb[2]);
         }
-        float *out = (float *)((char *)dst->data + t * (int64_t)dst->nb[1]) + h * hd;
-        const float inv = 1.0f / sum;
-        for (int64_t i = 0; i < hd; i++) out[i] = acc[i] * inv;
+        for (int64_t s = 0; s <= smax; s++) {
+            const float *kr = attn_cache_row(k, tk->to_float, g, s, row);
+            for (int64_t i = 0; i < nt; i++) {
+                if (s > last[i]) continue;
+                tf->vec_dot(hd, &scores[i * n_ctx + s], kr, qrow[i]);
+                scores[i * n_ctx + s] *= scale;
+            }
+        }
+        float inv[ATTN_TOKENS];
+        for (int64_t i = 0; i < nt; i++) {
+            float *sc = scores + i * n_ctx; // (last + 1) this query's scores, then weights
+            float mx = -INFINITY;
+            for (int64_t s = 0; s <= last[i]; s++) mx = sc[s] > mx ? sc[s] : mx;
+            inv[i] = 1.0f / exp_sum(sc, last[i] + 1, mx);
+            memset(acc + i * hd, 0, (size_t)hd * sizeof(float));
+        }
+        for (int64_t s = 0; s <= smax; s++) {
+            const float *vr = attn_cache_row(v, tv->to_float, g, s, row);
+            for (int64_t i = 0; i < nt; i++) {
+                if (s <= last[i]) tf->axpy(hd, acc + i * hd, scores[i * n_ctx + s], vr);
+            }
+        }
+        for (int64_t i = 0; i < nt; i++) {
+            float *out = (float *)((char *)dst->data + (t0 + i) * (int64_t)dst->nb[1]) + h * hd; // (hd)
+            for (int64_t j = 0; j < hd; j++) out[j] = acc[i * hd + j] * inv[i];
+        }
     }
     return GGML_STATUS_OK;
 }

@@ -34,7 +34,7 @@ int ggml_cpu_xcols_prepare(const struct ggml_compute_params *p, const struct ggm
     }
     const enum ggml_type vdt = tw->vec_dot_type;
     const struct ggml_type_traits *tv = ggml_get_type_traits(vdt);
-    if (!tv->from_float)
+    if (!tv->quantize_act)
         return ggml_set_error(GGML_STATUS_UNSUPPORTED, "cannot convert activations to %s", ggml_type_name(vdt));
     if (k % tv->blck_size)
         return ggml_set_error(GGML_STATUS_INVALID_ARG, "mul_mat: %lld is not a multiple of %s's block",
@@ -49,31 +49,43 @@ int ggml_cpu_xcols_prepare(const struct ggml_compute_params *p, const struct ggm
     while (b0 < b1) {
         const int64_t j = b0 / bpr, b = b0 % bpr;
         const int64_t nb = bpr - b < b1 - b0 ? bpr - b : b1 - b0;
-        tv->from_float((const float *)ggml_cpu_row_ptr(x, j) + b * tv->blck_size,
+        tv->quantize_act((const float *)ggml_cpu_row_ptr(x, j) + b * tv->blck_size,
                        (char *)p->wdata + (size_t)j * row + (size_t)b * tv->type_size, nb * tv->blck_size);
         b0 += nb;
     }
     return GGML_STATUS_OK;
 }
 
-// dst[r, j] = w[r] . x[j] for rows [r0, r1) and all m columns, weight rows tiled so they stay in cache
+// dst[r, j] = w[r] . x[j] for rows [r0, r1) and all m columns, weight rows tiled so they stay in cache;
+// inside a tile, 4 x 4 blocks of outputs go through gemm_tile where the type has one, the rest through vec_dot
 static void mul_mat_rows_dense(const struct ggml_tensor *w, const struct ggml_cpu_xcols *xc,
                                struct ggml_tensor *dst, int64_t r0, int64_t r1) {
-    const ggml_vec_dot_fn dot = ggml_get_type_traits(w->type)->vec_dot;
+    const struct ggml_type_traits *tw = ggml_get_type_traits(w->type);
+    const ggml_vec_dot_fn dot = tw->vec_dot;
     const int64_t k = w->ne[0], m = dst->ne[1];
+    const size_t bw = w->nb[1];
     const char *wd = w->data;
     char *dd = dst->data;
     if (m == 1) {
         float *y = (float *)dd; // (n)
-        for (int64_t r = r0; r < r1; r++) dot(k, &y[r], wd + r * (int64_t)w->nb[1], xc->base);
+        for (int64_t r = r0; r < r1; r++) dot(k, &y[r], wd + r * (int64_t)bw, xc->base);
         return;
     }
+    const int64_t ss = (int64_t)(dst->nb[1] / sizeof(float)); // floats between output columns
+    const int64_t mt = tw->gemm_tile ? m - m % GGML_GEMM_TILE_COLS : 0;   // columns done by tiles
     for (int64_t t0 = r0; t0 < r1; t0 += MUL_MAT_ROW_TILE) {
         const int64_t t1 = t0 + MUL_MAT_ROW_TILE < r1 ? t0 + MUL_MAT_ROW_TILE : r1;
+        const int64_t tt = tw->gemm_tile ? t1 - (t1 - t0) % GGML_GEMM_TILE_ROWS : t0; // rows done by tiles
+        for (int64_t j = 0; j < mt; j += GGML_GEMM_TILE_COLS) {
+            const char *xj = xc->base + (size_t)j * xc->stride;
+            float *yj = (float *)(dd + j * (int64_t)dst->nb[1]); // (n) column j of the output
+            for (int64_t r = t0; r < tt; r += GGML_GEMM_TILE_ROWS)
+                tw->gemm_tile(k, &yj[r], ss, wd + r * (int64_t)bw, bw, xj, xc->stride);
+        }
         for (int64_t j = 0; j < m; j++) {
             const char *xj = xc->base + (size_t)j * xc->stride;
             float *yj = (float *)(dd + j * (int64_t)dst->nb[1]); // (n) column j of the output
-            for (int64_t r = t0; r < t1; r++) dot(k, &yj[r], wd + r * (int64_t)w->nb[1], xj);
+            for (int64_t r = j < mt ? tt : t0; r < t1; r++) dot(k, &yj[r], wd + r * (int64_t)bw, xj);
         }
     }
 }
@@ -91,8 +103,11 @@ int ggml_cpu_op_mul_mat(const struct ggml_compute_params *p, struct ggml_tensor 
     int st = ggml_cpu_xcols_prepare(p, w, x, &xc);
     if (st) return st;
     ggml_barrier(p->tp);
+    // threads take whole row tiles when there are several columns, so no thread is left a ragged edge
+    const int64_t unit = x->ne[1] > 1 ? GGML_GEMM_TILE_ROWS : 1;
     int64_t r0, r1;
-    ggml_thread_range(w->ne[1], p->ith, p->nth, &r0, &r1);
-    mul_mat_rows_dense(w, &xc, dst, r0, r1);
+    ggml_thread_range((w->ne[1] + unit - 1) / unit, p->ith, p->nth, &r0, &r1);
+    r1 = r1 * unit < w->ne[1] ? r1 * unit : w->ne[1];
+    mul_mat_rows_dense(w, &xc, dst, r0 * unit, r1);
     return GGML_STATUS_OK;
 }

@@ -224,6 +224,8 @@ int ggml_cpu_op_mul_mat_rows(const struct ggml_compute_params *p, struct ggml_te
 // a private [d, m] buffer (contiguous reads the prefetchers follow), then split d to add the buffers
 // up. More columns: the buffers would grow with m, so the threads split d into block-aligned slices
 // instead, each owning its slice of dst and walking every selected row (work per row grows with m).
+// With one column the rows are summed four at a time where the type has an axpy4 (the target is then
+// loaded and stored once per four rows).
 // ---------------------------------------------------------------------------------------------------
 
 #define AXPY_PARTIAL_MAX_M 4
@@ -237,15 +239,35 @@ struct axpy_ctx {
     int64_t n;         // values per row handled (the slice, or d)
     size_t row_offs;   // byte offset of the first handled value in a row of wt
     size_t row_bytes;  // bytes of a row handled
+    ggml_axpy4_fn axpy4; // NULL: every row on its own
+    int n_held;          // rows held for the next axpy4 (column 0 only)
+    float held_a[4];
+    const void *held_row[4];
 };
 
-static inline void axpy_one(const struct axpy_ctx *c, int64_t i, int64_t j) {
+static inline void axpy_one(struct axpy_ctx *c, int64_t i, int64_t j) {
     const float hij = *(const float *)((const char *)c->h->data + i * (int64_t)c->h->nb[0] + j * (int64_t)c->h->nb[1]);
-    c->axpy(c->n, c->y + j * c->y_stride, hij, (const char *)c->wt->data + i * (int64_t)c->wt->nb[1] + c->row_offs);
+    const void *row = (const char *)c->wt->data + i * (int64_t)c->wt->nb[1] + c->row_offs;
+    if (!c->axpy4) {
+        c->axpy(c->n, c->y + j * c->y_stride, hij, row);
+        return;
+    }
+    c->held_a[c->n_held] = hij;
+    c->held_row[c->n_held++] = row;
+    if (c->n_held == 4) {
+        c->axpy4(c->n, c->y, c->held_a, c->held_row);
+        c->n_held = 0;
+    }
+}
+
+// the rows still held after the walk
+static void axpy_flush(struct axpy_ctx *c) {
+    for (int r = 0; r < c->n_held; r++) c->axpy(c->n, c->y, c->held_a[r], c->held_row[r]);
+    c->n_held = 0;
 }
 
 static void axpy_visit(void *vctx, int64_t i, int64_t col) {
-    const struct axpy_ctx *c = vctx;
+    struct axpy_ctx *c = vctx;
     if (col >= 0) {
         axpy_one(c, i, col);
         return;
@@ -292,15 +314,16 @@ int ggml_cpu_op_axpy_rows(const struct ggml_compute_params *p, struct ggml_tenso
         if (v0 >= v1) return GGML_STATUS_OK;
         for (int64_t j = 0; j < m; j++) memset((float *)dst->data + j * dst_stride + v0, 0, (size_t)(v1 - v0) * sizeof(float));
         struct axpy_ctx c = {wt, h, &s, tw->axpy, (float *)dst->data + v0, dst_stride, v1 - v0,
-                             (size_t)(v0 / tw->blck_size) * tw->type_size, ggml_row_size(wt->type, v1 - v0)};
+                             (size_t)(v0 / tw->blck_size) * tw->type_size, ggml_row_size(wt->type, v1 - v0), .axpy4 = NULL};
         sel_walk(&s, ith, nth, true, &(struct sel_walk){axpy_visit, axpy_prefetch, &c});
         return GGML_STATUS_OK;
     }
     const size_t sel_bytes = sel_wsize(s.sel, s.n_rows, nth), part_bytes = axpy_partial_bytes(dst);
     float *mine = (float *)((char *)p->wdata + sel_bytes + (size_t)ith * part_bytes); // (m, d)
     memset(mine, 0, (size_t)(d * m) * sizeof(float));
-    struct axpy_ctx c = {wt, h, &s, tw->axpy, mine, d, d, 0, wt->nb[1]};
+    struct axpy_ctx c = {wt, h, &s, tw->axpy, mine, d, d, 0, wt->nb[1], .axpy4 = m == 1 ? tw->axpy4 : NULL};
     sel_walk(&s, ith, nth, false, &(struct sel_walk){axpy_visit, axpy_prefetch, &c});
+    axpy_flush(&c);
     ggml_barrier(p->tp);
     for (int64_t j = 0; j < m; j++) {
         float *y = (float *)dst->data + j * dst_stride; // (d) column j
