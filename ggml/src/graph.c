@@ -22,10 +22,13 @@ void ggml_graph_free(struct ggml_cgraph *g) {
     if (g->stream) ggml_cuda_stream_free(g->stream);
     if (g->dev_buffer) ggml_cuda_free(g->dev_buffer);
     if (g->dev_wdata) ggml_cuda_free(g->dev_wdata);
+    if (g->staging) ggml_cuda_host_free(g->staging);
+    if (g->stream) ggml_cuda_host_free(g->buffer);
+    else free(g->buffer);
+    free(g->staging_offs);
     free(g->mirrors);
     free(g->uploads);
     free(g->nodes);
-    free(g->buffer);
     free(g);
 }
 
@@ -261,6 +264,18 @@ int ggml_graph_to_backend(struct ggml_cgraph *g, enum ggml_backend backend) {
     return GGML_STATUS_OK;
 }
 
+// pinned room for the uploaded leaves: they live in pageable memory the caller writes between computes
+static int plan_staging(struct ggml_cgraph *g) {
+    size_t total = GRAPH_ALIGN;
+    g->staging_offs = calloc((size_t)g->n_uploads + 1, sizeof *g->staging_offs);
+    if (!g->staging_offs) return ggml_set_error(GGML_STATUS_ALLOC_FAILED, "out of memory while planning");
+    for (int i = 0; i < g->n_uploads; i++) {
+        g->staging_offs[i] = total;
+        total += (ggml_nbytes(g->uploads[i]->src[0]) + GRAPH_ALIGN - 1) / GRAPH_ALIGN * GRAPH_ALIGN;
+    }
+    return ggml_cuda_host_malloc(&g->staging, total);
+}
+
 static int index_of(const struct ggml_cgraph *g, const struct ggml_tensor *t, int before) {
     for (int j = before - 1; j >= 0; j--)
         if (g->nodes[j] == t) return j;
@@ -302,8 +317,11 @@ int ggml_graph_plan(struct ggml_cgraph *g) {
     }
     status = plan_backend(g, GGML_BACKEND_CPU, last_use, offs, &g->buffer_size);
     if (status) goto done;
-    g->buffer = aligned_alloc(GRAPH_ALIGN, g->buffer_size);
-    if (!g->buffer) {
+    if (g->stream) { // pinned, so copies to and from the GPU are asynchronous DMA, not staged by the driver
+        status = ggml_cuda_host_malloc(&g->buffer, g->buffer_size);
+        if (!status) status = plan_staging(g);
+        if (status) goto done;
+    } else if (!(g->buffer = aligned_alloc(GRAPH_ALIGN, g->buffer_size))) {
         status = ggml_set_error(GGML_STATUS_ALLOC_FAILED, "cannot allocate %zu bytes for the graph", g->buffer_size);
         goto done;
     }
@@ -346,6 +364,18 @@ done:
     free(last_use);
     free(offs);
     return status;
+}
+
+int ggml_graph_run_uploads(struct ggml_cgraph *g) {
+    for (int i = 0; i < g->n_uploads; i++) {
+        const struct ggml_tensor *node = g->uploads[i], *src = node->src[0];
+        size_t n = ggml_nbytes(src);
+        void *staged = (uint8_t *)g->staging + g->staging_offs[i];
+        memcpy(staged, src->data, n);
+        int st = ggml_cuda_memcpy_h2d(node->data, staged, n, g->stream);
+        if (st) return st;
+    }
+    return GGML_STATUS_OK;
 }
 
 int ggml_graph_run_transfer(struct ggml_cgraph *g, struct ggml_tensor *node) {

@@ -101,10 +101,8 @@ static void graph_run(struct ggml_threadpool *tp, int ith) {
     int first = 0;
     if (g->stream) { // device work is issued by thread 0 alone; uploads read leaves nobody writes now
         first = g->n_uploads;
-        for (int i = 0; i < first && ith == 0; i++) {
-            int st = ggml_graph_run_transfer(g, g->nodes[i]);
-            if (st) pool_record_error(tp, st);
-        }
+        int st = ith == 0 ? ggml_graph_run_uploads(g) : GGML_STATUS_OK;
+        if (st) pool_record_error(tp, st);
     }
     for (int i = first; i < g->n_nodes; i++) {
         struct ggml_tensor *node = g->nodes[i];
