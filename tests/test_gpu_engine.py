@@ -8,6 +8,7 @@ from hf_tiny import N_VOCAB, VARIANTS, build
 
 import converters.convert_hf_to_powergguf as conv
 from pyinfer import ggml
+from pyinfer._native import lib
 from pyinfer.runtime import Model
 from pyinfer.sampling import SamplerParams
 
@@ -56,6 +57,12 @@ def test_tiny_models_on_gpu_match_cpu(converted, variant, ngl):
     again = np.array([gpu_model.eval([t]) for t in TOKENS[:6]])
     np.testing.assert_array_equal(gpu_steps, again)  # graph replays are deterministic
     assert gpu_model.decode_graph_replayed or ngl <= VARIANT_LAYERS, "decode steps are not replayed as a CUDA graph"
+    if ngl > VARIANT_LAYERS:  # only the embedding lookup stays on the CPU: the GPU part is one captured run
+        graph = gpu_model._graphs[(1, 1, False)].graph
+        ops = [(lib.ggml_get_op(t), lib.ggml_get_backend(t))
+               for t in (lib.ggml_graph_node(graph.ptr, i) for i in range(graph.n_nodes))]
+        cpu_nodes = [op for op, backend in ops if backend == lib.GGML_BACKEND_CPU]
+        assert cpu_nodes == [lib.GGML_OP_GET_ROWS], cpu_nodes
 
 
 @pytest.mark.parametrize("outtype", ["f16", "q8_0", "q4_0"])

@@ -172,12 +172,44 @@ static enum ggml_backend node_backend(const struct ggml_tensor *t) {
     }
 }
 
+static bool follows_inputs(const struct ggml_tensor *t) {
+    switch (t->op) {
+    case GGML_OP_VIEW:
+    case GGML_OP_KV_STORE:
+    case GGML_OP_MUL_MAT:
+    case GGML_OP_MUL_MAT_ROWS:
+    case GGML_OP_AXPY_ROWS:
+    case GGML_OP_GET_ROWS:
+    case GGML_OP_ATTENTION: return false;
+    default: return true;
+    }
+}
+
+// a CPU node whose readers all run on the GPU moves there too (e.g. the first norm after the CPU's
+// embedding lookup), so the data crosses once, early, and the GPU part stays one capturable run
+static void pull_to_gpu(struct ggml_cgraph *g) {
+    for (int i = g->n_nodes - 1; i >= 0; i--) {
+        struct ggml_tensor *t = g->nodes[i];
+        if (t->backend != GGML_BACKEND_CPU || !follows_inputs(t) || t->is_output) continue;
+        int readers = 0, gpu_readers = 0;
+        for (int j = i + 1; j < g->n_nodes; j++)
+            for (int s = 0; s < GGML_MAX_SRC; s++)
+                if (g->nodes[j]->src[s] == t) {
+                    readers++;
+                    gpu_readers += g->nodes[j]->backend == GGML_BACKEND_CUDA && g->nodes[j]->op != GGML_OP_VIEW;
+                    break;
+                }
+        if (readers > 0 && readers == gpu_readers) t->backend = GGML_BACKEND_CUDA;
+    }
+}
+
 // gives every cross-device edge a transfer node (one per source and backend), placed before its reader
 static int insert_transfers(struct ggml_cgraph *g) {
+    for (int i = 0; i < g->n_nodes; i++) g->nodes[i]->backend = node_backend(g->nodes[i]);
+    pull_to_gpu(g);
     int n_cross = 0;
     for (int i = 0; i < g->n_nodes; i++) {
         struct ggml_tensor *t = g->nodes[i];
-        t->backend = node_backend(t);
         for (int s = 0; s < GGML_MAX_SRC; s++)
             if (t->src[s] && t->op != GGML_OP_VIEW && ggml_get_backend(t->src[s]) != t->backend) n_cross++;
     }
