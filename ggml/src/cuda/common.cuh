@@ -192,3 +192,20 @@ size_t cuda_gemm_wsize(const struct ggml_tensor *w, const struct ggml_tensor *x)
 bool cuda_blas_load(void);
 // rows [r0, r0 + nr) of w (k values each) dequantized to F16 [nr, k]
 int cuda_dequant_rows_f16(const struct ggml_tensor *w, int64_t r0, int64_t nr, __half *out, cudaStream_t st);
+
+// block-wide stream compaction: every thread with sel appends row to s_rows in thread order; returns how
+// many rows the block selected (the same value in every thread). s_wcnt holds CUDA_BLOCK / 32 ints.
+static __device__ __forceinline__ int block_compact_rows(bool sel, int64_t row, int *s_rows, int *s_wcnt) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const unsigned bal = __ballot_sync(0xffffffffu, sel);
+    if (lane == 0) s_wcnt[warp] = __popc(bal);
+    __syncthreads();
+    int off = 0, total = 0;
+    for (int w = 0; w < CUDA_BLOCK / 32; w++) {
+        off += w < warp ? s_wcnt[w] : 0;
+        total += s_wcnt[w];
+    }
+    if (sel) s_rows[off + __popc(bal & ((1u << lane) - 1))] = (int)row;
+    __syncthreads();
+    return total;
+}

@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(CUDA_BLOCK, 4) rows_kernel(rows_params p) {
     __shared__ int s_rows[CUDA_BLOCK];   // (total) listed rows of this block
     __shared__ int s_wcnt[CUDA_BLOCK / 32];
     __shared__ int s_term;               // list mode: first terminator of the column
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int tid = threadIdx.x;
     const int col = blockIdx.y;          // list mode: the column
     const int64_t c0 = (int64_t)blockIdx.x * p.R;
     const cuda_rows_sel &s = p.s;
@@ -143,16 +143,7 @@ __global__ void __launch_bounds__(CUDA_BLOCK, 4) rows_kernel(rows_params p) {
         if (!sel)
             for (int j = 0; j < p.m; j++) p.y[row + j * p.y_ld] = 0.0f;
     }
-    const unsigned bal = __ballot_sync(0xffffffffu, sel);
-    if (lane == 0) s_wcnt[warp] = __popc(bal);
-    __syncthreads();
-    int off = 0, total = 0;
-    for (int w = 0; w < CUDA_BLOCK / 32; w++) {
-        off += w < warp ? s_wcnt[w] : 0;
-        total += s_wcnt[w];
-    }
-    if (sel) s_rows[off + __popc(bal & ((1u << lane) - 1))] = (int)row;
-    __syncthreads();
+    const int total = block_compact_rows(sel, row, s_rows, s_wcnt);
 
     const int tpr = p.tpr, slots = CUDA_BLOCK / tpr, slot = tid / tpr, sl = tid % tpr;
     const bool list = s.mode == CUDA_SEL_LIST;

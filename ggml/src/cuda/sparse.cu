@@ -174,16 +174,7 @@ __global__ void __launch_bounds__(CUDA_BLOCK) axpy_kernel(axpy_params p) {
         sel = row >= s.begin && row < s.end &&
               (s.mode == CUDA_SEL_ALL || *(const float *)(s.sel + row * s.nb0 + j * s.nb1) > 0.0f);
     }
-    const unsigned bal = __ballot_sync(0xffffffffu, sel);
-    if (lane == 0) s_wcnt[warp] = __popc(bal);
-    __syncthreads();
-    int off = 0, total = 0;
-    for (int w = 0; w < CUDA_BLOCK / 32; w++) {
-        off += w < warp ? s_wcnt[w] : 0;
-        total += s_wcnt[w];
-    }
-    if (sel) s_rows[off + __popc(bal & ((1u << lane) - 1))] = (int)row;
-    __syncthreads();
+    const int total = block_compact_rows(sel, row, s_rows, s_wcnt);
     if (total == 0) return; // block-uniform: nothing to add
 
     const int64_t sl = (int64_t)blockIdx.x * 32 + lane; // this lane's 32-value slice of d
