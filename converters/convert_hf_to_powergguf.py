@@ -30,7 +30,8 @@ from gguf import GGML_QUANT_SIZES, GGUFValueType, LlamaFileType
 from converters.gguf_out import FLOAT_TYPES, QUANTIZABLE, OutFile, OutTensor, Q, encode, pick_type, write_atomically
 from converters.hf_vocab import KV, read_json, vocab_metadata
 from converters.safetensors_source import SafetensorsSource
-from pyinfer.errors import ModelFormatError, PyInferError, UnsupportedError
+from pyinfer.console import run_cli
+from pyinfer.errors import ModelFormatError, UnsupportedError
 from pyinfer.gguf_file import GGUFFile, expected_tensor_shapes
 from pyinfer.model_config import ModelConfig
 
@@ -372,18 +373,11 @@ def convert(inp: str, outfile: str | None = None, outtype: str | None = None,
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: 0 on success, 1 with one line on stderr on error, 130 on Ctrl-C."""
-    args = _parser().parse_args(argv)
-    try:
-        written = convert(args.input, args.outfile, args.outtype, args.dense_gguf, args.down_type)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; no output written", file=sys.stderr)
-        return 130
-    except (PyInferError, OSError) as exc:
-        text = " ".join(str(exc).split()) if not isinstance(exc, OSError) or not exc.strerror else \
-            f"{exc.filename or ''}: {exc.strerror}".lstrip(": ")
-        print(f"{PROG}: error: {text}", file=sys.stderr)
-        return 1
-    for path in written:
+    return run_cli(PROG, _parser(), _convert, argv)
+
+
+def _convert(args: argparse.Namespace) -> int:
+    for path in convert(args.input, args.outfile, args.outtype, args.dense_gguf, args.down_type):
         print(f"wrote {path}")
     return 0
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from pyinfer import __version__
+from pyinfer.console import one_line
 from pyinfer.errors import PyInferError
 
 
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except OSError as exc:  # unreadable prompt file, full disk, ...
-        print(f"error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 1
 
 

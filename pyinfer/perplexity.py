@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pyinfer.console import one_line
 from pyinfer.errors import InvalidArgumentError, PyInferError
 
 PROG = "pyinfer perplexity"
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: tokenizing the input: {len(tokens)} tokens, n_ctx = {a.ctx_size}", file=sys.stderr)
         perplexity(model, tokens, a.ctx_size, a.chunks, base, a.kl_divergence_base)
     except (PyInferError, OSError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
         return 1
     print(model.timings.report(), file=sys.stderr)
     return 0

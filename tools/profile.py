@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from pyinfer.errors import InvalidArgumentError, PyInferError
+from pyinfer.console import run_cli
+from pyinfer.errors import InvalidArgumentError
 from pyinfer.gguf_file import GGUFFile
 from pyinfer.pull import cache_dir
 
@@ -230,21 +231,6 @@ def layer_table(rows: list[dict]) -> str:
     lines = ["  ".join(k.rjust(w) for k, w in zip(keys, widths, strict=True))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
     return "\n".join(lines)
-
-
-def run_cli(prog: str, parser: argparse.ArgumentParser, body, argv: list[str] | None) -> int:
-    """Parse, run body(args), and turn failures into one line on stderr (1), Ctrl-C into 130."""
-    args = parser.parse_args(argv)
-    try:
-        return body(args)
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
-    except (PyInferError, OSError) as exc:
-        text = " ".join(str(exc).split()) if not isinstance(exc, OSError) or not exc.strerror else \
-            f"{exc.filename or ''}: {exc.strerror}".lstrip(": ")
-        print(f"{prog}: error: {text}", file=sys.stderr)
-        return 1
 
 
 def _profile(args: argparse.Namespace) -> int:

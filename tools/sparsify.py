@@ -18,10 +18,11 @@ from gguf import GGUFValueType
 from tqdm import tqdm
 
 from converters.gguf_out import OutTensor, Q
+from pyinfer.console import run_cli
 from pyinfer.errors import InvalidArgumentError
 from pyinfer.gguf_file import GGUFFile
 from pyinfer.pull import cache_dir
-from tools.profile import add_profile_args, layer_table, profile_from_args, run_cli, stats_of
+from tools.profile import add_profile_args, layer_table, profile_from_args, stats_of
 from tools.reorder import hot_first_order, reorder_file
 from tools.train_predictors import (
     Predictor,

@@ -22,9 +22,10 @@ import numpy as np
 from scipy.special import expit
 from tqdm import tqdm
 
+from pyinfer.console import run_cli
 from pyinfer.errors import InvalidArgumentError
 from pyinfer.gguf_file import GGUFFile
-from tools.profile import add_profile_args, layer_table, profile_from_args, run_cli, stats_of
+from tools.profile import add_profile_args, layer_table, profile_from_args, stats_of
 
 RANKS = (16, 32, 64, 128, 256)
 RECALL = 0.99
