@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+# numpy's BLAS threads spin after any BLAS call and would take cores from the engine's own pool
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from pyinfer import __version__
 from pyinfer.console import one_line
