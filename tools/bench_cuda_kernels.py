@@ -30,21 +30,13 @@ SHAPES = [(4096, 11008), (5120, 13824), (576, 1536)]  # (k, n): LLaMA-13B/7B FFN
 DENSITIES = [0.01, 0.05, 0.10, 0.25, 0.50, 1.00]
 SPARSE_TYPES = (ggml.F16, ggml.Q4_0, ggml.Q8_0, ggml.Q4_K)
 
-_CUDA_API = """
-int ggml_cuda_init(void);
-int ggml_cuda_malloc(void **ptr, size_t size);
-void ggml_cuda_free(void *ptr);
-int ggml_cuda_memcpy_h2d(void *dst, const void *src, size_t n, void *stream);
-int ggml_cuda_memcpy_d2d(void *dst, const void *src, size_t n, void *stream);
-int ggml_cuda_stream_new(void **stream);
-int ggml_cuda_stream_sync(void *stream);
-int ggml_cuda_graph_capture_begin(void *stream);
-int ggml_cuda_graph_capture_end(void *stream, void **exec);
-int ggml_cuda_graph_launch(void *exec, void *stream);
-void ggml_cuda_graph_free(void *exec);
-size_t ggml_cuda_op_wsize(const struct ggml_tensor *node);
-int ggml_cuda_forward(struct ggml_tensor *node, void *wdata, void *stream);
-"""
+
+
+def _cuda_api() -> str:
+    """The prototypes of cuda.h (between its extern "C" braces), so the two never drift apart."""
+    text = (ROOT / "ggml" / "src" / "cuda" / "cuda.h").read_text()
+    body = re.search(r'extern "C" \{\n#endif\n(.*?)\n#ifdef __cplusplus\n\}', text, re.S).group(1)
+    return "\n".join(line.split("//")[0] for line in body.splitlines())
 
 
 def _tensor_struct() -> str:
@@ -62,7 +54,7 @@ class Cuda:
 
     def __init__(self):
         self.ffi = cffi.FFI()
-        self.ffi.cdef(_tensor_struct() + _CUDA_API)
+        self.ffi.cdef(_tensor_struct() + _cuda_api())
         self.lib = self.ffi.dlopen(_pyinfer_native.__file__)
         check(self.lib.ggml_cuda_init())
         box = self.ffi.new("void **")

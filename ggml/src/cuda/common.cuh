@@ -179,6 +179,22 @@ struct cuda_rows_sel {
     int64_t n_sel;        // entries per list column
     int64_t begin, end;   // rows considered
 };
+// entry e of list column col
+static __device__ __forceinline__ int32_t list_at(const cuda_rows_sel &s, int64_t e, int col) {
+    return *(const int32_t *)(s.sel + e * s.nb0 + col * s.nb1);
+}
+
+// a list column's entries count only before its first negative one: that index if it lies below lim,
+// else n_sel (block-wide; s_term is one shared int)
+static __device__ __forceinline__ int list_end(const cuda_rows_sel &s, int64_t lim, int col, int *s_term) {
+    if (threadIdx.x == 0) *s_term = (int)s.n_sel;
+    __syncthreads();
+    if (lim > s.n_sel) lim = s.n_sel;
+    for (int64_t e = threadIdx.x; e < lim; e += blockDim.x)
+        if (list_at(s, e, col) < 0) atomicMin(s_term, (int)e);
+    __syncthreads();
+    return *s_term;
+}
 // bytes of x [k, m] as Q8_1 (int8 values, then (d, d*sum) per 32) for a quantized weight type
 size_t cuda_xq_wsize(enum ggml_type wtype, int64_t k, int64_t m);
 // y[n_rows, m] = W x over the rows `s` selects (zeros elsewhere); x converted into wdata as needed

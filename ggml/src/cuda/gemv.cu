@@ -33,10 +33,6 @@ static __device__ __forceinline__ bool mask_on(const cuda_rows_sel &s, int64_t i
     return *(const float *)(s.sel + i * s.nb0 + j * s.nb1) > 0.0f;
 }
 
-static __device__ __forceinline__ int32_t list_at(const cuda_rows_sel &s, int64_t e, int col) {
-    return *(const int32_t *)(s.sel + e * s.nb0 + col * s.nb1);
-}
-
 // ---------------------------------------------------------------------------------------------------
 // F32/F16/BF16: per-thread part of one row's dot products
 // ---------------------------------------------------------------------------------------------------
@@ -121,14 +117,8 @@ __global__ void __launch_bounds__(CUDA_BLOCK, 4) rows_kernel(rows_params p) {
     bool sel = false;
     int64_t row = -1;
     if (s.mode == CUDA_SEL_LIST) {
-        // an entry counts only before the column's first negative entry
-        if (tid == 0) s_term = (int)s.n_sel;
-        __syncthreads();
-        const int64_t lim = c0 + p.R < s.n_sel ? c0 + p.R : s.n_sel;
-        for (int64_t e = tid; e < lim; e += blockDim.x)
-            if (list_at(s, e, col) < 0) atomicMin(&s_term, (int)e);
-        __syncthreads();
-        if (tid < p.R && c0 + tid < s_term) {
+        const int term = list_end(s, c0 + p.R, col, &s_term);
+        if (tid < p.R && c0 + tid < term) {
             row = list_at(s, c0 + tid, col);
             sel = row >= s.begin && row < s.end && row < p.n_rows;
         }

@@ -159,13 +159,8 @@ __global__ void __launch_bounds__(CUDA_BLOCK) axpy_kernel(axpy_params p) {
     bool sel = false;
     int64_t row = -1;
     if (s.mode == CUDA_SEL_LIST) {
-        if (tid == 0) s_term = (int)s.n_sel;
-        __syncthreads();
-        const int64_t lim = c0 + AXPY_ROWS < s.n_sel ? c0 + AXPY_ROWS : s.n_sel;
-        for (int64_t e = tid; e < lim; e += blockDim.x)
-            if (*(const int32_t *)(s.sel + e * s.nb0 + j * s.nb1) < 0) atomicMin(&s_term, (int)e);
-        __syncthreads();
-        if (tid < AXPY_ROWS && c0 + tid < s_term) {
+        const int term = list_end(s, c0 + AXPY_ROWS, (int)j, &s_term);
+        if (tid < AXPY_ROWS && c0 + tid < term) {
             row = *(const int32_t *)(s.sel + (c0 + tid) * s.nb0 + j * s.nb1);
             sel = row >= s.begin && row < s.end && row < p.n_rows;
         }
