@@ -121,7 +121,8 @@ class _StepGraph:
         if self._pos_ids is not None:
             self._pos_ids[:] = self._pos + self.pos_offset
         self.graph.compute(pool)
-        return self.logits.numpy().reshape(self.shape) if self._logits is None else self._logits
+        # the caller owns the result: host views are copied, device reads are fresh arrays already
+        return self.logits.numpy().reshape(self.shape) if self._logits is None else self._logits.copy()
 
     def active_rows(self) -> int:
         """Neurons (token, layer, row) the last compute's down projections summed."""
@@ -272,7 +273,7 @@ class Model:
                 self.timings.extra["ffn_rows_total"] += len(chunk) * self.config.n_layer * self.config.n_ff
             self.tokens.extend(int(t) for t in chunk)
             if n_out:
-                outs.append(logits.copy())
+                outs.append(logits)
         out = np.concatenate(outs) if all_logits else outs[-1][-1]
         return out
 
@@ -303,7 +304,7 @@ class Model:
             raise InvalidArgumentError(f"ffn_activations takes 1 to {min(self.n_batch, self.n_ctx)} tokens")
         self.reset()
         graph = self._graph(len(tokens), len(tokens), capture=True)
-        logits = graph.run(self.pool, tokens, 0).copy()
+        logits = graph.run(self.pool, tokens, 0)
         self.tokens.extend(int(t) for t in tokens)
         n = len(tokens)
         acts = {name: t.numpy().reshape(n, -1).copy() for name, t in graph.captured.items()}
