@@ -280,6 +280,11 @@ class Graph:
         """True once the GPU part runs as a captured CUDA graph."""
         return bool(lib.ggml_graph_is_replayed(self.ptr))
 
+    @property
+    def n_fused(self) -> int:
+        """Nodes the CUDA backend runs inside a fused kernel that an earlier node starts."""
+        return lib.ggml_graph_n_fused(self.ptr)
+
     def plan(self) -> Graph:
         check(lib.ggml_graph_plan(self.ptr))
         self.planned = True

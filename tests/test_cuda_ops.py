@@ -47,8 +47,9 @@ def read(t: ggml.Tensor) -> np.ndarray:
     return raw.view(np.float32).reshape(tuple(reversed(t.ne))).copy()
 
 
-def run(build, backend: str) -> list[np.ndarray]:
-    """build(ctx) -> outputs; planned, poisoned with NaN, computed on `backend`."""
+def run(build, backend: str, n_fused: list | None = None) -> list[np.ndarray]:
+    """build(ctx) -> outputs; planned, poisoned with NaN, computed on `backend`; appends the graph's
+    count of fused nodes to n_fused if given."""
     ctx = ggml.Context(64 << 20)
     outputs = build(ctx)
     g = ggml.Graph(ctx, outputs, backend=backend).plan()
@@ -56,6 +57,8 @@ def run(build, backend: str) -> list[np.ndarray]:
         nan = np.full(t.nbytes // 4, np.nan, dtype=np.float32)
         check(lib.ggml_tensor_write(t.ptr, ffi.from_buffer(nan), 0, t.nbytes))
     g.compute(pool())
+    if n_fused is not None:
+        n_fused.append(g.n_fused)
     return [read(t) for t in outputs]
 
 
@@ -154,7 +157,8 @@ def test_get_rows_every_type(type_):
 
 
 @SETTINGS
-@given(rows=st.integers(1, 6), cols=st.integers(1, 3000), seed=st.integers(0, 2**31),
+@given(rows=st.integers(1, 6), cols=st.one_of(st.integers(1, 3000), st.integers(1, 5000).map(lambda c: 4 * c)),
+       seed=st.integers(0, 2**31),
        layer=st.booleans(), offset=st.sampled_from([0.0, 100.0]))
 def test_norms(rows, cols, seed, layer, offset):
     a = (np.random.default_rng(seed).standard_normal((rows, cols)) + offset).astype(np.float32)
@@ -204,8 +208,9 @@ def test_soft_max(rows, cols, use_pos, seed):
 @SETTINGS
 @given(cache_type=st.sampled_from([ggml.F32, ggml.F16]), n_kv=st.integers(1, 3), group=st.integers(1, 3),
        hd=st.sampled_from([8, 40, 64, 128, 256]), n_ctx=st.integers(1, 700), n_tokens=st.integers(1, 4),
-       seed=st.integers(0, 2**31))
-def test_kv_store_and_attention(cache_type, n_kv, group, hd, n_ctx, n_tokens, seed):
+       seed=st.integers(0, 2**31), rope_k=st.booleans())
+def test_kv_store_and_attention(cache_type, n_kv, group, hd, n_ctx, n_tokens, seed, rope_k):
+    """With rope_k the new keys are rotated first: on CUDA rope writes them into the cache (one fused kernel)."""
     rng = np.random.default_rng(seed)
     n_tokens = min(n_tokens, n_ctx)
     n_head = n_kv * group
@@ -220,14 +225,19 @@ def test_kv_store_and_attention(cache_type, n_kv, group, hd, n_ctx, n_tokens, se
         kc = tensor(ctx, cache0, cache_type)
         vc = tensor(ctx, cache0[::-1].copy(), cache_type)
         p = tensor(ctx, pos)
-        k = ctx.kv_store(kc, tensor(ctx, knew), p)
+        tk = tensor(ctx, knew.reshape(n_tokens * n_kv, hd))
+        tk = ctx.reshape(tk, (n_tokens, n_kv, hd))
+        k = ctx.kv_store(kc, ctx.rope(tk, p, hd, ggml.ROPE_NEOX, 10000.0) if rope_k else tk, p)
         v = ctx.kv_store(vc, tensor(ctx, vnew), p)
         return [ctx.attention(tensor(ctx, q), k, v, p, scale)]
 
-    (got,), (cpu,) = both(build)
+    n_fused = []
+    (got,), (cpu,) = run(build, "cuda", n_fused), run(build, "cpu")
+    assert n_fused == [int(rope_k)]
     cast = (lambda a: a.astype(np.float16).astype(np.float64)) if cache_type == ggml.F16 else np.float64
     kc, vc = cast(cache0).copy(), cast(cache0[::-1]).copy()
-    kc[pos], vc[pos] = cast(knew), cast(vnew)
+    kc[pos] = cast(ref.rope(knew, pos, hd, ggml.ROPE_NEOX, 10000.0).astype(np.float32) if rope_k else knew)
+    vc[pos] = cast(vnew)
     want = ref.attention(q, kc, vc, pos, scale)
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-3, atol=1e-4)
     np.testing.assert_allclose(got, cpu, rtol=1e-3, atol=1e-4)
@@ -327,6 +337,60 @@ def test_axpy_rows(type_, data, seed):
     # float32 sums in a different order: relative to the sum of magnitudes
     np.testing.assert_array_less(np.abs(got - want), 1e-5 * bound + 1e-5)
     np.testing.assert_array_less(np.abs(got - cpu.reshape(want.shape)), 1e-5 * bound + 1e-5)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(type_=st.sampled_from(ggml.WEIGHT_TYPES), data=st.data(), seed=st.integers(0, 2**31),
+       act=st.sampled_from(["silu", "gelu", "relu"]), layer=st.booleans())
+def test_fused_decode_chains(type_, data, seed, act, layer):
+    """The chains a decode step fuses on CUDA (norm -> mul, gate/act/up -> mul, GEMV -> add, q/k/v sharing
+    one quantized x) against float64 and the unfused CPU graph."""
+    rng = np.random.default_rng(seed)
+    k = row_len(type_, data.draw)
+    n = data.draw(st.integers(1, 700))
+    d = data.draw(st.integers(1, 300))
+    x = rng.standard_normal(k).astype(np.float32)
+    wn = rng.standard_normal(k).astype(np.float32)
+    wg, wu, wq = (rng.standard_normal((n, k)).astype(np.float32) for _ in range(3))
+    wd = rng.standard_normal((d, n)).astype(np.float32)
+    res = rng.standard_normal(d).astype(np.float32)
+    wd_type = ggml.F32 if type_ in QUANT_TYPES else type_
+
+    def build(ctx):
+        norm = ctx.layer_norm if layer else ctx.rms_norm
+        h = ctx.mul(norm(tensor(ctx, x), 1e-5), tensor(ctx, wn))
+        glu = ctx.mul(getattr(ctx, act)(ctx.mul_mat(tensor(ctx, wg, type_), h)), ctx.mul_mat(tensor(ctx, wu, type_), h))
+        q = ctx.mul_mat(tensor(ctx, wq, type_), h)  # the GLU left h quantized in the scratch
+        out = ctx.add(ctx.mul_mat(tensor(ctx, wd, wd_type), glu), tensor(ctx, res))
+        return [glu, q, out]
+
+    graphs = []
+    got, cpu = ([r.reshape(-1) for r in run(build, b, graphs)] for b in ("cuda", "cpu"))
+
+    def gemv_fuses(t, row):  # float rows fuse when 16-byte aligned
+        return t in QUANT_TYPES or row % (4 if t == ggml.F32 else 8) == 0
+
+    expected = 1 + 3 * gemv_fuses(type_, k) + gemv_fuses(wd_type, n)  # norm, GLU, GEMV + add
+    assert graphs == [expected, 0], graphs
+
+    h = (ref.layer_norm if layer else ref.rms_norm)(x[None].astype(np.float64), 1e-5)[0] * wn
+    wg64, wu64, wq64 = (weight_values(type_, w) for w in (wg, wu, wq))
+    g, u = wg64 @ h, wu64 @ h
+    tol_g, tol_u = (DOT_TOL[type_] * (np.abs(w) @ np.abs(h)) + 1e-4 for w in (wg64, wu64))
+    a = getattr(ref, act)(g)
+    want_glu = a * u
+    # |d act| <= 1.13 |d g| for silu/gelu/relu
+    tol_glu = 1.13 * tol_g * (np.abs(u) + tol_u) + np.abs(a) * tol_u + 1e-4
+    want_q = wq64 @ h
+    wd64 = weight_values(wd_type, wd)
+    want_out = wd64 @ want_glu + res
+    tol_out = np.abs(wd64) @ tol_glu + DOT_TOL[type_] * (np.abs(wd64) @ np.abs(want_glu)) + 1e-4
+    tol_q = DOT_TOL[type_] * (np.abs(wq64) @ np.abs(h)) + 1e-4
+    checks = (("glu", want_glu, tol_glu), ("q", want_q, tol_q), ("out", want_out, tol_out))
+    for results in (got, cpu):
+        for result, (name, want, tol) in zip(results, checks, strict=True):
+            bad = ~(np.abs(result - want) <= tol)
+            assert not bad.any(), f"{name}: {bad.sum()} of {bad.size} off, got {result[bad][:3]} want {want[bad][:3]}"
 
 
 def test_gemm_large_quantized_and_f16():

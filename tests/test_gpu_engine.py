@@ -66,17 +66,34 @@ def test_tiny_models_on_gpu_match_cpu(converted, variant, ngl):
         first_gpu = next(i for i, (_, backend) in enumerate(ops) if backend == lib.GGML_BACKEND_CUDA
                          and ops[i][0] != lib.GGML_OP_TRANSFER and i > 0)
         assert all(backend == lib.GGML_BACKEND_CUDA for _, backend in ops[first_gpu:]), "a CPU node splits the GPU run"
+        # every layer fuses its two norm -> mul; rope writes the keys into the cache; gated FFNs run as one GEMV
+        glu = variant in ("llama_silu", "llama_relu", "llama_geglu")
+        assert decode_fused_nodes(gpu_model) >= (6 if glu else 2) * VARIANT_LAYERS
+
+
+def decode_fused_nodes(model: Model) -> int:
+    """Nodes of the model's one-token decode graph that run inside a fused CUDA kernel."""
+    return model._graphs[(1, 1, False)].graph.n_fused
 
 
 @pytest.mark.parametrize("outtype", ["f16", "q8_0", "q4_0"])
 def test_quantized_tiny_model_on_gpu(converted, outtype):
     path = converted("llama_silu", outtype)
-    cpu = Model(path, n_ctx=64, kv_type="f32").logits(TOKENS)
-    gpu = Model(path, n_ctx=64, kv_type="f32", n_gpu_layers=99).logits(TOKENS)
+    cpu_model = Model(path, n_ctx=64, kv_type="f32")
+    gpu_model = Model(path, n_ctx=64, kv_type="f32", n_gpu_layers=99)
+    cpu, gpu = cpu_model.logits(TOKENS), gpu_model.logits(TOKENS)
     err = rel_err(gpu, cpu)
-    print(f"\n{outtype}: prompt batch rel err GPU vs CPU {err:.2e}")
+    # decode steps: fused GEMVs (norm weight, residual, SwiGLU); q, k, v share one quantized x
+    cpu_model.reset()
+    gpu_model.reset()
+    cpu_steps = np.array([cpu_model.eval([t]) for t in TOKENS[:6]])
+    gpu_steps = np.array([gpu_model.eval([t]) for t in TOKENS[:6]])
+    step_err = rel_err(gpu_steps, cpu_steps)
+    print(f"\n{outtype}: rel err GPU vs CPU: prompt batch {err:.2e}, decode {step_err:.2e}")
     # the CPU rounds activations to Q8 blocks, the GPU's GEMM dequantizes weights to F16: both err ~1e-2
     assert err < 6e-2
+    assert step_err < 6e-2
+    assert decode_fused_nodes(gpu_model) >= 6 * VARIANT_LAYERS  # two norm -> mul, rope -> kv_store, GLU
 
 
 def test_default_model_greedy_64_tokens_equal_cpu():

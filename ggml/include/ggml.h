@@ -185,6 +185,8 @@ int ggml_graph_plan(struct ggml_cgraph *g);
 size_t ggml_graph_mem_size(const struct ggml_cgraph *g);
 // true once the graph's GPU part is replayed from a captured CUDA graph (from its second compute on)
 bool ggml_graph_is_replayed(const struct ggml_cgraph *g);
+// nodes the CUDA backend runs inside a fused kernel started by an earlier node (0 without a GPU part)
+int ggml_graph_n_fused(const struct ggml_cgraph *g);
 void ggml_graph_free(struct ggml_cgraph *g);
 
 // --- devices ---

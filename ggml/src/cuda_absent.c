@@ -77,6 +77,17 @@ size_t ggml_cuda_op_wsize(const struct ggml_tensor *node) {
     return 0;
 }
 
+void ggml_cuda_plan_groups(struct ggml_tensor *const *nodes, int n, const int *readers, struct ggml_cuda_group *groups) {
+    (void)nodes, (void)readers;
+    for (int i = 0; i < n; i++) groups[i] = (struct ggml_cuda_group){GGML_CUDA_FUSE_NONE, 1, false, false};
+}
+
+int ggml_cuda_forward_group(const struct ggml_cuda_group *group, struct ggml_tensor *const *nodes, void *wdata,
+                            void *stream) {
+    (void)group, (void)nodes, (void)wdata, (void)stream;
+    return cuda_absent();
+}
+
 int ggml_cuda_forward(struct ggml_tensor *node, void *wdata, void *stream) {
     (void)node, (void)wdata, (void)stream;
     return cuda_absent();

@@ -26,6 +26,7 @@ void ggml_graph_free(struct ggml_cgraph *g) {
     if (g->stream) ggml_cuda_host_free(g->buffer);
     else free(g->buffer);
     free(g->staging_offs);
+    free(g->groups);
     free(g->mirrors);
     free(g->uploads);
     free(g->nodes);
@@ -79,6 +80,12 @@ struct ggml_tensor *ggml_graph_node(const struct ggml_cgraph *g, int i) {
 size_t ggml_graph_mem_size(const struct ggml_cgraph *g) { return g ? g->buffer_size : 0; }
 
 bool ggml_graph_is_replayed(const struct ggml_cgraph *g) { return g && g->cuda_graph; }
+
+int ggml_graph_n_fused(const struct ggml_cgraph *g) {
+    int n = 0;
+    for (int i = 0; g && g->groups && i < g->n_nodes; i++) n += g->groups[i].len == 0;
+    return n;
+}
 
 // ---------------------------------------------------------------------------------------------------
 // planning: first-fit over a virtual buffer, then one allocation of the high-water mark
@@ -314,6 +321,43 @@ static int index_of(const struct ggml_cgraph *g, const struct ggml_tensor *t, in
     return -1;
 }
 
+// asks the CUDA backend which runs of nodes it fuses (needs the readers of every node)
+static int plan_cuda_groups(struct ggml_cgraph *g) {
+    int n = g->n_nodes;
+    int *readers = calloc((size_t)n + 1, sizeof *readers);
+    g->groups = calloc((size_t)n + 1, sizeof *g->groups);
+    if (!readers || !g->groups) {
+        free(readers);
+        return ggml_set_error(GGML_STATUS_ALLOC_FAILED, "out of memory while planning");
+    }
+    for (int i = 0; i < n; i++) {
+        const struct ggml_tensor *t = g->nodes[i];
+        readers[i] += t->is_output;
+        for (int s = 0; s < GGML_MAX_SRC; s++) {
+            int j = t->src[s] ? index_of(g, t->src[s], i) : -1;
+            bool again = false; // a node reading j twice counts once
+            for (int s2 = 0; s2 < s && !again; s2++) again = t->src[s2] == t->src[s];
+            if (j >= 0 && !again) readers[j]++;
+        }
+    }
+    ggml_cuda_plan_groups(g->nodes, n, readers, g->groups);
+    free(readers);
+    return GGML_STATUS_OK;
+}
+
+// a fused run reads the sources of all its nodes while it writes its last node: they stay alive to its end
+static void extend_to_groups(const struct ggml_cgraph *g, int *last_use) {
+    for (int i = 0; i < g->n_nodes; i++) {
+        int end = i + g->groups[i].len - 1;
+        for (int k = i; k < end; k++)
+            for (int s = 0; s < GGML_MAX_SRC; s++) {
+                if (!g->nodes[k]->src[s]) continue;
+                int j = index_of(g, storage_of(g->nodes[k]->src[s]), k);
+                if (j >= 0 && last_use[j] < end) last_use[j] = end;
+            }
+    }
+}
+
 int ggml_graph_plan(struct ggml_cgraph *g) {
     if (!g) return ggml_set_error(GGML_STATUS_INVALID_ARG, "null graph");
     if (g->planned) return GGML_STATUS_OK;
@@ -324,6 +368,7 @@ int ggml_graph_plan(struct ggml_cgraph *g) {
                 return ggml_set_error(GGML_STATUS_INVALID_ARG, "input tensor '%s' has no data", storage_of(src)->name);
         }
     int status = insert_transfers(g);
+    if (!status && g->stream) status = plan_cuda_groups(g);
     if (status) return status;
     int n = g->n_nodes;
     // last_use[i]: index of the last node that reads node i's storage (n for outputs: kept)
@@ -342,6 +387,7 @@ int ggml_graph_plan(struct ggml_cgraph *g) {
             if (j >= 0 && last_use[j] < i) last_use[j] = i;
         }
     }
+    if (g->groups) extend_to_groups(g, last_use);
     for (int i = n - 1; i >= 0; i--) { // a view marked as output keeps its owner alive
         struct ggml_tensor *t = g->nodes[i];
         int j = t->view_src ? index_of(g, t->view_src, i) : -1;
@@ -408,6 +454,11 @@ int ggml_graph_run_uploads(struct ggml_cgraph *g) {
         if (st) return st;
     }
     return GGML_STATUS_OK;
+}
+
+int ggml_graph_run_cuda_node(struct ggml_cgraph *g, int i) {
+    if (g->groups[i].len == 0 || g->nodes[i]->op == GGML_OP_VIEW) return GGML_STATUS_OK;
+    return ggml_cuda_forward_group(&g->groups[i], &g->nodes[i], g->dev_wdata, g->stream);
 }
 
 int ggml_graph_run_transfer(struct ggml_cgraph *g, struct ggml_tensor *node) {

@@ -78,7 +78,7 @@ static int run_cuda_tail(struct ggml_cgraph *g) {
     if (capture && ggml_cuda_graph_capture_begin(g->stream) != GGML_STATUS_OK) capture = false;
     int st = GGML_STATUS_OK;
     for (int i = g->capture_from; i < g->n_nodes && !st; i++)
-        if (g->nodes[i]->op != GGML_OP_VIEW) st = ggml_cuda_forward(g->nodes[i], g->dev_wdata, g->stream);
+        st = ggml_graph_run_cuda_node(g, i);
     if (!capture) return st;
     void *exec = NULL;
     int cap_st = ggml_cuda_graph_capture_end(g->stream, &exec);
@@ -90,7 +90,7 @@ static int run_cuda_tail(struct ggml_cgraph *g) {
     g->n_computes = 2; // capture failed: run op by op from now on
     ggml_clear_error();
     for (int i = g->capture_from; i < g->n_nodes && !st; i++)
-        if (g->nodes[i]->op != GGML_OP_VIEW) st = ggml_cuda_forward(g->nodes[i], g->dev_wdata, g->stream);
+        st = ggml_graph_run_cuda_node(g, i);
     return st;
 }
 
@@ -114,8 +114,7 @@ static void graph_run(struct ggml_threadpool *tp, int ith) {
                 st = run_cuda_tail(g);
                 i = g->n_nodes;
             } else {
-                st = node->op == GGML_OP_TRANSFER ? ggml_graph_run_transfer(g, node)
-                                                   : ggml_cuda_forward(node, g->dev_wdata, g->stream);
+                st = node->op == GGML_OP_TRANSFER ? ggml_graph_run_transfer(g, node) : ggml_graph_run_cuda_node(g, i);
             }
             if (st) pool_record_error(tp, st);
             continue;

@@ -76,6 +76,13 @@ static __device__ __forceinline__ float block_max(float v, float *sh) {
     return warp_max(v);
 }
 
+// the activation functions of unary ops and of fused GLUs (the CPU backend's formulas)
+static __device__ __forceinline__ float cuda_act(int op, float x) {
+    if (op == GGML_OP_SILU) return x / (1.0f + expf(-x));
+    if (op == GGML_OP_GELU) return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    return x < 0.0f ? 0.0f : x; // RELU; NaN stays NaN
+}
+
 static __device__ __forceinline__ float f16_at(const void *p) { return __half2float(*(const __half *)p); }
 static __device__ __forceinline__ float h2f(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
 static __device__ __forceinline__ float bf2f(uint32_t h) { return __uint_as_float(h << 16); }
@@ -159,13 +166,18 @@ int cuda_op_get_rows(struct ggml_tensor *dst, cudaStream_t st);
 int cuda_op_binary(struct ggml_tensor *dst, cudaStream_t st);
 int cuda_op_unary(struct ggml_tensor *dst, cudaStream_t st);
 int cuda_op_norm(struct ggml_tensor *dst, cudaStream_t st);
+// the norm node's rows times the weight row w (F32, the row length) into dst: the norm -> mul fusion;
+// with wdata, dst also goes there as Q8_1 for the GEMVs that read it
+int cuda_norm_mul(const struct ggml_tensor *norm, const struct ggml_tensor *w, struct ggml_tensor *dst, void *wdata,
+                  cudaStream_t st);
 int cuda_op_rope(struct ggml_tensor *dst, cudaStream_t st);
+// rope's rows written into the cache slots of the kv_store that reads them (the rope -> kv_store fusion)
+int cuda_rope_store(const struct ggml_tensor *rope, struct ggml_tensor *store, cudaStream_t st);
 int cuda_op_soft_max(struct ggml_tensor *dst, cudaStream_t st);
 int cuda_op_kv_store(struct ggml_tensor *dst, cudaStream_t st);
 int cuda_op_attention(struct ggml_tensor *dst, cudaStream_t st);
 int cuda_op_mul_mat(struct ggml_tensor *dst, void *wdata, cudaStream_t st);
 size_t cuda_mul_mat_wsize(const struct ggml_tensor *dst);
-int cuda_op_mul_mat_rows(struct ggml_tensor *dst, void *wdata, cudaStream_t st);
 size_t cuda_mul_mat_rows_wsize(const struct ggml_tensor *dst);
 int cuda_op_axpy_rows(struct ggml_tensor *dst, cudaStream_t st);
 
@@ -197,9 +209,24 @@ static __device__ __forceinline__ int list_end(const cuda_rows_sel &s, int64_t l
 }
 // bytes of x [k, m] as Q8_1 (int8 values, then (d, d*sum) per 32) for a quantized weight type
 size_t cuda_xq_wsize(enum ggml_type wtype, int64_t k, int64_t m);
+// where x [k, m] as Q8_1 lies in the scratch: (m, k) int8 values, then (m, k / 32) (d, d * sum)
+void cuda_xq_at(void *wdata, int64_t k, int64_t m, int8_t **xq, float2 **xds);
+// x [k, m] (columns x_ld floats apart) to Q8_1 in wdata
+int cuda_quantize_q8_1(const float *x, int64_t x_ld, int64_t k, int64_t m, void *wdata, cudaStream_t st);
+// what a GEMV may do besides y = W x (fusions, ggml/src/cuda/fusion.cu); {} is the plain GEMV
+struct cuda_gemv_extra {
+    const struct ggml_tensor *up; // GLU: y = act(W x) * (up x), up shaped and typed like W (one column)
+    int act;                      // GLU: GGML_OP_SILU, GGML_OP_GELU or GGML_OP_RELU
+    const float *add;             // y += add[row] (one column)
+    bool xq_ready;                // wdata already holds x as Q8_1 (the previous GEMV quantized the same x)
+};
 // y[n_rows, m] = W x over the rows `s` selects (zeros elsewhere); x converted into wdata as needed
 int cuda_rows_dot(const struct ggml_tensor *w, const struct ggml_tensor *x, struct ggml_tensor *y,
-                  const cuda_rows_sel &s, void *wdata, cudaStream_t st);
+                  const cuda_rows_sel &s, void *wdata, cudaStream_t st, const cuda_gemv_extra &e = {});
+// whether cuda_rows_dot can run W x with a cuda_gemv_extra epilogue (one column, supported layout)
+bool cuda_gemv_takes_extra(const struct ggml_tensor *w, const struct ggml_tensor *x);
+// MUL_MAT_ROWS (of e, only xq_ready applies)
+int cuda_op_mul_mat_rows(struct ggml_tensor *dst, void *wdata, cudaStream_t st, const cuda_gemv_extra &e = {});
 // GEMM path of mul_mat (m > GEMV_MAX_COLS): tensor cores through cuBLAS, or our WMMA kernel
 int cuda_gemm(const struct ggml_tensor *w, const struct ggml_tensor *x, struct ggml_tensor *y, void *wdata,
               cudaStream_t st);

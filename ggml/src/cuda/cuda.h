@@ -30,6 +30,27 @@ size_t ggml_cuda_op_wsize(const struct ggml_tensor *node);
 // runs one node on `stream`; node->data and every src's data are device pointers; wdata is device scratch
 int ggml_cuda_forward(struct ggml_tensor *node, void *wdata, void *stream);
 
+// Runs of consecutive nodes the backend executes as one kernel (ggml/src/cuda/fusion.cu). The graph
+// planner asks for them once; intermediates inside a run are never written.
+enum ggml_cuda_fusion {
+    GGML_CUDA_FUSE_NONE,     // the node alone
+    GGML_CUDA_FUSE_NORM_MUL, // rms_norm or layer_norm, then mul by a weight row
+    GGML_CUDA_FUSE_GEMV_ADD, // one-column mul_mat, then add of a vector (bias or residual)
+    GGML_CUDA_FUSE_GLU,      // mul_mat (gate), silu/gelu/relu, mul_mat (up) of the same x, mul
+    GGML_CUDA_FUSE_ROPE_STORE, // rope, then kv_store of its rows
+};
+struct ggml_cuda_group {
+    int kind;      // ggml_cuda_fusion
+    int len;       // nodes the group covers; 0 for the nodes after a group's first
+    bool xq_ready;  // its GEMV finds x already quantized in the device scratch (by the previous GEMV or norm)
+    bool writes_xq; // (norm -> mul) also leaves its output quantized in the scratch, for the GEMVs after it
+};
+// groups[i] for nodes[0..n); readers[i]: how many nodes read nodes[i] (one more for graph outputs)
+void ggml_cuda_plan_groups(struct ggml_tensor *const *nodes, int n, const int *readers, struct ggml_cuda_group *groups);
+// runs the group that starts at nodes[0]
+int ggml_cuda_forward_group(const struct ggml_cuda_group *group, struct ggml_tensor *const *nodes, void *wdata,
+                            void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -110,16 +110,7 @@ __global__ void unary_kernel(cuda_view a, cuda_view dst, int op, float s, int64_
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = e / n0, i = e % n0;
         const float x = ((const float *)cuda_row(a, r))[i];
-        float y;
-        if (op == GGML_OP_SCALE)
-            y = x * s;
-        else if (op == GGML_OP_SILU)
-            y = x / (1.0f + expf(-x));
-        else if (op == GGML_OP_GELU)
-            y = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-        else
-            y = x < 0.0f ? 0.0f : x; // NaN stays NaN
-        ((float *)cuda_row(dst, r))[i] = y;
+        ((float *)cuda_row(dst, r))[i] = op == GGML_OP_SCALE ? x * s : cuda_act(op, x);
     }
 }
 

@@ -27,7 +27,16 @@ struct rows_params {
     int m;
     cuda_rows_sel s;
     int R, tpr;       // candidates per block (per round of qrows_kernel), threads per row (rows_kernel)
+    const uint8_t *w2; // GLU (dense, m = 1): y = act(w x) * (w2 x), w2 laid out like w
+    int act;
+    const float *add; // (m = 1) y[row] += add[row]
 };
+
+// a row's output from its dot product (and the up row's, for GLU) with the fused epilogue
+static __device__ __forceinline__ float row_out(const rows_params &p, int64_t row, float dot, float up) {
+    const float v = p.w2 ? cuda_act(p.act, dot) * up : dot;
+    return p.add ? v + p.add[row] : v;
+}
 
 static __device__ __forceinline__ bool mask_on(const cuda_rows_sel &s, int64_t i, int64_t j) {
     return *(const float *)(s.sel + i * s.nb0 + j * s.nb1) > 0.0f;
@@ -168,6 +177,70 @@ __global__ void __launch_bounds__(CUDA_BLOCK, 4) rows_kernel(rows_params p) {
 }
 
 // ---------------------------------------------------------------------------------------------------
+// F32/F16/BF16, every row of one column (decoding, 16-byte aligned rows)
+// ---------------------------------------------------------------------------------------------------
+
+#define GEMV_F_THREADS 128
+
+// Two rows per block (GLU: row blockIdx.x of w and of w2): the rows share every x load, and thousands
+// of short blocks keep the last wave's tail short (rows_kernel's 8-row blocks left 1/4 of a wave idle).
+template <int TYPE>
+__global__ void __launch_bounds__(GEMV_F_THREADS) gemv_f_kernel(rows_params p) {
+    constexpr int VE = TYPE == GGML_TYPE_F32 ? 4 : 8; // values per 16-byte chunk
+    __shared__ float sh[GEMV_F_THREADS / 32][2];
+    const bool glu = p.w2 != nullptr;
+    const int64_t r0 = glu ? (int64_t)blockIdx.x : 2 * (int64_t)blockIdx.x;
+    const bool two = !glu && r0 + 1 < p.n_rows;
+    const int4 *w0 = (const int4 *)(p.w + r0 * p.w_nb1);
+    const int4 *w1 = glu ? (const int4 *)(p.w2 + r0 * p.w_nb1) : two ? w0 + p.w_nb1 / 16 : w0;
+    const int64_t nch = p.k / VE;
+    float a0 = 0.0f, a1 = 0.0f;
+    for (int64_t c0 = threadIdx.x; c0 < nch; c0 += GEMV_FLOAT_UNROLL * GEMV_F_THREADS) {
+        int4 v0[GEMV_FLOAT_UNROLL], v1[GEMV_FLOAT_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GEMV_FLOAT_UNROLL; u++) {
+            const int64_t c = c0 + u * GEMV_F_THREADS;
+            v0[u] = c < nch ? __ldg(w0 + c) : make_int4(0, 0, 0, 0);
+            v1[u] = c < nch ? __ldg(w1 + c) : make_int4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_FLOAT_UNROLL; u++) {
+            const int64_t c = c0 + u * GEMV_F_THREADS;
+            if (c >= nch) break;
+            float f0[8], f1[8], xv[8];
+            chunk_vals<TYPE>(v0[u], f0);
+            chunk_vals<TYPE>(v1[u], f1);
+            const float4 *xp = (const float4 *)(p.xf + c * VE);
+            const float4 xa = __ldg(xp), xb = VE == 8 ? __ldg(xp + 1) : xa;
+            xv[0] = xa.x; xv[1] = xa.y; xv[2] = xa.z; xv[3] = xa.w;
+            xv[4] = xb.x; xv[5] = xb.y; xv[6] = xb.z; xv[7] = xb.w;
+#pragma unroll
+            for (int i = 0; i < VE; i++) {
+                a0 += f0[i] * xv[i];
+                a1 += f1[i] * xv[i];
+            }
+        }
+    }
+    a0 = warp_sum(a0);
+    a1 = warp_sum(a1);
+    const int warp = threadIdx.x / 32;
+    if (threadIdx.x % 32 == 0) {
+        sh[warp][0] = a0;
+        sh[warp][1] = a1;
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int w = 0; w < GEMV_F_THREADS / 32; w++) {
+        s0 += sh[w][0];
+        s1 += sh[w][1];
+    }
+    p.y[r0] = row_out(p, r0, s0, s1);
+    if (two) p.y[r0 + 1] = row_out(p, r0 + 1, s1, 0.0f);
+}
+
+// ---------------------------------------------------------------------------------------------------
 // quantized weights: select and compact candidate rows, then NR listed rows per warp
 // ---------------------------------------------------------------------------------------------------
 
@@ -262,13 +335,16 @@ __global__ void __launch_bounds__(QROWS_WARPS * 32, qrows_min_blocks<TYPE>) qrow
         }
         __syncthreads();
         const int total = s_cnt;
-        for (int g = warp * NR; g < total; g += QROWS_WARPS * NR) {
+        // GLU: a warp's NR = 2 rows are one row of w (gate) and the same row of w2 (up)
+        const bool glu = NC == 1 && p.w2;
+        const int per = glu ? 1 : NR; // listed rows a warp takes at once
+        for (int g = warp * per; g < total; g += QROWS_WARPS * per) {
             int r_of[NR];
             const uint8_t *wr[NR]; // rows past the list repeat row g: loaded, never written
 #pragma unroll
             for (int r = 0; r < NR; r++) {
-                r_of[r] = s_rows[g + r < total ? g + r : g];
-                wr[r] = p.w + (int64_t)r_of[r] * p.w_nb1;
+                r_of[r] = s_rows[g + r < total && !glu ? g + r : g];
+                wr[r] = (glu && r == 1 ? p.w2 : p.w) + (int64_t)r_of[r] * p.w_nb1;
             }
             float acc[NR][NC];
 #pragma unroll
@@ -276,6 +352,13 @@ __global__ void __launch_bounds__(QROWS_WARPS * 32, qrows_min_blocks<TYPE>) qrow
 #pragma unroll
                 for (int j = 0; j < NC; j++) acc[r][j] = 0.0f;
             qrow_dots<TYPE, A16, NC, NR>(wr, xq, xds, p.k, mm, lane, acc);
+            if constexpr (NC == 1 && NR == 2) {
+                if (glu) {
+                    const float gate = warp_sum(acc[0][0]), up = warp_sum(acc[1][0]);
+                    if (lane == 0) p.y[r_of[0]] = row_out(p, r_of[0], gate, up);
+                    continue;
+                }
+            }
 #pragma unroll
             for (int r = 0; r < NR; r++) {
 #pragma unroll
@@ -285,6 +368,8 @@ __global__ void __launch_bounds__(QROWS_WARPS * 32, qrows_min_blocks<TYPE>) qrow
                     if (lane != 0 || g + r >= total) continue;
                     if (list)
                         p.y[r_of[r] + col * p.y_ld] = v;
+                    else if (p.add)
+                        p.y[r_of[r]] = row_out(p, r_of[r], v, 0.0f); // m = 1, dense
                     else
                         p.y[r_of[r] + j * p.y_ld] = s.mode != CUDA_SEL_MASK || mm == 1 || mask_on(s, r_of[r], j) ? v : 0.0f;
                 }
@@ -324,6 +409,20 @@ size_t cuda_xq_wsize(enum ggml_type wtype, int64_t k, int64_t m) {
     if (wtype == GGML_TYPE_F32 || wtype == GGML_TYPE_F16 || wtype == GGML_TYPE_BF16) return 0;
     // (m, k) int8 values, then (m, k / 32) float2 scales
     return align256((size_t)(m * k)) + align256((size_t)(m * (k / 32)) * sizeof(float2));
+}
+
+void cuda_xq_at(void *wdata, int64_t k, int64_t m, int8_t **xq, float2 **xds) {
+    *xq = (int8_t *)wdata;
+    *xds = (float2 *)((char *)wdata + align256((size_t)(m * k)));
+}
+
+int cuda_quantize_q8_1(const float *x, int64_t x_ld, int64_t k, int64_t m, void *wdata, cudaStream_t st) {
+    int8_t *xq;
+    float2 *xds;
+    cuda_xq_at(wdata, k, m, &xq, &xds);
+    const int64_t blocks = (m * (k / 32) * 32 + CUDA_BLOCK - 1) / CUDA_BLOCK; // a warp per 32 values
+    quantize_q8_1_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), CUDA_BLOCK, 0, st>>>(x, x_ld, k, m, xq, xds);
+    return cuda_launch_status("quantize activations");
 }
 
 template <int TYPE>
@@ -391,8 +490,28 @@ static void qrows_launch(const rows_params &p, int64_t n_cand, unsigned gy, bool
     else qrows_launch_as<TYPE, false, GEMV_MAX_COLS>(p, n_cand, gy, st);
 }
 
+static bool is_float_type(enum ggml_type t) {
+    return t == GGML_TYPE_F32 || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16;
+}
+
+// 16-byte loads of w's rows and of x are possible (the float kernels' fast path)
+static bool float_rows_aligned(const struct ggml_tensor *w, const struct ggml_tensor *x) {
+    return (uintptr_t)w->data % 16 == 0 && w->nb[1] % 16 == 0 && (uintptr_t)x->data % 16 == 0 && x->nb[1] % 16 == 0;
+}
+
+bool cuda_gemv_takes_extra(const struct ggml_tensor *w, const struct ggml_tensor *x) {
+    if (x->ne[1] != 1 || x->type != GGML_TYPE_F32 || !cuda_type_is_weight(w->type) || w->ne[1] > INT32_MAX) return false;
+    return !is_float_type(w->type) || float_rows_aligned(w, x);
+}
+
+template <int TYPE>
+static void gemv_f_launch(const rows_params &p, cudaStream_t st) {
+    const int64_t blocks = p.w2 ? p.n_rows : (p.n_rows + 1) / 2;
+    gemv_f_kernel<TYPE><<<(unsigned)blocks, GEMV_F_THREADS, 0, st>>>(p);
+}
+
 int cuda_rows_dot(const struct ggml_tensor *w, const struct ggml_tensor *x, struct ggml_tensor *y,
-                  const cuda_rows_sel &s, void *wdata, cudaStream_t st) {
+                  const cuda_rows_sel &s, void *wdata, cudaStream_t st, const cuda_gemv_extra &e) {
     const enum ggml_type type = w->type;
     const int64_t k = w->ne[0], n = w->ne[1], m = x->ne[1];
     if (!cuda_type_is_weight(type) || x->type != GGML_TYPE_F32)
@@ -415,19 +534,28 @@ int cuda_rows_dot(const struct ggml_tensor *w, const struct ggml_tensor *x, stru
     p.m = (int)m;
     p.s = s;
     p.R = p.tpr = 0;
-    const bool is_float = type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16;
+    p.w2 = e.up ? (const uint8_t *)e.up->data : NULL;
+    p.act = e.act;
+    p.add = e.add;
+    if ((p.w2 || p.add) && (s.mode != CUDA_SEL_ALL || !cuda_gemv_takes_extra(w, x)))
+        return ggml_set_error(GGML_STATUS_INVALID_ARG, "CUDA GEMV: fused epilogue on an unsupported shape");
+    const bool is_float = is_float_type(type);
     bool aligned = ((uintptr_t)p.w % 16 == 0) && p.w_nb1 % 16 == 0;
     if (is_float) {
-        aligned = aligned && ((uintptr_t)p.xf % 16 == 0) && p.x_ld % 4 == 0;
-    } else {
-        // activations to Q8_1 in wdata: (m, k) int8, then (m, k / 32) float2
-        int8_t *xq = (int8_t *)wdata;
-        float2 *xds = (float2 *)((char *)wdata + align256((size_t)(m * k)));
-        const int64_t warps = m * (k / 32);
-        int64_t blocks = (warps * 32 + CUDA_BLOCK - 1) / CUDA_BLOCK;
-        quantize_q8_1_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), CUDA_BLOCK, 0, st>>>(p.xf, p.x_ld, k, m, xq,
-                                                                                                 xds);
-        int rc = cuda_launch_status("quantize activations");
+        aligned = float_rows_aligned(w, x);
+        if (aligned && m == 1 && s.mode == CUDA_SEL_ALL) { // decoding: every row, one column
+            switch (type) {
+            case GGML_TYPE_F32: gemv_f_launch<GGML_TYPE_F32>(p, st); break;
+            case GGML_TYPE_F16: gemv_f_launch<GGML_TYPE_F16>(p, st); break;
+            default: gemv_f_launch<GGML_TYPE_BF16>(p, st); break;
+            }
+            return cuda_launch_status("GEMV");
+        }
+    } else { // x as Q8_1 in wdata, unless the previous GEMV or the norm that made x left it there
+        int8_t *xq;
+        float2 *xds;
+        cuda_xq_at(wdata, k, m, &xq, &xds);
+        int rc = e.xq_ready ? GGML_STATUS_OK : cuda_quantize_q8_1(p.xf, p.x_ld, k, m, wdata, st);
         if (rc) return rc;
         p.xq = xq;
         p.xds = xds;

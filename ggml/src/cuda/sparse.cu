@@ -45,7 +45,7 @@ size_t cuda_mul_mat_rows_wsize(const struct ggml_tensor *dst) {
     return cuda_xq_wsize(w->type, w->ne[0], x->ne[1]);
 }
 
-int cuda_op_mul_mat_rows(struct ggml_tensor *dst, void *wdata, cudaStream_t st) {
+int cuda_op_mul_mat_rows(struct ggml_tensor *dst, void *wdata, cudaStream_t st, const cuda_gemv_extra &e) {
     const struct ggml_tensor *w = dst->src[0], *x = dst->src[1];
     cuda_rows_sel s = {};
     int rc = sel_check(dst, w->ne[1], x->ne[1], &s);
@@ -55,7 +55,7 @@ int cuda_op_mul_mat_rows(struct ggml_tensor *dst, void *wdata, cudaStream_t st) 
         rc = cuda_status(cudaMemsetAsync(dst->data, 0, ggml_nbytes(dst), st), "memset");
         if (rc) return rc;
     }
-    return cuda_rows_dot(w, x, dst, s, wdata, st);
+    return cuda_rows_dot(w, x, dst, s, wdata, st, e);
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -1,0 +1,137 @@
+// fusion.cu: which runs of graph nodes the CUDA backend executes as one kernel, and running them. A
+// decode step is dozens of tiny launches per layer besides its GEMVs; each costs a launch gap and a
+// pass over its data, so the common chains of a transformer layer run as one kernel:
+//   norm -> mul by the norm weight                 (norm_kernel with a weight row)
+//   GEMV -> add of a bias or the residual          (the GEMV adds it when it writes a row)
+//   GEMV gate, act, GEMV up of the same x -> mul   (one GEMV over both matrices, act(gate) * up per row)
+//   rope -> kv_store                               (rotated rows written into their cache slots)
+// and quantized GEMVs of the same x (q, k, v) quantize it once, or not at all when the norm that made x
+// left it quantized.
+#include "common.cuh"
+
+static bool is_f32_vector(const struct ggml_tensor *t, int64_t n) {
+    return t->type == GGML_TYPE_F32 && t->ne[0] == n && ggml_nrows(t) == 1 && t->nb[0] == sizeof(float);
+}
+
+// the source of b that is not a (NULL when b does not read a)
+static const struct ggml_tensor *other_src(const struct ggml_tensor *b, const struct ggml_tensor *a) {
+    if (b->src[0] == a) return b->src[1];
+    if (b->src[1] == a) return b->src[0];
+    return NULL;
+}
+
+static bool on_cuda(const struct ggml_tensor *t) { return t->backend == GGML_BACKEND_CUDA; }
+
+static bool is_quantized_weight(const struct ggml_tensor *w) {
+    return cuda_type_is_weight(w->type) && w->type != GGML_TYPE_F32 && w->type != GGML_TYPE_F16 &&
+           w->type != GGML_TYPE_BF16;
+}
+
+// nodes[0..len) on CUDA, each but the last read only by the next ones of the run
+static bool private_run(struct ggml_tensor *const *nodes, const int *readers, int len) {
+    for (int j = 0; j < len; j++)
+        if (!on_cuda(nodes[j]) || (j < len - 1 && readers[j] != 1)) return false;
+    return true;
+}
+
+static int match_norm_mul(struct ggml_tensor *const *nd, const int *readers, int n) {
+    if (n < 2 || (nd[0]->op != GGML_OP_RMS_NORM && nd[0]->op != GGML_OP_LAYER_NORM) || nd[1]->op != GGML_OP_MUL)
+        return 0;
+    const struct ggml_tensor *w = other_src(nd[1], nd[0]);
+    if (!w || !is_f32_vector(w, nd[0]->ne[0]) || !private_run(nd, readers, 2)) return 0;
+    return 2;
+}
+
+static int match_gemv_add(struct ggml_tensor *const *nd, const int *readers, int n) {
+    if (n < 2 || nd[0]->op != GGML_OP_MUL_MAT || nd[1]->op != GGML_OP_ADD) return 0;
+    const struct ggml_tensor *v = other_src(nd[1], nd[0]);
+    if (!v || !is_f32_vector(v, nd[0]->ne[0]) || !cuda_gemv_takes_extra(nd[0]->src[0], nd[0]->src[1])) return 0;
+    return private_run(nd, readers, 2) ? 2 : 0;
+}
+
+static int match_glu(struct ggml_tensor *const *nd, const int *readers, int n) {
+    if (n < 4) return 0;
+    const struct ggml_tensor *gate = nd[0], *act = nd[1], *up = nd[2], *mul = nd[3];
+    if (gate->op != GGML_OP_MUL_MAT || up->op != GGML_OP_MUL_MAT || mul->op != GGML_OP_MUL) return 0;
+    if (act->op != GGML_OP_SILU && act->op != GGML_OP_GELU && act->op != GGML_OP_RELU) return 0;
+    if (act->src[0] != gate || up->src[1] != gate->src[1] || other_src(mul, act) != up) return 0;
+    const struct ggml_tensor *wg = gate->src[0], *wu = up->src[0];
+    if (wg->type != wu->type || wg->ne[0] != wu->ne[0] || wg->ne[1] != wu->ne[1] || wg->nb[1] != wu->nb[1]) return 0;
+    if (!cuda_gemv_takes_extra(wg, gate->src[1]) || !cuda_gemv_takes_extra(wu, up->src[1])) return 0;
+    return private_run(nd, readers, 4) ? 4 : 0;
+}
+
+static int match_rope_store(struct ggml_tensor *const *nd, const int *readers, int n) {
+    if (n < 2 || nd[0]->op != GGML_OP_ROPE || nd[1]->op != GGML_OP_KV_STORE || nd[1]->src[1] != nd[0]) return 0;
+    return private_run(nd, readers, 2) ? 2 : 0;
+}
+
+// the x a group's GEMV quantizes into the scratch (NULL if it leaves none there)
+static const struct ggml_tensor *quantized_x(const struct ggml_cuda_group &g, const struct ggml_tensor *node) {
+    const struct ggml_tensor *w = node->src[0], *x = node->src[1];
+    const bool gemv = node->op == GGML_OP_MUL_MAT_ROWS || (node->op == GGML_OP_MUL_MAT && x->ne[1] <= GEMV_MAX_COLS);
+    if (g.kind == GGML_CUDA_FUSE_NORM_MUL || !gemv || !is_quantized_weight(w)) return NULL;
+    return x;
+}
+
+extern "C" void ggml_cuda_plan_groups(struct ggml_tensor *const *nodes, int n, const int *readers,
+                                      struct ggml_cuda_group *groups) {
+    const struct ggml_tensor *xq_of = NULL; // the x whose Q8_1 copy the scratch holds (or will)
+    int xq_norm = -1;                       // the norm group that would write it, if one does
+    for (int i = 0; i < n;) {
+        struct ggml_cuda_group g = {GGML_CUDA_FUSE_NONE, 1, false, false};
+        int len;
+        if ((len = match_glu(nodes + i, readers + i, n - i)))
+            g.kind = GGML_CUDA_FUSE_GLU;
+        else if ((len = match_gemv_add(nodes + i, readers + i, n - i)))
+            g.kind = GGML_CUDA_FUSE_GEMV_ADD;
+        else if ((len = match_norm_mul(nodes + i, readers + i, n - i)))
+            g.kind = GGML_CUDA_FUSE_NORM_MUL;
+        else if ((len = match_rope_store(nodes + i, readers + i, n - i)))
+            g.kind = GGML_CUDA_FUSE_ROPE_STORE;
+        g.len = len ? len : 1;
+        if (on_cuda(nodes[i])) { // CPU nodes do not touch the device scratch
+            const struct ggml_tensor *x = quantized_x(g, nodes[i]);
+            if (g.kind == GGML_CUDA_FUSE_NORM_MUL) { // a candidate: it writes Q8_1 only if a GEMV reads it next
+                xq_of = nodes[i + g.len - 1];
+                xq_norm = i;
+            } else if (x) {
+                g.xq_ready = x == xq_of;
+                if (g.xq_ready && xq_norm >= 0) groups[xq_norm].writes_xq = true;
+                if (!g.xq_ready) xq_norm = -1;
+                xq_of = x;
+            } else if (ggml_cuda_op_wsize(nodes[i])) {
+                xq_of = NULL; // e.g. a GEMM's dequantized tiles overwrite it
+                xq_norm = -1;
+            }
+        }
+        groups[i] = g;
+        for (int j = 1; j < g.len; j++) groups[i + j] = {GGML_CUDA_FUSE_NONE, 0, false, false};
+        i += g.len;
+    }
+}
+
+extern "C" int ggml_cuda_forward_group(const struct ggml_cuda_group *group, struct ggml_tensor *const *nodes,
+                                       void *wdata, void *stream) {
+    cudaStream_t st = (cudaStream_t)stream;
+    struct ggml_tensor *node = nodes[0], *last = nodes[group->len - 1];
+    const cuda_rows_sel all = {CUDA_SEL_ALL, NULL, 0, 0, 0, 0, node->src[0]->ne[1]};
+    cuda_gemv_extra e = {};
+    e.xq_ready = group->xq_ready;
+    switch (group->kind) {
+    case GGML_CUDA_FUSE_NORM_MUL:
+        return cuda_norm_mul(node, other_src(last, node), last, group->writes_xq ? wdata : NULL, st);
+    case GGML_CUDA_FUSE_ROPE_STORE: return cuda_rope_store(node, last, st);
+    case GGML_CUDA_FUSE_GEMV_ADD:
+        e.add = (const float *)other_src(last, node)->data;
+        return cuda_rows_dot(node->src[0], node->src[1], last, all, wdata, st, e);
+    case GGML_CUDA_FUSE_GLU:
+        e.up = nodes[2]->src[0];
+        e.act = nodes[1]->op;
+        return cuda_rows_dot(node->src[0], node->src[1], last, all, wdata, st, e);
+    default:
+        if (!group->xq_ready) return ggml_cuda_forward(node, wdata, stream);
+        if (node->op == GGML_OP_MUL_MAT_ROWS) return cuda_op_mul_mat_rows(node, wdata, st, e);
+        return cuda_rows_dot(node->src[0], node->src[1], node, all, wdata, st, e);
+    }
+}
