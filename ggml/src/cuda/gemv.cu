@@ -3,7 +3,9 @@
 // rows; mask: rows selected in any column; index list: list entries of one column), writing zeros for
 // the unselected ones and compacting the selected ones into a shared-memory list, so that no thread is
 // spent on a skipped row:
-//  - F32/F16/BF16 weights (rows_kernel): groups of `tpr` threads (a power of two <= 32, sized to the
+//  - F32/F16/BF16 weights, one column, all rows or a mask's, 16-byte aligned rows (gemv_f_kernel): a
+//    block of 128 threads streams two rows at once (they share each x load), with many small blocks;
+//  - other F32/F16/BF16 cases (rows_kernel): groups of `tpr` threads (a power of two <= 32, sized to the
 //    row's length) take one listed row each, stream it with 16-byte loads, 4 in flight per thread, and
 //    meet x as F32 (L1/L2-resident, float4 loads);
 //  - quantized weights (qrows_kernel): x is quantized to Q8_1 once per op (int8 + (d, d*sum) per 32, d in
@@ -181,18 +183,14 @@ __global__ void __launch_bounds__(CUDA_BLOCK, 4) rows_kernel(rows_params p) {
 // ---------------------------------------------------------------------------------------------------
 
 #define GEMV_F_THREADS 128
+#define GEMV_F_MASK_ROWS 16 // mask mode: candidate rows per block (~2 selected at 10% density)
 
-// Two rows per block (GLU: row blockIdx.x of w and of w2): the rows share every x load, and thousands
-// of short blocks keep the last wave's tail short (rows_kernel's 8-row blocks left 1/4 of a wave idle).
+// the block's dot products of rows w0 and w1 with x (in thread 0; w1 may repeat w0): the two rows share
+// every x load
 template <int TYPE>
-__global__ void __launch_bounds__(GEMV_F_THREADS) gemv_f_kernel(rows_params p) {
+static __device__ __forceinline__ void pair_dot(const rows_params &p, const int4 *w0, const int4 *w1, float *s0, float *s1) {
     constexpr int VE = TYPE == GGML_TYPE_F32 ? 4 : 8; // values per 16-byte chunk
     __shared__ float sh[GEMV_F_THREADS / 32][2];
-    const bool glu = p.w2 != nullptr;
-    const int64_t r0 = glu ? (int64_t)blockIdx.x : 2 * (int64_t)blockIdx.x;
-    const bool two = !glu && r0 + 1 < p.n_rows;
-    const int4 *w0 = (const int4 *)(p.w + r0 * p.w_nb1);
-    const int4 *w1 = glu ? (const int4 *)(p.w2 + r0 * p.w_nb1) : two ? w0 + p.w_nb1 / 16 : w0;
     const int64_t nch = p.k / VE;
     float a0 = 0.0f, a1 = 0.0f;
     for (int64_t c0 = threadIdx.x; c0 < nch; c0 += GEMV_FLOAT_UNROLL * GEMV_F_THREADS) {
@@ -224,20 +222,60 @@ __global__ void __launch_bounds__(GEMV_F_THREADS) gemv_f_kernel(rows_params p) {
     a0 = warp_sum(a0);
     a1 = warp_sum(a1);
     const int warp = threadIdx.x / 32;
+    __syncthreads(); // sh may still be read by thread 0 from the previous pair
     if (threadIdx.x % 32 == 0) {
         sh[warp][0] = a0;
         sh[warp][1] = a1;
     }
     __syncthreads();
+    *s0 = *s1 = 0.0f;
     if (threadIdx.x != 0) return;
-    float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
     for (int w = 0; w < GEMV_F_THREADS / 32; w++) {
-        s0 += sh[w][0];
-        s1 += sh[w][1];
+        *s0 += sh[w][0];
+        *s1 += sh[w][1];
     }
-    p.y[r0] = row_out(p, r0, s0, s1);
-    if (two) p.y[r0 + 1] = row_out(p, r0 + 1, s1, 0.0f);
+}
+
+// One column, every row (dense), or the rows a mask selects. Dense: two rows per block (GLU: row
+// blockIdx.x of w and of w2), so thousands of short blocks keep the last wave's tail short (rows_kernel's
+// 8-row blocks left 1/4 of a wave idle). Mask: GEMV_F_MASK_ROWS candidates per block, the selected ones
+// taken two at a time by the whole block.
+template <int TYPE>
+__global__ void __launch_bounds__(GEMV_F_THREADS) gemv_f_kernel(rows_params p) {
+    const int64_t rs = p.w_nb1 / 16; // row stride in 16-byte chunks
+    float s0, s1;
+    if (p.s.mode == CUDA_SEL_ALL) {
+        const bool glu = p.w2 != nullptr;
+        const int64_t r0 = glu ? (int64_t)blockIdx.x : 2 * (int64_t)blockIdx.x;
+        const bool two = !glu && r0 + 1 < p.n_rows;
+        const int4 *w0 = (const int4 *)p.w + r0 * rs;
+        pair_dot<TYPE>(p, w0, glu ? (const int4 *)p.w2 + r0 * rs : two ? w0 + rs : w0, &s0, &s1);
+        if (threadIdx.x != 0) return;
+        p.y[r0] = row_out(p, r0, s0, s1);
+        if (two) p.y[r0 + 1] = row_out(p, r0 + 1, s1, 0.0f);
+        return;
+    }
+    __shared__ int s_rows[GEMV_F_MASK_ROWS], s_cnt;
+    const int64_t c = (int64_t)blockIdx.x * GEMV_F_MASK_ROWS + threadIdx.x;
+    if (threadIdx.x == 0) s_cnt = 0;
+    __syncthreads();
+    if (threadIdx.x < GEMV_F_MASK_ROWS && c < p.n_rows) {
+        if (c >= p.s.begin && c < p.s.end && mask_on(p.s, c, 0))
+            s_rows[atomicAdd(&s_cnt, 1)] = (int)c;
+        else
+            p.y[c] = 0.0f;
+    }
+    __syncthreads();
+    const int cnt = s_cnt;
+    for (int g = 0; g < cnt; g += 2) {
+        const int r0 = s_rows[g], r1 = g + 1 < cnt ? s_rows[g + 1] : r0;
+        pair_dot<TYPE>(p, (const int4 *)p.w + r0 * rs, (const int4 *)p.w + r1 * rs, &s0, &s1);
+        if (threadIdx.x == 0) {
+            p.y[r0] = s0;
+            if (g + 1 < cnt) p.y[r1] = s1;
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -506,7 +544,9 @@ bool cuda_gemv_takes_extra(const struct ggml_tensor *w, const struct ggml_tensor
 
 template <int TYPE>
 static void gemv_f_launch(const rows_params &p, cudaStream_t st) {
-    const int64_t blocks = p.w2 ? p.n_rows : (p.n_rows + 1) / 2;
+    const int64_t blocks = p.s.mode == CUDA_SEL_MASK ? (p.n_rows + GEMV_F_MASK_ROWS - 1) / GEMV_F_MASK_ROWS
+                           : p.w2                    ? p.n_rows
+                                                     : (p.n_rows + 1) / 2;
     gemv_f_kernel<TYPE><<<(unsigned)blocks, GEMV_F_THREADS, 0, st>>>(p);
 }
 
@@ -543,7 +583,7 @@ int cuda_rows_dot(const struct ggml_tensor *w, const struct ggml_tensor *x, stru
     bool aligned = ((uintptr_t)p.w % 16 == 0) && p.w_nb1 % 16 == 0;
     if (is_float) {
         aligned = float_rows_aligned(w, x);
-        if (aligned && m == 1 && s.mode == CUDA_SEL_ALL) { // decoding: every row, one column
+        if (aligned && m == 1 && s.mode != CUDA_SEL_LIST) { // decoding: every row or a mask's, one column
             switch (type) {
             case GGML_TYPE_F32: gemv_f_launch<GGML_TYPE_F32>(p, st); break;
             case GGML_TYPE_F16: gemv_f_launch<GGML_TYPE_F16>(p, st); break;
