@@ -258,7 +258,7 @@ def first_matrix_rules(L: Layer, recall: float):
     c_up = cut_for_recall(np.abs(L.x[held] @ L.wu.T) * rms_sg, L.a[held], L.t, recall)
     return L.t, {"gate": lambda g, u: np.abs(silu(g)) * rms_u > c_gate,
                  "up": lambda g, u: np.abs(u) * rms_sg > c_up,
-                 "oracle": lambda g, u: np.ones(g.shape, bool)}
+                 "oracle": lambda g, u: np.abs(silu(g) * u) > L.t}
 
 
 def cmd_e2e(args):
