@@ -1,9 +1,10 @@
 // attention.cu: kv_store (F32 rows into an F32 or F16 cache) and causal attention over the cache with
-// GQA. One block per (head, token); its 8 warps split the slots [0, pos[t]] round-robin, each keeping an
-// online softmax (running max, sum, weighted V) over its slots; the 8 partial states merge at the end.
+// GQA. One block per (head, token); its 16 warps split the slots [0, pos[t]] round-robin, two slots at a
+// time (both slots' loads in flight before the math: short decode contexts are latency-bound), each warp
+// keeping an online softmax (running max, sum, weighted V); the 16 partial states merge at the end.
 #include "common.cuh"
 
-#define ATT_WARPS 8
+#define ATT_WARPS 16
 #define ATT_MAX_DPL 8 // head dims per lane: head_dim <= 256
 
 // ---------------------------------------------------------------------------------------------------
@@ -66,22 +67,28 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cuda_view q, 
     if (last >= k.ne[2]) last = k.ne[2] - 1;
     const char *kbase = k.data + g * k.nb[1], *vbase = v.data + g * v.nb[1];
     float mx = -INFINITY, sum = 0.0f;
-    for (int64_t s = w; s <= last; s += ATT_WARPS) {
+    for (int64_t s = w; s <= last; s += 2 * ATT_WARPS) {
+        const bool two = s + ATT_WARPS <= last;
+        const int64_t s2 = two ? s + ATT_WARPS : s;
         const char *kr = kbase + s * k.nb[2], *vr = vbase + s * v.nb[2];
-        float part = 0.0f, vv[ATT_MAX_DPL];
+        const char *kr2 = kbase + s2 * k.nb[2], *vr2 = vbase + s2 * v.nb[2];
+        float part = 0.0f, part2 = 0.0f, vv[ATT_MAX_DPL], vv2[ATT_MAX_DPL];
 #pragma unroll
         for (int i = 0; i < ATT_MAX_DPL; i++) {
             const int d = lane + 32 * i;
-            // v is loaded together with k so both reads are in flight at once
             vv[i] = d < hd ? cache_at<F16>(vr, d) : 0.0f;
-            if (d < hd) part += qr[i] * cache_at<F16>(kr, d);
+            vv2[i] = d < hd ? cache_at<F16>(vr2, d) : 0.0f;
+            if (d < hd) {
+                part += qr[i] * cache_at<F16>(kr, d);
+                part2 += qr[i] * cache_at<F16>(kr2, d);
+            }
         }
-        const float score = warp_sum(part);
-        const float mnew = fmaxf(mx, score);
-        const float c = expf(mx - mnew), p = expf(score - mnew);
-        sum = sum * c + p;
+        const float score = warp_sum(part), score2 = warp_sum(part2);
+        const float mnew = fmaxf(mx, two ? fmaxf(score, score2) : score);
+        const float c = expf(mx - mnew), p = expf(score - mnew), p2 = two ? expf(score2 - mnew) : 0.0f;
+        sum = sum * c + p + p2;
 #pragma unroll
-        for (int i = 0; i < ATT_MAX_DPL; i++) acc[i] = acc[i] * c + p * vv[i];
+        for (int i = 0; i < ATT_MAX_DPL; i++) acc[i] = acc[i] * c + p * vv[i] + p2 * vv2[i];
         mx = mnew;
     }
     if (lane == 0) {

@@ -35,12 +35,13 @@ __global__ void norm_vec_kernel(cuda_view a, cuda_view dst, bool layer, float ep
     const int64_t n = a.ne[0], n4 = n / 4, r = blockIdx.x;
     const float4 *x = (const float4 *)cuda_row(a, r);
     float4 *y = (float4 *)cuda_row(dst, r);
-    float4 v[NORM_VECS];
+    float4 v[NORM_VECS], g[NORM_VECS]; // the weight is loaded with x: in decoding it comes from DRAM
     float s = 0.0f;
 #pragma unroll
     for (int j = 0; j < NORM_VECS; j++) {
         const int64_t i = threadIdx.x + j * (int64_t)blockDim.x;
         v[j] = i < n4 ? x[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        g[j] = w && i < n4 ? __ldg((const float4 *)w + i) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
         s += v[j].x + v[j].y + v[j].z + v[j].w;
     }
     const float mean = layer ? block_sum(s, sh) / (float)n : 0.0f;
@@ -58,10 +59,7 @@ __global__ void norm_vec_kernel(cuda_view a, cuda_view dst, bool layer, float ep
         if (i >= n4 && !xq) break;
         const bool in = i < n4; // with xq every lane stays for the shuffles (groups lie wholly in or out)
         float4 o = make_float4((v[j].x - mean) * inv, (v[j].y - mean) * inv, (v[j].z - mean) * inv, (v[j].w - mean) * inv);
-        if (w && in) {
-            const float4 g = ((const float4 *)w)[i];
-            o = make_float4(o.x * g.x, o.y * g.y, o.z * g.z, o.w * g.w);
-        }
+        if (w) o = make_float4(o.x * g[j].x, o.y * g[j].y, o.z * g[j].z, o.w * g[j].w);
         if (in) y[i] = o;
         if (xq) { // a Q8_1 block is 32 values: 8 float4s of 8 neighbouring lanes (quantize_q8_1_kernel's rounding)
             float amax = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
