@@ -95,7 +95,7 @@ def _active(b, il: int, act: ggml.Tensor) -> ggml.Tensor:
     return ctx.add(a, neg_t) if neg_t is not None else a
 
 
-def _predict(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
+def predict(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
     """The predictor's logits (n, n_ff): fc2 @ relu(fc1 @ h) + bias; positive = predicted active."""
     from models.common import ffn_activation
 
@@ -110,7 +110,7 @@ def ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
     """Sparse FFN of layer il: (n_tokens, n_embd) -> (n_tokens, n_embd)."""
     ctx, kind, spec = b.ctx, b.cfg.ffn_kind, b.sparse
     n = h.shape[0] if len(h.shape) == 2 else 1
-    pred = _predict(b, il, h)  # (n, n_ff)
+    pred = predict(b, il, h)  # (n, n_ff)
     dense = n > spec.dense_above
 
     def proj(name: str, sel: ggml.Tensor) -> ggml.Tensor:

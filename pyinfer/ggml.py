@@ -5,6 +5,8 @@ Shapes on this side are numpy order (outermost first), the reverse of ggml's `ne
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from pyinfer._native import check, check_ptr, ffi, lib
@@ -284,6 +286,15 @@ class Graph:
     def n_fused(self) -> int:
         """Nodes the CUDA backend runs inside a fused kernel that an earlier node starts."""
         return lib.ggml_graph_n_fused(self.ptr)
+
+    def median_ms(self, pool: ThreadPool, reps: int) -> float:
+        """Median milliseconds of one compute over reps computes, after a warm-up compute."""
+        times = []
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            self.compute(pool)
+            times.append(1e3 * (time.perf_counter() - t0))
+        return float(np.median(times[1:]))
 
     def plan(self) -> Graph:
         check(lib.ggml_graph_plan(self.ptr))

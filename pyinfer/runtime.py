@@ -219,17 +219,9 @@ class Model:
             return 0.0
         ctx = ggml.Context(1 << 20)
         x = ctx.tensor_from_numpy(np.random.default_rng(0).standard_normal(self.config.n_embd))  # (n_embd,)
-        outs = []
-        for il in range(self.config.n_layer):
-            z = ctx.relu(ctx.mul_mat(self.weights[f"blk.{il}.fc1.weight"], x))  # (r_l,)
-            outs.append(ctx.add(ctx.mul_mat(self.weights[f"blk.{il}.fc2.weight"], z), self.sparse_spec.pred_bias[il]))
-        graph = ggml.Graph(ctx, outs).plan()
-        times = []
-        for _ in range(reps + 1):
-            t0 = time.perf_counter()
-            graph.compute(self.pool)
-            times.append(1e3 * (time.perf_counter() - t0))
-        return float(np.median(times[1:]))
+        b = Builder(ctx, self.config, self.weights, None, sparse=self.sparse_spec)
+        graph = ggml.Graph(ctx, [sparse_ffn.predict(b, il, x) for il in range(self.config.n_layer)]).plan()
+        return graph.median_ms(self.pool, reps)
 
     # --- tokens ---
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:

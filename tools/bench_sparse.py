@@ -26,6 +26,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from models.common import Builder, ffn_block  # noqa: E402
+from models.sparse_ffn import predict  # noqa: E402
 from pyinfer import ggml  # noqa: E402
 from pyinfer.runtime import Model  # noqa: E402
 
@@ -83,16 +84,6 @@ def pp_sweep(model: Model, sizes: list[int], rng: np.random.Generator) -> list[s
     return lines
 
 
-def graph_ms(model: Model, graph: ggml.Graph, reps: int = 20) -> float:
-    """Median milliseconds of one compute of an already planned graph (after a warm-up)."""
-    times = []
-    for _ in range(reps + 1):
-        t0 = time.perf_counter()
-        graph.compute(model.pool)
-        times.append(1e3 * (time.perf_counter() - t0))
-    return float(np.median(times[1:]))
-
-
 def ffn_costs(model: Model, rng: np.random.Generator) -> list[str]:
     """Lines of a report: every layer's FFN dense, sparse (with its predictor) and the predictors alone."""
     spec = dataclasses.replace(model.sparse_spec, masks={})
@@ -102,13 +93,13 @@ def ffn_costs(model: Model, rng: np.random.Generator) -> list[str]:
     dense, sparse, pred = [], [], []
     for il in range(cfg.n_layer):
         dense.append(ffn_block(Builder(ctx, cfg, model.weights, None), il, h))
-        sparse.append(ffn_block(Builder(ctx, cfg, model.weights, None, sparse=spec), il, h))
-        z = ctx.relu(ctx.mul_mat(model.weights[f"blk.{il}.fc1.weight"], h))
-        pred.append(ctx.add(ctx.mul_mat(model.weights[f"blk.{il}.fc2.weight"], z), spec.pred_bias[il]))
+        b = Builder(ctx, cfg, model.weights, None, sparse=spec)
+        sparse.append(ffn_block(b, il, h))
+        pred.append(predict(b, il, h))
     masks = list(spec.masks.values())
     g_dense, g_pred = ggml.Graph(ctx, dense).plan(), ggml.Graph(ctx, pred).plan()
     g_sparse = ggml.Graph(ctx, sparse + masks).plan()
-    t_dense, t_sparse, t_pred = (graph_ms(model, g, 5) / cfg.n_layer for g in (g_dense, g_sparse, g_pred))
+    t_dense, t_sparse, t_pred = (g.median_ms(model.pool, 5) / cfg.n_layer for g in (g_dense, g_sparse, g_pred))
     rho = sum(float(np.count_nonzero(m.numpy() > 0)) for m in masks) / (cfg.n_ff * cfg.n_layer)
     return [f"FFN per layer (mean of {cfg.n_layer}): dense {t_dense:.3f} ms, sparse + predictor {t_sparse:.3f} ms, "
             f"predictor {t_pred:.3f} ms, density rho {100 * rho:.1f} %",

@@ -1,7 +1,6 @@
 // graph.c: a graph is the topologically ordered list of op nodes that its outputs need. Planning gives
 // every intermediate a place in one buffer, reusing the memory of tensors no later node reads.
 #include "graph.h"
-#include "cuda/cuda.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -155,6 +155,11 @@ static inline bool cuda_type_dequantizes(enum ggml_type t) {
     }
 }
 
+// weights the GEMVs read as floats (the others are quantized, met by Q8_1 activations)
+static inline bool cuda_type_is_float(enum ggml_type t) {
+    return t == GGML_TYPE_F32 || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16;
+}
+
 // the weight types of mul_mat, mul_mat_rows and axpy_rows
 static inline bool cuda_type_is_weight(enum ggml_type t) {
     return t != GGML_TYPE_Q8_1 && t != GGML_TYPE_Q8_K && cuda_type_dequantizes(t);

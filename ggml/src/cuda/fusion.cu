@@ -22,11 +22,6 @@ static const struct ggml_tensor *other_src(const struct ggml_tensor *b, const st
 
 static bool on_cuda(const struct ggml_tensor *t) { return t->backend == GGML_BACKEND_CUDA; }
 
-static bool is_quantized_weight(const struct ggml_tensor *w) {
-    return cuda_type_is_weight(w->type) && w->type != GGML_TYPE_F32 && w->type != GGML_TYPE_F16 &&
-           w->type != GGML_TYPE_BF16;
-}
-
 // nodes[0..len) on CUDA, each but the last read only by the next ones of the run
 static bool private_run(struct ggml_tensor *const *nodes, const int *readers, int len) {
     for (int j = 0; j < len; j++)
@@ -66,12 +61,11 @@ static int match_rope_store(struct ggml_tensor *const *nd, const int *readers, i
     return private_run(nd, readers, 2) ? 2 : 0;
 }
 
-// the x a group's GEMV quantizes into the scratch (NULL if it leaves none there)
-static const struct ggml_tensor *quantized_x(const struct ggml_cuda_group &g, const struct ggml_tensor *node) {
+// the x that node's GEMV (alone or heading a run) quantizes into the scratch; NULL if it leaves none there
+static const struct ggml_tensor *quantized_x(const struct ggml_tensor *node) {
     const struct ggml_tensor *w = node->src[0], *x = node->src[1];
     const bool gemv = node->op == GGML_OP_MUL_MAT_ROWS || (node->op == GGML_OP_MUL_MAT && x->ne[1] <= GEMV_MAX_COLS);
-    if (g.kind == GGML_CUDA_FUSE_NORM_MUL || !gemv || !is_quantized_weight(w)) return NULL;
-    return x;
+    return gemv && cuda_type_is_weight(w->type) && !cuda_type_is_float(w->type) ? x : NULL;
 }
 
 extern "C" void ggml_cuda_plan_groups(struct ggml_tensor *const *nodes, int n, const int *readers,
@@ -91,7 +85,7 @@ extern "C" void ggml_cuda_plan_groups(struct ggml_tensor *const *nodes, int n, c
             g.kind = GGML_CUDA_FUSE_ROPE_STORE;
         g.len = len ? len : 1;
         if (on_cuda(nodes[i])) { // CPU nodes do not touch the device scratch
-            const struct ggml_tensor *x = quantized_x(g, nodes[i]);
+            const struct ggml_tensor *x = quantized_x(nodes[i]);
             if (g.kind == GGML_CUDA_FUSE_NORM_MUL) { // a candidate: it writes Q8_1 only if a GEMV reads it next
                 xq_of = nodes[i + g.len - 1];
                 xq_norm = i;

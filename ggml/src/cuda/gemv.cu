@@ -444,7 +444,7 @@ __global__ void quantize_q8_1_kernel(const float *x, int64_t x_ld, int64_t k, in
 static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 size_t cuda_xq_wsize(enum ggml_type wtype, int64_t k, int64_t m) {
-    if (wtype == GGML_TYPE_F32 || wtype == GGML_TYPE_F16 || wtype == GGML_TYPE_BF16) return 0;
+    if (cuda_type_is_float(wtype)) return 0;
     // (m, k) int8 values, then (m, k / 32) float2 scales
     return align256((size_t)(m * k)) + align256((size_t)(m * (k / 32)) * sizeof(float2));
 }
@@ -528,10 +528,6 @@ static void qrows_launch(const rows_params &p, int64_t n_cand, unsigned gy, bool
     else qrows_launch_as<TYPE, false, GEMV_MAX_COLS>(p, n_cand, gy, st);
 }
 
-static bool is_float_type(enum ggml_type t) {
-    return t == GGML_TYPE_F32 || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16;
-}
-
 // 16-byte loads of w's rows and of x are possible (the float kernels' fast path)
 static bool float_rows_aligned(const struct ggml_tensor *w, const struct ggml_tensor *x) {
     return (uintptr_t)w->data % 16 == 0 && w->nb[1] % 16 == 0 && (uintptr_t)x->data % 16 == 0 && x->nb[1] % 16 == 0;
@@ -539,7 +535,7 @@ static bool float_rows_aligned(const struct ggml_tensor *w, const struct ggml_te
 
 bool cuda_gemv_takes_extra(const struct ggml_tensor *w, const struct ggml_tensor *x) {
     if (x->ne[1] != 1 || x->type != GGML_TYPE_F32 || !cuda_type_is_weight(w->type) || w->ne[1] > INT32_MAX) return false;
-    return !is_float_type(w->type) || float_rows_aligned(w, x);
+    return !cuda_type_is_float(w->type) || float_rows_aligned(w, x);
 }
 
 template <int TYPE>
@@ -579,7 +575,7 @@ int cuda_rows_dot(const struct ggml_tensor *w, const struct ggml_tensor *x, stru
     p.add = e.add;
     if ((p.w2 || p.add) && (s.mode != CUDA_SEL_ALL || !cuda_gemv_takes_extra(w, x)))
         return ggml_set_error(GGML_STATUS_INVALID_ARG, "CUDA GEMV: fused epilogue on an unsupported shape");
-    const bool is_float = is_float_type(type);
+    const bool is_float = cuda_type_is_float(type);
     bool aligned = ((uintptr_t)p.w % 16 == 0) && p.w_nb1 % 16 == 0;
     if (is_float) {
         aligned = float_rows_aligned(w, x);
