@@ -103,7 +103,7 @@ def _hparams(config: dict[str, Any], arch: str) -> dict[str, Any]:
 # tensor names: GGUF name <- HF name, with the transform each needs
 
 
-def _tensor_map(arch: str, hp: dict[str, Any]) -> list[tuple[str, str, str]]:
+def tensor_map(arch: str, hp: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(gguf name, HF name, transform) with transform in '', 'perm_q', 'perm_k', 'down'."""
     wb = (".weight", ".bias")
     out: list[tuple[str, str, str]] = []
@@ -150,12 +150,23 @@ def _resolve(src: SafetensorsSource, hf_name: str) -> str:
     return hf_name
 
 
-def _rope_pair_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """Reorder each head's rows from HF's halves (j, j + hd/2) to adjacent pairs (2j, 2j+1)."""
-    hd = w.shape[0] // n_heads
+def _rope_pair_order(n_rows: int, n_heads: int) -> np.ndarray:
+    """Row i of the GGUF layout is HF row order[i]: each head's halves (j, j + hd/2) become pairs (2j, 2j+1)."""
+    hd = n_rows // n_heads
     order = np.arange(hd).reshape(2, hd // 2).T.reshape(-1)  # (hd,): 0, hd/2, 1, hd/2+1, ...
-    rows = (np.arange(n_heads)[:, None] * hd + order[None, :]).reshape(-1)  # (n_heads * hd,)
-    return w[rows]
+    return (np.arange(n_heads)[:, None] * hd + order[None, :]).reshape(-1)  # (n_heads * hd,)
+
+
+def rope_pair_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """HF q/k rows -> llama.cpp's order, so that rope mode 'normal' rotates adjacent pairs."""
+    return w[_rope_pair_order(w.shape[0], n_heads)]
+
+
+def rope_half_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """The inverse of rope_pair_rows: llama.cpp q/k rows -> HF's order."""
+    out = np.empty_like(w)
+    out[_rope_pair_order(w.shape[0], n_heads)] = w
+    return out
 
 
 # ----------------------------------------------------------------------------
@@ -231,7 +242,7 @@ def _plan_hf(folder: str, outtype: Q, out_path: str, dense_path: str | None) -> 
 
     def plan(transposed: bool) -> list[OutTensor]:
         tensors = []
-        for gname, hname, transform in _tensor_map(arch, hp):
+        for gname, hname, transform in tensor_map(arch, hp):
             hname = _resolve(src, hname)
             shape = src.tensors[hname].shape
             if transform == "down" and transposed:
@@ -261,9 +272,9 @@ def _producer(src: SafetensorsSource, hname: str, transform: str, transposed: bo
     def produce() -> np.ndarray:
         w = src.load(hname)
         if transform == "perm_q":
-            w = _rope_pair_rows(w, hp["n_head"])
+            w = rope_pair_rows(w, hp["n_head"])
         elif transform == "perm_k":
-            w = _rope_pair_rows(w, hp["n_head_kv"])
+            w = rope_pair_rows(w, hp["n_head_kv"])
         elif transform == "down" and transposed:
             w = w.T
         return encode(w, qtype)
