@@ -118,3 +118,28 @@ def test_predictors_reach_reported_recall(sparsified):
         recall = (a * hit).sum() / a.sum()
         assert recall == pytest.approx(reported[il], abs=0.01)
         assert recall > 0.95 and hit.mean() < 0.95  # random weights have no low-rank structure: still rows skipped
+
+
+def test_sparse_quality_sweep(sparsified, tmp_path, capsys):
+    """tools/sparse_quality.py: more recall fires more rows and moves the output less; rows add up (ReGLU)."""
+    from tools import sparse_quality
+
+    _, out, _ = sparsified
+    text = str(tmp_path / "eval.txt")
+    rng = np.random.default_rng(11)  # other text than the calibration corpus
+    with open(text, "w") as f:
+        f.write(" ".join("".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz .,"), size=rng.integers(2, 9)))
+                         for _ in range(800)))
+    calib = str(tmp_path / "calib.txt")
+    with open(calib, "w") as f:
+        f.write(" ".join("".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), size=rng.integers(2, 9)))
+                         for _ in range(4000)))
+    assert sparse_quality.main([out, "-f", text, "-c", "64", "--chunks", "4", "--corpus", calib,
+                                "--calibration-tokens", "640", "--recall", "0.9", "0.999999"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    dense, low, high = rows
+    assert dense["config"] == "dense" and np.isfinite(dense["ppl"])
+    assert low["fired"] < high["fired"] <= 1 and low["kept"] <= high["kept"] <= high["fired"]
+    assert high["kld"] <= low["kld"]
+    for r in (low, high):
+        assert r["rows_skipped"] == pytest.approx(1 - (r["fired"] + 2 * r["kept"]) / 3)
