@@ -143,3 +143,13 @@ def test_sparse_quality_sweep(sparsified, tmp_path, capsys):
     assert high["kld"] <= low["kld"]
     for r in (low, high):
         assert r["rows_skipped"] == pytest.approx(1 - (r["fired"] + 2 * r["kept"]) / 3)
+
+
+def test_bench_sparse_runs_every_report(sparsified, capsys):
+    """tools/bench_sparse.py on a tiny sparsified model: tg, the FFN split and the per-operation split."""
+    from tools import bench_sparse
+
+    _, out, _ = sparsified
+    assert bench_sparse.main([out, "--tg", "4", "--ffn", "--ops", "--ffn-reps", "1", "-t", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "(sparse - predictor) / dense" in text and "rows / dense: ffn_gate" in text and "speed-up" in text

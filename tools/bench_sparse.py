@@ -1,6 +1,6 @@
 """tg N (and optionally pp N) of one PowerGGUF with predictors, dense and sparse FFN, in one run.
 
-    python tools/bench_sparse.py MODEL [--tg 128] [-t THREADS] [--pp 2,4,8,32] [--ffn]
+    python tools/bench_sparse.py MODEL [--tg 128] [-t THREADS] [--pp 2,4,8,32] [--ffn] [--ops]
 
 Prints tokens/s of both, the realised FFN density, the predictors' time, the achieved speed-up and the
 bytes-per-token bound on it (decoding reads every weight once per token: the sparse decoder reads the
@@ -10,6 +10,7 @@ models.sparse_ffn.DENSE_ABOVE was chosen. --ffn times the FFNs of all layers alo
 predictors included), and the predictors alone, on graphs of just those nodes with a random input
 (realistic for SYNTHETIC predictors, whose neurons fire at their set frequency for any input); all layers
 at once, so that, as in decoding, the selected rows are not still in the CPU caches from the previous run.
+--ops splits that into the first FFN matrix (GEMV vs selected rows) and down_t (axpy dense vs masked).
 The issue's target is sparse <= 1.3 rho dense + predictor. Label results of tools/make_synthetic_model.py
 files SYNTHETIC.
 """
@@ -84,7 +85,19 @@ def pp_sweep(model: Model, sizes: list[int], rng: np.random.Generator) -> list[s
     return lines
 
 
-def ffn_costs(model: Model, rng: np.random.Generator) -> list[str]:
+def interleaved_min_ms(graphs: list[ggml.Graph], pool: ggml.ThreadPool, reps: int) -> list[float]:
+    """Each graph's fastest compute of reps rounds that run every graph once in turn (after a warm-up round):
+    a burst of other load on a shared machine then slows one round of all graphs, not one graph's series."""
+    times = [[] for _ in graphs]
+    for _ in range(reps + 1):
+        for g, t in zip(graphs, times, strict=True):
+            t0 = time.perf_counter()
+            g.compute(pool)
+            t.append(1e3 * (time.perf_counter() - t0))
+    return [min(t[1:]) for t in times]
+
+
+def ffn_costs(model: Model, rng: np.random.Generator, reps: int) -> list[str]:
     """Lines of a report: every layer's FFN dense, sparse (with its predictor) and the predictors alone."""
     spec = dataclasses.replace(model.sparse_spec, masks={})
     cfg = model.config
@@ -99,12 +112,37 @@ def ffn_costs(model: Model, rng: np.random.Generator) -> list[str]:
     masks = list(spec.masks.values())
     g_dense, g_pred = ggml.Graph(ctx, dense).plan(), ggml.Graph(ctx, pred).plan()
     g_sparse = ggml.Graph(ctx, sparse + masks).plan()
-    t_dense, t_sparse, t_pred = (g.median_ms(model.pool, 5) / cfg.n_layer for g in (g_dense, g_sparse, g_pred))
+    graphs = [g_dense, g_sparse, g_pred]
+    t_dense, t_sparse, t_pred = (t / cfg.n_layer for t in interleaved_min_ms(graphs, model.pool, reps))
     rho = sum(float(np.count_nonzero(m.numpy() > 0)) for m in masks) / (cfg.n_ff * cfg.n_layer)
     return [f"FFN per layer (mean of {cfg.n_layer}): dense {t_dense:.3f} ms, sparse + predictor {t_sparse:.3f} ms, "
             f"predictor {t_pred:.3f} ms, density rho {100 * rho:.1f} %",
             f"(sparse - predictor) / dense = {(t_sparse - t_pred) / t_dense:.3f}; target 1.3 rho = {1.3 * rho:.3f}: "
             f"{'met' if t_sparse <= 1.3 * rho * t_dense + t_pred else 'missed'}"]
+
+
+def op_costs(model: Model, rng: np.random.Generator, reps: int) -> list[str]:
+    """Lines of a report: per layer, the gate GEMV and the down_t axpy dense and over the predicted rows."""
+    cfg, ctx = model.config, ggml.Context(64 << 20)
+    h = ctx.tensor_from_numpy(rng.standard_normal(cfg.n_embd).astype(np.float32))  # (n_embd,)
+    act = ctx.tensor_from_numpy(rng.standard_normal(cfg.n_ff).astype(np.float32))  # (n_ff,)
+    b = Builder(ctx, cfg, model.weights, None, sparse=dataclasses.replace(model.sparse_spec, masks={}))
+    preds = [predict(b, il, h) for il in range(cfg.n_layer)]
+    ggml.Graph(ctx, preds).plan().compute(model.pool)
+    masks = [ctx.tensor_from_numpy((p.numpy() > 0).astype(np.float32)) for p in preds]
+    rho = float(np.mean([m.numpy().mean() for m in masks]))
+    first = "ffn_gate" if cfg.gated else "ffn_up"
+    ops = {f"{first} mul_mat": [ctx.mul_mat(b.w(f"blk.{il}.{first}"), h) for il in range(cfg.n_layer)],
+           f"{first} mul_mat_rows": [ctx.mul_mat_rows(b.w(f"blk.{il}.{first}"), h, m) for il, m in enumerate(masks)],
+           "ffn_down_t axpy_rows dense": [ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t"), act) for il in range(cfg.n_layer)],
+           "ffn_down_t axpy_rows masked": [ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t"), act, m)
+                                           for il, m in enumerate(masks)]}
+    times = interleaved_min_ms([ggml.Graph(ctx, nodes).plan() for nodes in ops.values()], model.pool, reps)
+    t = dict(zip(ops, (x / cfg.n_layer for x in times), strict=True))
+    return [f"per layer at the predicted density rho {100 * rho:.1f} %: " +
+            ", ".join(f"{name} {ms:.3f} ms" for name, ms in t.items()),
+            f"rows / dense: {first} {t[first + ' mul_mat_rows'] / t[first + ' mul_mat']:.3f}, "
+            f"ffn_down_t {t['ffn_down_t axpy_rows masked'] / t['ffn_down_t axpy_rows dense']:.3f}"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,12 +154,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sparsity-threshold", type=float, default=0.0)
     p.add_argument("--pp", default="", help="comma-separated prompt sizes for the rows-vs-dense sweep")
     p.add_argument("--ffn", action="store_true", help="also time the FFNs alone, dense vs sparse")
+    p.add_argument("--ops", action="store_true", help="also time the first FFN matrix and down_t alone, dense vs rows")
+    p.add_argument("--ffn-reps", type=int, default=10, help="interleaved rounds for --ffn/--ops (fastest of each)")
     a = p.parse_args(argv)
     rng = np.random.default_rng(1234)
     kw = dict(n_ctx=max(a.tg, *[int(s) for s in a.pp.split(",") if s], 1) + 16, n_threads=a.threads)
     sparse = Model(a.model, sparse=True, sparsity_threshold=a.sparsity_threshold, **kw)
     if a.ffn:
-        print("\n".join(ffn_costs(sparse, rng)))
+        print("\n".join(ffn_costs(sparse, rng, a.ffn_reps)))
+    if a.ops:
+        print("\n".join(op_costs(sparse, rng, a.ffn_reps)))
+    if a.ffn or a.ops:
         if not a.tg:
             return 0
     dense = Model(a.model, sparse=False, **kw)

@@ -330,34 +330,6 @@ static void q5_0_vec_dot_avx2(int64_t n, float *s, const void *w, const void *x)
 }
 
 // y[0..32) += s * q[0..32) for 16 bytes of signed values per half (lo: values 0..15, hi: 16..31)
-static inline void avx2_axpy_i8x32(float *y, __m256 s, __m128i lo, __m128i hi) {
-    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-    for (int k = 0; k < 4; k++) {
-        const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k]));
-        _mm256_storeu_ps(y + 8 * k, _mm256_fmadd_ps(s, q, _mm256_loadu_ps(y + 8 * k)));
-    }
-}
-
-static void q4_0_axpy_avx2(int64_t n, float *y, float a, const void *row) {
-    const block_q4_0 *x = row; // (n / 32,)
-    const __m128i low4 = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
-    for (int64_t i = 0; i < n / QK4_0; i++) {
-        const __m128i b = _mm_loadu_si128((const __m128i *)x[i].qs);
-        const __m128i lo = _mm_sub_epi8(_mm_and_si128(b, low4), eight);
-        const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), low4), eight);
-        avx2_axpy_i8x32(y + i * QK4_0, _mm256_set1_ps(a * avx2_f16(x[i].d)), lo, hi);
-    }
-}
-
-static void q8_0_axpy_avx2(int64_t n, float *y, float a, const void *row) {
-    const block_q8_0 *x = row; // (n / 32,)
-    for (int64_t i = 0; i < n / QK8_0; i++) {
-        const __m128i lo = _mm_loadu_si128((const __m128i *)x[i].qs);
-        const __m128i hi = _mm_loadu_si128((const __m128i *)(x[i].qs + 16));
-        avx2_axpy_i8x32(y + i * QK8_0, _mm256_set1_ps(a * avx2_f16(x[i].d)), lo, hi);
-    }
-}
-
 // ============================================================================================
 // Q4_K, Q6_K with Q8_K activations
 // ============================================================================================
@@ -658,14 +630,12 @@ void ggml_quants_install_avx2(struct ggml_type_traits *traits) {
     traits[GGML_TYPE_F16].to_float = f16_to_float_avx2;
     traits[GGML_TYPE_F16].from_float = f16_from_float_avx2;
     traits[GGML_TYPE_Q4_0].vec_dot = q4_0_vec_dot_avx2;
-    traits[GGML_TYPE_Q4_0].axpy = q4_0_axpy_avx2;
     traits[GGML_TYPE_Q4_1].vec_dot = q4_1_vec_dot_avx2;
     traits[GGML_TYPE_Q5_0].vec_dot = q5_0_vec_dot_avx2;
     traits[GGML_TYPE_Q8_0].vec_dot = q8_0_vec_dot_avx2;
-    traits[GGML_TYPE_Q8_0].axpy = q8_0_axpy_avx2;
     traits[GGML_TYPE_Q4_K].vec_dot = q4_K_vec_dot_avx2;
     traits[GGML_TYPE_Q6_K].vec_dot = q6_K_vec_dot_avx2;
-    ggml_quants_install_axpy_avx2(traits); // quants_axpy_avx2.c: axpy for Q4_1, Q5_0, Q4_K, Q6_K
+    ggml_quants_install_axpy_avx2(traits); // quants_axpy_avx2.c: axpy for Q4_0, Q8_0, Q4_1, Q5_0, Q4_K, Q6_K
     traits[GGML_TYPE_Q8_0].quantize_act = q8_0_quantize_act_avx2;
     traits[GGML_TYPE_Q8_1].quantize_act = q8_1_quantize_act_avx2;
     traits[GGML_TYPE_Q8_K].quantize_act = q8_K_quantize_act_avx2;

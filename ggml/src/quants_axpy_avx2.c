@@ -1,7 +1,7 @@
 // quants_axpy_avx2.c: AVX2/FMA axpy (y[0..n) += a * dequant(row)) and axpy4 (the same for 4 rows in
-// turn, y loaded and stored once per 8 values) for Q4_1, Q5_0, Q4_K and Q6_K: the kernels of the sparse
-// axpy_rows op. Levels are widened straight from memory into 32-bit lanes (vpmovzxbd), 8 values a step.
-// Types with only an offset (Q5_0, Q6_K) fold a into the scale: their levels are exact integers, so
+// turn, y loaded and stored once per 8 values) for Q4_0, Q8_0, Q4_1, Q5_0, Q4_K and Q6_K: the kernels of the
+// sparse axpy_rows op. Levels are widened straight from memory into 32-bit lanes (vpmovzxbd), 8 values a step.
+// Types with only an offset (Q4_0, Q8_0, Q5_0, Q6_K) fold a into the scale: their levels are exact integers, so
 // that costs one rounding. Types with a minimum (Q4_1, Q4_K) dequantize exactly as the scalar to_float
 // does (d * q, then + m, no FMA) because d * q and m can cancel.
 // Each kernel is written once for nr rows (a compile-time 1 or 4), so axpy4 gives bit for bit what four
@@ -32,6 +32,55 @@ static inline __m256 axpy_fma8(__m256 acc, __m256 s, __m256i q) {
 // acc + a * (d * q + m), the dequantized value rounded exactly as the scalar to_float rounds it
 static inline __m256 axpy_min8(__m256 acc, __m256 a, __m256 d, __m256 m, __m256i q) {
     return _mm256_fmadd_ps(a, _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(q)), m), acc);
+}
+
+// ============================================================================================
+// Q4_0: x = d * (q - 8); qs[j] holds value j (low nibble) and j + 16 (high nibble)
+// ============================================================================================
+
+AXPY_INLINE void q4_0_axpy_rows(int64_t n, float *y, const float *a, const void *const *rows, int nr) {
+    const __m256i low4 = _mm256_set1_epi32(0x0F), eight = _mm256_set1_epi32(8);
+    for (int64_t i = 0; i < n / QK4_0; i++) {
+        const block_q4_0 *x[AXPY_MAX_ROWS]; // block i of each row
+        __m256 s[AXPY_MAX_ROWS];            // a * d
+        for (int r = 0; r < nr; r++) {
+            x[r] = (const block_q4_0 *)rows[r] + i;
+            s[r] = _mm256_set1_ps(a[r] * axpy_f16(x[r]->d));
+        }
+        float *yb = y + i * QK4_0; // (32,)
+        for (int j = 0; j < QK4_0 / 2; j += 8) {
+            __m256 lo = _mm256_loadu_ps(yb + j), hi = _mm256_loadu_ps(yb + j + QK4_0 / 2);
+            for (int r = 0; r < nr; r++) {
+                const __m256i b = axpy_load_u8x8(x[r]->qs + j);
+                lo = axpy_fma8(lo, s[r], _mm256_sub_epi32(_mm256_and_si256(b, low4), eight));
+                hi = axpy_fma8(hi, s[r], _mm256_sub_epi32(_mm256_srli_epi32(b, 4), eight));
+            }
+            _mm256_storeu_ps(yb + j, lo);
+            _mm256_storeu_ps(yb + j + QK4_0 / 2, hi);
+        }
+    }
+}
+
+// ============================================================================================
+// Q8_0: x = d * q, q signed bytes
+// ============================================================================================
+
+AXPY_INLINE void q8_0_axpy_rows(int64_t n, float *y, const float *a, const void *const *rows, int nr) {
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        const block_q8_0 *x[AXPY_MAX_ROWS]; // block i of each row
+        __m256 s[AXPY_MAX_ROWS];            // a * d
+        for (int r = 0; r < nr; r++) {
+            x[r] = (const block_q8_0 *)rows[r] + i;
+            s[r] = _mm256_set1_ps(a[r] * axpy_f16(x[r]->d));
+        }
+        float *yb = y + i * QK8_0; // (32,)
+        for (int j = 0; j < QK8_0; j += 8) {
+            __m256 acc = _mm256_loadu_ps(yb + j);
+            for (int r = 0; r < nr; r++)
+                acc = axpy_fma8(acc, s[r], _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(x[r]->qs + j))));
+            _mm256_storeu_ps(yb + j, acc);
+        }
+    }
 }
 
 // ============================================================================================
@@ -198,12 +247,18 @@ AXPY_INLINE void q6_K_axpy_rows(int64_t n, float *y, const float *a, const void 
     static void name##_axpy4_avx2(int64_t n, float *y, const float *a, const void *const *rows) { \
         name##_axpy_rows(n, y, a, rows, 4);                                                       \
     }
+AXPY_ENTRY_POINTS(q4_0)
+AXPY_ENTRY_POINTS(q8_0)
 AXPY_ENTRY_POINTS(q4_1)
 AXPY_ENTRY_POINTS(q5_0)
 AXPY_ENTRY_POINTS(q4_K)
 AXPY_ENTRY_POINTS(q6_K)
 
 void ggml_quants_install_axpy_avx2(struct ggml_type_traits *traits) {
+    traits[GGML_TYPE_Q4_0].axpy = q4_0_axpy_avx2;
+    traits[GGML_TYPE_Q4_0].axpy4 = q4_0_axpy4_avx2;
+    traits[GGML_TYPE_Q8_0].axpy = q8_0_axpy_avx2;
+    traits[GGML_TYPE_Q8_0].axpy4 = q8_0_axpy4_avx2;
     traits[GGML_TYPE_Q4_1].axpy = q4_1_axpy_avx2;
     traits[GGML_TYPE_Q4_1].axpy4 = q4_1_axpy4_avx2;
     traits[GGML_TYPE_Q5_0].axpy = q5_0_axpy_avx2;
