@@ -10,7 +10,8 @@ models.sparse_ffn.DENSE_ABOVE was chosen. --ffn times the FFNs of all layers alo
 predictors included), and the predictors alone, on graphs of just those nodes with a random input
 (realistic for SYNTHETIC predictors, whose neurons fire at their set frequency for any input); all layers
 at once, so that, as in decoding, the selected rows are not still in the CPU caches from the previous run.
---ops splits that into the first FFN matrix (GEMV vs selected rows) and down_t (axpy dense vs masked).
+--ops splits that into the first FFN matrix (GEMV vs selected rows, and vs as many rows taken from the
+start: the cost of scattering) and down_t (axpy dense vs masked).
 The issue's target is sparse <= 1.3 rho dense + predictor. Label results of tools/make_synthetic_model.py
 files SYNTHETIC.
 """
@@ -131,9 +132,14 @@ def op_costs(model: Model, rng: np.random.Generator, reps: int) -> list[str]:
     ggml.Graph(ctx, preds).plan().compute(model.pool)
     masks = [ctx.tensor_from_numpy((p.numpy() > 0).astype(np.float32)) for p in preds]
     rho = float(np.mean([m.numpy().mean() for m in masks]))
+    # as many rows, but the first ones: what the same density costs when the rows are contiguous
+    firsts = [ctx.tensor_from_numpy((np.arange(cfg.n_ff) < np.count_nonzero(m.numpy())).astype(np.float32))
+              for m in masks]
     first = "ffn_gate" if cfg.gated else "ffn_up"
     ops = {f"{first} mul_mat": [ctx.mul_mat(b.w(f"blk.{il}.{first}"), h) for il in range(cfg.n_layer)],
            f"{first} mul_mat_rows": [ctx.mul_mat_rows(b.w(f"blk.{il}.{first}"), h, m) for il, m in enumerate(masks)],
+           f"{first} mul_mat_rows contiguous": [ctx.mul_mat_rows(b.w(f"blk.{il}.{first}"), h, m)
+                                                for il, m in enumerate(firsts)],
            "ffn_down_t axpy_rows dense": [ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t"), act) for il in range(cfg.n_layer)],
            "ffn_down_t axpy_rows masked": [ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t"), act, m)
                                            for il, m in enumerate(masks)]}
@@ -141,7 +147,8 @@ def op_costs(model: Model, rng: np.random.Generator, reps: int) -> list[str]:
     t = dict(zip(ops, (x / cfg.n_layer for x in times), strict=True))
     return [f"per layer at the predicted density rho {100 * rho:.1f} %: " +
             ", ".join(f"{name} {ms:.3f} ms" for name, ms in t.items()),
-            f"rows / dense: {first} {t[first + ' mul_mat_rows'] / t[first + ' mul_mat']:.3f}, "
+            f"rows / dense: {first} {t[first + ' mul_mat_rows'] / t[first + ' mul_mat']:.3f} "
+            f"(contiguous: {t[first + ' mul_mat_rows contiguous'] / t[first + ' mul_mat']:.3f}), "
             f"ffn_down_t {t['ffn_down_t axpy_rows masked'] / t['ffn_down_t axpy_rows dense']:.3f}"]
 
 
