@@ -16,6 +16,7 @@ by `tools/relufy.py MODEL --dump-tokens N --corpus builtin|FILE -o FILE.npy` (se
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -46,6 +47,7 @@ def _hp(g: GGUFFile) -> dict:
 
 
 def check_source(g: GGUFFile) -> None:
+    """Only what to_hf and write_relu_gguf handle: a plain SwiGLU llama GGUF without rope scaling."""
     c = g.config
     if c.arch != "llama" or c.ffn_kind != "swiglu":
         raise UnsupportedError(f"{g.path}: relufy takes a SwiGLU llama model, not {c.arch} with {c.ffn_kind}")
@@ -93,8 +95,6 @@ class RecordingReLU(torch.nn.Module):
 
 def student_of(teacher):
     """A copy of the teacher with ReLU gates; only attention and FFN matrices train."""
-    import copy
-
     student = copy.deepcopy(teacher)
     student.config.hidden_act = "relu"
     acts = []
@@ -262,6 +262,8 @@ def _dump_tokens(args: argparse.Namespace) -> int:
 
 def _relufy(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise PyInferError("no CUDA device here: pass --device cpu (slow beyond tiny models)")
     g = GGUFFile(args.model)
     check_source(g)
     if not args.tokens and not args.self_samples:
@@ -297,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _dump_tokens(args) if args.dump_tokens else _relufy(args)
-    except PyInferError as exc:
+    except (PyInferError, OSError) as exc:
         print(f"relufy: error: {exc}", file=sys.stderr)
         return 1
 
