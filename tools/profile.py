@@ -193,7 +193,8 @@ def ensure_powergguf(path: str) -> str:
 def add_profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", help="GGUF / PowerGGUF file or HF folder (default: the pulled default model)")
     p.add_argument("--corpus", action="append", metavar="NAME|FILE",
-                   help="calibration text: builtin (default), shakespeare, bible, or a text file; repeatable")
+                   help="calibration text: builtin (default), shakespeare, bible, self (sampled from the model), "
+                        "or a text file; repeatable")
     p.add_argument("--tokens", type=int, default=8192, help="tokens to profile (default 8192)")
     p.add_argument("--ctx", type=int, default=256, help="tokens per chunk (default 256)")
     p.add_argument("--sparsity", type=float, default=0.5,
@@ -204,10 +205,10 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
 def calibration_chunks(path: str, corpus: list[str] | None, n_tokens: int, ctx: int,
                        progress: bool = True) -> tuple[list[np.ndarray], str]:
     """(token chunks, description) of a corpus spec for the model at path (see pyinfer.corpus)."""
-    from pyinfer.corpus import documents, token_chunks
+    from pyinfer.corpus import documents, sampled_documents, token_chunks
     from pyinfer.tokenizer import Tokenizer
 
-    docs, desc = documents(corpus, progress)
+    docs, desc = documents(corpus, progress, sample=lambda: sampled_documents(path, n_tokens, ctx, progress))
     tok = Tokenizer.from_gguf_metadata(GGUFFile(path).metadata)
     bos = tok.bos_id if tok.add_bos else None
     chunks = token_chunks(lambda s: tok.encode(s, add_special=False), docs, n_tokens, ctx, bos)

@@ -32,6 +32,7 @@ sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from converters.convert_hf_to_powergguf import rope_half_rows, rope_pair_rows, tensor_map  # noqa: E402
 from converters.gguf_out import FLOAT_TYPES, OutFile, OutTensor, encode, write_atomically  # noqa: E402
+from pyinfer.corpus import document_start  # noqa: E402
 from pyinfer.errors import PyInferError, UnsupportedError  # noqa: E402
 from pyinfer.gguf_file import GGUFFile  # noqa: E402
 from gguf import GGMLQuantizationType as Q, GGUFValueType  # noqa: E402
@@ -221,12 +222,6 @@ def write_relu_gguf(g: GGUFFile, student, out_path: str) -> None:
     write_atomically([OutFile(out_path, "llama", kv, tensors)])
 
 
-def _document_start(g: GGUFFile) -> int:
-    """The token that separates documents in pretraining text (<|endoftext|>), else BOS."""
-    tokens = g.metadata.get("tokenizer.ggml.tokens", [])
-    return tokens.index("<|endoftext|>") if "<|endoftext|>" in tokens else int(g.metadata["tokenizer.ggml.bos_token_id"])
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -234,7 +229,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="ReGLU GGUF to write (or the .npy with --dump-tokens)")
     p.add_argument("--dump-tokens", type=int, metavar="N", default=0,
                    help="only tokenize N tokens of --corpus into (chunks, --ctx) and save them to -o")
-    p.add_argument("--corpus", action="append", help="for --dump-tokens: builtin, shakespeare, bible or a file")
+    p.add_argument("--corpus", action="append", help="for --dump-tokens: builtin, shakespeare, bible, self or a file")
     p.add_argument("--tokens", help="(n_chunks, ctx) .npy of training text")
     p.add_argument("--eval-tokens", help=".npy of held-out text for the report")
     p.add_argument("--self-samples", type=int, default=0, help="add N sequences sampled from the teacher")
@@ -273,7 +268,7 @@ def _relufy(args: argparse.Namespace) -> int:
     teacher = teacher.to(torch.bfloat16)
     parts = [np.load(args.tokens)[:, :args.ctx]] if args.tokens else []
     if args.self_samples:
-        start = _document_start(g)
+        start = document_start(g.metadata)
         with torch.no_grad():
             parts.append(self_samples(teacher, args.self_samples, args.ctx, start, 512, args.device))
     data = np.concatenate(parts)

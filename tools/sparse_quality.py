@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-f", "--file", required=True, help="text to evaluate (not calibration text)")
     p.add_argument("--chunks", type=int, default=8)
     p.add_argument("--recall", type=float, nargs="+", default=[0.99, 0.995, 0.998])
-    p.add_argument("--corpus", action="append", help="calibration text: builtin (default) or a file; repeatable")
+    p.add_argument("--corpus", action="append", help="calibration text: builtin (default), self or a file; repeatable")
     p.add_argument("--calibration-tokens", type=int, default=3072, help="calibration tokens to recalibrate on")
     p.add_argument("-c", "--ctx", type=int, default=512, help="tokens per evaluated chunk")
     p.add_argument("-t", "--threads", type=int, default=2)
