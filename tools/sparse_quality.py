@@ -19,6 +19,7 @@ import sys
 import time
 
 import numpy as np
+from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -69,10 +70,11 @@ def rows_read(kind: str, fired: float, kept: float) -> float:
     return (fired + kept) / 2  # relu: up and down only
 
 
-def score(model: Model, chunks, base, preds, thresholds) -> dict:
+def score(model: Model, chunks, base, preds, thresholds, desc: str) -> tuple[dict, list[np.ndarray]]:
+    """(report row, log-probabilities of the scored positions per chunk); base: the dense run's."""
     nll, kl, same, logprobs, fired, kept = [], [], 0, [], [], []
     first = chunks[0].size // 2
-    for i, c in enumerate(chunks):
+    for i, c in enumerate(tqdm(chunks, desc=desc, unit="chunk", file=sys.stderr, disable=None)):
         if preds is None:
             logits = model.logits(c)
         else:
@@ -125,13 +127,14 @@ def main(argv: list[str] | None = None) -> int:
         data = calibration_activations(dense, calib[len(calib) // 2:])
         _, thresholds = metadata_spec(dense.file.metadata, dense.config.n_layer)
         t0 = time.time()
-        row, base = score(dense, chunks, None, None, thresholds)
+        row, base = score(dense, chunks, None, None, thresholds, "dense")
         print(json.dumps({"config": "dense"} | row | {"s": round(time.time() - t0)}), flush=True)
         preds = stored_predictors(dense)
         for r in args.recall:
             t0 = time.time()
             recal = [calibrate(pr, x, a, thresholds[il], r) for il, (pr, (x, a)) in enumerate(zip(preds, data))]
-            row, _ = score(with_biases(args.model, recal, args.ctx, args.threads), chunks, base, recal, thresholds)
+            row, _ = score(with_biases(args.model, recal, args.ctx, args.threads), chunks, base, recal, thresholds,
+                           f"recall {r}")
             print(json.dumps({"config": f"recall {r}"} | row | {"s": round(time.time() - t0)}), flush=True)
     except (PyInferError, OSError) as exc:
         print(f"sparse_quality: error: {exc}", file=sys.stderr)
