@@ -3,11 +3,14 @@
 #pragma once
 #include "../ggml-impl.h"
 
+#include <stdatomic.h>
+
 struct ggml_compute_params {
     int ith, nth;
     void *wdata;                 // scratch shared by the threads for this node (ggml_cpu_op_wsize bytes)
     size_t wsize;
     struct ggml_threadpool *tp;
+    atomic_int *chunk_next;      // 0 when the node starts: work chunks handed out first come, first served
 };
 
 void ggml_barrier(struct ggml_threadpool *tp);

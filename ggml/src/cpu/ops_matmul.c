@@ -4,6 +4,7 @@
 
 // weight rows per tile: 16 rows of a 4096-wide Q4_0 matrix are 37 KB and stay in L2 across columns
 #define MUL_MAT_ROW_TILE 16
+#define GEMV_CHUNK_ROWS 32 // rows a thread takes at a time in a GEMV (72 KB of Q4_0 rows of 4096)
 
 // x is used in place when the dot product takes F32
 static bool xcols_in_place(const struct ggml_tensor *w) {
@@ -103,6 +104,15 @@ int ggml_cpu_op_mul_mat(const struct ggml_compute_params *p, struct ggml_tensor 
     int st = ggml_cpu_xcols_prepare(p, w, x, &xc);
     if (st) return st;
     ggml_barrier(p->tp);
+    if (x->ne[1] == 1) {
+        // a GEMV is one pass over the weights: threads take chunks of rows as they come free, so a thread
+        // the (shared, noisy) machine slows down holds the others up by one chunk, not by half the matrix
+        const int64_t n = w->ne[1];
+        for (int64_t c = atomic_fetch_add_explicit(p->chunk_next, 1, memory_order_relaxed); c * GEMV_CHUNK_ROWS < n;
+             c = atomic_fetch_add_explicit(p->chunk_next, 1, memory_order_relaxed))
+            mul_mat_rows_dense(w, &xc, dst, c * GEMV_CHUNK_ROWS, (c + 1) * GEMV_CHUNK_ROWS < n ? (c + 1) * GEMV_CHUNK_ROWS : n);
+        return GGML_STATUS_OK;
+    }
     // threads take whole row tiles when there are several columns, so no thread is left a ragged edge
     const int64_t unit = x->ne[1] > 1 ? GGML_GEMM_TILE_ROWS : 1;
     int64_t r0, r1;

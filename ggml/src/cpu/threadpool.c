@@ -28,6 +28,7 @@ struct ggml_threadpool {
     void *wdata;                 // (wsize) scratch shared by the threads
     size_t wsize;
 
+    atomic_int chunk_next[2];    // row-chunk counters of consecutive CPU nodes (see graph_run)
     atomic_int barrier_count;
     atomic_int barrier_phase;
     atomic_int barrier_sleepers; // threads asleep on barrier_phase
@@ -98,7 +99,7 @@ static void graph_run(struct ggml_threadpool *tp, int ith) {
     struct ggml_compute_params params = {
         .ith = ith, .nth = tp->n_threads, .wdata = tp->wdata, .wsize = tp->wsize, .tp = tp};
     struct ggml_cgraph *g = tp->graph;
-    int first = 0;
+    int first = 0, n_cpu = 0; // CPU nodes run so far: node n_cpu hands out chunks from chunk_next[n_cpu & 1]
     if (g->stream) { // device work is issued by thread 0 alone; uploads read leaves nobody writes now
         first = g->n_uploads;
         int st = ith == 0 ? ggml_graph_run_uploads(g) : GGML_STATUS_OK;
@@ -119,6 +120,9 @@ static void graph_run(struct ggml_threadpool *tp, int ith) {
             if (st) pool_record_error(tp, st);
             continue;
         }
+        // the other counter was last used by the node before the previous barrier: free to reset for the next
+        if (ith == 0) atomic_store_explicit(&tp->chunk_next[(n_cpu + 1) & 1], 0, memory_order_relaxed);
+        params.chunk_next = &tp->chunk_next[n_cpu++ & 1];
         int st = node->op == GGML_OP_TRANSFER ? (ith == 0 ? ggml_graph_run_transfer(g, node) : GGML_STATUS_OK)
                                               : ggml_cpu_forward(&params, node);
         if (st) pool_record_error(tp, st);
@@ -216,6 +220,8 @@ int ggml_graph_compute(struct ggml_cgraph *g, struct ggml_threadpool *tp) {
         tp->wsize = wsize;
     }
     tp->graph = g;
+    atomic_store(&tp->chunk_next[0], 0);
+    atomic_store(&tp->chunk_next[1], 0);
     atomic_store(&tp->status, GGML_STATUS_OK);
     atomic_store(&tp->n_done, 0);
     pthread_mutex_lock(&tp->mutex);
