@@ -4,7 +4,8 @@
 
 // weight rows per tile: 16 rows of a 4096-wide Q4_0 matrix are 37 KB and stay in L2 across columns
 #define MUL_MAT_ROW_TILE 16
-#define GEMV_CHUNK_ROWS 32 // rows a thread takes at a time in a GEMV (72 KB of Q4_0 rows of 4096)
+#define GEMV_CHUNK_BYTES (64 << 10)  // weight bytes a thread takes at a time in a large GEMV
+#define GEMV_CHUNKED_BYTES (4 << 20) // GEMVs over at least this many weight bytes take chunks
 
 // x is used in place when the dot product takes F32
 static bool xcols_in_place(const struct ggml_tensor *w) {
@@ -104,13 +105,14 @@ int ggml_cpu_op_mul_mat(const struct ggml_compute_params *p, struct ggml_tensor 
     int st = ggml_cpu_xcols_prepare(p, w, x, &xc);
     if (st) return st;
     ggml_barrier(p->tp);
-    if (x->ne[1] == 1) {
-        // a GEMV is one pass over the weights: threads take chunks of rows as they come free, so a thread
-        // the (shared, noisy) machine slows down holds the others up by one chunk, not by half the matrix
-        const int64_t n = w->ne[1];
-        for (int64_t c = atomic_fetch_add_explicit(p->chunk_next, 1, memory_order_relaxed); c * GEMV_CHUNK_ROWS < n;
+    if (x->ne[1] == 1 && ggml_nbytes(w) >= GEMV_CHUNKED_BYTES) {
+        // a large GEMV is one long pass over the weights: threads take chunks of rows as they come free, so
+        // a thread the (shared, noisy) machine slows down holds the others up by one chunk, not by half the
+        // matrix. Small ones keep fixed halves: there the atomic's round trips cost more than they save.
+        const int64_t n = w->ne[1], rows = (GEMV_CHUNK_BYTES + (int64_t)w->nb[1] - 1) / (int64_t)w->nb[1];
+        for (int64_t c = atomic_fetch_add_explicit(p->chunk_next, 1, memory_order_relaxed); c * rows < n;
              c = atomic_fetch_add_explicit(p->chunk_next, 1, memory_order_relaxed))
-            mul_mat_rows_dense(w, &xc, dst, c * GEMV_CHUNK_ROWS, (c + 1) * GEMV_CHUNK_ROWS < n ? (c + 1) * GEMV_CHUNK_ROWS : n);
+            mul_mat_rows_dense(w, &xc, dst, c * rows, (c + 1) * rows < n ? (c + 1) * rows : n);
         return GGML_STATUS_OK;
     }
     // threads take whole row tiles when there are several columns, so no thread is left a ragged edge

@@ -28,7 +28,9 @@ struct ggml_threadpool {
     void *wdata;                 // (wsize) scratch shared by the threads
     size_t wsize;
 
-    atomic_int chunk_next[2];    // row-chunk counters of consecutive CPU nodes (see graph_run)
+    // row-chunk counters of consecutive CPU nodes (see graph_run), each on a cache line of its own: the
+    // barrier's lines are polled while they are being taken
+    struct { _Alignas(64) atomic_int next; } chunk[2];
     atomic_int barrier_count;
     atomic_int barrier_phase;
     atomic_int barrier_sleepers; // threads asleep on barrier_phase
@@ -99,7 +101,7 @@ static void graph_run(struct ggml_threadpool *tp, int ith) {
     struct ggml_compute_params params = {
         .ith = ith, .nth = tp->n_threads, .wdata = tp->wdata, .wsize = tp->wsize, .tp = tp};
     struct ggml_cgraph *g = tp->graph;
-    int first = 0, n_cpu = 0; // CPU nodes run so far: node n_cpu hands out chunks from chunk_next[n_cpu & 1]
+    int first = 0, n_cpu = 0; // CPU nodes run so far: node n_cpu hands out chunks from chunk[n_cpu & 1]
     if (g->stream) { // device work is issued by thread 0 alone; uploads read leaves nobody writes now
         first = g->n_uploads;
         int st = ith == 0 ? ggml_graph_run_uploads(g) : GGML_STATUS_OK;
@@ -121,8 +123,8 @@ static void graph_run(struct ggml_threadpool *tp, int ith) {
             continue;
         }
         // the other counter was last used by the node before the previous barrier: free to reset for the next
-        if (ith == 0) atomic_store_explicit(&tp->chunk_next[(n_cpu + 1) & 1], 0, memory_order_relaxed);
-        params.chunk_next = &tp->chunk_next[n_cpu++ & 1];
+        if (ith == 0) atomic_store_explicit(&tp->chunk[(n_cpu + 1) & 1].next, 0, memory_order_relaxed);
+        params.chunk_next = &tp->chunk[n_cpu++ & 1].next;
         int st = node->op == GGML_OP_TRANSFER ? (ith == 0 ? ggml_graph_run_transfer(g, node) : GGML_STATUS_OK)
                                               : ggml_cpu_forward(&params, node);
         if (st) pool_record_error(tp, st);
@@ -220,8 +222,8 @@ int ggml_graph_compute(struct ggml_cgraph *g, struct ggml_threadpool *tp) {
         tp->wsize = wsize;
     }
     tp->graph = g;
-    atomic_store(&tp->chunk_next[0], 0);
-    atomic_store(&tp->chunk_next[1], 0);
+    atomic_store(&tp->chunk[0].next, 0);
+    atomic_store(&tp->chunk[1].next, 0);
     atomic_store(&tp->status, GGML_STATUS_OK);
     atomic_store(&tp->n_done, 0);
     pthread_mutex_lock(&tp->mutex);
