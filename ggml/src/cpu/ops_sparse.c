@@ -92,6 +92,7 @@ static void sel_compact(const struct sparse_sel *s, int ith, int nth) {
 // ---------------------------------------------------------------------------------------------------
 
 #define SPARSE_PREFETCH_AHEAD 4
+#define SEL_CHUNK_ROWS 64
 
 struct sel_walk {
     void (*visit)(void *ctx, int64_t row, int64_t col); // col < 0: every column whose selector picks row
@@ -105,8 +106,28 @@ static int64_t sel_total(const struct sparse_sel *s, int nth) {
     return total;
 }
 
-// visits this thread's even share of the selected rows (whole: all of them), after sel_compact's barrier
-static void sel_walk(const struct sparse_sel *s, int ith, int nth, bool whole, const struct sel_walk *w) {
+// visits the listed rows [t0, t1) of the whole list (the segments of all threads, in order)
+static void sel_visit_listed(const struct sparse_sel *s, int nth, int64_t t0, int64_t t1, const struct sel_walk *w) {
+    int64_t seen = 0; // listed rows in the segments before segment t
+    for (int t = 0; t < nth && seen < t1; t++) {
+        int64_t c0, c1;
+        ggml_thread_range(s->end - s->begin, t, nth, &c0, &c1);
+        const int32_t *seg = s->list + c0;
+        const int64_t a = t0 > seen ? t0 - seen : 0;
+        const int64_t b = t1 - seen < s->counts[t] ? t1 - seen : s->counts[t];
+        for (int64_t e = a; e < b; e++) {
+            if (e + SPARSE_PREFETCH_AHEAD < b) w->prefetch(w->ctx, seg[e + SPARSE_PREFETCH_AHEAD]);
+            w->visit(w->ctx, seg[e], -1);
+        }
+        seen += s->counts[t];
+    }
+}
+
+// visits this thread's share of the selected rows after sel_compact's barrier: with a mask, chunks of
+// SEL_CHUNK_ROWS listed rows taken first come, first served from *next (a thread the shared machine slows
+// holds the other up by one chunk, not by half the rows); whole: all of them
+static void sel_walk(const struct sparse_sel *s, int ith, int nth, bool whole, atomic_int *next,
+                     const struct sel_walk *w) {
     int64_t t0, t1;
     if (!s->sel) {
         if (whole) t0 = 0, t1 = s->end - s->begin;
@@ -120,21 +141,13 @@ static void sel_walk(const struct sparse_sel *s, int ith, int nth, bool whole, c
     }
     if (s->sel->type == GGML_TYPE_F32) {
         const int64_t total = sel_total(s, nth);
-        if (whole) t0 = 0, t1 = total;
-        else ggml_thread_range(total, ith, nth, &t0, &t1);
-        int64_t seen = 0; // listed rows in the segments before segment t
-        for (int t = 0; t < nth && seen < t1; t++) {
-            int64_t c0, c1;
-            ggml_thread_range(s->end - s->begin, t, nth, &c0, &c1);
-            const int32_t *seg = s->list + c0;
-            const int64_t a = t0 > seen ? t0 - seen : 0;
-            const int64_t b = t1 - seen < s->counts[t] ? t1 - seen : s->counts[t];
-            for (int64_t e = a; e < b; e++) {
-                if (e + SPARSE_PREFETCH_AHEAD < b) w->prefetch(w->ctx, seg[e + SPARSE_PREFETCH_AHEAD]);
-                w->visit(w->ctx, seg[e], -1);
-            }
-            seen += s->counts[t];
+        if (whole) {
+            sel_visit_listed(s, nth, 0, total, w);
+            return;
         }
+        for (int64_t c = atomic_fetch_add_explicit(next, 1, memory_order_relaxed); c * SEL_CHUNK_ROWS < total;
+             c = atomic_fetch_add_explicit(next, 1, memory_order_relaxed))
+            sel_visit_listed(s, nth, c * SEL_CHUNK_ROWS, (c + 1) * SEL_CHUNK_ROWS < total ? (c + 1) * SEL_CHUNK_ROWS : total, w);
         return;
     }
     for (int64_t j = 0; j < s->m; j++) {
@@ -221,7 +234,7 @@ int ggml_cpu_op_mul_mat_rows(const struct ggml_compute_params *p, struct ggml_te
     if (s.sel && s.sel->type == GGML_TYPE_F32) sel_compact(&s, p->ith, p->nth);
     ggml_barrier(p->tp);
     struct mmr_ctx c = {w, &xc, dst, &s, ggml_get_type_traits(w->type)->vec_dot};
-    sel_walk(&s, p->ith, p->nth, false, &(struct sel_walk){mmr_visit, mmr_prefetch, &c});
+    sel_walk(&s, p->ith, p->nth, false, p->chunk_next, &(struct sel_walk){mmr_visit, mmr_prefetch, &c});
     return GGML_STATUS_OK;
 }
 
@@ -322,14 +335,14 @@ int ggml_cpu_op_axpy_rows(const struct ggml_compute_params *p, struct ggml_tenso
         for (int64_t j = 0; j < m; j++) memset((float *)dst->data + j * dst_stride + v0, 0, (size_t)(v1 - v0) * sizeof(float));
         struct axpy_ctx c = {wt, h, &s, tw->axpy, (float *)dst->data + v0, dst_stride, v1 - v0,
                              (size_t)(v0 / tw->blck_size) * tw->type_size, ggml_row_size(wt->type, v1 - v0), .axpy4 = NULL};
-        sel_walk(&s, ith, nth, true, &(struct sel_walk){axpy_visit, axpy_prefetch, &c});
+        sel_walk(&s, ith, nth, true, p->chunk_next, &(struct sel_walk){axpy_visit, axpy_prefetch, &c});
         return GGML_STATUS_OK;
     }
     const size_t sel_bytes = sel_wsize(s.sel, s.n_rows, nth), part_bytes = axpy_partial_bytes(dst);
     float *mine = (float *)((char *)p->wdata + sel_bytes + (size_t)ith * part_bytes); // (m, d)
     memset(mine, 0, (size_t)(d * m) * sizeof(float));
     struct axpy_ctx c = {wt, h, &s, tw->axpy, mine, d, d, 0, wt->nb[1], .axpy4 = m == 1 ? tw->axpy4 : NULL};
-    sel_walk(&s, ith, nth, false, &(struct sel_walk){axpy_visit, axpy_prefetch, &c});
+    sel_walk(&s, ith, nth, false, p->chunk_next, &(struct sel_walk){axpy_visit, axpy_prefetch, &c});
     axpy_flush(&c);
     ggml_barrier(p->tp);
     for (int64_t j = 0; j < m; j++) {
