@@ -20,6 +20,14 @@ size_t ggml_cpu_op_wsize(const struct ggml_tensor *node, int n_threads);
 // runs one node; returns GGML_STATUS_OK or an error status (with the message set)
 int ggml_cpu_forward(const struct ggml_compute_params *params, struct ggml_tensor *node);
 
+// the next chunk [*r0, *r1) of [0, n) in chunks of `size`, taken from the node's counter first come,
+// first served; false when none is left
+static inline bool ggml_next_chunk(atomic_int *next, int64_t n, int64_t size, int64_t *r0, int64_t *r1) {
+    *r0 = (int64_t)atomic_fetch_add_explicit(next, 1, memory_order_relaxed) * size;
+    *r1 = *r0 + size < n ? *r0 + size : n;
+    return *r0 < n;
+}
+
 // rows [*r0, *r1) of n that thread ith of nth takes
 static inline void ggml_thread_range(int64_t n, int ith, int nth, int64_t *r0, int64_t *r1) {
     int64_t per = (n + nth - 1) / nth;

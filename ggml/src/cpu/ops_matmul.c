@@ -109,10 +109,9 @@ int ggml_cpu_op_mul_mat(const struct ggml_compute_params *p, struct ggml_tensor 
         // a large GEMV is one long pass over the weights: threads take chunks of rows as they come free, so
         // a thread the (shared, noisy) machine slows down holds the others up by one chunk, not by half the
         // matrix. Small ones keep fixed halves: there the atomic's round trips cost more than they save.
-        const int64_t n = w->ne[1], rows = (GEMV_CHUNK_BYTES + (int64_t)w->nb[1] - 1) / (int64_t)w->nb[1];
-        for (int64_t c = atomic_fetch_add_explicit(p->chunk_next, 1, memory_order_relaxed); c * rows < n;
-             c = atomic_fetch_add_explicit(p->chunk_next, 1, memory_order_relaxed))
-            mul_mat_rows_dense(w, &xc, dst, c * rows, (c + 1) * rows < n ? (c + 1) * rows : n);
+        const int64_t rows = (GEMV_CHUNK_BYTES + (int64_t)w->nb[1] - 1) / (int64_t)w->nb[1];
+        int64_t r0, r1;
+        while (ggml_next_chunk(p->chunk_next, w->ne[1], rows, &r0, &r1)) mul_mat_rows_dense(w, &xc, dst, r0, r1);
         return GGML_STATUS_OK;
     }
     // threads take whole row tiles when there are several columns, so no thread is left a ragged edge

@@ -145,9 +145,7 @@ static void sel_walk(const struct sparse_sel *s, int ith, int nth, bool whole, a
             sel_visit_listed(s, nth, 0, total, w);
             return;
         }
-        for (int64_t c = atomic_fetch_add_explicit(next, 1, memory_order_relaxed); c * SEL_CHUNK_ROWS < total;
-             c = atomic_fetch_add_explicit(next, 1, memory_order_relaxed))
-            sel_visit_listed(s, nth, c * SEL_CHUNK_ROWS, (c + 1) * SEL_CHUNK_ROWS < total ? (c + 1) * SEL_CHUNK_ROWS : total, w);
+        while (ggml_next_chunk(next, total, SEL_CHUNK_ROWS, &t0, &t1)) sel_visit_listed(s, nth, t0, t1, w);
         return;
     }
     for (int64_t j = 0; j < s->m; j++) {
