@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 import converters.convert_hf_to_powergguf as conv
 import tools.train_predictors as tp
+from pyinfer.errors import InvalidArgumentError
 from pyinfer.gguf_file import GGUFFile
 from pyinfer.reference import reference_ffn_activations, reference_logits
-from pyinfer.errors import InvalidArgumentError
 from tools.profile import calibration_chunks
 from tools.sparsify import main as sparsify
 

@@ -26,16 +26,18 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFValueType
 
 # the repo root replaces tools/ on the path: tools/profile.py would shadow the stdlib module torch imports
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from converters.convert_hf_to_powergguf import rope_half_rows, rope_pair_rows, tensor_map  # noqa: E402
 from converters.gguf_out import FLOAT_TYPES, OutFile, OutTensor, encode, write_atomically  # noqa: E402
+from pyinfer.console import run_cli  # noqa: E402
 from pyinfer.corpus import document_start  # noqa: E402
 from pyinfer.errors import PyInferError, UnsupportedError  # noqa: E402
 from pyinfer.gguf_file import GGUFFile  # noqa: E402
-from gguf import GGMLQuantizationType as Q, GGUFValueType  # noqa: E402
 
 TRAINED = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
@@ -291,12 +293,7 @@ def _relufy(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        return _dump_tokens(args) if args.dump_tokens else _relufy(args)
-    except (PyInferError, OSError) as exc:
-        print(f"relufy: error: {exc}", file=sys.stderr)
-        return 1
+    return run_cli("relufy", _parser(), lambda args: _dump_tokens(args) if args.dump_tokens else _relufy(args), argv)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from models.sparse_ffn import metadata_spec  # noqa: E402
 from pyinfer import ggml  # noqa: E402
+from pyinfer.console import run_cli  # noqa: E402
 from pyinfer.errors import PyInferError, UnsupportedError  # noqa: E402
 from pyinfer.perplexity import chunk_tokens, log_softmax  # noqa: E402
 from pyinfer.runtime import Model  # noqa: E402
@@ -54,7 +55,7 @@ def calibration_activations(model: Model, chunks: list[np.ndarray]) -> list[tupl
 def with_biases(path: str, preds: list[Predictor], ctx: int, threads: int) -> Model:
     """A sparse model of the file whose predictors use these biases."""
     model = Model(path, n_ctx=ctx, n_batch=ctx, n_threads=threads, sparse=True)
-    model._eval_ctx = owner = ggml.Context(4 << 20)  # owns the bias tensors for the model's lifetime
+    owner = ggml.Context(4 << 20)  # each tensor keeps its context alive
     model.sparse_spec.pred_bias.clear()
     model.sparse_spec.pred_bias.update({il: owner.tensor_from_numpy(p.bias.astype(np.float32))
                                         for il, p in enumerate(preds)})
@@ -71,7 +72,8 @@ def rows_read(kind: str, fired: float, kept: float) -> float:
 
 
 def score(model: Model, chunks, base, preds, thresholds, desc: str) -> tuple[dict, list[np.ndarray]]:
-    """(report row, log-probabilities of the scored positions per chunk); base: the dense run's."""
+    """(report row, float32 log-probabilities of the scored positions per chunk when base is None);
+    base: the dense run's."""
     nll, kl, same, logprobs, fired, kept = [], [], 0, [], [], []
     first = chunks[0].size // 2
     for i, c in enumerate(tqdm(chunks, desc=desc, unit="chunk", file=sys.stderr, disable=None)):
@@ -86,10 +88,12 @@ def score(model: Model, chunks, base, preds, thresholds, desc: str) -> tuple[dic
         lp = log_softmax(logits[first:-1])
         target = c[first + 1:]
         nll.extend(-lp[np.arange(len(target)), target])
-        logprobs.append(lp)
-        if base is not None:
-            kl.extend((np.exp(base[i]) * (base[i] - lp)).sum(-1))
-            same += int((base[i].argmax(-1) == lp.argmax(-1)).sum())
+        if base is None:
+            logprobs.append(lp.astype(np.float32))  # only the dense run's are kept: (tokens, n_vocab) each
+        else:
+            ref = base[i].astype(np.float64)
+            kl.extend((np.exp(ref) * (ref - lp)).sum(-1))
+            same += int((ref.argmax(-1) == lp.argmax(-1)).sum())
     row = {"ppl": float(np.exp(np.mean(nll))), "tokens": len(nll)}
     if base is not None:
         row |= {"kld": float(np.mean(kl)), "same_top1": same / len(kl)}
@@ -98,6 +102,34 @@ def score(model: Model, chunks, base, preds, thresholds, desc: str) -> tuple[dic
         row |= {"fired": float(np.mean(fired)), "kept": float(np.mean(kept)),
                 "rows_skipped": 1 - rows_read(kind, float(np.mean(fired)), float(np.mean(kept)))}
     return row, logprobs
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    dense = Model(args.model, n_ctx=args.ctx, n_batch=args.ctx, n_threads=args.threads, sparse=False)
+    if not dense.has_predictors:
+        raise PyInferError(f"{args.model}: no predictors; run `pyinfer sparsify` first")
+    if dense.config.ffn_kind == "drelu":
+        raise UnsupportedError("dReLU rows are not counted here (up rows depend on the gate)")
+    bos = dense.tokenizer.bos_id if dense.tokenizer.add_bos else None
+    with open(args.file, encoding="utf-8") as f:
+        chunks = chunk_tokens(dense.tokenize(f.read()), args.ctx, bos, args.chunks)
+    # the tail of a longer draw: sparsify calibrated on its head
+    calib, _ = calibration_chunks(args.model, args.corpus, 2 * args.calibration_tokens, min(256, args.ctx),
+                                  progress=False)
+    data = calibration_activations(dense, calib[len(calib) // 2:])
+    _, thresholds = metadata_spec(dense.file.metadata, dense.config.n_layer)
+    t0 = time.time()
+    row, base = score(dense, chunks, None, None, thresholds, "dense")
+    print(json.dumps({"config": "dense"} | row | {"s": round(time.time() - t0)}), flush=True)
+    preds = stored_predictors(dense)
+    for r in args.recall:
+        t0 = time.time()
+        recal = [calibrate(pr, x, a, thresholds[il], r)
+                 for il, (pr, (x, a)) in enumerate(zip(preds, data, strict=True))]
+        row, _ = score(with_biases(args.model, recal, args.ctx, args.threads), chunks, base, recal, thresholds,
+                       f"recall {r}")
+        print(json.dumps({"config": f"recall {r}"} | row | {"s": round(time.time() - t0)}), flush=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,35 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calibration-tokens", type=int, default=3072, help="calibration tokens to recalibrate on")
     p.add_argument("-c", "--ctx", type=int, default=512, help="tokens per evaluated chunk")
     p.add_argument("-t", "--threads", type=int, default=2)
-    args = p.parse_args(argv)
-    try:
-        dense = Model(args.model, n_ctx=args.ctx, n_batch=args.ctx, n_threads=args.threads, sparse=False)
-        if not dense.has_predictors:
-            raise PyInferError(f"{args.model}: no predictors; run `pyinfer sparsify` first")
-        if dense.config.ffn_kind == "drelu":
-            raise UnsupportedError("dReLU rows are not counted here (up rows depend on the gate)")
-        bos = dense.tokenizer.bos_id if dense.tokenizer.add_bos else None
-        with open(args.file, encoding="utf-8") as f:
-            chunks = chunk_tokens(dense.tokenize(f.read()), args.ctx, bos, args.chunks)
-        # the tail of a longer draw: sparsify calibrated on its head
-        calib, _ = calibration_chunks(args.model, args.corpus, 2 * args.calibration_tokens, min(256, args.ctx),
-                                      progress=False)
-        data = calibration_activations(dense, calib[len(calib) // 2:])
-        _, thresholds = metadata_spec(dense.file.metadata, dense.config.n_layer)
-        t0 = time.time()
-        row, base = score(dense, chunks, None, None, thresholds, "dense")
-        print(json.dumps({"config": "dense"} | row | {"s": round(time.time() - t0)}), flush=True)
-        preds = stored_predictors(dense)
-        for r in args.recall:
-            t0 = time.time()
-            recal = [calibrate(pr, x, a, thresholds[il], r) for il, (pr, (x, a)) in enumerate(zip(preds, data))]
-            row, _ = score(with_biases(args.model, recal, args.ctx, args.threads), chunks, base, recal, thresholds,
-                           f"recall {r}")
-            print(json.dumps({"config": f"recall {r}"} | row | {"s": round(time.time() - t0)}), flush=True)
-    except (PyInferError, OSError) as exc:
-        print(f"sparse_quality: error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return run_cli("sparse_quality", p, _sweep, argv)
 
 
 if __name__ == "__main__":
