@@ -106,12 +106,24 @@ def predict(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
     return ctx.add(ctx.mul_mat(b.w(f"blk.{il}.fc2"), z), spec.pred_bias[il])  # (n, n_ff)
 
 
+def fused_ffn(b, il: int, h: ggml.Tensor, pred: ggml.Tensor) -> ggml.Tensor:
+    """The sparse FFN as one sparse_ffn op over the layer's bundled rows (runtime.Model._bundle_ffns)."""
+    ctx, cfg, spec = b.ctx, b.cfg, b.sparse
+    n = h.shape[0] if len(h.shape) == 2 else 1
+    out = ctx.sparse_ffn(b.w(f"blk.{il}.ffn_bundle"), h, pred, cfg.ffn_kind, spec.thresholds[il])  # (n, d + n_ff)
+    row = 4 * (cfg.n_embd + cfg.n_ff)  # bytes per token of out
+    spec.masks[il] = ctx.view(out, (n, cfg.n_ff), (row, 4), offset=4 * cfg.n_embd)
+    return ctx.view(out, (n, cfg.n_embd), (row, 4))
+
+
 def ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
     """Sparse FFN of layer il: (n_tokens, n_embd) -> (n_tokens, n_embd)."""
     ctx, kind, spec = b.ctx, b.cfg.ffn_kind, b.sparse
     n = h.shape[0] if len(h.shape) == 2 else 1
     pred = predict(b, il, h)  # (n, n_ff)
     dense = n > spec.dense_above
+    if not dense and b.capture is None and b.has(f"blk.{il}.ffn_bundle"):
+        return fused_ffn(b, il, h, pred)
 
     def proj(name: str, sel: ggml.Tensor) -> ggml.Tensor:
         w = b.w(f"blk.{il}.{name}")

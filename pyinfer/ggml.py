@@ -16,6 +16,7 @@ F32, F16, BF16 = lib.GGML_TYPE_F32, lib.GGML_TYPE_F16, lib.GGML_TYPE_BF16
 Q4_0, Q4_1, Q5_0, Q8_0 = lib.GGML_TYPE_Q4_0, lib.GGML_TYPE_Q4_1, lib.GGML_TYPE_Q5_0, lib.GGML_TYPE_Q8_0
 Q4_K, Q6_K, I32 = lib.GGML_TYPE_Q4_K, lib.GGML_TYPE_Q6_K, lib.GGML_TYPE_I32
 WEIGHT_TYPES = (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K)
+FFN_KINDS = ("relu", "reglu", "drelu", "swiglu", "geglu")  # sparse_ffn activations, as enum ggml_ffn_kind
 ROPE_NORMAL, ROPE_NEOX = lib.GGML_ROPE_NORMAL, lib.GGML_ROPE_NEOX
 
 _NUMPY_DTYPES = {F32: np.float32, F16: np.float16, I32: np.int32, lib.GGML_TYPE_I8: np.int8}
@@ -119,11 +120,19 @@ class Tensor:
         return np.frombuffer(ffi.buffer(data, self.nbytes), dtype=np.uint8)
 
     def numpy(self) -> np.ndarray:
-        """F32/F16/I32/I8 data in numpy order: a writable view in host memory, a copy from a device."""
+        """F32/F16/I32/I8 data in numpy order: a writable view in host memory (strided for a strided
+        ggml view), a copy from a device."""
         dtype = _NUMPY_DTYPES.get(self.type)
         if dtype is None:
             raise InvalidArgumentError(f"no numpy view of {type_name(self.type)}: use raw()")
-        return self.raw().view(dtype).reshape(self.shape)
+        if lib.ggml_is_contiguous(self.ptr) or self.on_device:
+            return self.raw().view(dtype).reshape(self.shape)
+        data = lib.ggml_get_data(self.ptr)
+        if data == ffi.NULL:
+            raise InvalidArgumentError(f"tensor '{self.name}' has no data yet (plan its graph first)")
+        strides = tuple(lib.ggml_get_nb(self.ptr, d) for d in reversed(range(len(self.shape))))
+        flat = np.frombuffer(ffi.buffer(data, self.nbytes), dtype=dtype)
+        return np.lib.stride_tricks.as_strided(flat, self.shape, strides)
 
     def set(self, values) -> None:
         """Copies values into the tensor (converting F32 input to the tensor's type)."""
@@ -243,6 +252,13 @@ class Context:
 
     def axpy_rows(self, wt: Tensor, h: Tensor, sel: Tensor | None = None, begin: int = 0, end: int = -1):
         return self._t(lib.ggml_axpy_rows(self.ptr, wt.ptr, h.ptr, sel.ptr if sel else ffi.NULL, begin, end))
+
+    def sparse_ffn(self, bundle: Tensor, x: Tensor, sel: Tensor | None, kind: str, threshold: float = 0.0):
+        """(m, d) -> (m, d + n_ff): the FFN output, then 1 for each neuron summed; kind one of FFN_KINDS."""
+        if kind not in FFN_KINDS:
+            raise InvalidArgumentError(f"unknown FFN kind {kind!r}; known: {', '.join(FFN_KINDS)}")
+        return self._t(lib.ggml_sparse_ffn(self.ptr, bundle.ptr, x.ptr, sel.ptr if sel else ffi.NULL,
+                                           FFN_KINDS.index(kind), threshold))
 
 
 class ThreadPool:

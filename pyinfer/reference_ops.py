@@ -185,3 +185,32 @@ def axpy_rows(wt, h, sel=None, begin: int = 0, end: int = -1) -> np.ndarray:
         rows = np.flatnonzero(counts[j])  # unselected rows never touch the sum (not even as 0 * inf)
         out[j] = (h[j, rows] * counts[j, rows]) @ wt[rows]
     return out
+
+
+def ffn_act(kind: str, g, u):
+    """The activation of one neuron from its gate and up values (gate unused for relu)."""
+    g, u = _f64(g), _f64(u)
+    if kind == "relu":
+        return np.maximum(u, 0.0)
+    if kind == "reglu":
+        return np.maximum(g, 0.0) * u
+    if kind == "drelu":
+        return np.maximum(g, 0.0) * np.maximum(u, 0.0)
+    if kind == "swiglu":
+        return silu(g) * u
+    return gelu(g) * u
+
+
+def sparse_ffn(bundle, x, kind: str, sel=None, threshold: float = 0.0) -> np.ndarray:
+    """bundle (r * n_ff, d), neuron i's rows r*i.. : gate (gated kinds), up, down_t; x (m, d) ->
+    (m, d + n_ff): the sum over selected neurons with |act| > threshold of act * down_t, then 1 for
+    those neurons (0 elsewhere)."""
+    x, bundle = _f64(x), _f64(bundle)
+    r = 2 if kind == "relu" else 3
+    rows = bundle.reshape(-1, r, bundle.shape[1])  # (n_ff, r, d)
+    up, down_t = rows[:, r - 2], rows[:, r - 1]
+    g = x @ rows[:, 0].T if r == 3 else 0.0
+    act = ffn_act(kind, g, x @ up.T)  # (m, n_ff)
+    counts = selection(sel, rows.shape[0], x.shape[0]) * (np.abs(act) > threshold)
+    taken = (counts > 0).astype(np.float64)
+    return np.concatenate([axpy_rows(down_t, act * counts, taken), taken], axis=1)

@@ -152,7 +152,7 @@ class Model:
         self.n_batch = n_batch
         # with the whole model on the GPU the CPU only looks up embeddings: one thread, no barriers
         self.n_threads = n_threads or (1 if n_gpu_layers > cfg.n_layer else os.cpu_count() or 1)
-        self.weights_ctx = ggml.Context(1024 * (len(self.file.tensors) + 16), no_alloc=True)
+        self.weights_ctx = ggml.Context(1024 * (len(self.file.tensors) + cfg.n_layer + 16), no_alloc=True)
         self.weights: dict[str, ggml.Tensor] = {}
         for name, info in self.file.tensors.items():
             t = self.weights_ctx.new_tensor(info.type, tuple(reversed(info.ne)))
@@ -163,6 +163,8 @@ class Model:
         self.n_gpu_layers = self._offload(n_gpu_layers)
         self.pool = ggml.ThreadPool(self.n_threads)
         self.sparse_spec = self._sparse_spec(sparse, sparsity_threshold, oracle)
+        if self.sparse_spec is not None and not oracle:
+            self._bundle_ffns()
         self._graphs: OrderedDict[tuple[int, int, bool], _StepGraph] = OrderedDict()
         self.tokens: list[int] = []  # the sequence in the KV cache
         self.timings = Timings(load_ms=1e3 * (time.perf_counter() - t0))
@@ -212,6 +214,27 @@ class Model:
         self._sparse_ctx = ggml.Context(2 * self.config.n_layer * (4 * n_ff + 4096) + (1 << 16))
         return sparse_ffn.make_spec(self._sparse_ctx, self.file.tensors, self.file.metadata, self.config,
                                     logit_threshold=logit_threshold, oracle=oracle)
+
+    def _bundle_ffns(self) -> None:
+        """Adds blk.N.ffn_bundle for each CPU layer: its gate, up and down_t rows side by side, neuron by
+        neuron, the layout of the fused sparse_ffn op, where a predicted neuron is one contiguous read
+        instead of three scattered ones. Built once at load (as llama.cpp repacks Q4_0 for its CPU); the
+        file's own FFN matrices are no longer read by decoding and stay only in the page cache."""
+        cfg = self.config
+        parts = ("ffn_gate", "ffn_up", "ffn_down_t") if cfg.gated else ("ffn_up", "ffn_down_t")
+        for il in range(cfg.n_layer):
+            mats = [self.weights.get(f"blk.{il}.{name}.weight") for name in parts]
+            if (any(m is None or m.on_device or m.type != mats[0].type for m in mats)
+                    or any(f"blk.{il}.{name}.bias" in self.weights for name in parts)):
+                continue
+            row = ggml.row_size(mats[0].type, cfg.n_embd)
+            data = np.empty((cfg.n_ff, len(parts), row), np.uint8)
+            for k, m in enumerate(mats):
+                data[:, k] = m.raw().reshape(cfg.n_ff, row)
+            bundle = self.weights_ctx.new_tensor(mats[0].type, (len(parts) * cfg.n_ff, cfg.n_embd))
+            bundle.set_data(data)
+            bundle.name = f"blk.{il}.ffn_bundle.weight"
+            self.weights[bundle.name] = bundle
 
     def _predictor_ms(self, reps: int = 5) -> float:
         """Milliseconds one token spends in the predictors, timed on a graph of the predictors alone."""

@@ -154,3 +154,101 @@ def test_sparse_matches_dense_at_full_density():
     ones = tensor(ctx, np.ones((1, 96), np.float32))
     dense, sparse = compute(ctx, [ctx.mul_mat(wt, x), ctx.mul_mat_rows(wt, x, ones)], 3)
     np.testing.assert_array_equal(sparse, dense)
+
+
+@st.composite
+def ffn_case(draw):
+    type_, d, n_ff, m, sel, _, _, _, threads, rng = draw(sparse_case())
+    kind = draw(st.sampled_from(ggml.FFN_KINDS))
+    threshold = draw(st.sampled_from([0.0, 0.0, 0.5, 2.0]))
+    return type_, d, n_ff, m, sel, kind, threshold, threads, rng
+
+
+def ffn_ambiguity(kind: str, g, u, dg, du, threshold: float):
+    """(act's worst change, whether the keep decision may flip) when g and u move by up to dg, du and the
+    activation is evaluated in float32 (whose gelu/silu of a large negative gate is exactly 0)."""
+    act = ref.ffn_act(kind, g, u)
+    keep = np.abs(act) > threshold
+    worst = 1e-6 * (np.abs(g) + 1) * (np.abs(u) + 1)
+    flips = np.abs(np.abs(act) - threshold) <= worst
+    for sg in (-1, 0, 1):
+        for su in (-1, 0, 1):
+            moved = ref.ffn_act(kind, g + sg * dg, u + su * du)
+            worst = np.maximum(worst, np.abs(moved - act))
+            flips |= (np.abs(moved) > threshold) != keep
+    return worst, flips
+
+
+@SETTINGS
+@given(case=ffn_case())
+def test_sparse_ffn(case):
+    type_, d, n_ff, m, sel, kind, threshold, threads, rng = case
+    r = 2 if kind == "relu" else 3
+    ctx = ggml.Context(32 << 20)
+    bundle, b64 = weights(ctx, rng.standard_normal((r * n_ff, d)), type_)
+    x = rng.standard_normal((m, d)).astype(np.float32)
+    (y,) = compute(ctx, [ctx.sparse_ffn(bundle, tensor(ctx, x), selector_tensor(ctx, sel), kind, threshold)], threads)
+    out, flags = y[:, :d], y[:, d:]
+    xq = activations_as_kernel_sees(x, type_)
+    rows = b64.reshape(n_ff, r, d)
+    g = xq @ rows[:, 0].T if r == 3 else np.zeros((m, n_ff))
+    u = xq @ rows[:, r - 2].T
+    tol = 2e-3 if type_ == ggml.Q4_1 else 2e-5  # of |x|.|w|, as test_mul_mat_rows (Q4_1: f16 block sums)
+    dg, du = (tol * np.abs(xq) @ np.abs(rows[:, k]).T + 1e-6 for k in (0, r - 2))
+    worst, flips = ffn_ambiguity(kind, g, u, dg if r == 3 else 0.0, du, threshold)
+    counts = ref.selection(sel, n_ff, m)
+    want = ref.sparse_ffn(b64, xq, kind, sel, threshold)
+    # a neuron is summed as the reference says, but for those within rounding of the threshold
+    assert set(np.unique(flags)) <= {0.0, 1.0}
+    np.testing.assert_array_equal(flags[~flips], want[:, d:][~flips])
+    assert np.all(flags[counts == 0] == 0.0)
+    # the output, with the kernel's own decisions for those neurons
+    taken = counts * flags
+    act = ref.ffn_act(kind, g, u)
+    expect = ref.axpy_rows(rows[:, r - 1], act * taken, taken)
+    bound = (worst * taken) @ np.abs(rows[:, r - 1]) + 1e-5 * (np.abs(act) * taken) @ np.abs(rows[:, r - 1])
+    assert np.all(np.abs(out - expect) <= bound + 1e-6)
+
+
+def test_sparse_ffn_equals_the_separate_ops():
+    # SwiGLU at full density through both paths: the same float32 operations, so the same values
+    rng = np.random.default_rng(3)
+    n_ff, d = 64, 256
+    ctx = ggml.Context(16 << 20)
+    mats = [rng.standard_normal((n_ff, d)).astype(np.float32) for _ in range(3)]  # gate, up, down_t
+    bundle = tensor(ctx, np.stack(mats, 1).reshape(3 * n_ff, d), ggml.Q4_0)
+    gate, up, down_t = (tensor(ctx, w, ggml.Q4_0) for w in mats)
+    x = tensor(ctx, rng.standard_normal((1, d)).astype(np.float32))
+    act = ctx.mul(ctx.silu(ctx.mul_mat(gate, x)), ctx.mul_mat(up, x))
+    split, fused = compute(ctx, [ctx.axpy_rows(down_t, act), ctx.sparse_ffn(bundle, x, None, "swiglu")], 2)
+    np.testing.assert_allclose(fused[:, :d], split, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(fused[:, d:], 1.0)
+
+
+@pytest.mark.parametrize("bad, match", [("kind", "unknown FFN kind"), ("rows", "multiple of 3"),
+                                        ("threshold", "< 0")])
+def test_sparse_ffn_rejects_bad_arguments(bad, match):
+    ctx = ggml.Context(4 << 20)
+    bundle = tensor(ctx, np.ones((10 if bad == "rows" else 12, 64), np.float32), ggml.Q8_0)
+    x = tensor(ctx, np.ones((1, 64), np.float32))
+    with pytest.raises(InvalidArgumentError, match=match):
+        ctx.sparse_ffn(bundle, x, None, "tanh" if bad == "kind" else "swiglu", -1.0 if bad == "threshold" else 0.0)
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_sums_do_not_depend_on_threads(m):
+    # rows are summed per chunk of the mask and the chunks added in order: bit for bit the same output
+    # at every thread count and run, however the chunks were shared out (greedy decoding repeats itself)
+    rng = np.random.default_rng(m)
+    n_ff, d = 1000, 256
+    ctx = ggml.Context(32 << 20)
+    bundle = tensor(ctx, rng.standard_normal((3 * n_ff, d)).astype(np.float32), ggml.Q4_0)
+    down_t = tensor(ctx, rng.standard_normal((n_ff, d)).astype(np.float32), ggml.Q4_0)
+    x = tensor(ctx, rng.standard_normal((m, d)).astype(np.float32))
+    h = tensor(ctx, rng.standard_normal((m, n_ff)).astype(np.float32))
+    mask = tensor(ctx, (rng.random((m, n_ff)) < 0.5).astype(np.float32))
+    nodes = [ctx.sparse_ffn(bundle, x, mask, "swiglu"), ctx.axpy_rows(down_t, h, mask)]
+    runs = [compute(ctx, nodes, threads) for threads in (1, 2, 3, 3, 2)]
+    for run in runs[1:]:
+        for got, first in zip(run, runs[0], strict=True):
+            np.testing.assert_array_equal(got, first)

@@ -62,6 +62,7 @@ enum ggml_op {
     GGML_OP_ATTENTION,    // causal attention of q over the KV cache (GQA), positions from src3
     GGML_OP_MUL_MAT_ROWS, // mul_mat for selected rows only; unselected rows give 0
     GGML_OP_AXPY_ROWS,    // out = sum over selected rows i of h[i] * Wt[i]
+    GGML_OP_SPARSE_FFN,   // a whole FFN over the selected neurons, each neuron's rows read together
     GGML_OP_TRANSFER,     // inserted by the planner: src0's bytes copied to another backend
     GGML_OP_COUNT,
 };
@@ -172,6 +173,14 @@ struct ggml_tensor *ggml_attention(struct ggml_context *ctx, struct ggml_tensor 
 struct ggml_tensor *ggml_mul_mat_rows(struct ggml_context *ctx, struct ggml_tensor *w, struct ggml_tensor *x, struct ggml_tensor *sel, int64_t begin, int64_t end);
 // wt: [d, n_rows] one row per neuron; h: [n_rows, m] F32 -> [d, m] F32 = sum_i h[i] * wt[i]
 struct ggml_tensor *ggml_axpy_rows(struct ggml_context *ctx, struct ggml_tensor *wt, struct ggml_tensor *h, struct ggml_tensor *sel, int64_t begin, int64_t end);
+
+// the activation of a sparse_ffn: act(up) for RELU, act(gate) * up for the gated kinds (DRELU: relu(gate) * relu(up))
+enum ggml_ffn_kind { GGML_FFN_RELU, GGML_FFN_REGLU, GGML_FFN_DRELU, GGML_FFN_SWIGLU, GGML_FFN_GEGLU };
+// bundle: [d, r * n_ff], neuron i's r rows adjacent: its gate row (gated kinds, r = 3), up row, then its
+// down_t row; x: [d, m] F32; sel: over n_ff as above. -> [d + n_ff, m] F32: rows [0, d) the FFN output
+// (sum over selected neurons of act * down_t), rows [d, d + n_ff) 1 where a neuron's down row was summed
+// (|act| > threshold), else 0
+struct ggml_tensor *ggml_sparse_ffn(struct ggml_context *ctx, struct ggml_tensor *bundle, struct ggml_tensor *x, struct ggml_tensor *sel, enum ggml_ffn_kind kind, float threshold);
 
 // --- graphs: built from output tensors, planned once (buffers for intermediates), computed many times ---
 struct ggml_cgraph *ggml_graph_new(struct ggml_context *ctx);

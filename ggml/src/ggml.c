@@ -536,3 +536,21 @@ struct ggml_tensor *ggml_axpy_rows(struct ggml_context *ctx, struct ggml_tensor 
     CHECK_ARG(h->ne[0] == wt->ne[1], "h has %lld values for %lld rows", (long long)h->ne[0], (long long)wt->ne[1]);
     return sparse_op(ctx, GGML_OP_AXPY_ROWS, (int64_t[]){wt->ne[0], h->ne[1]}, wt, h, sel, wt->ne[1], begin, end);
 }
+
+struct ggml_tensor *ggml_sparse_ffn(struct ggml_context *ctx, struct ggml_tensor *bundle, struct ggml_tensor *x,
+                                    struct ggml_tensor *sel, enum ggml_ffn_kind kind, float threshold) {
+    CHECK_ARG(kind >= GGML_FFN_RELU && kind <= GGML_FFN_GEGLU, "unknown FFN kind %d", (int)kind);
+    const char *err = check_matmul(bundle, x);
+    CHECK_ARG(!err, "sparse_ffn: %s", err);
+    CHECK_ARG(ggml_get_type_traits(bundle->type)->axpy, "sparse_ffn cannot read %s", ggml_type_name(bundle->type));
+    const int64_t r = kind == GGML_FFN_RELU ? 2 : 3, n_ff = bundle->ne[1] / r;
+    CHECK_ARG(bundle->ne[1] % r == 0, "a %s bundle has %lld rows, not a multiple of %lld", kind == GGML_FFN_RELU ? "relu" : "gated",
+              (long long)bundle->ne[1], (long long)r);
+    CHECK_ARG(threshold >= 0.0f, "threshold %g < 0", (double)threshold);
+    struct ggml_tensor *t = sparse_op(ctx, GGML_OP_SPARSE_FFN, (int64_t[]){x->ne[0] + n_ff, x->ne[1]}, bundle, x, sel,
+                                      n_ff, 0, n_ff);
+    if (!t) return NULL;
+    t->op_params[2] = (int32_t)kind;
+    ggml_set_op_param_f32(t, 3, threshold);
+    return t;
+}

@@ -169,6 +169,7 @@ static enum ggml_backend node_backend(const struct ggml_tensor *t) {
     case GGML_OP_MUL_MAT:
     case GGML_OP_MUL_MAT_ROWS:
     case GGML_OP_AXPY_ROWS:
+    case GGML_OP_SPARSE_FFN:
     case GGML_OP_GET_ROWS: return ggml_get_backend(t->src[0]);
     case GGML_OP_ATTENTION: return ggml_get_backend(t->src[1]);
     default:
@@ -185,6 +186,7 @@ static bool follows_inputs(const struct ggml_tensor *t) {
     case GGML_OP_MUL_MAT:
     case GGML_OP_MUL_MAT_ROWS:
     case GGML_OP_AXPY_ROWS:
+    case GGML_OP_SPARSE_FFN:
     case GGML_OP_GET_ROWS:
     case GGML_OP_ATTENTION: return false;
     default: return true;

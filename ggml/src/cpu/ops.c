@@ -10,6 +10,7 @@ size_t ggml_cpu_op_wsize(const struct ggml_tensor *node, int n_threads) {
     case GGML_OP_ATTENTION: return ggml_cpu_attention_wsize(node, n_threads);
     case GGML_OP_MUL_MAT_ROWS: return ggml_cpu_mul_mat_rows_wsize(node, n_threads);
     case GGML_OP_AXPY_ROWS: return ggml_cpu_axpy_rows_wsize(node, n_threads);
+    case GGML_OP_SPARSE_FFN: return ggml_cpu_sparse_ffn_wsize(node, n_threads);
     default: return 0;
     }
 }
@@ -39,6 +40,7 @@ int ggml_cpu_forward(const struct ggml_compute_params *params, struct ggml_tenso
     case GGML_OP_ATTENTION: return ggml_cpu_op_attention(params, node);
     case GGML_OP_MUL_MAT_ROWS: return ggml_cpu_op_mul_mat_rows(params, node);
     case GGML_OP_AXPY_ROWS: return ggml_cpu_op_axpy_rows(params, node);
+    case GGML_OP_SPARSE_FFN: return ggml_cpu_op_sparse_ffn(params, node);
     default: break; // TRANSFER and other executor-level ops never reach the CPU kernels
     }
     return ggml_set_error(GGML_STATUS_UNSUPPORTED, "op %d has no CPU kernel", (int)node->op);

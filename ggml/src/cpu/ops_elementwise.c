@@ -115,23 +115,16 @@ int ggml_cpu_op_binary(const struct ggml_compute_params *p, struct ggml_tensor *
 // SCALE, SILU, GELU, RELU
 // ---------------------------------------------------------------------------------------------------
 
-static inline float silu_f32(float x) { return x / (1.0f + expf(-x)); }
-
-static inline float gelu_f32(float x) {
-    const float c = 0.7978845608028654f; // sqrt(2 / pi)
-    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
-}
-
 static void unary_row(enum ggml_op op, float s, const float *x, float *y, int64_t n) {
     switch (op) {
     case GGML_OP_SCALE:
         for (int64_t i = 0; i < n; i++) y[i] = x[i] * s;
         break;
     case GGML_OP_SILU:
-        for (int64_t i = 0; i < n; i++) y[i] = silu_f32(x[i]);
+        for (int64_t i = 0; i < n; i++) y[i] = ggml_silu_f32(x[i]);
         break;
     case GGML_OP_GELU:
-        for (int64_t i = 0; i < n; i++) y[i] = gelu_f32(x[i]);
+        for (int64_t i = 0; i < n; i++) y[i] = ggml_gelu_f32(x[i]);
         break;
     default: // RELU; NaN stays NaN
         for (int64_t i = 0; i < n; i++) y[i] = x[i] < 0.0f ? 0.0f : x[i];

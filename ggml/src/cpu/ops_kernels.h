@@ -6,6 +6,8 @@
 #pragma once
 #include "ops.h"
 
+#include <math.h>
+
 #define GGML_CPU_ALIGN 64
 
 static inline size_t ggml_cpu_align_up(size_t n) { return (n + GGML_CPU_ALIGN - 1) / GGML_CPU_ALIGN * GGML_CPU_ALIGN; }
@@ -21,6 +23,14 @@ static inline char *ggml_cpu_row_ptr(const struct ggml_tensor *t, int64_t r) {
 // per-thread scratch slice ith of slices of `bytes` each
 static inline void *ggml_cpu_thread_scratch(const struct ggml_compute_params *p, size_t bytes) {
     return (char *)p->wdata + (size_t)p->ith * ggml_cpu_align_up(bytes);
+}
+
+static inline float ggml_silu_f32(float x) { return x / (1.0f + expf(-x)); }
+
+// tanh approximation, as llama.cpp
+static inline float ggml_gelu_f32(float x) {
+    const float c = 0.7978845608028654f; // sqrt(2 / pi)
+    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
 }
 
 // --- ops_elementwise.c ---
@@ -59,3 +69,5 @@ int ggml_cpu_op_mul_mat_rows(const struct ggml_compute_params *p, struct ggml_te
 size_t ggml_cpu_mul_mat_rows_wsize(const struct ggml_tensor *dst, int n_threads);
 int ggml_cpu_op_axpy_rows(const struct ggml_compute_params *p, struct ggml_tensor *dst);
 size_t ggml_cpu_axpy_rows_wsize(const struct ggml_tensor *dst, int n_threads);
+int ggml_cpu_op_sparse_ffn(const struct ggml_compute_params *p, struct ggml_tensor *dst);
+size_t ggml_cpu_sparse_ffn_wsize(const struct ggml_tensor *dst, int n_threads);
