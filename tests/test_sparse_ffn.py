@@ -113,6 +113,23 @@ def test_predictor_path_density(synthetic, variant, threshold):
     assert "sparse FFN density" in model.timings.report()
 
 
+@pytest.mark.parametrize("variant,threshold", [("llama_relu", 0.0), ("llama_silu", 0.05), ("opt", 0.0)])
+def test_bundled_ffn_equals_separate_row_ops(synthetic, variant, threshold):
+    """The fused sparse_ffn op over the rows bundled at load computes what the three row ops compute, token
+    by token and batched, with the same realised density; OPT's FFN biases keep it on the row ops."""
+    path = synthetic(variant, threshold)
+    fused, separate = Model(path, n_ctx=64, n_threads=2), Model(path, n_ctx=64, n_threads=2)
+    bundles = [name for name in fused.weights if ".ffn_bundle." in name]
+    assert len(bundles) == (0 if variant == "opt" else fused.config.n_layer)
+    for name in bundles:
+        del separate.weights[name]
+    want = _decode(separate, TOKENS)
+    tol = 1e-4 * np.abs(want).max()
+    np.testing.assert_allclose(_decode(fused, TOKENS), want, atol=tol)
+    np.testing.assert_allclose(fused.logits(TOKENS), separate.logits(TOKENS), atol=tol)
+    assert abs(fused.timings.extra["ffn_rows_active"] - separate.timings.extra["ffn_rows_active"]) <= 2
+
+
 def test_sparsity_threshold_lowers_density(synthetic):
     path = synthetic("llama_silu")
     dens = []
