@@ -104,6 +104,8 @@ class _StepGraph:
         masks = list(spec.masks.values()) if spec else []  # per layer (n_tokens, n_ff)
         self.graph = ggml.Graph(self.ctx, [self.logits, *self.captured.values(), *masks]).plan()
         self.mask_tensors = masks
+        # host masks are read through views made once (a strided view costs microseconds a layer a token)
+        self._mask_views = [None if m.on_device else m.numpy() for m in masks]
         self._tokens, self._pos = tokens.numpy(), pos.numpy()
         self._pos_ids = pos_ids.numpy() if pos_ids is not None else None
         self.shape = (n_out, cfg.n_vocab)
@@ -113,7 +115,7 @@ class _StepGraph:
 
     @property
     def masks(self) -> list[np.ndarray]:
-        return [m.numpy() for m in self.mask_tensors]
+        return [m.numpy() if v is None else v for m, v in zip(self.mask_tensors, self._mask_views, strict=True)]
 
     def run(self, pool: ggml.ThreadPool, tokens, n_past: int) -> np.ndarray:
         self._tokens[:] = tokens

@@ -258,15 +258,13 @@ int ggml_cpu_op_mul_mat_rows(const struct ggml_compute_params *p, struct ggml_te
 
 // ---------------------------------------------------------------------------------------------------
 // AXPY_ROWS: wt [d, n_rows], h [n_rows, m] -> dst [d, m] = sum over selected i of h[i, j] * wt[i].
-// Up to AXPY_PARTIAL_MAX_M columns: the threads split the selected rows, each summing whole rows into
-// a private [d, m] buffer (contiguous reads the prefetchers follow), then split d to add the buffers
-// up. More columns: the buffers would grow with m, so the threads split d into block-aligned slices
-// instead, each owning its slice of dst and walking every selected row (work per row grows with m).
-// With one column the rows are summed four at a time where the type has an axpy4 (the target is then
-// loaded and stored once per four rows).
+// Up to UNIT_SUMS_MAX_M columns: the threads split the selected rows, summing whole rows (contiguous reads
+// the prefetchers follow) into a [d, m] buffer per unit of work, then split d to add the buffers up. More
+// columns: the buffers would grow with m, so the threads split d into block-aligned slices instead, each
+// owning its slice of dst and walking every selected row (work per row grows with m).
 // ---------------------------------------------------------------------------------------------------
 
-#define AXPY_PARTIAL_MAX_M 4
+#define UNIT_SUMS_MAX_M 4 // columns up to which the sparse sums are kept per unit of work
 
 // rows summed into one target four at a time where the type has an axpy4 (the target is then loaded and
 // stored once per four rows), else one by one
@@ -381,7 +379,7 @@ static void axpy_prefetch(void *vctx, int64_t i) {
 
 size_t ggml_cpu_axpy_rows_wsize(const struct ggml_tensor *dst, int n_threads) {
     const int64_t n_rows = dst->src[0]->ne[1];
-    size_t sums = dst->ne[1] <= AXPY_PARTIAL_MAX_M
+    size_t sums = dst->ne[1] <= UNIT_SUMS_MAX_M
                       ? (size_t)sel_max_units(n_rows, n_threads) * unit_sum_bytes(dst->ne[0], dst->ne[1]) : 0;
     return sel_wsize(dst->src[2], n_rows, n_threads) + sums;
 }
@@ -403,9 +401,9 @@ int ggml_cpu_op_axpy_rows(const struct ggml_compute_params *p, struct ggml_tenso
     int64_t v0, v1;
     block_slice(wt->type, d, ith, nth, &v0, &v1);
     const int64_t dst_stride = (int64_t)(dst->nb[1] / sizeof(float));
-    if (m > AXPY_PARTIAL_MAX_M) {
+    if (m > UNIT_SUMS_MAX_M) {
         if (v0 >= v1) return GGML_STATUS_OK;
-        for (int64_t j = 0; j < m; j++) memset((float *)dst->data + j * dst_stride + v0, 0, (size_t)(v1 - v0) * sizeof(float));
+        zero_rows(dst, v0, v1);
         struct axpy_ctx c = {{.batch = {.axpy = tw->axpy, .n = v1 - v0}, .y = (float *)dst->data + v0}, wt, h, &s,
                              dst_stride, (size_t)(v0 / tw->blck_size) * tw->type_size, ggml_row_size(wt->type, v1 - v0)};
         sel_walk(&s, ith, nth, true, p->chunk_next, &(struct sel_walk){axpy_visit, axpy_prefetch, NULL, &c});
@@ -427,14 +425,12 @@ int ggml_cpu_op_axpy_rows(const struct ggml_compute_params *p, struct ggml_tenso
 // over three matrices (SYNTHETIC 7B Q4_0 at 10 % density, 2 cores: 0.12-0.14 of the dense FFN's time
 // instead of 0.14-0.19 for the same rows read by three ops).
 // Phase 1: x converted to vec_dot_type, flag rows zeroed, mask compacted; barrier. Up to
-// FFN_SUMS_MAX_M columns, phase 2: chunks of selected neurons first come, first served, each neuron's
+// UNIT_SUMS_MAX_M columns, phase 2: chunks of selected neurons first come, first served, each neuron's
 // rows dotted with / summed into every column that selects it, sums per unit; barrier; phase 3: the
 // threads split d to add up the units. More columns (prompts) would need a unit of sums per column:
 // phase 2 keeps each neuron's activations instead; barrier; phase 3: the threads split d, each summing
 // its slice of every kept neuron's down row.
 // ---------------------------------------------------------------------------------------------------
-
-#define FFN_SUMS_MAX_M 4
 
 struct ffn_ctx {
     struct sum_target t; // first: target_unit
@@ -524,7 +520,7 @@ static int ffn_rows_per_neuron(const struct ggml_tensor *dst) { return dst->op_p
 size_t ggml_cpu_sparse_ffn_wsize(const struct ggml_tensor *dst, int n_threads) {
     const struct ggml_tensor *bundle = dst->src[0], *x = dst->src[1];
     const int64_t n_ff = bundle->ne[1] / ffn_rows_per_neuron(dst), d = x->ne[0], m = x->ne[1];
-    const size_t sums = m <= FFN_SUMS_MAX_M ? (size_t)sel_max_units(n_ff, n_threads) * unit_sum_bytes(d, m)
+    const size_t sums = m <= UNIT_SUMS_MAX_M ? (size_t)sel_max_units(n_ff, n_threads) * unit_sum_bytes(d, m)
                                             : ggml_cpu_align_up((size_t)(n_ff * m) * sizeof(float));
     return ggml_cpu_xcols_wsize(bundle, x) + sel_wsize(dst->src[2], n_ff, n_threads) + sums;
 }
@@ -542,11 +538,10 @@ int ggml_cpu_op_sparse_ffn(const struct ggml_compute_params *p, struct ggml_tens
     if ((st = ggml_cpu_xcols_prepare(p, bundle, x, &xc))) return st;
     int64_t r0, r1;
     ggml_thread_range(n_ff, p->ith, p->nth, &r0, &r1);
-    for (int64_t j = 0; j < m; j++)
-        memset((float *)((char *)dst->data + j * (int64_t)dst->nb[1]) + d + r0, 0, (size_t)(r1 - r0) * sizeof(float));
+    zero_rows(dst, d + r0, d + r1);
     if (s.sel && s.sel->type == GGML_TYPE_F32) sel_compact(&s, p->ith, p->nth);
     ggml_barrier(p->tp);
-    const bool keep = m > FFN_SUMS_MAX_M;
+    const bool keep = m > UNIT_SUMS_MAX_M;
     struct ffn_ctx c = {{{.axpy = tw->axpy, .axpy4 = m == 1 ? tw->axpy4 : NULL, .n = d}, unit_sums_at(p, sums_at, d, m), NULL},
                         bundle->data, bundle->nb[1], rows, (enum ggml_ffn_kind)dst->op_params[2],
                         ggml_op_param_f32(dst, 3), &xc, tw->vec_dot, d, n_ff, dst, &s,
@@ -560,7 +555,7 @@ int ggml_cpu_op_sparse_ffn(const struct ggml_compute_params *p, struct ggml_tens
         unit_sums_add(&c.t.sums, sel_units(&s, p->nth), dst, v0, v1);
         return GGML_STATUS_OK;
     }
-    for (int64_t j = 0; j < m; j++) memset((float *)((char *)dst->data + j * (int64_t)dst->nb[1]) + v0, 0, (size_t)(v1 - v0) * sizeof(float));
+    zero_rows(dst, v0, v1);
     c.v0 = v0, c.v1 = v1;
     c.slice_offs = (size_t)(v0 / tw->blck_size) * tw->type_size;
     c.slice_bytes = ggml_row_size(bundle->type, v1 - v0);
