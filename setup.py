@@ -1,13 +1,21 @@
 """PyInfer's build: ninja compiles the C/CUDA engine into an archive, cffi binds it (native/build.py)."""
 
-import sys
+import importlib.util
 from pathlib import Path
 
 from setuptools import Command, setup
 from setuptools.command.build_ext import build_ext
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from native import build as native_build  # noqa: E402
+
+def load_native_build():
+    """native/build.py by its path: it is a build script, not a module of the installed package."""
+    spec = importlib.util.spec_from_file_location("pyinfer_native_build", Path(__file__).parent / "native" / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+native_build = load_native_build()
 
 
 class BuildNative(Command):

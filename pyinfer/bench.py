@@ -12,16 +12,41 @@ import time
 
 import numpy as np
 
-from pyinfer import ggml
 from pyinfer.runtime import Model
+
+# general.file_type -> llama.cpp's llama_model_ftype_name
+FILE_TYPE_NAMES = {
+    0: "all F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K - Medium",
+    11: "Q3_K - Small", 12: "Q3_K - Medium", 13: "Q3_K - Large", 14: "Q4_K - Small", 15: "Q4_K - Medium",
+    16: "Q5_K - Small", 17: "Q5_K - Medium", 18: "Q6_K", 19: "IQ2_XXS - 2.0625 bpw", 20: "IQ2_XS - 2.3125 bpw",
+    21: "Q2_K - Small", 22: "IQ3_XS - 3.3 bpw", 23: "IQ3_XXS - 3.0625 bpw", 24: "IQ1_S - 1.5625 bpw",
+    25: "IQ4_NL - 4.5 bpw", 26: "IQ3_S - 3.4375 bpw", 27: "IQ3_S mix - 3.66 bpw", 28: "IQ2_S - 2.5 bpw",
+    29: "IQ2_M - 2.7 bpw", 30: "IQ4_XS - 4.25 bpw", 31: "IQ1_M - 1.75 bpw", 32: "BF16",
+    36: "TQ1_0 - 1.69 bpw ternary", 37: "TQ2_0 - 2.06 bpw ternary", 38: "MXFP4 MoE",
+}
+# tensor type -> the file type llama.cpp guesses when general.file_type is absent
+GUESSED_FILE_TYPE = {0: 0, 1: 1, 2: 2, 3: 3, 6: 8, 7: 9, 8: 7, 10: 10, 11: 12, 12: 15, 13: 17, 14: 18, 30: 32}
+GUESSED_BIT = 1024
+
+
+def file_type_name(metadata: dict, tensor_types: list[int]) -> str:
+    """The model's type as llama-bench names it: from general.file_type, else guessed from the commonest
+    tensor type (llama.cpp's rule, which counts every tensor) and marked "(guessed)"."""
+    ftype = metadata.get("general.file_type")
+    if not isinstance(ftype, int) or isinstance(ftype, bool):
+        if not tensor_types:
+            return "unknown, may not work"
+        commonest = max(set(tensor_types), key=tensor_types.count)
+        ftype = GUESSED_FILE_TYPE.get(commonest, 0) | GUESSED_BIT
+    name = FILE_TYPE_NAMES.get(ftype & ~GUESSED_BIT, "unknown, may not work")
+    return f"{name} (guessed)" if ftype & GUESSED_BIT else name
 
 
 def _model_label(model: Model) -> tuple[str, float, float]:
     """(description, size GiB, params B) as llama-bench prints them."""
     size = sum(t.data.nbytes for t in model.file.tensors.values())
     params = sum(int(np.prod(t.ne)) for t in model.file.tensors.values())
-    types = [t.type for n, t in model.file.tensors.items() if n.endswith("attn_q.weight")]
-    ftype = ggml.type_name(types[0]) if types else "?"
+    ftype = file_type_name(model.file.metadata, [t.type for t in model.file.tensors.values()])
     label = f"{model.config.arch} {params / 1e6:.0f}M {ftype}"
     return label, size / 2**30, params / 1e9
 

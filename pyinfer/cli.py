@@ -139,12 +139,12 @@ def cmd_pull(args) -> int:
 
 # commands whose flags live in their own module (main(argv) -> exit code): argv passes through untouched
 TOOLS = {
-    "convert": ("converters.convert_hf_to_powergguf", "convert an HF checkpoint or GGUF to PowerGGUF "
+    "convert": ("pyinfer.converters.convert_hf_to_powergguf", "convert an HF checkpoint or GGUF to PowerGGUF "
                 "(convert-hf-to-powergguf)"),
     "perplexity": ("pyinfer.perplexity", "llama.cpp-style perplexity and KL divergence of a model on a text"),
-    "profile": ("tools.profile", "count FFN neuron activations over a calibration corpus"),
-    "train-predictors": ("tools.train_predictors", "train the per-layer active-neuron predictors"),
-    "sparsify": ("tools.sparsify", "profile, reorder hot-first, train predictors: write a sparse PowerGGUF"),
+    "profile": ("pyinfer.tools.profiler", "count FFN neuron activations over a calibration corpus"),
+    "train-predictors": ("pyinfer.tools.train_predictors", "train the per-layer active-neuron predictors"),
+    "sparsify": ("pyinfer.tools.sparsify", "profile, reorder hot-first, train predictors: write a sparse PowerGGUF"),
 }
 
 

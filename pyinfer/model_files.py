@@ -31,7 +31,7 @@ def resolve_model(arg: str | os.PathLike[str] | None) -> str:
     if path.is_dir():
         out = converted_path(path)
         if not out.is_file():
-            from converters.convert_hf_to_powergguf import convert
+            from pyinfer.converters.convert_hf_to_powergguf import convert
 
             out.parent.mkdir(parents=True, exist_ok=True)
             print(f"converting {path} to {out}", file=sys.stderr, flush=True)

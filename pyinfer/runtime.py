@@ -12,12 +12,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-import models
-from models import sparse_ffn
-from models.common import Builder, GraphInputs
-from pyinfer import ggml
+from pyinfer import ggml, models
 from pyinfer.errors import ContextFullError, InvalidArgumentError, UnsupportedError
 from pyinfer.gguf_file import GGUFFile
+from pyinfer.models import sparse_ffn
+from pyinfer.models.common import Builder, GraphInputs
 from pyinfer.sampling import Sampler, SamplerParams
 from pyinfer.tokenizer import Tokenizer
 

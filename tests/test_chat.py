@@ -31,7 +31,7 @@ def tiny_folder(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny(tiny_folder) -> Path:
-    from converters.convert_hf_to_powergguf import convert
+    from pyinfer.converters.convert_hf_to_powergguf import convert
 
     out = tiny_folder.parent / "tiny.gguf"
     convert(str(tiny_folder), str(out), outtype="f32")

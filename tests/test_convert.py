@@ -15,8 +15,8 @@ from gguf import GGUFReader
 from gguf.quants import dequantize, quantize
 from hf_tiny import CHAT_TEMPLATE, N_VOCAB, SPECIALS, VARIANTS, build, roundtrip_weights
 
-import converters.convert_hf_to_powergguf as conv
-from converters.gguf_out import pick_type
+import pyinfer.converters.convert_hf_to_powergguf as conv
+from pyinfer.converters.gguf_out import pick_type
 from pyinfer.gguf_file import GGUFFile
 from pyinfer.reference import reference_ffn_activations, reference_logits
 
@@ -317,7 +317,7 @@ def test_interrupt_leaves_nothing(models, tmp_path, capsys, monkeypatch):
 
 def test_help_runs_as_script():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    res = subprocess.run([sys.executable, "-m", "converters.convert_hf_to_powergguf", "--help"],
+    res = subprocess.run([sys.executable, "-m", "pyinfer.converters.convert_hf_to_powergguf", "--help"],
                          cwd=root, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "--dense-gguf" in res.stdout and "--outtype" in res.stdout
 
@@ -326,7 +326,7 @@ def test_sentencepiece_vocab(tmp_path):
     import sentencepiece as spm
     from hf_tiny import TEXT
 
-    from converters.hf_vocab import vocab_metadata
+    from pyinfer.converters.hf_vocab import vocab_metadata
 
     prefix = str(tmp_path / "tokenizer")
     spm.SentencePieceTrainer.train(sentence_iterator=iter(TEXT * 8), model_prefix=prefix, vocab_size=340,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import converters.convert_hf_to_powergguf as conv
+import pyinfer.converters.convert_hf_to_powergguf as conv
 from pyinfer.pull import pull
 from pyinfer.runtime import Model
 from pyinfer.sampling import SamplerParams

@@ -6,7 +6,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from hf_tiny import N_VOCAB, VARIANTS, build, roundtrip_weights
 
-import converters.convert_hf_to_powergguf as conv
+import pyinfer.converters.convert_hf_to_powergguf as conv
 from pyinfer.errors import ContextFullError, InvalidArgumentError
 from pyinfer.runtime import Model
 from pyinfer.sampling import SamplerParams

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hf_tiny import N_VOCAB, VARIANTS, build
 
-import converters.convert_hf_to_powergguf as conv
+import pyinfer.converters.convert_hf_to_powergguf as conv
 from pyinfer import ggml
 from pyinfer._native import lib
 from pyinfer.runtime import Model

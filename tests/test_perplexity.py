@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hf_tiny import TEXT, build
 
-import converters.convert_hf_to_powergguf as conv
+import pyinfer.converters.convert_hf_to_powergguf as conv
 from pyinfer import perplexity as ppl_mod
 from pyinfer.errors import InvalidArgumentError
 from pyinfer.gguf_file import GGUFFile

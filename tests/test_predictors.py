@@ -11,13 +11,13 @@ from hf_tiny import build
 from hypothesis import given
 from hypothesis import strategies as st
 
-import converters.convert_hf_to_powergguf as conv
-import tools.train_predictors as tp
+import pyinfer.converters.convert_hf_to_powergguf as conv
+import pyinfer.tools.train_predictors as tp
 from pyinfer.errors import InvalidArgumentError
 from pyinfer.gguf_file import GGUFFile
 from pyinfer.reference import reference_ffn_activations, reference_logits
-from tools.profile import calibration_chunks
-from tools.sparsify import main as sparsify
+from pyinfer.tools.profiler import calibration_chunks
+from pyinfer.tools.sparsify import main as sparsify
 
 
 @given(st.integers(0, 2**31), st.floats(0.5, 0.999))
@@ -122,8 +122,8 @@ def test_predictors_reach_reported_recall(sparsified):
 
 
 def test_sparse_quality_sweep(sparsified, tmp_path, capsys):
-    """tools/sparse_quality.py: more recall fires more rows and moves the output less; rows add up (ReGLU)."""
-    from tools import sparse_quality
+    """pyinfer/tools/sparse_quality.py: more recall fires more rows and moves the output less; rows add up (ReGLU)."""
+    from pyinfer.tools import sparse_quality
 
     _, out, _ = sparsified
     text = str(tmp_path / "eval.txt")
@@ -147,8 +147,8 @@ def test_sparse_quality_sweep(sparsified, tmp_path, capsys):
 
 
 def test_bench_sparse_runs_every_report(sparsified, capsys):
-    """tools/bench_sparse.py on a tiny sparsified model: tg, the FFN split and the per-operation split."""
-    from tools import bench_sparse
+    """pyinfer/tools/bench_sparse.py on a tiny sparsified model: tg, the FFN split and the per-operation split."""
+    from pyinfer.tools import bench_sparse
 
     _, out, _ = sparsified
     assert bench_sparse.main([out, "--tg", "4", "--ffn", "--ops", "--ffn-reps", "1", "-t", "2"]) == 0

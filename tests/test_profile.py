@@ -8,8 +8,8 @@ from hf_tiny import N_VOCAB, build
 from hypothesis import given
 from hypothesis import strategies as st
 
-import converters.convert_hf_to_powergguf as conv
-import tools.profile as prof
+import pyinfer.converters.convert_hf_to_powergguf as conv
+import pyinfer.tools.profiler as prof
 from pyinfer.corpus import token_chunks
 from pyinfer.gguf_file import GGUFFile
 from pyinfer.reference import reference_ffn_activations

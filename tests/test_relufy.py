@@ -1,4 +1,4 @@
-"""tools/relufy.py: GGUF -> transformers is exact, and the trained ReGLU student is written back exactly."""
+"""pyinfer/tools/relufy.py: GGUF -> transformers is exact, and the trained ReGLU student is written back exactly."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,10 +6,10 @@ import pytest
 import torch
 from hf_tiny import N_VOCAB, build
 
-import converters.convert_hf_to_powergguf as conv
+import pyinfer.converters.convert_hf_to_powergguf as conv
 from pyinfer.gguf_file import GGUFFile
 from pyinfer.reference import reference_logits
-from tools import relufy
+from pyinfer.tools import relufy
 
 TOKENS = [1, 5, 77, 200, 3, 9, 250, 11, 299]
 

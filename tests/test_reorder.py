@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from hf_tiny import VARIANTS, build
 
-import converters.convert_hf_to_powergguf as conv
+import pyinfer.converters.convert_hf_to_powergguf as conv
 from pyinfer.gguf_file import GGUFFile
 from pyinfer.reference import reference_logits
 from pyinfer.runtime import Model
-from tools.reorder import hot_first_order, reorder_file
+from pyinfer.tools.reorder import hot_first_order, reorder_file
 
 TOKENS = [1, 5, 77, 200, 3, 9, 250, 11, 299, 42]
 

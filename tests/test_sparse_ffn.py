@@ -6,25 +6,21 @@ of the predictor's masks.
 """
 from __future__ import annotations
 
-import os
-import sys
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from hf_tiny import build
 
-import converters.convert_hf_to_powergguf as conv
-from models.common import Builder
-from models.sparse_ffn import SparseSpec, ffn_block
+import pyinfer.converters.convert_hf_to_powergguf as conv
+import pyinfer.tools.make_synthetic_model as syn
 from pyinfer import ggml
 from pyinfer.errors import InvalidArgumentError
 from pyinfer.gguf_file import GGUFFile
+from pyinfer.models.common import Builder
+from pyinfer.models.sparse_ffn import SparseSpec, ffn_block
 from pyinfer.reference import reference_logits
 from pyinfer.runtime import Model
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-import make_synthetic_model as syn  # noqa: E402
 
 TOKENS = [1, 5, 77, 200, 3, 9, 250, 11, 299]
 

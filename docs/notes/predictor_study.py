@@ -1,7 +1,7 @@
 """Reproduces the tables of docs/notes/predictor_study.md: how well can any predictor of the active set
 |silu(g)*u| > t_l (S = 0.5) of a SwiGLU layer do, compared with the trained predictors of `pyinfer sparsify`?
 
-Reads a cached profile (tools/profile.py: x and h of every token), the PowerGGUF it was taken from (for
+Reads a cached profile (pyinfer/tools/profiler.py: x and h of every token), the PowerGGUF it was taken from (for
 W_gate, W_up, W_down_t in the original neuron order) and the sparsified file (its stored predictors, neurons
 hot-first). Splits as tools.train_predictors.split: train on chunks 0-3, 5-8, ..., the recall cut on chunks
 4, 14, ..., metrics on chunks 9, 19, ...
@@ -26,11 +26,10 @@ from pathlib import Path
 import numpy as np
 from scipy.special import expit
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-import tools.train_predictors as tp  # noqa: E402
-from pyinfer.gguf_file import GGUFFile  # noqa: E402
-from tools.profile import stats_of  # noqa: E402
-from tools.reorder import hot_first_order  # noqa: E402
+import pyinfer.tools.train_predictors as tp
+from pyinfer.gguf_file import GGUFFile
+from pyinfer.tools.profiler import stats_of
+from pyinfer.tools.reorder import hot_first_order
 
 CACHE = Path.home() / ".cache/pyinfer"
 UPGATE_BYTES = 2 * 1536 * 360  # one SmolLM2 layer's ffn_up + ffn_gate, Q4_1

@@ -1,6 +1,6 @@
 """Benchmark of the CPU matmul kernels: dense GEMV bandwidth and the sparse ops' cost per density.
 
-    python tools/bench_kernels.py --threads 16 [--types q4_0,q8_0] [--working-set-mb 1024]
+    python -m pyinfer.tools.bench_kernels --threads 16 [--types q4_0,q8_0] [--working-set-mb 1024]
 
 Batch-1 decoding is bound by the bytes of weights read, so dense GEMV is reported in GB/s next to
 the machine's copy bandwidth (a numpy copy split over the same number of threads, bytes read +
@@ -18,12 +18,10 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from pyinfer import ggml  # noqa: E402
+from pyinfer import ggml
 
 TYPES = {"f16": ggml.F16, "q8_0": ggml.Q8_0, "q4_0": ggml.Q4_0, "q4_1": ggml.Q4_1, "q5_0": ggml.Q5_0,
          "q4_K": ggml.Q4_K, "q6_K": ggml.Q6_K}

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from pyinfer.console import run_cli
 from pyinfer.errors import InvalidArgumentError
 from pyinfer.gguf_file import GGUFFile
-from tools.profile import add_profile_args, layer_table, profile_from_args, stats_of
+from pyinfer.tools.profiler import add_profile_args, layer_table, profile_from_args, stats_of
 
 RANKS = (16, 32, 64, 128, 256)
 RECALL = 0.99

@@ -25,12 +25,22 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGUFValueType, LlamaFileType
+from gguf import GGML_QUANT_SIZES, GGUFValueType
 
-from converters.gguf_out import FLOAT_TYPES, QUANTIZABLE, OutFile, OutTensor, Q, encode, pick_type, write_atomically
-from converters.hf_vocab import KV, read_json, vocab_metadata
-from converters.safetensors_source import SafetensorsSource
 from pyinfer.console import run_cli
+from pyinfer.converters.gguf_out import (
+    FLOAT_TYPES,
+    QUANTIZABLE,
+    OutFile,
+    OutTensor,
+    Q,
+    encode,
+    file_type,
+    pick_type,
+    write_atomically,
+)
+from pyinfer.converters.hf_vocab import KV, read_json, vocab_metadata
+from pyinfer.converters.safetensors_source import SafetensorsSource
 from pyinfer.errors import ModelFormatError, UnsupportedError
 from pyinfer.gguf_file import GGUFFile, expected_tensor_shapes
 from pyinfer.model_config import ModelConfig
@@ -176,10 +186,9 @@ def rope_half_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
 def _arch_kv(arch: str, hp: dict[str, Any], name: str, outtype: Q) -> list[KV]:
     """general.* and {arch}.* keys as llama.cpp writes them."""
     u32, f32, s = GGUFValueType.UINT32, GGUFValueType.FLOAT32, GGUFValueType.STRING
-    ftype = LlamaFileType.ALL_F32 if outtype == Q.F32 else LlamaFileType[f"MOSTLY_{outtype.name}"]
     head_dim = hp.get("head_dim", hp["n_embd"] // hp["n_head"])
     kv: list[KV] = [
-        ("general.name", name, s, None), ("general.file_type", int(ftype), u32, None),
+        ("general.name", name, s, None), ("general.file_type", file_type(outtype), u32, None),
         ("general.quantization_version", 2, u32, None),
         (f"{arch}.vocab_size", hp["n_vocab"], u32, None), (f"{arch}.context_length", hp["n_ctx"], u32, None),
         (f"{arch}.embedding_length", hp["n_embd"], u32, None), (f"{arch}.block_count", hp["n_layer"], u32, None),

@@ -20,7 +20,7 @@ from pyinfer import ggml
 from pyinfer.errors import ModelFormatError
 
 KINDS = ("relu", "threshold")
-# prompts of more tokens than this compute up/gate densely under the same mask. tools/bench_sparse.py --pp
+# prompts of more tokens than this compute up/gate densely under the same mask. pyinfer/tools/bench_sparse.py --pp
 # measured selected rows faster than dense mul_mat at every size from 1 to 512 tokens (SmolLM2, 51%
 # density, docs/BENCHMARKS.md), so by default no prompt takes the dense path; re-measure when mul_mat
 # gets a tiled GEMM.
@@ -97,7 +97,7 @@ def _active(b, il: int, act: ggml.Tensor) -> ggml.Tensor:
 
 def predict(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
     """The predictor's logits (n, n_ff): fc2 @ relu(fc1 @ h) + bias; positive = predicted active."""
-    from models.common import ffn_activation
+    from pyinfer.models.common import ffn_activation
 
     spec, ctx = b.sparse, b.ctx
     if spec.oracle:

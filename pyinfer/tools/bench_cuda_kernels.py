@@ -6,25 +6,23 @@ of ggml_cuda_forward are captured into one CUDA graph, which is replayed; time p
 the replays / (replays * N). The copy bandwidth is a captured 1 GiB device-to-device memcpy, counted as
 bytes read + written. Prints markdown tables (for docs/BENCHMARKS.md).
 
-    python tools/bench_cuda_kernels.py [--calls 50] [--replays 20]
+    python -m pyinfer.tools.bench_cuda_kernels [--calls 50] [--replays 20]
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-import sys
 import time
 from pathlib import Path
 
 import cffi
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run as a script from anywhere
+from pyinfer import _pyinfer_native, ggml
+from pyinfer._native import check
 
-from pyinfer import _pyinfer_native, ggml  # noqa: E402
-from pyinfer._native import check  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # reads the C headers of the checkout
 
 SHAPES = [(4096, 11008), (5120, 13824), (576, 1536)]  # (k, n): LLaMA-13B/7B FFN and SmolLM2-135M
 DENSITIES = [0.01, 0.05, 0.10, 0.25, 0.50, 1.00]

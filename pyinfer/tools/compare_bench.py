@@ -1,7 +1,7 @@
 """Side-by-side table of `pyinfer bench -o json` and `llama-bench -o json` results on the same files:
 medians, our/llama.cpp ratio, and for generation the GB/s of weights streamed per token.
 
-    python tools/compare_bench.py --ours a.json b.json --llamacpp c.json d.json [--bandwidth 3000]
+    python -m pyinfer.tools.compare_bench --ours a.json b.json --llamacpp c.json d.json [--bandwidth 3000]
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ and the realised rows: gate rows (or up rows without a gate) where the predictor
 where it fires and the neuron is active. For each recall R the predictors' biases are recalibrated
 (tools.train_predictors.calibrate) on calibration text, never on the evaluated text.
 
-    python tools/sparse_quality.py MODEL.gguf -f eval.txt --chunks 8 --recall 0.99 0.995 0.998
+    python -m pyinfer.tools.sparse_quality MODEL.gguf -f eval.txt --chunks 8 --recall 0.99 0.995 0.998
 
 FFN rows skipped = 1 - mean over the FFN's matrices of the rows each reads: ReGLU reads gate rows where the
 predictor fires and up rows only where relu(gate) > 0 as well; SwiGLU/GeGLU read gate and up rows where the
@@ -14,23 +14,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
 import numpy as np
 from tqdm import tqdm
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from models.sparse_ffn import metadata_spec  # noqa: E402
-from pyinfer import ggml  # noqa: E402
-from pyinfer.console import run_cli  # noqa: E402
-from pyinfer.errors import PyInferError, UnsupportedError  # noqa: E402
-from pyinfer.perplexity import chunk_tokens, log_softmax  # noqa: E402
-from pyinfer.runtime import Model  # noqa: E402
-from tools.profile import calibration_chunks  # noqa: E402
-from tools.train_predictors import Predictor, calibrate  # noqa: E402
+from pyinfer import ggml
+from pyinfer.console import run_cli
+from pyinfer.errors import PyInferError, UnsupportedError
+from pyinfer.models.sparse_ffn import metadata_spec
+from pyinfer.perplexity import chunk_tokens, log_softmax
+from pyinfer.runtime import Model
+from pyinfer.tools.profiler import calibration_chunks
+from pyinfer.tools.train_predictors import Predictor, calibrate
 
 
 def stored_predictors(model: Model) -> list[Predictor]:

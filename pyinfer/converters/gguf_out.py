@@ -10,16 +10,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, LlamaFileType
 from gguf.quants import quantize
 from tqdm import tqdm
 
-from converters.hf_vocab import KV
+from pyinfer.converters.hf_vocab import KV
 
 Q = GGMLQuantizationType
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 # types gguf-py can quantize to (the rest it can only dequantize)
 QUANTIZABLE = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0)
+
+
+def file_type(qtype: GGMLQuantizationType) -> int:
+    """general.file_type of a file whose matrices are all of qtype."""
+    return int(LlamaFileType.ALL_F32 if qtype == Q.F32 else LlamaFileType[f"MOSTLY_{qtype.name}"])
 
 
 @dataclass

@@ -97,7 +97,7 @@ def ffn_activation(b: Builder, il: int, h: ggml.Tensor) -> ggml.Tensor:
 def ffn_block(b: Builder, il: int, h: ggml.Tensor) -> ggml.Tensor:
     """Dense FFN: (n_tokens, n_embd) -> (n_tokens, n_embd); PowerGGUF's down_t is summed row by row."""
     if b.sparse is not None:
-        from models import sparse_ffn  # imports this module
+        from pyinfer.models import sparse_ffn  # imports this module
 
         return sparse_ffn.ffn_block(b, il, h)
     act = ffn_activation(b, il, h)  # (n, n_ff)

@@ -10,7 +10,7 @@ import re
 import numpy as np
 from gguf import GGUFValueType
 
-from converters.gguf_out import OutFile, OutTensor, Q, write_atomically
+from pyinfer.converters.gguf_out import OutFile, OutTensor, Q, write_atomically
 from pyinfer.errors import InvalidArgumentError, ModelFormatError
 from pyinfer.gguf_file import GGUFFile
 

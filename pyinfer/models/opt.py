@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from models.common import GraphInputs, attention_block, ffn_block, output_logits
+from pyinfer.models.common import GraphInputs, attention_block, ffn_block, output_logits
 
 
 def build(b, inputs: GraphInputs):

@@ -179,7 +179,7 @@ def ensure_powergguf(path: str) -> str:
     """`path` if it is a PowerGGUF, else its PowerGGUF conversion (made once, kept in the cache)."""
     if GGUFFile(path).ffn_layout == "down_t":
         return path
-    from converters.convert_hf_to_powergguf import convert
+    from pyinfer.converters.convert_hf_to_powergguf import convert
 
     st = os.stat(path)
     stamp = hashlib.sha256(f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]

@@ -1,6 +1,6 @@
 """tg N (and optionally pp N) of one PowerGGUF with predictors, dense and sparse FFN, in one run.
 
-    python tools/bench_sparse.py MODEL [--tg 128] [-t THREADS] [--pp 2,4,8,32] [--ffn] [--ops]
+    python -m pyinfer.tools.bench_sparse MODEL [--tg 128] [-t THREADS] [--pp 2,4,8,32] [--ffn] [--ops]
 
 Prints tokens/s of both, the realised FFN density, the predictors' time, the achieved speed-up and the
 bytes-per-token bound on it (decoding reads every weight once per token: the sparse decoder reads the
@@ -12,25 +12,22 @@ predictors included), and the predictors alone, on graphs of just those nodes wi
 at once, so that, as in decoding, the selected rows are not still in the CPU caches from the previous run.
 --ops splits that into the first FFN matrix (GEMV vs selected rows, and vs as many rows taken from the
 start: the cost of scattering) and down_t (axpy dense vs masked).
-The issue's target is sparse <= 1.3 rho dense + predictor. Label results of tools/make_synthetic_model.py
+The issue's target is sparse <= 1.3 rho dense + predictor. Label results of pyinfer/tools/make_synthetic_model.py
 files SYNTHETIC.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from models.common import Builder, ffn_block  # noqa: E402
-from models.sparse_ffn import predict  # noqa: E402
-from pyinfer import ggml  # noqa: E402
-from pyinfer.runtime import Model  # noqa: E402
+from pyinfer import ggml
+from pyinfer.models.common import Builder, ffn_block
+from pyinfer.models.sparse_ffn import predict
+from pyinfer.runtime import Model
 
 FFN_PARTS = ("ffn_up.", "ffn_gate.", "ffn_down_t.")
 PRED_PARTS = (".fc1.", ".fc2.")

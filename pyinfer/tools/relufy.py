@@ -7,11 +7,11 @@ Embeddings and norms stay frozen and keep their bytes; attention and FFN matrice
 as Q8_0 (or their float type). Needs torch and transformers;
 a GPU for real models (SmolLM2-135M: ~5 min on one H100).
 
-    python tools/relufy.py SmolLM2.gguf -o smol-relu.gguf --tokens train.npy --eval-tokens eval.npy \\
+    python -m pyinfer.tools.relufy SmolLM2.gguf -o smol-relu.gguf --tokens train.npy --eval-tokens eval.npy \\
         --self-samples 2048 --steps 2000 --batch 32 --l1 0.05 --device cuda
 
 --tokens: a (n_chunks, ctx) integer .npy of training text, --eval-tokens: one of held-out text; both written
-by `tools/relufy.py MODEL --dump-tokens N --corpus builtin|FILE -o FILE.npy` (see pyinfer/corpus.py).
+by `pyinfer/tools/relufy.py MODEL --dump-tokens N --corpus builtin|FILE -o FILE.npy` (see pyinfer/corpus.py).
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ import argparse
 import copy
 import json
 import math
-import os
 import sys
 import time
 
@@ -29,15 +28,12 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType
 
-# the repo root replaces tools/ on the path: tools/profile.py would shadow the stdlib module torch imports
-sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-from converters.convert_hf_to_powergguf import rope_half_rows, rope_pair_rows, tensor_map  # noqa: E402
-from converters.gguf_out import FLOAT_TYPES, OutFile, OutTensor, encode, write_atomically  # noqa: E402
-from pyinfer.console import run_cli  # noqa: E402
-from pyinfer.corpus import document_start  # noqa: E402
-from pyinfer.errors import PyInferError, UnsupportedError  # noqa: E402
-from pyinfer.gguf_file import GGUFFile  # noqa: E402
+from pyinfer.console import run_cli
+from pyinfer.converters.convert_hf_to_powergguf import rope_half_rows, rope_pair_rows, tensor_map
+from pyinfer.converters.gguf_out import FLOAT_TYPES, OutFile, OutTensor, encode, write_atomically
+from pyinfer.corpus import document_start
+from pyinfer.errors import PyInferError, UnsupportedError
+from pyinfer.gguf_file import GGUFFile
 
 TRAINED = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
@@ -249,7 +245,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _dump_tokens(args: argparse.Namespace) -> int:
-    from tools.profile import calibration_chunks
+    from pyinfer.tools.profiler import calibration_chunks
 
     chunks, desc = calibration_chunks(args.model, args.corpus, args.dump_tokens, args.ctx)
     np.save(args.output, np.stack([c for c in chunks if len(c) == args.ctx]).astype(np.int32))

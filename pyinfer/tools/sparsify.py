@@ -17,14 +17,14 @@ import numpy as np
 from gguf import GGUFValueType
 from tqdm import tqdm
 
-from converters.gguf_out import OutTensor, Q
 from pyinfer.console import run_cli
+from pyinfer.converters.gguf_out import OutTensor, Q
 from pyinfer.errors import InvalidArgumentError
 from pyinfer.gguf_file import GGUFFile
 from pyinfer.pull import cache_dir
-from tools.profile import add_profile_args, layer_table, profile_from_args, stats_of
-from tools.reorder import hot_first_order, reorder_file
-from tools.train_predictors import (
+from pyinfer.tools.profiler import add_profile_args, layer_table, profile_from_args, stats_of
+from pyinfer.tools.reorder import hot_first_order, reorder_file
+from pyinfer.tools.train_predictors import (
     Predictor,
     add_training_args,
     cost_model,

@@ -1,8 +1,8 @@
 """SYNTHETIC PowerGGUF models for speed benchmarks and tests: random weights of a real model's shape, and
 predictor weights built so that neuron i of every layer fires with a chosen frequency f_i.
 
-    python tools/make_synthetic_model.py llama-7b -o /tmp/syn7b.gguf --type q4_0
-    python tools/make_synthetic_model.py --from smollm2.gguf -o /tmp/smollm2-syn.gguf --density 0.5
+    python -m pyinfer.tools.make_synthetic_model llama-7b -o /tmp/syn7b.gguf --type q4_0
+    python -m pyinfer.tools.make_synthetic_model --from smollm2.gguf -o /tmp/smollm2-syn.gguf --density 0.5
 
 The frequencies follow a power law f_i = min(1, c (i+1)^-a) over neurons stored hot-first, with c and a
 solved for a mean density (default 10%) and a hot share (default: 17% of neurons carry 80% of the
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 
 import numpy as np
@@ -25,11 +24,9 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType as V
 from scipy.special import ndtri
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from converters.gguf_out import OutFile, OutTensor, write_atomically  # noqa: E402
-from pyinfer import ggml  # noqa: E402
-from pyinfer.gguf_file import GGUFFile  # noqa: E402
+from pyinfer import ggml
+from pyinfer.converters.gguf_out import OutFile, OutTensor, file_type, write_atomically
+from pyinfer.gguf_file import GGUFFile
 
 # name -> (n_embd, n_layer, n_ff, n_head, n_head_kv, n_vocab)
 SHAPES = {
@@ -162,6 +159,7 @@ def make_llama(path: str, shape: str, qtype: Q, *, seed: int = 0, density: float
     freqs = power_law_freqs(n_ff, density, hot_frac, hot_share)
     u32, f32 = V.UINT32, V.FLOAT32
     kv = [("general.name", f"synthetic {shape} (random weights)", V.STRING, None),
+          ("general.file_type", file_type(qtype), u32, None),
           ("llama.vocab_size", n_vocab, u32, None), ("llama.context_length", 4096, u32, None),
           ("llama.embedding_length", d, u32, None), ("llama.block_count", n_layer, u32, None),
           ("llama.feed_forward_length", n_ff, u32, None), ("llama.attention.head_count", n_head, u32, None),
