@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -54,8 +55,11 @@ def chat_args(model: Path, *extra: str) -> list[str]:
 
 
 def spawn(env: dict, model: Path, *extra: str) -> pexpect.spawn:
+    # a runner that starts the suite in the background leaves SIGINT ignored, and children inherit that:
+    # a user's terminal delivers it, so the child gets the default back
     child = pexpect.spawn(sys.executable, chat_args(model, *extra), cwd=REPO, env=env, encoding="utf-8",
-                          timeout=90, dimensions=(50, 4000))
+                          timeout=90, dimensions=(50, 4000),
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     child.expect(PROMPT)
     return child
 
