@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
+from gguf import GGMLQuantizationType
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from pyinfer.errors import InvalidArgumentError, PyInferError
@@ -330,6 +331,57 @@ def _quiet_stdout():
     finally:
         os.dup2(saved, 1)
         os.close(saved)
+
+
+# ---------------------------------------------------------------------------------------------------
+# a model file's costs
+
+ATTENTION_PARTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm")
+CUBLAS_WORKSPACE = 32 << 20
+DEVICE_MARGIN = 96 << 20  # CUDA graphs, the cuBLAS handle, the GEMM's dequantized weight chunk
+
+
+def reserve_bytes(cfg, n_batch: int) -> int:
+    """Device bytes any GPU use needs besides weights and KV cache: the intermediates of a prompt batch of
+    n_batch tokens (a few (n_batch, n_ff) activations, all logits of a perplexity batch), the scratch, the
+    cuBLAS workspace and a margin (docs/ARCHITECTURE.md, "Placement", says how it was measured)."""
+    widest = max(cfg.n_ff, 3 * cfg.n_embd)
+    activations = 4 * n_batch * (4 * widest + 4 * cfg.n_embd + cfg.n_vocab)
+    return CUBLAS_WORKSPACE + DEVICE_MARGIN + activations
+
+
+def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch: int) -> ModelCosts:
+    """What placing each part of a GGUFFile costs, from its tensor table. sparse: the FFN computes only
+    predicted neurons (their profiled frequencies weigh the neurons); else every neuron counts once."""
+    cfg, tensors = file.config, file.tensors
+
+    def nbytes(name: str) -> int:
+        info = tensors.get(name)
+        return int(info.data.nbytes) if info is not None else 0
+
+    split = file.ffn_layout == "down_t"  # neurons are rows of every FFN matrix: a layer can split anywhere
+    kv = 2 * n_ctx * cfg.n_head_kv * cfg.head_dim * kv_bytes_per_value
+    layers = []
+    for il in range(cfg.n_layer):
+        p = f"blk.{il}."
+        attn = sum(nbytes(p + part + suffix) for part in ATTENTION_PARTS for suffix in (".weight", ".bias"))
+        ffn = sum(nbytes(p + part + suffix) for part in ("ffn_gate", "ffn_up", "ffn_down_t", "ffn_down")
+                  for suffix in (".weight", ".bias"))
+        freq = np.ones(cfg.n_ff)
+        pred = 0
+        if sparse:
+            pred = nbytes(p + "fc1.weight") + nbytes(p + "fc2.weight") + 2 * 4 * cfg.n_ff  # + bias, thresholds
+            info = tensors.get(p + "ffn_act_freq")
+            if info is not None and info.ne == (cfg.n_ff,):
+                freq = np.clip(np.frombuffer(info.data, dtype=np.float32).astype(np.float64), 0.0, 1.0)
+        layers.append(LayerCosts(attn_bytes=attn, kv_bytes=kv, pred_bytes=pred,
+                                 neuron_bytes=math.ceil(ffn / cfg.n_ff), freq=freq, sparse=sparse,
+                                 group_rows=GROUP_ROWS if split else cfg.n_ff))
+    head = nbytes("output.weight") or nbytes("token_embd.weight")  # tied: the GPU gets a copy of the embeddings
+    head += nbytes("output_norm.weight") + nbytes("output_norm.bias")
+    weight_type = GGMLQuantizationType(tensors["blk.0.ffn_up.weight"].type)
+    return ModelCosts(layers, head_bytes=head, reserve_bytes=reserve_bytes(cfg, n_batch), n_ctx=n_ctx,
+                      type_name=weight_type.name.lower())
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -24,13 +24,16 @@ class Builder:
     """What an architecture's graph needs: a context for op nodes, the config, weights and KV cache."""
 
     def __init__(self, ctx: ggml.Context, cfg, weights: dict[str, ggml.Tensor], kv_cache, capture: dict | None = None,
-                 sparse=None):
+                 sparse=None, hot_rows: dict[int, int] | None = None):
         self.ctx = ctx
         self.cfg = cfg
         self.weights = weights
         self.kv_cache = kv_cache
         self.capture = capture  # name -> tensor, filled with intermediates a profiler asks for
         self.sparse = sparse  # models.sparse_ffn.SparseSpec: FFNs take the predicted rows only
+        # layer -> k for FFNs split between devices: neurons [0, k) are blk.N.ffn_*.hot (on the GPU), the rest
+        # blk.N.ffn_*.cold or blk.N.ffn_bundle (on the CPU); both halves run at once and are added
+        self.hot_rows = hot_rows or {}
 
     def w(self, name: str) -> ggml.Tensor:
         t = self.weights.get(name + ".weight")
@@ -76,13 +79,14 @@ def attention_block(b: Builder, il: int, h: ggml.Tensor, inputs: GraphInputs) ->
     return b.linear(a, f"blk.{il}.attn_output")
 
 
-def ffn_activation(b: Builder, il: int, h: ggml.Tensor) -> ggml.Tensor:
-    """The FFN's hidden activations (n_tokens, n_ff): act(gate) * up, or act(up) without a gate."""
+def ffn_activation(b: Builder, il: int, h: ggml.Tensor, part: str = "") -> ggml.Tensor:
+    """The FFN's hidden activations (n_tokens, n_ff): act(gate) * up, or act(up) without a gate; part ".hot"
+    or ".cold" takes that half of a split layer's neurons."""
     ctx, kind = b.ctx, b.cfg.ffn_kind
-    up = b.linear(h, f"blk.{il}.ffn_up")
+    up = b.linear(h, f"blk.{il}.ffn_up{part}")
     if kind == "relu":
         return ctx.relu(up)
-    gate = b.linear(h, f"blk.{il}.ffn_gate")
+    gate = b.linear(h, f"blk.{il}.ffn_gate{part}")
     if kind == "swiglu":
         return ctx.mul(ctx.silu(gate), up)
     if kind == "reglu":
@@ -100,6 +104,8 @@ def ffn_block(b: Builder, il: int, h: ggml.Tensor) -> ggml.Tensor:
         from pyinfer.models import sparse_ffn  # imports this module
 
         return sparse_ffn.ffn_block(b, il, h)
+    if il in b.hot_rows:
+        return split_dense_ffn(b, il, h)
     act = ffn_activation(b, il, h)  # (n, n_ff)
     if b.capture is not None:
         b.capture[f"ffn_inp.{il}"] = h  # (n, n_embd)
@@ -112,6 +118,23 @@ def ffn_block(b: Builder, il: int, h: ggml.Tensor) -> ggml.Tensor:
         y = b.ctx.mul_mat(b.w(down), act)
     bias = b.weights.get(down + ".bias")
     return b.ctx.add(y, bias) if bias is not None else y
+
+
+def split_dense_ffn(b: Builder, il: int, h: ggml.Tensor) -> ggml.Tensor:
+    """A dense FFN split by neurons: the GPU sums rows [0, k), the CPU the rest (through its bundle when it
+    has one), at the same time; (n_tokens, n_embd) -> (n_tokens, n_embd)."""
+    ctx, cfg = b.ctx, b.cfg
+    hot = ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t.hot"), ffn_activation(b, il, h, ".hot"))  # (n, n_embd)
+    if b.has(f"blk.{il}.ffn_bundle"):
+        n = h.shape[0] if len(h.shape) == 2 else 1
+        n_cold = cfg.n_ff - b.hot_rows[il]
+        out = ctx.sparse_ffn(b.w(f"blk.{il}.ffn_bundle"), h, None, cfg.ffn_kind)  # (n, n_embd + n_cold)
+        cold = ctx.view(out, (n, cfg.n_embd), (4 * (cfg.n_embd + n_cold), 4))
+    else:
+        cold = ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t.cold"), ffn_activation(b, il, h, ".cold"))
+    y = ctx.add(hot, cold)
+    bias = b.weights.get(f"blk.{il}.ffn_down_t.bias")
+    return ctx.add(y, bias) if bias is not None else y
 
 
 def output_logits(b: Builder, x: ggml.Tensor, inputs: GraphInputs) -> ggml.Tensor:
