@@ -93,6 +93,37 @@ def profile_for(weight_type: int, n_threads: int) -> MachineProfile:
     return profile
 
 
+FIGURES = ("cpu_dense_gbps", "cpu_sparse_gbps", "gpu_dense_gbps", "gpu_sparse_gbps", "xfer_us", "gpu_layer_us",
+           "cpu_layer_us")
+
+
+def resolve(spec: str | None, weight_type: int, n_threads: int, overrides: dict | None = None) -> MachineProfile:
+    """The profile the placement uses: spec a profile file or a preset name, else this machine's (measured
+    once, cached); figures in overrides (MachineProfile field -> value) replace the profile's. Without a GPU
+    and without a spec the four bandwidths must all be given."""
+    from pyinfer import ggml
+
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    type_name = ggml.type_name(weight_type)
+    if spec is not None:
+        base = load(spec) if os.path.isfile(spec) else preset(spec, type_name)
+    elif ggml.cuda_available():
+        base = profile_for(weight_type, n_threads)
+    else:
+        missing = [f for f in FIGURES[:4] if f not in overrides]
+        if missing:
+            flags = ", ".join(f"--{figure_flag(f)}" for f in missing)
+            raise InvalidArgumentError("no GPU here to measure: name a target with --machine NAME|FILE (known: "
+                                       f"{', '.join(sorted(presets()))}) or give {flags}")
+        base = MachineProfile("given figures", *(overrides.get(f, 0.0) for f in FIGURES))
+    return dataclasses.replace(base, **overrides) if overrides else base
+
+
+def figure_flag(figure: str) -> str:
+    """The command-line flag of a MachineProfile figure: cpu_dense_gbps -> cpu-dense-bw."""
+    return figure.replace("_gbps", "-bw").replace("_", "-")
+
+
 # ---------------------------------------------------------------------------------------------------
 # measuring
 

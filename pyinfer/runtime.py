@@ -16,7 +16,7 @@ from pyinfer import ggml, models
 from pyinfer._native import lib
 from pyinfer.errors import ContextFullError, InvalidArgumentError
 from pyinfer.gguf_file import GGUFFile
-from pyinfer.machine import profile_for as machine_profile_for
+from pyinfer.machine import resolve as resolve_machine
 from pyinfer.models import sparse_ffn
 from pyinfer.models.common import Builder, GraphInputs
 from pyinfer.offload import apply_plan, offload_layers
@@ -147,16 +147,17 @@ class Model:
     def __init__(self, path: str | os.PathLike[str], *, n_ctx: int = 0, n_batch: int = 512,
                  n_threads: int | None = None, kv_type: str = "f16", sparse: bool | None = None,
                  sparsity_threshold: float = 0.0, oracle: bool = False, n_gpu_layers: int = 0,
-                 vram_budget: int | str | None = None, machine: MachineProfile | None = None,
-                 plan: Plan | None = None):
+                 vram_budget: int | str | None = None, machine: MachineProfile | str | None = None,
+                 plan: Plan | None = None, timed: bool = False):
         """sparse: the predicted-neuron FFN (None: on when the file has predictors); sparsity_threshold is
         added to the predictors' logit threshold (higher = fewer neurons); oracle (tests) masks with the
         true active set, computed densely. n_gpu_layers: the last n layers (and, above n_layer, the output
         head) live and run on the GPU, as llama.cpp's -ngl. vram_budget: bytes of GPU memory the model may
         use ("auto": the free memory less a margin; 0: none), placed by pyinfer.placement: per layer the
         attention and the hot neurons on the GPU, the rest on the CPU, both computing at once. machine: the
-        figures the placement uses (default: measured on this machine once, then cached). plan: an explicit
-        placement instead (for this file and context size; pyinfer.placement)."""
+        figures the placement uses, or a preset name or profile file (default: measured on this machine once,
+        then cached). plan: an explicit placement instead (for this file and context size; pyinfer.placement).
+        timed: each decode step records how long the CPU and the GPU were busy and overlapped (step_stats)."""
         t0 = time.perf_counter()
         if kv_type not in KV_TYPES:
             raise InvalidArgumentError(f"KV cache type must be one of {', '.join(KV_TYPES)}, not {kv_type!r}")
@@ -200,6 +201,8 @@ class Model:
             self._bundle_ffns()
         self._device_base = device_before
         self._graphs: OrderedDict[tuple[int, int, bool], _StepGraph] = OrderedDict()
+        self.timed = timed
+        self.step_stats: list[dict] = []  # per decode step when timed: wall, CPU/GPU busy and overlap (ms)
         self.tokens: list[int] = []  # the sequence in the KV cache
         self.timings = Timings(load_ms=1e3 * (time.perf_counter() - t0))
         if self.sparse_spec is not None:
@@ -216,8 +219,8 @@ class Model:
             raise InvalidArgumentError(f"VRAM budget must be >= 0, not {vram_budget}")
         sparse = self.sparse_spec is not None and not self.sparse_spec.oracle
         costs = model_costs(self.file, self.n_ctx, 2 if kv_type == "f16" else 4, sparse, self.n_batch)
-        if vram_budget and machine is None:
-            machine = machine_profile_for(self.file.tensors["blk.0.ffn_up.weight"].type, self.n_threads)
+        if vram_budget and not isinstance(machine, MachineProfile):
+            machine = resolve_machine(machine, self.file.tensors["blk.0.ffn_up.weight"].type, self.n_threads)
         plan = solve(costs, machine, vram_budget) if vram_budget else solve(costs, _CPU_ONLY, 0)
         if plan.uses_gpu and ggml.cuda_available() and plan.device_bytes > free:
             raise BudgetTooSmallError(f"the plan needs {format_bytes(plan.device_bytes)} of GPU memory but only "
@@ -306,6 +309,8 @@ class Model:
             while len(self._graphs) >= limit:
                 self._graphs.popitem(last=False)
             g = self._graphs[key] = _StepGraph(self, n_tokens, n_out, capture)
+            if self.timed:
+                g.graph.set_timed(True)
             self._check_budget()
         else:
             self._graphs.move_to_end(key)
@@ -329,6 +334,8 @@ class Model:
             n_out = len(chunk) if all_logits else (1 if last_chunk else 0)
             graph = self._graph(len(chunk), max(n_out, 1))
             logits = graph.run(self.pool, chunk, self.n_past)
+            if self.timed and len(chunk) == 1:
+                self.step_stats.append(graph.graph.stats())
             if graph.mask_tensors:
                 self.timings.extra["ffn_rows_active"] += graph.active_rows()
                 self.timings.extra["ffn_rows_total"] += len(chunk) * graph.mask_rows

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-COMMANDS = ["run", "chat", "bench", "pull", "convert", "perplexity", "profile", "train-predictors", "sparsify"]
+COMMANDS = ["run", "chat", "bench", "plan", "pull", "convert", "perplexity", "profile", "train-predictors", "sparsify"]
 
 
 def _cli(*args: str, cwd) -> subprocess.CompletedProcess:

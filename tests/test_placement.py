@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import itertools
+import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -9,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pyinfer.errors import InvalidArgumentError
+from pyinfer.ggml import cuda_available as ggml_cuda_available
 from pyinfer.placement import (
     BudgetTooSmallError,
     LayerCosts,
@@ -134,3 +138,68 @@ def test_parse_bytes(text, want):
 def test_parse_bytes_rejects(text):
     with pytest.raises(InvalidArgumentError, match="not a size"):
         parse_bytes(text)
+
+
+# ---------------------------------------------------------------------------------------------------
+# pyinfer plan: on a real file, for a stated machine, without a GPU
+
+FLAGS = ["--cpu-dense-bw", "20", "--cpu-sparse-bw", "8", "--gpu-dense-bw", "2000", "--gpu-sparse-bw", "900",
+         "--xfer-us", "25", "--gpu-layer-us", "20", "--cpu-layer-us", "40"]
+
+
+def _plan_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pyinfer.cli", "plan", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.fixture(scope="module")
+def tiny_sparse(tmp_path_factory) -> str:
+    from hf_tiny import build
+
+    import pyinfer.converters.convert_hf_to_powergguf as conv
+    import pyinfer.tools.make_synthetic_model as syn
+
+    folder = tmp_path_factory.mktemp("plan")
+    build("llama_relu", str(folder / "hf"))
+    dense, sparse = str(folder / "m.gguf"), str(folder / "sparse.gguf")
+    assert conv.main([str(folder / "hf"), "-o", dense, "--outtype", "f16"]) == 0
+    syn.add_predictors(dense, sparse, density=0.3, rank=16, n_calib=64)
+    return sparse
+
+
+def test_plan_command_prints_and_matches_the_solver(tiny_sparse):
+    from pyinfer.gguf_file import GGUFFile
+    from pyinfer.placement import model_costs
+
+    f = GGUFFile(tiny_sparse)
+    costs = model_costs(f, 64, 2, True, 32)
+    budget = costs.reserve_bytes + sum(la.attn_bytes + la.kv_bytes + la.pred_bytes + 40 * la.neuron_bytes
+                                       for la in costs.layers)
+    res = _plan_cli("-m", tiny_sparse, "--vram-budget", str(budget), "-c", "64", "-b", "32", *FLAGS)
+    assert res.returncode == 0, res.stderr
+    assert "| layer | attention | hot rows on GPU |" in res.stdout and "tokens per second" in res.stdout
+    res = _plan_cli("-m", tiny_sparse, "--vram-budget", str(budget), "-c", "64", "-b", "32", "--json", *FLAGS)
+    got = json.loads(res.stdout)
+    machine = MachineProfile("given figures", *(float(v) for v in FLAGS[1::2]))
+    want = solve(costs, machine, budget)
+    assert got["device_bytes"] == want.device_bytes <= budget
+    assert tuple(got["hot_rows"]) == want.hot_rows and got["token_us"] == pytest.approx(want.token_us)
+    assert any(0 < k for k in want.hot_rows)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--vram-budget", "1KiB", *FLAGS], "below the minimum"),
+    (["--vram-budget", "lots", *FLAGS], "not a size"),
+    (["--vram-budget", "1GiB", "--machine", "no-such-machine"], "unknown machine"),
+    (["--vram-budget", "1GiB", *FLAGS, "--gpu-dense-bw", "0"], "positive number"),
+])
+def test_plan_command_bad_input_is_one_line(tiny_sparse, args, message):
+    res = _plan_cli("-m", tiny_sparse, *args)
+    assert res.returncode == 1 and message in res.stderr
+    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
+
+
+@pytest.mark.skipif(ggml_cuda_available(), reason="checks the message on a machine without a GPU")
+def test_plan_command_without_gpu_asks_for_a_target(tiny_sparse):
+    res = _plan_cli("-m", tiny_sparse, "--vram-budget", "1GiB")
+    assert res.returncode == 1 and "--machine" in res.stderr and "--gpu-dense-bw" in res.stderr
