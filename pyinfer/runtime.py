@@ -29,6 +29,7 @@ _MAX_CACHED_GRAPHS = 4  # decode graph, full prompt batch, and a few remainders
 AUTO_MARGIN = 1 << 30  # --vram-budget auto: the GPU's free memory less this (other processes, fragmentation)
 # a budget of 0 puts nothing on the GPU: the figures are not used then
 _CPU_ONLY = MachineProfile("cpu only", 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0)
+_PLANS: dict[tuple, Plan] = {}
 
 
 class KVCache:
@@ -221,7 +222,12 @@ class Model:
         costs = model_costs(self.file, self.n_ctx, 2 if kv_type == "f16" else 4, sparse, self.n_batch)
         if vram_budget and not isinstance(machine, MachineProfile):
             machine = resolve_machine(machine, self.file.tensors["blk.0.ffn_up.weight"].type, self.n_threads)
-        plan = solve(costs, machine, vram_budget) if vram_budget else solve(costs, _CPU_ONLY, 0)
+        stat = os.stat(self.file.path)
+        key = (os.path.realpath(self.file.path), stat.st_size, stat.st_mtime_ns, self.n_ctx, kv_type, sparse,
+               self.n_batch, vram_budget, machine)
+        if key not in _PLANS:  # the solver can take seconds: a process that reloads a model reuses its plan
+            _PLANS[key] = solve(costs, machine, vram_budget) if vram_budget else solve(costs, _CPU_ONLY, 0)
+        plan = _PLANS[key]
         if plan.uses_gpu and ggml.cuda_available() and plan.device_bytes > free:
             raise BudgetTooSmallError(f"the plan needs {format_bytes(plan.device_bytes)} of GPU memory but only "
                                       f"{format_bytes(free)} is free: give a smaller --vram-budget")

@@ -307,13 +307,11 @@ static int issue_downloads_early(struct ggml_cgraph *g) {
     for (int k = 0; k < n; k++)
         if (reader[k] >= 0 && after[k] < g->n_uploads) order[m++] = g->nodes[k];
     for (int i = g->n_uploads; i < n; i++) {
-        if (reader[i] >= 0) continue; // placed with its anchor
+        if (reader[i] >= 0) continue; // placed with its anchor (a download nobody reads stays where it was)
         order[m++] = g->nodes[i];
         for (int k = 0; k < n; k++)
             if (reader[k] >= 0 && after[k] == i) order[m++] = g->nodes[k];
     }
-    for (int k = 0; k < n; k++) // a download nobody reads (a graph output) stays where it was: after its source
-        if (reader[k] < 0 && k >= g->n_uploads && ggml_is_download(g->nodes[k]) && m < n) order[m++] = g->nodes[k];
     memcpy(g->nodes, order, (size_t)n * sizeof *order);
     free(after), free(reader), free(order);
     return GGML_STATUS_OK;
