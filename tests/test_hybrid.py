@@ -122,3 +122,20 @@ def test_machine_measurement(tmp_path, monkeypatch):
     print(f"\nmeasured: {p}")
     assert p.gpu_dense_gbps > p.cpu_dense_gbps > 0 and p.gpu_sparse_gbps > 0 and p.cpu_sparse_gbps > 0
     assert machine.cache_path("f16", 4).is_file() and machine.profile_for(ggml.F16, 4) == p  # cached
+
+
+def test_cpu_node_reading_device_leaves():
+    """A CPU node whose input is a weight on the GPU downloads it like any output (not as an upload)."""
+    rng = np.random.default_rng(1)
+    ctx = ggml.Context(1 << 20)
+    w_host, x_dev, v_dev = rng.standard_normal((8, 16)), rng.standard_normal(16), rng.standard_normal(8)
+    w = ctx.tensor_from_numpy(w_host.astype(np.float32))
+    x = ctx.tensor_from_numpy(x_dev.astype(np.float32)).to_device()
+    v = ctx.tensor_from_numpy(v_dev.astype(np.float32)).to_device()
+    y = ctx.scale(ctx.add(ctx.mul_mat(w, x), v), 2.0)  # CPU GEMV of a device vector, then GPU ops
+    graph = ggml.Graph(ctx, [y])
+    pool = ggml.ThreadPool(2)
+    for _ in range(4):  # op by op, captured, replayed
+        graph.compute(pool)
+        np.testing.assert_allclose(y.numpy(), 2 * (w_host @ x_dev + v_dev), rtol=1e-5)
+    assert graph.replayed

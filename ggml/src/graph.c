@@ -251,7 +251,9 @@ static int insert_transfers(struct ggml_cgraph *g) {
                 m->src[0] = src;
                 m->owner = t->owner;
                 snprintf(m->name, sizeof m->name, "%.50s (copy)", src->name);
-                if (storage_of(src)->op == GGML_OP_NONE) g->uploads[g->n_uploads++] = m; // leaves: copied up front
+                // host leaves read on the GPU are uploaded up front through pinned staging; a device leaf that
+                // a CPU node reads is downloaded like any node's output
+                if (storage_of(src)->op == GGML_OP_NONE && t->backend == GGML_BACKEND_CUDA) g->uploads[g->n_uploads++] = m;
                 else nodes[n++] = m;
             }
             t->src[s] = m;
