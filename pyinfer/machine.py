@@ -183,19 +183,21 @@ def _gpu_figures(type_: int, cpu_node_us: float, rng) -> tuple[float, float, flo
     w = _random_weight(ctx, type_, slices * per, k, rng).to_device()
     x = ctx.tensor_from_numpy(rng.standard_normal(k).astype(np.float32)).to_device()
 
-    def part(i: int, r0: int, n: int):  # rows [r0, r0 + n) of slice i
-        return ctx.view(w, (n, k), (row, 1), offset=(i * per + r0) * row)
+    def rows(r0: int, n: int):  # rows [r0, r0 + n) of the weight
+        return ctx.view(w, (n, k), (row, 1), offset=r0 * row)
 
-    dense_ms = ggml.Graph(ctx, [ctx.mul_mat(part(i, 0, per), x) for i in range(slices)]).plan().median_ms(pool, 15)
-    # a split layer's hot half: selected rows of gate and up, the activation, the same rows of down_t
-    third, outs, picked = per // 3, [], 0
-    for i in range(slices):
+    dense = [ctx.mul_mat(rows(i * per, per), x) for i in range(slices)]
+    dense_ms = ggml.Graph(ctx, dense).plan().median_ms(pool, 15)
+    # a split layer's hot half: selected rows of gate and up, the activation, the same rows of down_t; each
+    # matrix as large as a big model's (tens of MB), or the fixed costs of the launches would dominate
+    third, outs, picked = slices * per // 6, [], 0
+    for r0 in (0, 3 * third):
         sel = rng.random(third) < SPARSE_DENSITY
         picked += int(sel.sum())
         mask = ctx.tensor_from_numpy(np.where(sel, 1.0, -1.0).astype(np.float32)).to_device()
-        gate = ctx.mul_mat_rows(part(i, 0, third), x, mask)
-        up = ctx.mul_mat_rows(part(i, third, third), x, mask)
-        outs.append(ctx.axpy_rows(part(i, 2 * third, third), ctx.mul(ctx.relu(gate), up), mask))
+        gate = ctx.mul_mat_rows(rows(r0, third), x, mask)
+        up = ctx.mul_mat_rows(rows(r0 + third, third), x, mask)
+        outs.append(ctx.axpy_rows(rows(r0 + 2 * third, third), ctx.mul(ctx.relu(gate), up), mask))
     sparse_ms = ggml.Graph(ctx, outs).plan().median_ms(pool, 15)
     # fixed costs on small vectors: a GPU kernel; and a CPU node (a matrix on the host) between two of them
     small = ctx.tensor_from_numpy(rng.standard_normal(64).astype(np.float32)).to_device()

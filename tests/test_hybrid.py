@@ -139,3 +139,30 @@ def test_cpu_node_reading_device_leaves():
         graph.compute(pool)
         np.testing.assert_allclose(y.numpy(), 2 * (w_host @ x_dev + v_dev), rtol=1e-5)
     assert graph.replayed
+
+
+def test_split_layer_downloads_come_before_the_hot_rows(files):
+    """The stream copies x and the CPU's mask out before it runs the hot rows, so the CPU's half starts while
+    the GPU's runs (a download placed after them made the two halves take turns)."""
+    from pyinfer._native import lib
+
+    path = files("llama_relu", True)
+    budget = budgets(path, 64, 32, True)[2]
+    model = Model(path, n_ctx=64, kv_type="f32", n_batch=32, vram_budget=budget, machine=SPLITTY)
+    assert model.hot_rows
+    model.eval([1])
+    graph = model._graphs[(1, 1, False)].graph
+    nodes = [lib.ggml_graph_node(graph.ptr, i) for i in range(graph.n_nodes)]
+    index = {int(ggml.ffi.cast("uintptr_t", t)): i for i, t in enumerate(nodes)}
+
+    def weight_name(t) -> str:
+        return ggml.ffi.string(lib.ggml_get_name(lib.ggml_get_src(t, 0))).decode()
+
+    for il in model.hot_rows:
+        hot = min(i for i, t in enumerate(nodes)
+                  if lib.ggml_get_op(t) == lib.GGML_OP_MUL_MAT_ROWS and weight_name(t).startswith(f"blk.{il}.ffn_"))
+        cold = next(t for t in nodes if lib.ggml_get_op(t) == lib.GGML_OP_SPARSE_FFN
+                    and weight_name(t).startswith(f"blk.{il}."))
+        inputs = [lib.ggml_get_src(cold, s) for s in (1, 2)]  # x and the CPU's part of the mask: downloads
+        assert all(lib.ggml_get_op(t) == lib.GGML_OP_TRANSFER for t in inputs)
+        assert max(index[int(ggml.ffi.cast("uintptr_t", t))] for t in inputs) < hot, il

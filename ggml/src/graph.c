@@ -296,7 +296,7 @@ static int issue_downloads_early(struct ggml_cgraph *g) {
     for (int i = 0; i < n; i++) {
         after[i] = reader[i] = -1;
         if (i < g->n_uploads || !ggml_is_download(g->nodes[i])) continue;
-        after[i] = index_of(g, g->nodes[i]->src[0], i);
+        after[i] = index_of(g, storage_of(g->nodes[i]->src[0]), i); // a view's bytes exist with its owner
         for (int j = i + 1; j < n && reader[i] < 0; j++)
             for (int s = 0; s < GGML_MAX_SRC; s++)
                 if (g->nodes[j]->src[s] == g->nodes[i]) reader[i] = j;

@@ -270,7 +270,7 @@ static void exec_run(struct ggml_threadpool *tp, int ith, void *arg) {
                 int st = wait_event(x, it->event);
                 if (st) ggml_threadpool_fail(tp, st);
             }
-            ggml_barrier(tp);
+            ggml_barrier_patient(tp);
             if (ggml_threadpool_status(tp)) return;
         }
         if (ith == 0) x->cpu_t0[k] = now_ms() - x->host_ref;

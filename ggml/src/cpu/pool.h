@@ -16,6 +16,8 @@ int ggml_threadpool_reserve(struct ggml_threadpool *tp, const struct ggml_cgraph
 // thread ith's share of a CPU node, seq counting the CPU nodes of this run from 0 (its chunk counter);
 // a failure is recorded for the run; the caller meets the others at ggml_barrier before the next node
 int ggml_threadpool_compute_node(struct ggml_threadpool *tp, int ith, struct ggml_tensor *node, int seq);
+// ggml_barrier for a wait that may be long (thread 0 waiting for the GPU): spins longer before sleeping
+void ggml_barrier_patient(struct ggml_threadpool *tp);
 // records a failure (the first one wins, with ggml_last_error's message) / reads the run's status
 void ggml_threadpool_fail(struct ggml_threadpool *tp, int status);
 int ggml_threadpool_status(struct ggml_threadpool *tp);

@@ -45,7 +45,7 @@ static void futex_wake_all(atomic_int *addr) { syscall(SYS_futex, addr, FUTEX_WA
 
 // spin briefly (the common case: the others are a few microseconds behind), then sleep on a futex, so
 // a thread whose partner was descheduled gives its core back instead of burning the time slice
-void ggml_barrier(struct ggml_threadpool *tp) {
+static void barrier_spinning(struct ggml_threadpool *tp, int max_spins) {
     if (tp->n_threads == 1) return;
     int phase = atomic_load_explicit(&tp->barrier_phase, memory_order_relaxed);
     if (atomic_fetch_add_explicit(&tp->barrier_count, 1, memory_order_acq_rel) == tp->n_threads - 1) {
@@ -56,7 +56,7 @@ void ggml_barrier(struct ggml_threadpool *tp) {
         if (atomic_load_explicit(&tp->barrier_sleepers, memory_order_seq_cst)) futex_wake_all(&tp->barrier_phase);
         return;
     }
-    for (int spins = 0; spins < 2048; spins++) {
+    for (int spins = 0; spins < max_spins; spins++) {
         if (atomic_load_explicit(&tp->barrier_phase, memory_order_acquire) != phase) return;
         _mm_pause();
     }
@@ -64,6 +64,12 @@ void ggml_barrier(struct ggml_threadpool *tp) {
     while (atomic_load_explicit(&tp->barrier_phase, memory_order_seq_cst) == phase) futex_wait(&tp->barrier_phase, phase);
     atomic_fetch_sub_explicit(&tp->barrier_sleepers, 1, memory_order_acq_rel);
 }
+
+void ggml_barrier(struct ggml_threadpool *tp) { barrier_spinning(tp, 2048); }
+
+// while thread 0 waits for the GPU the others may wait a whole GPU run (hundreds of microseconds): waking
+// them from a futex would cost as much again, so they spin longer before they sleep
+void ggml_barrier_patient(struct ggml_threadpool *tp) { barrier_spinning(tp, 1 << 16); }
 
 void ggml_threadpool_fail(struct ggml_threadpool *tp, int status) {
     int expected = GGML_STATUS_OK;
