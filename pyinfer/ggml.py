@@ -283,8 +283,9 @@ class ThreadPool:
 class Graph:
     """The nodes that outputs need, planned once (memory for intermediates) and computed many times."""
 
-    def __init__(self, ctx: Context, outputs: list[Tensor], backend: str = "cpu"):
-        """backend "cuda" moves every leaf the graph reads to the GPU, so every node runs there."""
+    def __init__(self, ctx: Context, outputs: list[Tensor], backend: str = "cpu", stream_min_cols: int = 0):
+        """backend "cuda" moves every leaf the graph reads to the GPU, so every node runs there.
+        stream_min_cols: weight ops of at least this many columns run on the GPU, host weights copied in."""
         self.ctx = ctx
         self.ptr = ffi.gc(check_ptr(lib.ggml_graph_new(ctx.ptr)), lib.ggml_graph_free)
         self.outputs = list(outputs)
@@ -294,6 +295,8 @@ class Graph:
             check(lib.ggml_graph_to_backend(self.ptr, lib.GGML_BACKEND_CUDA))
         elif backend != "cpu":
             raise InvalidArgumentError(f"backend must be cpu or cuda, not {backend!r}")
+        if stream_min_cols:
+            check(lib.ggml_graph_stream_weights(self.ptr, stream_min_cols))
         self.planned = False
 
     @property

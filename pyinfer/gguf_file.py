@@ -121,6 +121,11 @@ class GGUFFile:
             if info.ne != ne:
                 raise ModelFormatError(f"{self.path}: tensor {name} has shape {list(info.ne)}, expected {list(ne)}")
 
+    @property
+    def mmap_buffer(self):
+        """The whole file's read-only mapping (for registering it with the GPU)."""
+        return self._mmap
+
     def typed_metadata(self) -> list[tuple[str, Any, GGUFValueType, GGUFValueType | None]]:
         """(key, value, value type, array element type) of every metadata field, for copying to a writer."""
         out = []

@@ -337,17 +337,22 @@ def _quiet_stdout():
 # a model file's costs
 
 ATTENTION_PARTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm")
+STREAM_ROWS = 2048  # a prompt batch copies host FFN weights to the GPU this many neurons at a time
+STREAM_MIN_TOKENS = 32  # batches of at least this many tokens run there (llama.cpp's threshold too)
 CUBLAS_WORKSPACE = 32 << 20
 DEVICE_MARGIN = 96 << 20  # CUDA graphs, the cuBLAS handle, the GEMM's dequantized weight chunk
 
 
-def reserve_bytes(cfg, n_batch: int) -> int:
+def reserve_bytes(cfg, n_batch: int, largest_matrix: int = 0, neuron_row: int = 0) -> int:
     """Device bytes any GPU use needs besides weights and KV cache: the intermediates of a prompt batch of
-    n_batch tokens (a few (n_batch, n_ff) activations, all logits of a perplexity batch), the scratch, the
-    cuBLAS workspace and a margin (docs/ARCHITECTURE.md, "Placement", says how it was measured)."""
+    n_batch tokens (a few (n_batch, n_ff) activations, all logits of a perplexity batch), the host weights a
+    prompt batch streams in (two chunks of STREAM_ROWS neurons of gate, up and down_t, or two of the largest
+    attention matrices), the scratch, the cuBLAS workspace and a margin (docs/ARCHITECTURE.md, "Placement")."""
     widest = max(cfg.n_ff, 3 * cfg.n_embd)
     activations = 4 * n_batch * (4 * widest + 4 * cfg.n_embd + cfg.n_vocab)
-    return CUBLAS_WORKSPACE + DEVICE_MARGIN + activations
+    chunk = 3 * min(STREAM_ROWS, cfg.n_ff) * neuron_row
+    streamed = 2 * max(largest_matrix, chunk) if n_batch >= STREAM_MIN_TOKENS else 0
+    return CUBLAS_WORKSPACE + DEVICE_MARGIN + activations + streamed
 
 
 def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch: int) -> ModelCosts:
@@ -380,7 +385,9 @@ def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch
     head = nbytes("output.weight") or nbytes("token_embd.weight")  # tied: the GPU gets a copy of the embeddings
     head += nbytes("output_norm.weight") + nbytes("output_norm.bias")
     weight_type = GGMLQuantizationType(tensors["blk.0.ffn_up.weight"].type)
-    return ModelCosts(layers, head_bytes=head, reserve_bytes=reserve_bytes(cfg, n_batch), n_ctx=n_ctx,
+    largest = max(nbytes(f"blk.{il}.{part}.weight") for il in range(cfg.n_layer) for part in ATTENTION_PARTS)
+    row = max(layer.neuron_bytes for layer in layers) // 3
+    return ModelCosts(layers, head_bytes=head, reserve_bytes=reserve_bytes(cfg, n_batch, largest, row), n_ctx=n_ctx,
                       type_name=weight_type.name.lower())
 
 

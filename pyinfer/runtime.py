@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,7 +21,16 @@ from pyinfer.machine import resolve as resolve_machine
 from pyinfer.models import sparse_ffn
 from pyinfer.models.common import Builder, GraphInputs
 from pyinfer.offload import apply_plan, offload_layers
-from pyinfer.placement import BudgetTooSmallError, MachineProfile, Plan, format_bytes, model_costs, parse_bytes, solve
+from pyinfer.placement import (
+    STREAM_MIN_TOKENS,
+    BudgetTooSmallError,
+    MachineProfile,
+    Plan,
+    format_bytes,
+    model_costs,
+    parse_bytes,
+    solve,
+)
 from pyinfer.sampling import Sampler, SamplerParams
 from pyinfer.tokenizer import Tokenizer
 
@@ -106,13 +116,18 @@ class _StepGraph:
         self.inputs = GraphInputs(tokens=tokens, pos=pos, n_out=n_out, pos_ids=pos_ids)
         self.captured: dict[str, ggml.Tensor] = {}
         spec = dataclasses.replace(model.sparse_spec, masks={}) if model.sparse_spec else None
+        # a prompt batch of a model partly in host memory runs on the GPU, its host weights streamed in
+        stream = n_tokens >= STREAM_MIN_TOKENS and model.streams_prompts and not capture
         builder = Builder(self.ctx, cfg, model.weights, model.kv_cache, self.captured if capture else None, spec,
-                          hot_rows=model.hot_rows)
+                          hot_rows=model.hot_rows, stream=stream)
         self.logits = models.builder_for(cfg.arch)(builder, self.inputs)  # (n_out, n_vocab)
         # the masks the host can count for free: per layer (n_tokens, rows) of the neurons the CPU computes
         # (reading the GPU's would cost a copy and a wait per layer and token)
         masks = [m for m in spec.masks.values() if not m.on_device] if spec else []
-        self.graph = ggml.Graph(self.ctx, [self.logits, *self.captured.values(), *masks]).plan()
+        if stream:
+            model.pin_host_weights()
+        self.graph = ggml.Graph(self.ctx, [self.logits, *self.captured.values(), *masks],
+                                stream_min_cols=STREAM_MIN_TOKENS if stream else 0).plan()
         self.mask_tensors = masks
         self.mask_rows = sum(m.shape[-1] for m in masks)  # neurons the masks cover per token
         # host masks are read through views made once (a strided view costs microseconds a layer a token)
@@ -201,6 +216,8 @@ class Model:
         if self.sparse_spec is not None and not oracle:
             self._bundle_ffns()
         self._device_base = device_before
+        self.streams_prompts = self._has_host_weights_and_gpu()
+        self._pinned = None
         self._graphs: OrderedDict[tuple[int, int, bool], _StepGraph] = OrderedDict()
         self.timed = timed
         self.step_stats: list[dict] = []  # per decode step when timed: wall, CPU/GPU busy and overlap (ms)
@@ -232,6 +249,26 @@ class Model:
             raise BudgetTooSmallError(f"the plan needs {format_bytes(plan.device_bytes)} of GPU memory but only "
                                       f"{format_bytes(free)} is free: give a smaller --vram-budget")
         return plan
+
+    def _has_host_weights_and_gpu(self) -> bool:
+        """Some layer's weights live on the GPU and some in host memory (what prompt streaming helps)."""
+        if not self.n_gpu_layers:
+            return False
+        names = [f"blk.{il}.{part}.weight" for il in range(self.config.n_layer) for part in ("ffn_up", "attn_q")]
+        return any(il in self.hot_rows for il in range(self.config.n_layer)) or any(
+            not self.weights[n].on_device for n in names if n in self.weights)
+
+    def pin_host_weights(self) -> None:
+        """Registers the model file's mapping with the GPU once (read only), so the weights a prompt batch
+        streams in are copied at full speed and inside CUDA graphs. Without it they still stream, slower."""
+        if self._pinned is not None:
+            return
+        buffer = ggml.ffi.from_buffer(self.file.mmap_buffer)
+        if lib.ggml_cuda_host_register(buffer, len(buffer)) == lib.GGML_STATUS_OK:
+            self._pinned = weakref.finalize(self, lib.ggml_cuda_host_unregister, buffer)
+        else:
+            lib.ggml_clear_error()
+            self._pinned = False
 
     @property
     def device_bytes(self) -> int:

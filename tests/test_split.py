@@ -11,6 +11,7 @@ from hf_tiny import build
 import pyinfer.converters.convert_hf_to_powergguf as conv
 import pyinfer.tools.make_synthetic_model as syn
 from pyinfer import ggml, offload
+from pyinfer._native import lib
 from pyinfer.errors import InvalidArgumentError
 from pyinfer.placement import Plan
 from pyinfer.runtime import Model
@@ -121,3 +122,36 @@ def test_plan_must_fit_the_model(files, host_only):
         Model(files("llama_relu", False), n_ctx=64, plan=split_plan((1, 2, 3)))
     with pytest.raises(InvalidArgumentError, match="exclude each other"):
         Model(files("llama_relu", False), n_ctx=64, plan=split_plan((1, 2)), n_gpu_layers=1)
+
+
+@pytest.fixture
+def streamed_on_cpu(host_only, monkeypatch):
+    """Prompt batches build the streamed graph (host neurons in chunks of 48 rows, the GPU's rows as they
+    are) but run it on the CPU: what the GPU computes there, chunk by chunk."""
+    from pyinfer.models import common
+
+    class CpuGraph(ggml.Graph):
+        def __init__(self, ctx, outputs, backend="cpu", stream_min_cols=0):
+            super().__init__(ctx, outputs, backend)
+
+    monkeypatch.setattr(common, "STREAM_ROWS", 48)
+    monkeypatch.setattr("pyinfer.runtime.ggml.Graph", CpuGraph)
+    monkeypatch.setattr(Model, "pin_host_weights", lambda self: None)
+
+
+@pytest.mark.parametrize("variant", ["llama_relu", "llama_silu", "opt"])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_streamed_prompt_graph_equals_the_unsplit_model(files, streamed_on_cpu, variant, sparse):
+    path = files(variant, sparse)
+    prompt = (TOKENS * 4)[:40]  # >= 32 tokens: a streamed batch
+    whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2)
+    plan = Plan(attn_gpu=(True, False), hot_rows=(30, 0), head_gpu=False, device_bytes=1, budget=1 << 30,
+                layer_us=(0.0, 0.0), head_us=0.0)
+    split = Model(path, n_ctx=64, kv_type="f32", n_threads=2, plan=plan)
+    assert split.streams_prompts
+    want = whole.logits(prompt)
+    np.testing.assert_allclose(split.logits(prompt), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    graph = split._graphs[(40, 40, False)].graph
+    ops = [lib.ggml_get_op(lib.ggml_graph_node(graph.ptr, i)) for i in range(graph.n_nodes)]
+    # layer 0: its 98 host rows in chunks of 48, 48, 2, and its 30 GPU rows; layer 1: 128 host rows in 3
+    assert ops.count(lib.GGML_OP_AXPY_ROWS) == 4 + 3

@@ -12,6 +12,13 @@ const char *ggml_cuda_device_name(void) { return ""; }
 int ggml_cuda_init(void) { return cuda_absent(); }
 size_t ggml_cuda_allocated(void) { return 0; }
 
+int ggml_cuda_host_register(void *ptr, size_t size) {
+    (void)ptr, (void)size;
+    return cuda_absent();
+}
+
+void ggml_cuda_host_unregister(void *ptr) { (void)ptr; }
+
 int ggml_cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
     *free_bytes = *total_bytes = 0;
     return GGML_STATUS_OK;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #define GRAPH_ALIGN 64
+#define STREAMED_MIN_BYTES ((size_t)1 << 20) // smaller host leaves (norms, biases) are staged as uploads
 
 struct ggml_cgraph *ggml_graph_new(struct ggml_context *ctx) {
     (void)ctx; // graphs own their node list and buffer; the context owns the tensors
@@ -160,13 +161,15 @@ static bool owns_planned_memory(const struct ggml_tensor *t) { return t->op != G
 // GPU as soon as any input is there (so data crosses to the GPU once and stays)
 // ---------------------------------------------------------------------------------------------------
 
-static enum ggml_backend node_backend(const struct ggml_tensor *t) {
+static enum ggml_backend node_backend(const struct ggml_cgraph *g, const struct ggml_tensor *t) {
     switch (t->op) {
     case GGML_OP_VIEW:
     case GGML_OP_KV_STORE: return storage_of((struct ggml_tensor *)t)->backend;
     case GGML_OP_MUL_MAT:
     case GGML_OP_MUL_MAT_ROWS:
     case GGML_OP_AXPY_ROWS:
+        if (g->stream_min_cols > 0 && t->src[1]->ne[1] >= g->stream_min_cols) return GGML_BACKEND_CUDA;
+        return ggml_get_backend(t->src[0]);
     case GGML_OP_SPARSE_FFN:
     case GGML_OP_GET_ROWS: return ggml_get_backend(t->src[0]);
     case GGML_OP_ATTENTION: return ggml_get_backend(t->src[1]);
@@ -211,7 +214,7 @@ static void pull_to_gpu(struct ggml_cgraph *g) {
 
 // gives every cross-device edge a transfer node (one per source and backend), placed before its reader
 static int insert_transfers(struct ggml_cgraph *g) {
-    for (int i = 0; i < g->n_nodes; i++) g->nodes[i]->backend = node_backend(g->nodes[i]);
+    for (int i = 0; i < g->n_nodes; i++) g->nodes[i]->backend = node_backend(g, g->nodes[i]);
     pull_to_gpu(g);
     int n_cross = 0;
     for (int i = 0; i < g->n_nodes; i++) {
@@ -251,9 +254,12 @@ static int insert_transfers(struct ggml_cgraph *g) {
                 m->src[0] = src;
                 m->owner = t->owner;
                 snprintf(m->name, sizeof m->name, "%.50s (copy)", src->name);
-                // host leaves read on the GPU are uploaded up front through pinned staging; a device leaf that
-                // a CPU node reads is downloaded like any node's output
-                if (storage_of(src)->op == GGML_OP_NONE && t->backend == GGML_BACKEND_CUDA) g->uploads[g->n_uploads++] = m;
+                // host leaves read on the GPU are uploaded up front through pinned staging, but for weights
+                // streamed in (large): those are copied just before their reader, into memory that the next
+                // weight reuses; a device leaf that a CPU node reads is downloaded like any node's output
+                bool staged = storage_of(src)->op == GGML_OP_NONE && t->backend == GGML_BACKEND_CUDA &&
+                              !(g->stream_min_cols > 0 && ggml_nbytes(src) >= STREAMED_MIN_BYTES);
+                if (staged) g->uploads[g->n_uploads++] = m;
                 else nodes[n++] = m;
             }
             t->src[s] = m;
@@ -336,6 +342,15 @@ static int plan_backend(struct ggml_cgraph *g, enum ggml_backend backend, const 
     free(p.blocks);
     *total = p.peak ? p.peak : GRAPH_ALIGN;
     return status;
+}
+
+int ggml_graph_stream_weights(struct ggml_cgraph *g, int64_t min_cols) {
+    if (!g) return ggml_set_error(GGML_STATUS_INVALID_ARG, "null graph");
+    if (g->planned) return ggml_set_error(GGML_STATUS_INVALID_ARG, "graph already planned");
+    if (min_cols > 0 && ggml_cuda_device_count() == 0)
+        return ggml_set_error(GGML_STATUS_UNSUPPORTED, "no GPU to stream weights to");
+    g->stream_min_cols = min_cols < 0 ? 0 : min_cols;
+    return GGML_STATUS_OK;
 }
 
 int ggml_graph_to_backend(struct ggml_cgraph *g, enum ggml_backend backend) {

@@ -7,6 +7,7 @@ struct ggml_cgraph {
     struct ggml_tensor **nodes;   // (n_nodes) in execution order, transfers included after planning
     int n_nodes, cap_nodes;
     bool planned;
+    int64_t stream_min_cols;      // weight ops of this many columns run on the GPU, host weights copied in (0: off)
     void *buffer;                 // (buffer_size) host memory of the CPU intermediates (pinned with a GPU)
     size_t buffer_size;
     // GPU side, present when some node runs on CUDA

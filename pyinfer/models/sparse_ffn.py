@@ -128,7 +128,7 @@ def rows_ffn(b, il: int, h: ggml.Tensor, pred: ggml.Tensor, part: str = "", dens
     def proj(name: str, sel: ggml.Tensor) -> ggml.Tensor:
         w = b.w(f"blk.{il}.{name}{part}")
         y = ctx.mul_mat(w, h) if dense else ctx.mul_mat_rows(w, h, sel)  # (n, rows)
-        bias = b.weights.get(f"blk.{il}.{name}{part}.bias")
+        bias = b.get(f"blk.{il}.{name}{part}.bias")
         return ctx.add(y, bias) if bias is not None else y
 
     computed = pred  # (n, rows) positive on the rows computed (when not dense)
@@ -158,9 +158,13 @@ def rows_ffn(b, il: int, h: ggml.Tensor, pred: ggml.Tensor, part: str = "", dens
 
 def ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
     """Sparse FFN of layer il: (n_tokens, n_embd) -> (n_tokens, n_embd)."""
+    from pyinfer.models.common import host_ffn, streamed_ffn
+
     ctx, cfg, spec = b.ctx, b.cfg, b.sparse
     n = h.shape[0] if len(h.shape) == 2 else 1
     pred = predict(b, il, h)  # (n, n_ff)
+    if b.stream and host_ffn(b, il) is not None:
+        return streamed_ffn(b, il, h, pred)
     bundled = b.capture is None and b.has(f"blk.{il}.ffn_bundle")
     k = b.hot_rows.get(il)
     if k:  # split: the GPU's rows [0, k) and the CPU's rest at the same time, each under its part of pred
@@ -175,5 +179,5 @@ def ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
         if b.capture is not None:
             b.capture[f"ffn_inp.{il}"] = h  # (n, n_embd)
             b.capture[f"ffn_act.{il}"] = act  # (n, n_ff), before the down mask
-    bias = b.weights.get(f"blk.{il}.ffn_down_t.bias")
+    bias = b.get(f"blk.{il}.ffn_down_t.bias")
     return ctx.add(y, bias) if bias is not None else y

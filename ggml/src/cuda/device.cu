@@ -119,6 +119,16 @@ extern "C" size_t ggml_cuda_allocated(void) {
     return n;
 }
 
+extern "C" int ggml_cuda_host_register(void *ptr, size_t size) {
+    int st = ggml_cuda_init();
+    if (st) return st;
+    return cuda_status(cudaHostRegister(ptr, size, cudaHostRegisterReadOnly), "host register");
+}
+
+extern "C" void ggml_cuda_host_unregister(void *ptr) {
+    if (ptr && cudaHostUnregister(ptr) != cudaSuccess) cudaGetLastError();
+}
+
 extern "C" int ggml_cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
     *free_bytes = *total_bytes = 0;
     if (ggml_cuda_device_count() == 0) return GGML_STATUS_OK;
