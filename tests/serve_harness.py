@@ -5,17 +5,16 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import re
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from pyinfer.tools.load_test import serve_in_background
+
 REPO = Path(__file__).resolve().parents[1]
-START_TIMEOUT_S = 120
 
 
 @dataclass
@@ -77,26 +76,11 @@ class LiveServer:
 
 @contextlib.contextmanager
 def live_server(model: Path | str, log_dir: Path, *flags: str):
-    """Runs `pyinfer serve -m MODEL --port 0 FLAGS` until the block ends; yields a LiveServer."""
+    """Runs `pyinfer serve -m MODEL --port 0 -t 2 FLAGS` until the block ends; yields a LiveServer."""
     log_path = log_dir / f"serve-{time.monotonic_ns()}.log"
-    with open(log_path, "w") as log:
-        # a runner that starts the suite in the background leaves SIGINT ignored, and children inherit that
-        proc = subprocess.Popen([sys.executable, "-m", "pyinfer.cli", "serve", "-m", str(model), "--port", "0",
-                                 "-t", "2", *flags], cwd=REPO, stdout=subprocess.DEVNULL, stderr=log,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    server = LiveServer(proc, "", log_path, flags[flags.index("--api-key") + 1] if "--api-key" in flags else None)
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not (found := re.search(r"listening on (http://\S+)", server.log)):
-            assert proc.poll() is None, f"pyinfer serve exited with {proc.returncode}:\n{server.log}"
-            assert time.monotonic() < deadline, f"pyinfer serve did not start:\n{server.log}"
-            time.sleep(0.05)
-        server.url = found.group(1)
-        yield server
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    key = flags[flags.index("--api-key") + 1] if "--api-key" in flags else None
+    with serve_in_background(model, log_path, "-t", "2", *flags) as (proc, url):
+        yield LiveServer(proc, url, log_path, key)
 
 
 def sse_events(res: http.client.HTTPResponse):

@@ -348,6 +348,15 @@ def test_client_disconnect_stops_the_generation(smol_server):
     generated = after["pyinfer_completion_tokens_total"] - before["pyinfer_completion_tokens_total"]
     assert 3 <= generated < 100, generated  # stopped within moments, far from 800
     assert "cancelled by the client" in smol_server.log
+    # a client waiting for a whole (non-streamed) answer that goes away stops it too
+    conn = smol_server.connection()
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": "Once upon a time", "max_tokens": 800,
+                                                        "ignore_eos": True}))
+    _wait_for(lambda: smol_server.metrics()["pyinfer_requests_processing"] == 1)
+    conn.close()
+    _wait_for(lambda: smol_server.metrics()["pyinfer_completions_cancelled_total"] ==
+              before["pyinfer_completions_cancelled_total"] + 2)
+    assert smol_server.metrics()["pyinfer_completion_tokens_total"] - after["pyinfer_completion_tokens_total"] < 200
     res = ask(smol_server.client(), "What is the capital of France?", temperature=0, max_tokens=16)
     assert "Paris" in res.choices[0].message.content
 
@@ -411,6 +420,7 @@ BAD_INPUTS = {
     "temperature a word": ("/v1/chat/completions", _chat(temperature="hot"), 400, "temperature", "valid number"),
     "temperature 3": ("/v1/chat/completions", _chat(temperature=3), 400, "temperature", "less than or equal to 2"),
     "stream a string": ("/v1/chat/completions", _chat(stream="yes"), 400, "stream", "valid boolean"),
+    "seed below -1": ("/v1/completions", {"prompt": "x", "seed": -5}, 400, "seed", "greater than or equal to -1"),
     "stop a number": ("/v1/completions", {"prompt": "x", "stop": 5}, 400, "stop", "invalid 'stop'"),
     "n 2": ("/v1/chat/completions", _chat(n=2), 400, "n", "n must be 1"),
     "tools": ("/v1/chat/completions", _chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools",
@@ -503,3 +513,15 @@ def test_waiting_requests_run_in_arrival_order(smol_server, smollm):
     for t in threads:
         t.join(120)
     assert finished == [0, 1, 2]
+
+
+def test_load_test_tool_reports_no_failures(tiny):
+    res = subprocess.run([sys.executable, "-m", "pyinfer.tools.load_test", "-m", str(tiny), "--clients", "2",
+                          "--requests", "3", "--max-tokens", "8", "-c", "512", "-t", "2", "--json"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    s = json.loads(res.stdout)
+    assert (s["requests"], s["ok"], s["failed"]) == (6, 6, 0)
+    assert 0 < s["first_token_p50_s"] <= s["first_token_p95_s"] and s["first_token_p50_s"] <= s["last_token_p50_s"]
+    assert s["last_token_p50_s"] <= s["last_token_p95_s"] <= s["wall_s"]
+    assert 0 < s["tokens"] <= 6 * 8 and s["tokens_per_second"] > 0

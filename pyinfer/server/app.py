@@ -85,10 +85,7 @@ class Server:
                     self._authorize(request)
                 answer = await handler(request)
             except Exception as exc:  # every failure is an error object; the server goes on
-                error = from_exception(exc)
-                if error.status >= 500:
-                    log.error("%s %s: %s", request.method, request.url.path, error.message)
-                answer = error.response()
+                answer = _logged(exc, request).response()
             self.metrics.requests.labels(path, str(answer.status_code)).inc()
             return answer
 
@@ -211,10 +208,14 @@ class Server:
         job = Job(self._work(gen, kind, stream, include_usage))
         self.engine.submit(job)
         if stream:
-            return EventSourceResponse(self._events(job), sep="\n", shutdown_grace_period=SHUTDOWN_GRACE_S)
+            return EventSourceResponse(self._events(job, request), sep="\n", shutdown_grace_period=SHUTDOWN_GRACE_S)
         watcher = asyncio.create_task(self._cancel_on_disconnect(request, job))
         try:
             (answer,) = [item async for item in job.results()]
+        except Exception:
+            if job.cancelled.is_set():  # nobody reads this answer; nginx's code, for the metrics
+                raise ApiError(499, "the client closed the request before the answer") from None
+            raise
         finally:
             watcher.cancel()
         return JSONResponse(answer)
@@ -237,15 +238,16 @@ class Server:
 
         return work
 
-    async def _events(self, job: Job):
+    async def _events(self, job: Job, request: Request):
         """The SSE events of a streamed completion: its chunks, then [DONE]; an error after the 200 went out is
-        one more event (OpenAI's clients raise it)."""
+        one more event (OpenAI's clients raise it). ASCII JSON: no character a line-splitting client could take
+        for a line end."""
         try:
             async for chunk in job.results():
-                yield {"data": json.dumps(chunk, ensure_ascii=False)}
+                yield {"data": json.dumps(chunk)}
             yield {"data": "[DONE]"}
         except Exception as exc:
-            yield {"data": json.dumps(from_exception(exc).body(), ensure_ascii=False)}
+            yield {"data": json.dumps(_logged(exc, request).body())}
         finally:
             job.cancel()  # when the client went away, the generation stops at its next token
 
@@ -254,6 +256,14 @@ class Server:
         while (await request.receive())["type"] != "http.disconnect":
             pass
         job.cancel()
+
+
+def _logged(exc: BaseException, request: Request) -> ApiError:
+    """The error answer to exc; the server's own failures (5xx) also go to the log."""
+    error = from_exception(exc)
+    if error.status >= 500:
+        log.error("%s %s: %s", request.method, request.url.path, error.message)
+    return error
 
 
 def _summary(what: str, gen: Generation, waited_s: float, cancelled: bool) -> str:

@@ -41,7 +41,7 @@ class _Completion(_Body):
     repeat_penalty: float | None = Field(None, gt=0)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-1)  # -1: random, as llama-server
     stop: str | list[str] | None = None
     n: int | None = None
     stream: bool | None = None
@@ -54,10 +54,11 @@ class _Completion(_Body):
         """The generation options; fields the request leaves out take the server's defaults."""
         self._refuse_unsupported()
         max_tokens = self.max_tokens or self.max_completion_tokens or default_max_tokens
+        seed = default_seed if self.seed is None else self.seed
         return CompletionOptions(
             max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
             min_p=self.min_p, repeat_penalty=self.repeat_penalty, frequency_penalty=self.frequency_penalty or 0.0,
-            presence_penalty=self.presence_penalty or 0.0, seed=self.seed if self.seed is not None else default_seed,
+            presence_penalty=self.presence_penalty or 0.0, seed=None if seed == -1 else seed,
             stop=self.stop, ignore_eos=self.ignore_eos, cache_prompt=self.cache_prompt)
 
     @property
