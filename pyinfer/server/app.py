@@ -186,28 +186,24 @@ class Server:
 
     async def chat_completions(self, request: Request) -> Response:
         body = ChatCompletionRequest.parse(await self._body(request))
-        self._check_model(body.model)
-        options = body.options(self.settings.max_tokens, self.settings.seed)
         messages = chat_messages(body.messages)
-        tokens = await self._encode(lambda: self.template.encode(self.model.tokenizer, messages))
-        return await self._complete(request, Generation(self.model, tokens, options, self.settings.sampling), CHAT,
-                                    bool(body.stream), body.include_usage)
+        return await self._complete(request, body, CHAT, lambda: self.template.encode(self.model.tokenizer, messages))
 
     async def completions(self, request: Request) -> Response:
         body = CompletionRequest.parse(await self._body(request))
-        self._check_model(body.model)
-        options = body.options(self.settings.max_tokens, self.settings.seed)
         prompt = body.single_prompt
-        tokens = await self._encode(lambda: text_prompt_tokens(self.model, prompt))
-        return await self._complete(request, Generation(self.model, tokens, options, self.settings.sampling), TEXT,
-                                    bool(body.stream), body.include_usage)
+        return await self._complete(request, body, TEXT, lambda: text_prompt_tokens(self.model, prompt))
 
     # ---- running a completion ----
 
-    async def _complete(self, request: Request, gen: Generation, kind, stream: bool, include_usage: bool) -> Response:
-        job = Job(self._work(gen, kind, stream, include_usage))
+    async def _complete(self, request: Request, body, kind, tokens_of) -> Response:
+        """Checks and queues one completion; streams its chunks or answers its response."""
+        self._check_model(body.model)
+        options = body.options(self.settings.max_tokens, self.settings.seed)
+        gen = Generation(self.model, await self._encode(tokens_of), options, self.settings.sampling)
+        job = Job(self._work(gen, kind, bool(body.stream), body.include_usage))
         self.engine.submit(job)
-        if stream:
+        if body.stream:
             return EventSourceResponse(self._events(job, request), sep="\n", shutdown_grace_period=SHUTDOWN_GRACE_S)
         watcher = asyncio.create_task(self._cancel_on_disconnect(request, job))
         try:

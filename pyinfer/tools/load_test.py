@@ -145,11 +145,10 @@ def summary(outcomes: list[Outcome], wall_s: float) -> dict:
 
 
 def report(s: dict, args) -> str:
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
-        f"load test {when}: {args.clients} clients x {args.requests} streamed chat requests, max_tokens "
+        f"load test {s['started']}: {args.clients} clients x {args.requests} streamed chat requests, max_tokens "
         f"{args.max_tokens}, temperature {args.temp}; {platform.machine()} with {os.cpu_count()} CPUs, load "
-        f"{os.getloadavg()[0]:.1f}",
+        f"{s['load_before']:.1f} before, {os.getloadavg()[0]:.1f} after",
         f"requests: {s['ok']} ok, {s['failed']} failed in {s['wall_s']:.1f} s",
         f"time to first token: p50 {s['first_token_p50_s']:.2f} s, p95 {s['first_token_p95_s']:.2f} s "
         f"(queue wait included)",
@@ -182,8 +181,10 @@ def _body(args) -> int:
     flags += ["-t", str(args.threads)] if args.threads else []
     with tempfile.TemporaryDirectory() as tmp, serve_in_background(args.model, Path(tmp) / "serve.log", *flags) as (
             _, url):
+        started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        load_before = os.getloadavg()[0]  # the machine's other work, which these numbers share it with
         outcomes, wall_s = run_load(url, args.clients, args.requests, args.max_tokens, args.temp, args.timeout)
-    s = summary(outcomes, wall_s)
+    s = {"started": started, "load_before": load_before, **summary(outcomes, wall_s)}
     print(json.dumps(s, indent=1) if args.json else report(s, args))
     return 0 if s["failed"] == 0 else 1
 
