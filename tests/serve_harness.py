@@ -81,15 +81,3 @@ def live_server(model: Path | str, log_dir: Path, *flags: str):
     key = flags[flags.index("--api-key") + 1] if "--api-key" in flags else None
     with serve_in_background(model, log_path, "-t", "2", *flags) as (proc, url):
         yield LiveServer(proc, url, log_path, key)
-
-
-def sse_events(res: http.client.HTTPResponse):
-    """The JSON of each `data:` event of a server-sent event stream, up to [DONE]."""
-    for raw in res:
-        line = raw.decode().strip()
-        if not line.startswith("data:"):
-            continue
-        data = line[len("data:"):].strip()
-        if data == "[DONE]":
-            return
-        yield json.loads(data)

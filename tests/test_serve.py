@@ -15,7 +15,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from serve_harness import REPO, live_server, sse_events
+from serve_harness import REPO, live_server
 
 from pyinfer.pull import pull
 
@@ -318,14 +318,12 @@ def test_python_api_returns_what_the_server_sends(tiny_server, tiny):
 
 # ---- the queue, disconnects, auth ----
 
-def _open_stream(server, body: dict, headers: dict | None = None):
-    """A streamed completion whose first chunk has arrived: (connection, response, iterator of events)."""
-    conn = server.connection()
-    conn.request("POST", "/v1/completions", json.dumps({**body, "stream": True}),
-                 {"Content-Type": "application/json", **(headers or {})})
-    res = conn.getresponse()
-    assert res.status == 200
-    return conn, res, sse_events(res)
+LONG_STORY = dict(prompt="Once upon a time", max_tokens=800, extra_body={"ignore_eos": True})
+
+
+def _long_stream(server, model: Path, api_key: str = "sk-no-key"):
+    """A streamed completion far from its end; the call returns once the server has taken it (200)."""
+    return server.client(api_key).completions.create(model=model.stem, stream=True, **LONG_STORY)
 
 
 def _wait_for(predicate, timeout: float = 30) -> None:
@@ -335,12 +333,13 @@ def _wait_for(predicate, timeout: float = 30) -> None:
         time.sleep(0.05)
 
 
-def test_client_disconnect_stops_the_generation(smol_server):
+def test_client_disconnect_stops_the_generation(smol_server, smollm):
     before = smol_server.metrics()
-    conn, _, events = _open_stream(smol_server, {"prompt": "Once upon a time", "max_tokens": 800, "ignore_eos": True})
+    stream = _long_stream(smol_server, smollm)
+    chunks = iter(stream)
     for _ in range(3):
-        next(events)
-    conn.close()  # the client goes away mid-stream
+        next(chunks)
+    stream.close()  # the client goes away mid-stream
     _wait_for(lambda: smol_server.metrics()["pyinfer_completions_cancelled_total"] ==
               before["pyinfer_completions_cancelled_total"] + 1)
     after = smol_server.metrics()
@@ -348,12 +347,9 @@ def test_client_disconnect_stops_the_generation(smol_server):
     generated = after["pyinfer_completion_tokens_total"] - before["pyinfer_completion_tokens_total"]
     assert 3 <= generated < 100, generated  # stopped within moments, far from 800
     assert "cancelled by the client" in smol_server.log
-    # a client waiting for a whole (non-streamed) answer that goes away stops it too
-    conn = smol_server.connection()
-    conn.request("POST", "/v1/completions", json.dumps({"prompt": "Once upon a time", "max_tokens": 800,
-                                                        "ignore_eos": True}))
-    _wait_for(lambda: smol_server.metrics()["pyinfer_requests_processing"] == 1)
-    conn.close()
+    # a client that gives up waiting for a whole (non-streamed) answer stops it too
+    with pytest.raises(openai.APITimeoutError):
+        smol_server.client().with_options(timeout=3).completions.create(model=smollm.stem, **LONG_STORY)
     _wait_for(lambda: smol_server.metrics()["pyinfer_completions_cancelled_total"] ==
               before["pyinfer_completions_cancelled_total"] + 2)
     assert smol_server.metrics()["pyinfer_completion_tokens_total"] - after["pyinfer_completion_tokens_total"] < 200
@@ -362,13 +358,11 @@ def test_client_disconnect_stops_the_generation(smol_server):
 
 
 def test_queue_overflow_is_429_with_retry_after(guarded_server, smollm):
-    auth = {"Authorization": f"Bearer {KEY}"}
-    long = {"prompt": "Once upon a time", "max_tokens": 800, "ignore_eos": True}
-    running, _, events = _open_stream(guarded_server, long, auth)
-    next(events)
-    waiting, _, _ = _open_stream(guarded_server, long, auth)  # the one place in the queue
-    status, headers, body = guarded_server.request("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 4},
-                                                   {**auth, "Content-Type": "application/json"})
+    running = _long_stream(guarded_server, smollm, KEY)
+    next(iter(running))
+    waiting = _long_stream(guarded_server, smollm, KEY)  # the one place in the queue
+    auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    status, headers, body = guarded_server.request("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 4}, auth)
     assert status == 429, body
     assert int(headers["Retry-After"]) >= 1
     error = json.loads(body)["error"]
@@ -465,13 +459,14 @@ def test_wrong_method_and_context_code(tiny_server):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_ends_the_token_in_flight_and_exits_0(smollm, tmp_path, sig):
     with live_server(smollm, tmp_path, "-c", "1024") as server:
-        _, _, events = _open_stream(server, {"prompt": "Once upon a time", "max_tokens": 800, "ignore_eos": True})
+        chunks = iter(_long_stream(server, smollm))
         for _ in range(3):
-            next(events)
+            next(chunks)
         t0 = time.monotonic()
         server.proc.send_signal(sig)
-        rest = list(events)  # the stream ends: an error event says why
-        assert rest and rest[-1]["error"]["code"] == "shutting_down"
+        with pytest.raises(openai.APIError, match="shutting down"):  # the stream's last event says why it ends
+            for _ in chunks:
+                pass
         assert server.proc.wait(30) == 0
         assert time.monotonic() - t0 < 15
         assert "pyinfer serve: stopped" in server.log
@@ -495,9 +490,8 @@ def test_port_in_use_is_one_line(tiny, tmp_path):
 def test_waiting_requests_run_in_arrival_order(smol_server, smollm):
     """FIFO: requests queued behind a running one finish in the order they arrived."""
     before = smol_server.metrics()["pyinfer_queue_length"]
-    running, _, events = _open_stream(smol_server, {"prompt": "Once upon a time", "max_tokens": 800,
-                                                    "ignore_eos": True})
-    next(events)
+    running = _long_stream(smol_server, smollm)
+    next(iter(running))
     finished, lock, threads = [], threading.Lock(), []
 
     def one(i):
