@@ -5,7 +5,6 @@ is touched only by the engine's thread (generation) and, under a lock, by tokeni
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import json
 import logging
@@ -71,12 +70,7 @@ class Server:
             self._route("/detokenize", self.detokenize, "POST"),
             self._route("/metrics", self.metrics_text, "GET"),
         ]
-        return Starlette(routes=routes, exception_handlers={HTTPException: self._http_error}, lifespan=self._lifespan)
-
-    @contextlib.asynccontextmanager
-    async def _lifespan(self, app):
-        yield
-        await run_in_threadpool(self.engine.close)
+        return Starlette(routes=routes, exception_handlers={HTTPException: self._http_error})
 
     def _route(self, path: str, handler, method: str, public: bool = False) -> Route:
         async def endpoint(request: Request) -> Response:

@@ -54,7 +54,8 @@ def serve(args) -> int:
                         seed=args.seed)
     sock = _listen(args.host, args.port)
     server = Server(model, template, settings)
-    config = uvicorn.Config(server.app(), log_level="warning", access_log=False, lifespan="on",
+    # no lifespan: a second Ctrl-C makes uvicorn cancel it, and Starlette logs that as a traceback
+    config = uvicorn.Config(server.app(), log_level="warning", access_log=False, lifespan="off",
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     host, port = sock.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
@@ -71,7 +72,10 @@ def serve(args) -> int:
     # ignores it, so a requested stop is a clean exit 0
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    _uvicorn_server(config, server.engine).run(sockets=[sock])
+    try:
+        _uvicorn_server(config, server.engine).run(sockets=[sock])
+    finally:
+        server.engine.close()
     print("pyinfer serve: stopped", file=sys.stderr)
     return 0
 
