@@ -106,3 +106,9 @@ class ChatTemplate:
                                          add_generation_prompt=add_generation_prompt, **variables)
         except TemplateError as e:
             raise ChatTemplateError(f"chat template failed: {e}") from e
+
+    def encode(self, tokenizer, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Prompt tokens of `messages` (a `pyinfer.tokenizer.Tokenizer`'s), ending where the answer begins.
+        The template writes BOS itself where the model wants it; control tokens in the text are parsed."""
+        text = self.render(messages, add_generation_prompt=True)
+        return tokenizer.encode(text, add_special=False, parse_special=True)

@@ -150,6 +150,12 @@ def cmd_chat(args) -> int:
     return scripted(session, args.json)
 
 
+def cmd_serve(args) -> int:
+    from pyinfer.server.launch import serve
+
+    return serve(args)
+
+
 def cmd_bench(args) -> int:
     from pyinfer.bench import bench
     from pyinfer.model_files import resolve_model
@@ -235,6 +241,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="scripted mode: one JSON object per turn on stdout")
     add_sampling_args(p)
     p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with a chat page",
+                       description="An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, "
+                                   "/v1/models, /tokenize, /detokenize, /health, /metrics) with a chat page at /. "
+                                   "Requests run one at a time in arrival order; the sampling flags are the "
+                                   "defaults for fields a request leaves out.")
+    add_model_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
+    p.add_argument("--api-key", default=os.environ.get("PYINFER_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (default $PYINFER_API_KEY; none: no key)")
+    p.add_argument("--alias", default=None, help="model name in the API (default: the file name without extension)")
+    p.add_argument("--queue", type=int, default=16,
+                   help="requests that may wait behind the running one; beyond that 429 (default 16)")
+    p.add_argument("--max-body", type=int, default=8, help="largest request body in MiB (default 8)")
+    p.add_argument("--chat-template-file", default=None, help="Jinja chat template to use instead of the model's")
+    p.add_argument("-n", "--n-predict", type=int, default=-1,
+                   help="max_tokens when a request gives none (default -1: until end of turn or the context is full)")
+    add_sampling_args(p)
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("bench", help="llama-bench style pp/tg speed test",
                        description="Prompt processing (pp) and generation (tg) speed, as llama-bench reports them.")

@@ -407,6 +407,17 @@ class Model:
         """Keeps the first n_keep tokens of the sequence (later positions are overwritten when reused)."""
         del self.tokens[max(0, n_keep):]
 
+    def reuse_prefix(self, tokens) -> int:
+        """Keeps the longest prefix of `tokens` that the KV cache already holds, but never all of them (the
+        last token must be evaluated for its logits); returns its length. Evaluate tokens[returned:] next."""
+        common = 0
+        for cached, wanted in zip(self.tokens, tokens[:-1], strict=False):
+            if cached != wanted:
+                break
+            common += 1
+        self.truncate(common)
+        return common
+
     def ffn_activations(self, tokens) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Logits (n, n_vocab) of a fresh sequence (at most one batch) and, per layer il, the FFN input
         `ffn_inp.{il}` (n, n_embd) and hidden activations `ffn_act.{il}` (n, n_ff): what a profiler counts."""
@@ -432,7 +443,7 @@ class Model:
                         should_stop: Callable[[], bool] | None = None) -> Iterator[int]:
         """Processes the prompt (after what is already cached) and yields up to n_predict sampled tokens."""
         sampler = Sampler(params or SamplerParams(), seed)
-        history = list(prompt_tokens)
+        history = [*self.tokens, *prompt_tokens]  # penalties see the cached prefix too
         t0 = time.perf_counter()
         logits = self.eval(prompt_tokens)
         self.timings.prompt_ms += 1e3 * (time.perf_counter() - t0)
@@ -461,3 +472,17 @@ class Model:
         self.reset()
         ids = self.generate_tokens(self.tokenize(prompt), n_predict, params, seed)
         return self.detokenize(list(ids))
+
+    # --- OpenAI-shaped completions, llama-cpp-python's API (pyinfer.completions does the work) ---
+    def create_completion(self, prompt, **kwargs):
+        """An OpenAI text completion dict, or with stream=True an iterator of chunk dicts."""
+        from pyinfer.completions import create_completion
+
+        return create_completion(self, prompt, **kwargs)
+
+    def create_chat_completion(self, messages, **kwargs):
+        """An OpenAI chat completion dict of `messages` through the model's chat template, or with
+        stream=True an iterator of chunk dicts: what `pyinfer serve` sends."""
+        from pyinfer.completions import create_chat_completion
+
+        return create_chat_completion(self, messages, **kwargs)
