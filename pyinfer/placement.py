@@ -140,16 +140,22 @@ class _LayerTerms:
 def _terms(layer: LayerCosts, m: MachineProfile) -> _LayerTerms:
     bounds = layer.groups()
     mass = np.array([float(np.sum(layer.freq[s:e], dtype=np.float64)) for s, e in bounds])
-    gpu_bw = m.gpu_sparse_gbps if layer.sparse else m.gpu_dense_gbps
-    cpu_bw = m.cpu_sparse_gbps if layer.sparse else m.cpu_dense_gbps
+    group_bytes = np.array([(e - s) * layer.neuron_bytes for s, e in bounds], dtype=np.int64)
     read = layer.attn_bytes + layer.pred_bytes
+
+    def ffn_us(dense_gbps: float, sparse_gbps: float) -> np.ndarray:
+        # the predicted rows at the sparse rate, but never slower than reading the whole group densely: hot
+        # groups fire often, and the sparse rate was measured on scattered rows (machine.SPARSE_DENSITY)
+        whole = group_bytes / (dense_gbps * 1e3)
+        return np.minimum(mass * layer.neuron_bytes / (sparse_gbps * 1e3), whole) if layer.sparse else whole
+
     return _LayerTerms(
         attn_cpu=_us(read, m.cpu_dense_gbps) + m.cpu_layer_us,
         attn_gpu=_us(read, m.gpu_dense_gbps) + m.gpu_layer_us,
         dev_bytes=layer.attn_bytes + layer.kv_bytes + layer.pred_bytes,
-        group_bytes=np.array([(e - s) * layer.neuron_bytes for s, e in bounds], dtype=np.int64),
-        gpu_us=mass * layer.neuron_bytes / (gpu_bw * 1e3),
-        cpu_us=mass * layer.neuron_bytes / (cpu_bw * 1e3),
+        group_bytes=group_bytes,
+        gpu_us=ffn_us(m.gpu_dense_gbps, m.gpu_sparse_gbps),
+        cpu_us=ffn_us(m.cpu_dense_gbps, m.cpu_sparse_gbps),
         group_end=np.array([e for _, e in bounds], dtype=np.int64),
     )
 
