@@ -1,8 +1,10 @@
 """Test-wide settings: hypothesis profiles ("ci": derandomized and bounded; "dev": longer, random),
-chosen by HYPOTHESIS_PROFILE, defaulting to "ci" so a plain `pytest` is reproducible."""
+chosen by HYPOTHESIS_PROFILE, defaulting to "ci" so a plain `pytest` is reproducible; tiny model files
+that several test files share."""
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -10,3 +12,27 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session")
+def tiny_files(tmp_path_factory):
+    """(variant, sparse) -> an F32 PowerGGUF of a tiny checkpoint (tests/hf_tiny.py), with synthetic predictors
+    (30 % density, rank 16) when sparse; made once per session."""
+    from hf_tiny import build
+
+    import pyinfer.converters.convert_hf_to_powergguf as conv
+    import pyinfer.tools.make_synthetic_model as syn
+
+    cache = {}
+
+    def get(variant: str, sparse: bool) -> str:
+        if (variant, sparse) not in cache:
+            folder = tmp_path_factory.mktemp(variant)
+            build(variant, str(folder / "hf"))
+            cache[(variant, False)] = str(folder / "m.gguf")
+            assert conv.main([str(folder / "hf"), "-o", cache[(variant, False)], "--outtype", "f32"]) == 0
+            cache[(variant, True)] = str(folder / "sparse.gguf")
+            syn.add_predictors(cache[(variant, False)], cache[(variant, True)], density=0.3, rank=16, n_calib=64)
+        return cache[(variant, sparse)]
+
+    return get

@@ -7,9 +7,7 @@ import gc
 
 import numpy as np
 import pytest
-from hf_tiny import build
 
-import pyinfer.converters.convert_hf_to_powergguf as conv
 import pyinfer.tools.make_synthetic_model as syn
 from pyinfer import ggml, machine
 from pyinfer.gguf_file import GGUFFile
@@ -29,21 +27,6 @@ def rel_err(a, b) -> float:
     return float(np.abs(np.asarray(a, np.float64) - b).max() / np.abs(b).max())
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    cache = {}
-
-    def get(variant: str, sparse: bool) -> str:
-        if (variant, sparse) not in cache:
-            folder = tmp_path_factory.mktemp(variant)
-            build(variant, str(folder / "hf"))
-            cache[(variant, False)] = str(folder / "m.gguf")
-            assert conv.main([str(folder / "hf"), "-o", cache[(variant, False)], "--outtype", "f32"]) == 0
-            cache[(variant, True)] = str(folder / "sparse.gguf")
-            syn.add_predictors(cache[(variant, False)], cache[(variant, True)], density=0.3, rank=16, n_calib=64)
-        return cache[(variant, sparse)]
-
-    return get
 
 
 def budgets(path: str, n_ctx: int, n_batch: int, sparse: bool) -> list[int]:
@@ -61,8 +44,8 @@ def _decode(model: Model, tokens) -> np.ndarray:
 
 @pytest.mark.parametrize("variant", ["llama_relu", "llama_silu", "qwen2", "opt"])
 @pytest.mark.parametrize("sparse", [False, True])
-def test_budgets_from_minimum_to_everything_equal_the_cpu(files, variant, sparse):
-    path = files(variant, sparse)
+def test_budgets_from_minimum_to_everything_equal_the_cpu(tiny_files, variant, sparse):
+    path = tiny_files(variant, sparse)
     cpu = Model(path, n_ctx=64, kv_type="f32", n_batch=32)
     want_steps, want_batch = _decode(cpu, TOKENS[:8]), cpu.logits(TOKENS)
     cpu.reset()
@@ -109,8 +92,8 @@ def test_overlap_is_measured(tmp_path):
     assert med["overlap_ms"] > 0
 
 
-def test_auto_budget_and_too_small(files):
-    path = files("llama_relu", True)
+def test_auto_budget_and_too_small(tiny_files):
+    path = tiny_files("llama_relu", True)
     model = Model(path, n_ctx=64, vram_budget="auto", machine=SPLITTY)
     assert all(model.plan.attn_gpu) and model.plan.head_gpu and not model.hot_rows  # a tiny model fits whole
     with pytest.raises(BudgetTooSmallError, match="below the minimum"):
@@ -142,12 +125,12 @@ def test_cpu_node_reading_device_leaves():
     assert graph.replayed
 
 
-def test_split_layer_downloads_come_before_the_hot_rows(files):
+def test_split_layer_downloads_come_before_the_hot_rows(tiny_files):
     """The stream copies x and the CPU's mask out before it runs the hot rows, so the CPU's half starts while
     the GPU's runs (a download placed after them made the two halves take turns)."""
     from pyinfer._native import lib
 
-    path = files("llama_relu", True)
+    path = tiny_files("llama_relu", True)
     budget = budgets(path, 64, 32, True)[2]
     model = Model(path, n_ctx=64, kv_type="f32", n_batch=32, vram_budget=budget, machine=SPLITTY)
     assert model.hot_rows

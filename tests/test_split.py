@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hf_tiny import build
 
-import pyinfer.converters.convert_hf_to_powergguf as conv
-import pyinfer.tools.make_synthetic_model as syn
 from pyinfer import ggml, offload
 from pyinfer._native import lib
 from pyinfer.errors import InvalidArgumentError
@@ -21,23 +18,6 @@ TOKENS = [1, 5, 77, 200, 3, 9, 250, 11, 299, 42, 17]
 N_FF = 128  # the tiny checkpoints' FFN width
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    """(variant, sparse) -> an F32 PowerGGUF of a tiny checkpoint, with synthetic predictors when sparse."""
-    cache = {}
-
-    def get(variant: str, sparse: bool) -> str:
-        if (variant, sparse) not in cache:
-            folder = tmp_path_factory.mktemp(variant)
-            build(variant, str(folder / "hf"))
-            dense = str(folder / "m.gguf")
-            assert conv.main([str(folder / "hf"), "-o", dense, "--outtype", "f32"]) == 0
-            cache[(variant, False)] = dense
-            cache[(variant, True)] = str(folder / "sparse.gguf")
-            syn.add_predictors(dense, cache[(variant, True)], density=0.3, rank=16, n_calib=64)
-        return cache[(variant, sparse)]
-
-    return get
 
 
 @pytest.fixture
@@ -61,9 +41,9 @@ def _decode(model: Model, tokens) -> np.ndarray:
 @pytest.mark.parametrize("variant", ["llama_relu", "llama_silu", "llama_geglu", "opt"])
 @pytest.mark.parametrize("sparse", [False, True])
 @pytest.mark.parametrize("hot_rows", [(64, 64), (1, 127), (96, 0)])
-def test_split_layers_equal_the_unsplit_model(files, host_only, variant, sparse, hot_rows):
+def test_split_layers_equal_the_unsplit_model(tiny_files, host_only, variant, sparse, hot_rows):
     """Logits of decode steps and of a prompt batch, and greedy decoding, whatever rows each half holds."""
-    path = files(variant, sparse)
+    path = tiny_files(variant, sparse)
     whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2)
     split = Model(path, n_ctx=64, kv_type="f32", n_threads=2, plan=split_plan(hot_rows))
     assert split.hot_rows == {il: k for il, k in enumerate(hot_rows) if 0 < k < N_FF}
@@ -85,10 +65,10 @@ def test_split_layers_equal_the_unsplit_model(files, host_only, variant, sparse,
     assert a == b
 
 
-def test_split_counts_the_cpu_neurons_only(files, host_only):
+def test_split_counts_the_cpu_neurons_only(tiny_files, host_only):
     """The realised density of a split model counts the neurons the host computes (the GPU's would cost a
     copy and a wait per layer and token): rows [k, n_ff) of each split layer."""
-    path = files("llama_relu", True)
+    path = tiny_files("llama_relu", True)
     split = Model(path, n_ctx=64, kv_type="f32", n_threads=2, plan=split_plan((32, 100)))
     split.eval(TOKENS)
     x = split.timings.extra
@@ -96,10 +76,10 @@ def test_split_counts_the_cpu_neurons_only(files, host_only):
     assert 0 < x["ffn_rows_active"] < x["ffn_rows_total"]
 
 
-def test_cpu_half_of_a_split_layer_is_the_matching_rows(files):
+def test_cpu_half_of_a_split_layer_is_the_matching_rows(tiny_files):
     """The CPU's half: sparse_ffn over a bundle of rows [k, n_ff) with no selector = the dense FFN's sum over
     those rows (numpy float64 from the file's matrices)."""
-    path = files("llama_silu", False)
+    path = tiny_files("llama_silu", False)
     model = Model(path, n_ctx=64, kv_type="f32", n_threads=2)
     f = model.file
     rng = np.random.default_rng(0)
@@ -117,11 +97,11 @@ def test_cpu_half_of_a_split_layer_is_the_matching_rows(files):
         np.testing.assert_allclose(out.numpy()[:64], want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
 
 
-def test_plan_must_fit_the_model(files, host_only):
+def test_plan_must_fit_the_model(tiny_files, host_only):
     with pytest.raises(InvalidArgumentError, match="the model has 2"):
-        Model(files("llama_relu", False), n_ctx=64, plan=split_plan((1, 2, 3)))
+        Model(tiny_files("llama_relu", False), n_ctx=64, plan=split_plan((1, 2, 3)))
     with pytest.raises(InvalidArgumentError, match="exclude each other"):
-        Model(files("llama_relu", False), n_ctx=64, plan=split_plan((1, 2)), n_gpu_layers=1)
+        Model(tiny_files("llama_relu", False), n_ctx=64, plan=split_plan((1, 2)), n_gpu_layers=1)
 
 
 @pytest.fixture
@@ -141,8 +121,8 @@ def streamed_on_cpu(host_only, monkeypatch):
 
 @pytest.mark.parametrize("variant", ["llama_relu", "llama_silu", "opt"])
 @pytest.mark.parametrize("sparse", [False, True])
-def test_streamed_prompt_graph_equals_the_unsplit_model(files, streamed_on_cpu, variant, sparse):
-    path = files(variant, sparse)
+def test_streamed_prompt_graph_equals_the_unsplit_model(tiny_files, streamed_on_cpu, variant, sparse):
+    path = tiny_files(variant, sparse)
     prompt = (TOKENS * 4)[:40]  # >= 32 tokens: a streamed batch
     whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2)
     plan = Plan(attn_gpu=(True, False), hot_rows=(30, 0), head_gpu=False, device_bytes=1, budget=1 << 30,
