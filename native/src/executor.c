@@ -273,10 +273,11 @@ static void exec_run(struct ggml_threadpool *tp, int ith, void *arg) {
             ggml_barrier_patient(tp);
             if (ggml_threadpool_status(tp)) return;
         }
-        if (ith == 0) x->cpu_t0[k] = now_ms() - x->host_ref;
+        const bool clock = ith == 0 && g->stream; // a CPU-only graph is busy for its whole wall time
+        if (clock) x->cpu_t0[k] = now_ms() - x->host_ref;
         ggml_threadpool_compute_node(tp, ith, g->nodes[it->node], seq++);
         ggml_barrier(tp);
-        if (ith == 0) x->cpu_t1[k] = now_ms() - x->host_ref;
+        if (clock) x->cpu_t1[k] = now_ms() - x->host_ref;
         if (ggml_threadpool_status(tp)) return; // every thread sees it after the barrier
     }
 }
@@ -358,8 +359,8 @@ int pyinfer_graph_compute(struct ggml_cgraph *g, struct ggml_threadpool *tp) {
     x->stats.wall_ms = now_ms() - t0;
     x->stats.wait_ms = x->wait_ms;
     x->stats.timed = x->timed && g->stream;
-    if (!st) st = exec_timings(x);
-    if (!g->stream) x->stats.gpu_busy_ms = x->stats.overlap_ms = 0.0;
+    if (!st && g->stream) st = exec_timings(x);
+    if (!g->stream) x->stats.cpu_busy_ms = x->stats.wall_ms;
     return st;
 }
 
