@@ -10,6 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from pyinfer.console import one_line
 from pyinfer.errors import InvalidArgumentError, ModelFormatError, PyInferError
 
 # Used when a model carries no template (llama.cpp falls back to ChatML too).
@@ -43,7 +44,6 @@ def _strftime_now(fmt: str) -> str:
 
 @lru_cache(maxsize=16)
 def _compile(source: str):
-    from jinja2 import TemplateError
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -53,8 +53,8 @@ def _compile(source: str):
     env.globals["strftime_now"] = _strftime_now
     try:
         return env.from_string(source)
-    except TemplateError as e:
-        raise ChatTemplateError(f"chat template does not parse: {e}") from e
+    except Exception as e:  # a template is untrusted code: whatever breaks in it (RecursionError too) is its fault
+        raise ChatTemplateError(f"chat template does not parse: {one_line(e)}") from e
 
 
 def load_template_file(path: str | Path) -> str:
@@ -98,11 +98,10 @@ class ChatTemplate:
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                tools: Sequence[Mapping[str, Any]] | None = None, **kwargs: Any) -> str:
         """The prompt text for `messages` ([{"role": ..., "content": ...}, ...])."""
-        from jinja2 import TemplateError
-
         variables = {**self.special_tokens, **kwargs}  # as HF, explicit kwargs win over special tokens
         try:
             return self._template.render(messages=[dict(m) for m in messages], tools=tools, documents=None,
                                          add_generation_prompt=add_generation_prompt, **variables)
-        except TemplateError as e:
-            raise ChatTemplateError(f"chat template failed: {e}") from e
+        except Exception as e:  # untrusted code, as above: TypeError, ZeroDivisionError, RecursionError, ...
+            raise ChatTemplateError(f"chat template failed: {one_line(e)}") from e
+
