@@ -104,6 +104,9 @@ class GGUFFile:
                 raise ModelFormatError(f"{self.path}: missing tensor {name}")
             if info.ne != ne:
                 raise ModelFormatError(f"{self.path}: tensor {name} has shape {list(info.ne)}, expected {list(ne)}")
+            if len(ne) == 1 and info.type != GGMLQuantizationType.F32:  # the engine adds and multiplies F32 by F32
+                raise UnsupportedError(f"{self.path}: tensor {name} has type {GGMLQuantizationType(info.type).name}; "
+                                       "norms and biases must be F32")
 
     def typed_metadata(self) -> list[tuple[str, Any, GGUFValueType, GGUFValueType | None]]:
         """(key, value, value type, array element type) of every metadata field, for copying to a writer."""

@@ -218,6 +218,11 @@ def _check_layout(tensors: list[RawTensor], data_offset: int, alignment: int, fi
                                f"not describe (wrong tensor count?)")
 
 
+def decode_value(raw: bytes, vtype: int):
+    """One encoded metadata value of type vtype, as read_header decodes it."""
+    return _Cursor(raw).value(vtype)
+
+
 def read_header(buf) -> GGUFHeader:
     """Parses the header of a GGUF held in buf (an mmap or bytes) and checks the tensor layout."""
     c = _Cursor(buf)

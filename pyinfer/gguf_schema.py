@@ -39,7 +39,8 @@ def show(value: Any) -> str:
 
 
 def violation(key: str, value: Any, expected: str) -> ModelFormatError:
-    return ModelFormatError(f"{key} = {show(value)}: expected {expected}")
+    """The error for `key` holding `value` instead of `expected` (key "" for a value that has no name)."""
+    return ModelFormatError(f"{key + ' = ' if key else ''}{show(value)}: expected {expected}")
 
 
 def _is_int(v: Any) -> bool:
@@ -90,14 +91,13 @@ class Float(Kind):
 
     @property
     def expected(self) -> str:
-        parts = ["a finite number" if self.finite else "a number (not NaN)"]
-        if self.positive:
-            parts.append("> 0")
-        elif self.lo > -math.inf:
-            parts.append(f">= {self.lo:g}")
+        what = "a finite number" if self.finite else "a number (not NaN)"
+        lo = f"({0:g}" if self.positive else f"[{self.lo:g}"
         if self.hi < math.inf:
-            parts.append(f"<= {self.hi:g}")
-        return " ".join(parts)
+            return f"{what} in {lo}, {self.hi:g}]"
+        if self.positive or self.lo > -math.inf:
+            return f"{what} {'> 0' if self.positive else f'>= {self.lo:g}'}"
+        return what
 
     def ok(self, v: Any) -> bool:
         if not _is_number(v):

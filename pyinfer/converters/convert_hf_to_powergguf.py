@@ -223,7 +223,10 @@ def _pyinfer_kv(ffn_kind: str) -> list[KV]:
 def _check_plan(arch: str, kv: list[KV], tensors: list[OutTensor], layout: str, what: str) -> None:
     """The planned file must load: the same check GGUFFile runs, done before anything is written."""
     meta = {"general.architecture": arch} | {k: v for k, v, *_ in kv}
-    cfg = ModelConfig.from_metadata(meta, [t.name for t in tensors])
+    try:
+        cfg = ModelConfig.from_metadata(meta, [t.name for t in tensors])
+    except (ModelFormatError, UnsupportedError) as exc:
+        raise type(exc)(f"{what}: {exc}") from None
     planned = {t.name: tuple(reversed(t.shape)) for t in tensors}
     for name, ne in expected_tensor_shapes(cfg, layout).items():
         if planned.get(name) != ne:
