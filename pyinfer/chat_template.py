@@ -10,6 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from pyinfer import arguments
 from pyinfer.console import one_line
 from pyinfer.errors import InvalidArgumentError, ModelFormatError, PyInferError
 
@@ -61,13 +62,13 @@ def load_template_file(path: str | Path) -> str:
     """A template override: a Jinja file, or a JSON file (tokenizer_config.json) with a chat_template key."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = arguments.utf8(f"chat template {path}", path.read_bytes())
     except OSError as e:
         raise InvalidArgumentError(f"{path}: cannot read chat template ({e.strerror})") from e
     if path.suffix == ".json":
         try:
             template = json.loads(text).get("chat_template")
-        except (json.JSONDecodeError, AttributeError) as e:
+        except (ValueError, RecursionError, AttributeError) as e:
             raise ModelFormatError(f"{path}: not a JSON object with a chat_template") from e
         if not isinstance(template, str):
             raise ModelFormatError(f"{path}: chat_template is missing or not a single string")

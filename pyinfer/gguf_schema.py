@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from pyinfer.errors import ModelFormatError
 
 MAX_SIZE = 2**31 - 1  # hidden sizes, heads, context, vocabulary: ggml keeps them in int32 kernels
@@ -59,6 +61,10 @@ class Kind:
     def ok(self, value: Any) -> bool:
         raise NotImplementedError
 
+    def all_ok(self, values: list) -> bool:
+        """Whether every value is ok (kinds of long arrays answer with builtins over the whole list)."""
+        return all(map(self.ok, values))
+
     def check(self, key: str, value: Any) -> Any:
         if not self.ok(value):
             raise violation(key, value, self.expected)
@@ -78,6 +84,11 @@ class Int(Kind):
 
     def ok(self, v: Any) -> bool:
         return _is_int(v) and self.lo <= v <= self.hi and not (self.power_of_two and v & (v - 1))
+
+    def all_ok(self, values: list) -> bool:
+        if self.power_of_two or not all(type(v) is int for v in values):
+            return super().all_ok(values)
+        return not values or (self.lo <= min(values) and max(values) <= self.hi)
 
 
 @dataclass(frozen=True)
@@ -110,6 +121,13 @@ class Float(Kind):
             return False
         return self.lo <= x <= self.hi and not (self.positive and x <= 0)
 
+    def all_ok(self, values: list) -> bool:
+        if not all(type(v) is float for v in values):
+            return super().all_ok(values)
+        x = np.asarray(values, dtype=np.float64)
+        ok = ~np.isnan(x) & (x >= self.lo) & (x <= self.hi) & ((x > 0) if self.positive else True)
+        return bool((ok & np.isfinite(x)).all() if self.finite else ok.all())
+
 
 @dataclass(frozen=True)
 class Bool(Kind):
@@ -130,6 +148,9 @@ class Str(Kind):
     def ok(self, v: Any) -> bool:
         return isinstance(v, str) and len(v) <= self.max_len
 
+    def all_ok(self, values: list) -> bool:
+        return all(type(v) is str for v in values) and (not values or max(map(len, values)) <= self.max_len)
+
 
 @dataclass(frozen=True)
 class Array(Kind):
@@ -146,12 +167,12 @@ class Array(Kind):
         return f"an array of {count} elements, each {self.of.expected}"
 
     def ok(self, v: Any) -> bool:
-        return isinstance(v, list) and self.min_len <= len(v) <= self.max_len and all(map(self.of.ok, v))
+        return isinstance(v, list) and self.min_len <= len(v) <= self.max_len and self.of.all_ok(v)
 
     def check(self, key: str, value: Any) -> Any:
         if not isinstance(value, list) or not self.min_len <= len(value) <= self.max_len:
             raise violation(key, value, self.expected)
-        if not all(map(self.of.ok, value)):
+        if not self.of.all_ok(value):
             i = next(i for i, x in enumerate(value) if not self.of.ok(x))
             self.of.check(f"{key}[{i}]", value[i])
         return value

@@ -359,3 +359,12 @@ def test_detokenize_checks_ids(tiny):
     with pytest.raises(InvalidArgumentError):
         tiny.detokenize([-1])
     assert tiny.detokenize(tiny.tokenize("Hello", add_special=False)) == "Hello"
+
+
+@pytest.mark.parametrize("shape", [(2**63,), (2**62, 2**62), (2**31, 2**31, 4), (-1, 4), (2.0, 4)])
+def test_tensor_sizes_beyond_int64_are_refused_not_wrapped(shape):
+    """A product of sizes past 2^63 wrapped to a small allocation in the C library."""
+    from pyinfer import ggml
+
+    with pytest.raises(InvalidArgumentError):
+        ggml.Context(1 << 16).new_tensor(ggml.F32, shape)

@@ -160,6 +160,9 @@ def _child(prepared: Prepared, workdir: str, limits: Limits) -> None:
             out = os.open(os.path.join(workdir, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             os.dup2(out, fd)
             os.close(out)
+        # new streams on fds 1 and 2: the parent's may be a test runner's capture objects, not these fds
+        sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
         if prepared.gguf is not None:
             outcome, detail = fuzz_targets.load_target(prepared.gguf, workdir)
         else:

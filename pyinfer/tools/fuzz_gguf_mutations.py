@@ -38,7 +38,8 @@ Rng = np.random.Generator
 EDGE_INTS = [0, 1, 2, 3, 7, 31, 32, 63, 64, 255, 256, 4096, 2**16, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**53,
              2**63 - 1, 2**63, 2**64 - 1]
 EDGE_FLOATS = [0.0, -0.0, 1e-45, 1e-30, 0.5, 1.5, -1.0, 1e30, 3.4e38, 1e308, math.inf, -math.inf, math.nan]
-ODD_STRINGS = ["", "abc", "llama3", "gpt5", "bert", "x" * 70, "\u2581", "<0xZZ>", "ü" * 3, "a" * 5000]
+ODD_STRINGS = ["", "abc", "llama3", "gpt5", "bert", "x" * 70, "\u2581", "<0xZZ>", "ü" * 3, "a" * 5000,
+               "{{ 1 / 0 }}", "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "{% for m in messages %"]
 # types whose bytes per element are the same, so that a swap keeps every size (F16/BF16/I16, F32/I32, ...)
 SAME_SIZE_TYPES = [[1, 30, 25], [0, 26], [27, 28], [2, 20]]
 

@@ -156,7 +156,7 @@ def hf_index(folder: str, out_dir: str, rng: Rng) -> list[str]:
     elif roll < 0.5:
         name = pick(rng, list(index["weight_map"]))
         index["weight_map"][name] = pick(rng, ["../" + shards[0], "/etc/passwd", "", ".", "..", "missing.safetensors",
-                                               "sub/" + shards[0], 7, None, os.path.abspath(folder)])
+                                               "sub/" + shards[0], 7, None, "/tmp/" + shards[0]])
     elif roll < 0.65:
         os.remove(os.path.join(folder, pick(rng, shards)))
     elif roll < 0.8:
