@@ -217,7 +217,7 @@ def run_case(case: Case, seed: int, seeds: Seeds, workdir: str, limits: Limits) 
             result = json.load(f)
         case.outcome, case.detail = result["outcome"], result["detail"]
     elif terminated:
-        case.outcome, case.detail = "error", "terminated by SIGTERM"
+        case.outcome, case.detail = "error", "killed by SIGTERM outside the write (default action)"
     else:
         case.outcome, case.detail = "traceback", f"child exited {os.waitstatus_to_exitcode(status)} without a result"
     if terminated:

@@ -112,17 +112,22 @@ def safetensors_bytes(tensors: dict[str, np.ndarray], dtype: str) -> bytes:
     return struct.pack("<Q", len(text)) + text + b"".join(blobs)
 
 
-def write_tokenizer(folder: str) -> None:
-    """A trained ~280-token byte-level BPE (tokenizer.json) and its tokenizer_config.json."""
+def train_bpe(texts: list[str], specials: list[str], vocab_size: int = 280):
+    """A byte-level BPE (tokenizers.Tokenizer) trained on texts, GPT-2 style, specials first."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=280, special_tokens=SPECIALS, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS, trainer)
-    tok.save(os.path.join(folder, "tokenizer.json"))
+    tok.train_from_iterator(texts, trainer)
+    return tok
+
+
+def write_tokenizer(folder: str) -> None:
+    """A trained ~280-token byte-level BPE (tokenizer.json) and its tokenizer_config.json."""
+    train_bpe(CORPUS, SPECIALS).save(os.path.join(folder, "tokenizer.json"))
     config = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
               "chat_template": CHAT_TEMPLATE, "add_bos_token": False}
     with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:

@@ -103,7 +103,7 @@ def cli_run(main, argv: list[str], stderr_path: str, prog: str) -> tuple[str, st
         message = lines[0][len(prog) + 7:]
         return ("nonfinite_caught" if NONFINITE_MESSAGE in message else "error"), message[:300], rc
     if rc == 128 + signal.SIGTERM and lines == [f"{prog}terminated"]:
-        return "error", "terminated by SIGTERM", rc
+        return "error", "terminated by SIGTERM while writing: cleaned up, exit 143", rc
     tail = " | ".join(lines[-3:])[:300]
     return ("traceback" if any("Traceback" in line for line in lines) else "multiline"), f"exit {rc}: {tail}", rc
 
