@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except PyInferError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
         return interrupted("pyinfer", exc)

@@ -4,7 +4,8 @@ gguf-py's GGUFReader builds a numpy view per array element, which takes seconds 
 this reads the same header in tens of milliseconds. Files come from strangers, so nothing here trusts a
 number before checking it against the bytes left: a truncated or corrupt file raises ModelFormatError
 (its message says what is wrong; the caller adds the path). What it guarantees:
-- strings are UTF-8, keys and tensor names unique, arrays nested at most MAX_ARRAY_DEPTH deep;
+- strings are UTF-8, keys printable ASCII and tensor names printable (so that messages naming them stay
+  one line), both unique, arrays nested at most MAX_ARRAY_DEPTH deep;
 - every tensor has a known type, 1-4 dimensions of 1 .. 2^63 - 1 elements in all, whole blocks per row,
   and its data follows the previous tensor's at the next aligned offset (llama.cpp's rule: no gaps,
   no overlaps, no shifts), the last one ending where the file does (no bytes the header does not
@@ -22,11 +23,12 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES
 
 from pyinfer.errors import ModelFormatError
-from pyinfer.gguf_schema import KEYS, MAX_ARRAY_DEPTH
+from pyinfer.gguf_schema import KEYS, MAX_ARRAY_DEPTH, show
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 MAX_NAME_BYTES = 63  # ggml's GGML_MAX_NAME less the terminating zero, as llama.cpp checks
+MAX_KEY_BYTES = 65535  # the GGUF spec: keys are ASCII, at most 2^16 - 1 bytes
 MAX_DIMS = 4
 
 # value type id -> (struct format, numpy dtype) for the fixed-size types
@@ -161,6 +163,9 @@ def _read_metadata(c: _Cursor, n_kv: int) -> tuple[dict, dict]:
             key = c.string()
         except ModelFormatError as exc:
             raise ModelFormatError(f"metadata key {i + 1} of {n_kv}: {exc}") from None
+        if not (key.isascii() and key.isprintable()) or len(key) > MAX_KEY_BYTES:
+            raise ModelFormatError(f"metadata key {i + 1} of {n_kv}, {show(key)}, is not printable ASCII of at most "
+                                   f"{MAX_KEY_BYTES} bytes")
         if key in metadata:
             raise ModelFormatError(f"metadata key {key} appears twice")
         try:
@@ -175,8 +180,9 @@ def _read_metadata(c: _Cursor, n_kv: int) -> tuple[dict, dict]:
 
 def _read_tensor_info(c: _Cursor) -> RawTensor:
     name = c.string()
-    if not name or len(name.encode()) > MAX_NAME_BYTES:
-        raise ModelFormatError(f"tensor name {name!r} is empty or longer than {MAX_NAME_BYTES} bytes")
+    if not name.isprintable() or not 0 < len(name.encode()) <= MAX_NAME_BYTES:
+        raise ModelFormatError(f"tensor name {show(name)} is empty, longer than {MAX_NAME_BYTES} bytes or not "
+                               "printable")
     try:
         n_dims = c.scalar("<I")
         if not 1 <= n_dims <= MAX_DIMS:

@@ -9,6 +9,7 @@ import sys
 
 from pyinfer import arguments
 from pyinfer.chat import HELP, ChatSession
+from pyinfer.console import one_line
 from pyinfer.errors import PyInferError
 
 
@@ -155,7 +156,7 @@ def interactive(session: ChatSession, banner: str) -> int:
         except KeyboardInterrupt:
             print("\n[stopped]")
         except PyInferError as exc:
-            print(f"error: {exc}")
+            print(f"error: {one_line(exc)}")
 
 
 def scripted(session: ChatSession, as_json: bool) -> int:
@@ -179,7 +180,7 @@ def scripted(session: ChatSession, as_json: bool) -> int:
                 continue
             answer = session.reply(line, on_text=None if as_json else _write, on_dropped=notice)
         except PyInferError as exc:
-            print(f"error: {exc}", file=sys.stderr, flush=True)
+            print(f"error: {one_line(exc)}", file=sys.stderr, flush=True)
             continue
         if as_json:
             s = session.last

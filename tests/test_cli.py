@@ -80,3 +80,15 @@ def test_other_negative_seed_is_one_line(tiny_gguf, tmp_path):
                                               ("--repeat-penalty", "0", "repeat_penalty"), ("-c", "-5", "n_ctx")])
 def test_bad_numbers_are_one_line(tiny_gguf, tmp_path, flag, value, words):
     _one_line_error(_cli("run", "-m", tiny_gguf, "-p", "Hello", "-n", "2", flag, value, cwd=tmp_path), words)
+
+
+def test_an_error_message_of_several_lines_is_printed_as_one(tiny_gguf, capsys, monkeypatch):
+    """Whatever a message holds (a name from a file, a library's text), the CLI prints one line."""
+    from pyinfer import cli, runtime
+    from pyinfer.errors import ModelFormatError
+
+    def broken(*args, **kwargs):
+        raise ModelFormatError("first\nsecond")
+    monkeypatch.setattr(runtime, "Model", broken)
+    assert cli.main(["run", "-m", tiny_gguf, "-p", "Hello"]) == 1
+    assert capsys.readouterr().err == "error: first second\n"

@@ -330,6 +330,8 @@ BAD_INPUTS = {
     "tie as string": (_set_config("tie_word_embeddings", "false"), "tie_word_embeddings = 'false'"),
     "header nested deep": (_edit_safetensors_header(lambda h: b"[" * 100_000 + b"]" * 100_000), "nested too deeply"),
     "overlapping tensors": (_edit_safetensors_header(_overlap), "without gaps or overlaps"),
+    "name with a newline": (_edit_safetensors_header(lambda h: h.__setitem__("a\nb", h.pop(max(h)))),
+                            "tensor name 'a\\nb' is not printable"),
     "negative shape": (_edit_safetensors_header(lambda h: h[max(h)].update(shape=[-1])), "shape[0] = -1"),
     "weight_map list": (_shard_index(lambda names: names), "weight_map = ["),
     "shard outside": (_shard_index(lambda names: dict.fromkeys(names, "../model.safetensors")), "not a file name"),

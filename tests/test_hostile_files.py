@@ -181,6 +181,17 @@ def test_one_tensor_too_few_leaves_bytes_the_header_does_not_describe(seeds, tmp
     expect_error(write(img, tmp_path), "after the last tensor's data", "wrong tensor count")
 
 
+@pytest.mark.parametrize("where", ["key", "tensor"])
+def test_names_with_control_characters_keep_the_message_one_line(seeds, tmp_path, where):
+    """A key of valid UTF-8 holding a newline made a two-line error."""
+    img = image(seeds)
+    if where == "key":
+        img.entry("general.name").key = "general.na\nme"
+    else:
+        img.tensors[3].name = "blk.0.x\ny"
+    expect_error(write(img, tmp_path), "not printable")
+
+
 def test_string_that_is_not_utf8(seeds, tmp_path):
     path = write(set_key(image(seeds), "general.name", STRING, enc_str(b"\xff\xfe")), tmp_path)
     expect_error(path, "general.name", "not UTF-8")

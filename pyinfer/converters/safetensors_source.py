@@ -15,7 +15,7 @@ import numpy as np
 
 from pyinfer.converters.hf_json import Map, Obj, checked, parse_json, read_json_file
 from pyinfer.errors import ModelFormatError
-from pyinfer.gguf_schema import Array, Int, Str
+from pyinfer.gguf_schema import Array, Int, Str, show
 
 # safetensors dtype -> (numpy storage dtype, bytes per element); BF16 is widened by hand
 _DTYPES = {"F64": (np.float64, 8), "F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (np.uint16, 2)}
@@ -92,6 +92,8 @@ class SafetensorsSource:
         for name, entry in header.items():
             if name == "__metadata__":
                 continue
+            if not name.isprintable():  # names appear in messages, which must stay one line
+                raise ModelFormatError(f"{path}: tensor name {show(name)} is not printable")
             checked(_ENTRY, entry, f"{path}: {name}")
             dtype, shape, (start, end) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
             if dtype not in _DTYPE_SIZES:

@@ -221,6 +221,21 @@ def missing(img: GGUFImage, rng: Rng) -> bytes:
     return img.header() + img.data
 
 
+def names(img: GGUFImage, rng: Rng) -> bytes:
+    """A key or tensor name that is empty, overlong, not ASCII, holds control characters, or names a layer
+    oddly (leading zeros, beyond block_count, not a number)."""
+    odd = ["", "a" * 64, "a" * 70_000, "x\ny", "tab\there", "nul\0", "caf\u00e9", "\u2028", "\x1b[31mred"]
+    if rng.random() < 0.5:
+        e = _target(img, rng)
+        e.key = pick(rng, odd + [e.key + "\n", e.key.upper(), e.key + "."])
+    else:
+        t = pick(rng, img.tensors)
+        parts = t.name.split(".")
+        layered = [".".join(["blk", n, *parts[2:]]) for n in ("01", "-1", "x", "99999", "1e3", "\u0661")]
+        t.name = pick(rng, odd + (layered if parts[0] == "blk" else []))
+    return img.header() + img.data
+
+
 def tensor_types(img: GGUFImage, rng: Rng) -> bytes:
     t = pick(rng, img.tensors)
     roll = rng.random()
@@ -404,7 +419,7 @@ def byte_runs(img: GGUFImage, rng: Rng) -> bytes:
 
 FAMILIES: dict[str, Callable[[GGUFImage, Rng], bytes]] = {
     "truncate": truncate, "magic_version": magic_version, "counts": counts, "lengths": lengths,
-    "value_types": value_types, "values": values, "duplicates": duplicates, "missing": missing,
+    "value_types": value_types, "values": values, "duplicates": duplicates, "missing": missing, "names": names,
     "tensor_types": tensor_types, "tensor_dims": tensor_dims, "tensor_offsets": tensor_offsets,
     "nesting": nesting, "tokenizer": tokenizer, "pyinfer_keys": pyinfer_keys, "tensor_data": tensor_data,
     "bitflips": bitflips, "byte_runs": byte_runs,
