@@ -18,7 +18,7 @@ from pyinfer.gguf_file import GGUFFile
 from pyinfer.tools import fuzz_gguf
 from pyinfer.tools.fuzz_gguf import FAMILIES, Case, Limits, Prepared, Seeds
 
-CI_CASES = 312  # 12 per family; ~1 minute on 2 cores
+CI_CASES = 312  # 12 per family; about 30 s on 2 cores
 CI_SEED = 14
 
 
@@ -128,3 +128,21 @@ def test_catches_a_left_over_temporary_file(seeds, tmp_path, monkeypatch):
     monkeypatch.setattr(convert_hf_to_powergguf, "write_atomically", leaves_a_part_file)
     case = _run(seeds, tmp_path, "hf_config")
     assert case.outcome == "leftover" and ".out.gguf.1.part" in case.detail
+
+
+def test_a_sigterm_while_the_child_writes_its_result_is_not_a_harness_crash(seeds, tmp_path, monkeypatch):
+    """The long run once crashed reading half a result file: the case's SIGTERM had arrived while the
+    child wrote it. Results are now written whole or not at all."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    monkeypatch.setattr(fuzz_gguf, "prepare", lambda *args: Prepared(gguf="unused", out_dir=str(out_dir),
+                                                                    terminate_after=0.5))
+    monkeypatch.setattr(fuzz_gguf.fuzz_targets, "load_target", lambda path, workdir: ("ok", ""))
+
+    def slow_dump(obj, f):
+        f.write("{")
+        f.flush()
+        time.sleep(5)
+    monkeypatch.setattr(fuzz_gguf.json, "dump", slow_dump)
+    case = _run(seeds, tmp_path)
+    assert case.outcome == "error" and "SIGTERM" in case.detail

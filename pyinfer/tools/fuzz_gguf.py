@@ -167,8 +167,10 @@ def _child(prepared: Prepared, workdir: str, limits: Limits) -> None:
             outcome, detail = fuzz_targets.load_target(prepared.gguf, workdir)
         else:
             outcome, detail = fuzz_targets.convert_target(prepared.argv, workdir)
-        with open(os.path.join(workdir, "result.json"), "w", encoding="utf-8") as f:
+        # written whole or not at all: a SIGTERM the case sends may arrive while it is written
+        with open(os.path.join(workdir, "result.part"), "w", encoding="utf-8") as f:
             json.dump({"outcome": outcome, "detail": detail}, f)
+        os.replace(os.path.join(workdir, "result.part"), os.path.join(workdir, "result.json"))
     except BaseException:  # a failure of the harness itself: no result file, reported as a traceback
         code = 3
     finally:
