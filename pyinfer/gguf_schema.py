@@ -228,7 +228,7 @@ ARCH_KEYS: dict[str, Kind] = {
     "rope.freq_base": Float(positive=True),
     "rope.dimension_count": SIZE,
     "rope.scaling.type": Str(16),
-    "rope.scaling.factor": Float(positive=True),
+    "rope.scaling.factor": Float(lo=0.0),  # 0: no scaling, as llama.cpp reads it
 }
 
 # arrays whose length must equal another array's (the token array is the vocabulary)
@@ -255,12 +255,16 @@ def arch_key(arch: str, name: str) -> str:
     return f"{arch}.{name}"
 
 
+def architecture(meta: Mapping[str, Any]) -> str | None:
+    """general.architecture, checked to be a string (whether pyinfer runs it is the caller's question)."""
+    arch = meta.get("general.architecture")
+    return None if arch is None else KEYS["general.architecture"].check("general.architecture", arch)
+
+
 def check_metadata(meta: Mapping[str, Any]) -> None:
     """Every key of `meta` the schema knows has a value of its kind, and the arrays that describe the
     vocabulary agree with each other (lengths, special token ids below the token count)."""
-    arch = meta.get("general.architecture")
-    if arch is not None:
-        KEYS["general.architecture"].check("general.architecture", arch)
+    arch = architecture(meta)
     for key, value in meta.items():
         kind = kind_of(key, arch)
         if kind is not None:

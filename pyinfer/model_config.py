@@ -61,11 +61,11 @@ class ModelConfig:
                       tensor_names: Collection[str] | None = None) -> ModelConfig:
         """Read the config; tensor_names (when given) decide tied embeddings and biases as llama.cpp does,
         and must hold exactly block_count layers."""
-        gguf_schema.check_metadata(meta)
-        arch = meta.get("general.architecture")
+        arch = gguf_schema.architecture(meta)
         if arch not in _ARCH_TRAITS:
             raise UnsupportedError(
                 f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}")
+        gguf_schema.check_metadata(meta)  # after: another architecture's keys follow rows pyinfer does not have
         norm_kind, rope_mode, default_ffn, pos_offset = _ARCH_TRAITS[arch]
 
         def key(name: str, default: Any = ...) -> Any:
@@ -114,7 +114,7 @@ class ModelConfig:
             norm_eps=float(key(eps_key)),
             rope_mode=rope_mode,
             rope_base=float(key("rope.freq_base", 10000.0)),
-            rope_scale=float(key("rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0,
+            rope_scale=float(key("rope.scaling.factor", 1.0) or 1.0) if scaling == "linear" else 1.0,
             n_rot=int(key("rope.dimension_count", head_dim)) if rope_mode else 0,
             ffn_kind=str(meta.get("pyinfer.ffn_kind", default_ffn)),
             tied_embeddings=not has("output.weight", arch != "opt"),

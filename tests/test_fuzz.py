@@ -4,6 +4,7 @@ file; and the harness itself shown to catch each of those when the code under te
 (a fork inherits the monkeypatched modules)."""
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import stat
@@ -92,7 +93,10 @@ def test_catches_a_traceback(seeds, tmp_path, monkeypatch):
 
 
 def test_catches_a_signal(seeds, tmp_path, monkeypatch):
-    _break_loading(monkeypatch, lambda: os.kill(os.getpid(), signal.SIGSEGV))
+    def crash():
+        faulthandler.disable()  # pytest's, inherited by the fork: the child dies silently, as outside pytest
+        os.kill(os.getpid(), signal.SIGSEGV)
+    _break_loading(monkeypatch, crash)
     case = _run(seeds, tmp_path)
     assert (case.outcome, case.detail) == ("signal", "SIGSEGV")
 

@@ -379,3 +379,20 @@ def test_tensor_sizes_beyond_int64_are_refused_not_wrapped(shape):
 
     with pytest.raises(InvalidArgumentError):
         ggml.Context(1 << 16).new_tensor(ggml.F32, shape)
+
+
+# ---- valid files llama.cpp loads stay loadable ----
+
+def test_unsupported_architecture_with_its_own_key_shapes_is_unsupported_not_malformed(seeds, tmp_path):
+    """OpenELM keeps per-layer arrays in feed_forward_length: valid for its architecture, which pyinfer
+    does not run; the answer is 'unsupported', not a schema violation of a row meant for others."""
+    img = set_key(image(seeds), "general.architecture", STRING, enc_str("openelm"))
+    img.entries.append(Entry("openelm.feed_forward_length", ARRAY, enc_array(UINT32, [128, 256])))
+    expect_error(write(img, tmp_path), "unsupported architecture 'openelm'", cls=UnsupportedError)
+
+
+def test_linear_rope_factor_zero_means_no_scaling_as_in_llama_cpp(seeds, tmp_path):
+    plain = Model(seeds["llama-bpe"], n_ctx=32, n_threads=1).logits([1, 2, 3, 4])
+    img = set_key(image(seeds), "llama.rope.scaling.type", STRING, enc_str("linear"))
+    path = write(set_key(img, "llama.rope.scaling.factor", FLOAT32, enc_scalar(FLOAT32, 0.0)), tmp_path)
+    np.testing.assert_array_equal(Model(path, n_ctx=32, n_threads=1).logits([1, 2, 3, 4]), plain)
