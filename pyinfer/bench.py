@@ -51,6 +51,21 @@ def _model_label(model: Model) -> tuple[str, float, float]:
     return label, size / 2**30, params / 1e9
 
 
+STEP_FIELDS = ("wall_ms", "cpu_busy_ms", "gpu_busy_ms", "overlap_ms", "wait_ms")
+
+
+def step_report(model: Model) -> dict:
+    """Per decoded token of a timed model: wall time, CPU busy, GPU busy, both at once and the CPU's wait for
+    the GPU (ms; busy times are unions of intervals on one clock), as lists and medians."""
+    steps = model.step_stats
+    per_token = {f: [round(s[f], 4) for s in steps] for f in STEP_FIELDS}
+    medians = {f: float(np.median(v)) if v else 0.0 for f, v in per_token.items()}
+    last = steps[-1] if steps else {}
+    return {"tokens": len(steps), "median": medians, "per_token": per_token,
+            "gpu_runs_per_token": last.get("n_gpu_runs", 0), "replayed_runs": last.get("n_replayed", 0),
+            "cpu_nodes_per_token": last.get("n_cpu_nodes", 0)}
+
+
 def run_test(model: Model, kind: str, n: int, reps: int, rng: np.random.Generator) -> list[float]:
     """Tokens per second of each repetition (after one warm-up run)."""
     rates = []
@@ -82,6 +97,16 @@ def bench(path: str, pp: list[int], tg: list[int], reps: int, output: str, optio
             if n <= 0:
                 continue
             rates = run_test(model, kind, n, reps, rng)
+            steps = {}
+            if kind == "tg" and model.n_gpu_layers:  # one more run, timed: how CPU and GPU shared the tokens
+                model.timed, model.step_stats = True, []
+                for g in model._graphs.values():
+                    g.graph.set_timed(True)
+                run_test(model, kind, n, 0, rng)
+                steps = step_report(model)["median"]
+                model.timed = False
+                for g in model._graphs.values():
+                    g.graph.set_timed(False)
             rows.append({
                 "model": label, "size_gib": size_gib, "params_b": params_b, "backend": backend,
                 "threads": model.n_threads, "n_gpu_layers": model.n_gpu_layers, "n_batch": model.n_batch,
@@ -89,6 +114,9 @@ def bench(path: str, pp: list[int], tg: list[int], reps: int, output: str, optio
                 "avg_ts": float(np.mean(rates)), "stddev_ts": float(np.std(rates)),
                 "median_ts": float(np.median(rates)), "samples_ts": rates,
                 "build": os.environ.get("PYINFER_BUILD_LABEL", ""),
+                "vram_budget": model.vram_budget, "device_bytes": model.device_bytes,
+                "modelled_ts": model.plan.tokens_per_second if model.plan else None,
+                **{f"step_{k}": v for k, v in steps.items()},
             })
     if output == "json":
         return json.dumps(rows, indent=2)

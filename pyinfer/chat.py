@@ -70,9 +70,7 @@ class ChatSession:
         self.model.reset()
 
     def _tokens(self, messages: list[dict] | None = None) -> list[int]:
-        text = self.template.render(self.conversation(messages), add_generation_prompt=True)
-        # the template writes BOS itself where the model wants it
-        return self.model.tokenizer.encode(text, add_special=False, parse_special=True)
+        return self.template.encode(self.model.tokenizer, self.conversation(messages))
 
     def _reserve(self) -> int:
         """Context kept free for the answer."""
@@ -106,12 +104,7 @@ class ChatSession:
             raise
         if stats.dropped_turns and on_dropped:
             on_dropped(stats.dropped_turns)
-        common = 0  # at least one new token must be evaluated, for its logits
-        for a, b in zip(self.model.tokens, tokens[:-1], strict=False):
-            if a != b:
-                break
-            common += 1
-        self.model.truncate(common)
+        common = self.model.reuse_prefix(tokens)
         stats.cached_tokens = common
         stats.prompt_tokens = len(tokens) - common
         stream = self.model.tokenizer.stream_decoder(skip_special=True)

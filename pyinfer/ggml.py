@@ -28,6 +28,17 @@ def cuda_available() -> bool:
     return lib.ggml_cuda_device_count() > 0
 
 
+def cuda_device_name() -> str:
+    return ffi.string(lib.ggml_cuda_device_name()).decode(errors="replace")
+
+
+def cuda_memory() -> tuple[int, int, int]:
+    """(bytes this process's engine holds on the GPU, the GPU's free bytes, its total bytes)."""
+    free, total = ffi.new("size_t *"), ffi.new("size_t *")
+    check(lib.ggml_cuda_mem_info(free, total))
+    return lib.ggml_cuda_allocated(), free[0], total[0]
+
+
 def type_name(type_: int) -> str:
     return ffi.string(lib.ggml_type_name(type_)).decode()
 
@@ -274,8 +285,9 @@ class ThreadPool:
 class Graph:
     """The nodes that outputs need, planned once (memory for intermediates) and computed many times."""
 
-    def __init__(self, ctx: Context, outputs: list[Tensor], backend: str = "cpu"):
-        """backend "cuda" moves every leaf the graph reads to the GPU, so every node runs there."""
+    def __init__(self, ctx: Context, outputs: list[Tensor], backend: str = "cpu", stream_min_cols: int = 0):
+        """backend "cuda" moves every leaf the graph reads to the GPU, so every node runs there.
+        stream_min_cols: weight ops of at least this many columns run on the GPU, host weights copied in."""
         self.ctx = ctx
         self.ptr = ffi.gc(check_ptr(lib.ggml_graph_new(ctx.ptr)), lib.ggml_graph_free)
         self.outputs = list(outputs)
@@ -285,6 +297,8 @@ class Graph:
             check(lib.ggml_graph_to_backend(self.ptr, lib.GGML_BACKEND_CUDA))
         elif backend != "cpu":
             raise InvalidArgumentError(f"backend must be cpu or cuda, not {backend!r}")
+        if stream_min_cols:
+            check(lib.ggml_graph_stream_weights(self.ptr, stream_min_cols))
         self.planned = False
 
     @property
@@ -295,10 +309,24 @@ class Graph:
     def mem_bytes(self) -> int:
         return lib.ggml_graph_mem_size(self.ptr)
 
+    def stats(self) -> dict:
+        """What the last compute did (pyinfer_step_stats): wall, CPU busy, GPU busy and overlapped ms (the
+        GPU's only after set_timed(True)), GPU runs and how many were replayed CUDA graphs."""
+        out = ffi.new("struct pyinfer_step_stats *")
+        check(lib.pyinfer_graph_stats(self.ptr, out))
+        return {name: getattr(out, name) for name in dir(out)}
+
     @property
     def replayed(self) -> bool:
-        """True once the GPU part runs as a captured CUDA graph."""
-        return bool(lib.ggml_graph_is_replayed(self.ptr))
+        """True once every GPU run of a compute is replayed from a captured CUDA graph."""
+        s = self.stats()
+        return s["n_gpu_runs"] > 0 and s["n_replayed"] == s["n_gpu_runs"]
+
+    def set_timed(self, timed: bool) -> None:
+        """Events around the GPU runs, so stats() has GPU busy and overlap times."""
+        if not self.planned:
+            self.plan()
+        check(lib.pyinfer_graph_set_timed(self.ptr, timed))
 
     @property
     def n_fused(self) -> int:
@@ -322,4 +350,4 @@ class Graph:
     def compute(self, pool: ThreadPool) -> None:
         if not self.planned:
             self.plan()
-        check(lib.ggml_graph_compute(self.ptr, pool.ptr))
+        check(lib.pyinfer_graph_compute(self.ptr, pool.ptr))

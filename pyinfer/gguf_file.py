@@ -108,6 +108,11 @@ class GGUFFile:
                 raise UnsupportedError(f"{self.path}: tensor {name} has type {GGMLQuantizationType(info.type).name}; "
                                        "norms and biases must be F32")
 
+    @property
+    def mmap_buffer(self):
+        """The whole file's read-only mapping (for registering it with the GPU)."""
+        return self._mmap
+
     def typed_metadata(self) -> list[tuple[str, Any, GGUFValueType, GGUFValueType | None]]:
         """(key, value, value type, array element type) of every metadata field, for copying to a writer."""
         out = []

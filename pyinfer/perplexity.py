@@ -149,6 +149,8 @@ def _read_text(path: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from pyinfer.cli import add_placement_args
+
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("-m", "--model", required=True)
     p.add_argument("-f", "--file", required=True, help="text file")
@@ -156,6 +158,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-b", "--batch-size", type=int, default=512)
     p.add_argument("-t", "--threads", type=int, default=None)
     p.add_argument("--chunks", type=int, default=-1, help="at most this many chunks")
+    add_placement_args(p)
     p.add_argument("--sparse", choices=("on", "off", "auto"), default="auto")
     p.add_argument("--sparsity-threshold", type=float, default=0.0)
     p.add_argument("--kl-divergence", metavar="BASE", help="a saved .npz base file or a model to compare with")
@@ -164,6 +167,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pyinfer.cli import placement_options
     from pyinfer.runtime import Model
 
     a = _parser().parse_args(argv)
@@ -173,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     sparse = {"on": True, "off": False, "auto": None}[a.sparse]
     common = dict(n_batch=min(a.batch_size, a.ctx_size), n_threads=a.threads)
     try:
-        model = Model(a.model, n_ctx=a.ctx_size, sparse=sparse, sparsity_threshold=a.sparsity_threshold, **common)
+        model = Model(a.model, n_ctx=a.ctx_size, sparse=sparse, sparsity_threshold=a.sparsity_threshold,
+                      **placement_options(a), **common)
         base = _open_base(a.kl_divergence, a.ctx_size, {**common, "sparse": False}) if a.kl_divergence else None
         tokens = model.tokenize(_read_text(a.file))
         print(f"{PROG}: tokenizing the input: {len(tokens)} tokens, n_ctx = {a.ctx_size}", file=sys.stderr)

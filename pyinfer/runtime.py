@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -13,15 +14,32 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pyinfer import arguments, ggml, models
+from pyinfer._native import lib
 from pyinfer.errors import ContextFullError, InvalidArgumentError, ModelFormatError, UnsupportedError
 from pyinfer.gguf_file import GGUFFile
+from pyinfer.machine import resolve as resolve_machine
 from pyinfer.models import sparse_ffn
 from pyinfer.models.common import Builder, GraphInputs
+from pyinfer.offload import apply_plan, offload_layers
+from pyinfer.placement import (
+    STREAM_MIN_TOKENS,
+    BudgetTooSmallError,
+    MachineProfile,
+    Plan,
+    format_bytes,
+    model_costs,
+    parse_bytes,
+    solve,
+)
 from pyinfer.sampling import Sampler, SamplerParams
 from pyinfer.tokenizer import Tokenizer
 
 KV_TYPES = {"f32": ggml.F32, "f16": ggml.F16}
 _MAX_CACHED_GRAPHS = 4  # decode graph, full prompt batch, and a few remainders
+AUTO_MARGIN = 1 << 30  # --vram-budget auto: the GPU's free memory less this (other processes, fragmentation)
+# a budget of 0 puts nothing on the GPU: the figures are not used then
+_CPU_ONLY = MachineProfile("cpu only", 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0)
+_PLANS: dict[tuple, Plan] = {}
 
 
 class KVCache:
@@ -98,11 +116,20 @@ class _StepGraph:
         self.inputs = GraphInputs(tokens=tokens, pos=pos, n_out=n_out, pos_ids=pos_ids)
         self.captured: dict[str, ggml.Tensor] = {}
         spec = dataclasses.replace(model.sparse_spec, masks={}) if model.sparse_spec else None
-        builder = Builder(self.ctx, cfg, model.weights, model.kv_cache, self.captured if capture else None, spec)
+        # a prompt batch of a model partly in host memory runs on the GPU, its host weights streamed in
+        stream = n_tokens >= STREAM_MIN_TOKENS and model.streams_prompts and not capture
+        builder = Builder(self.ctx, cfg, model.weights, model.kv_cache, self.captured if capture else None, spec,
+                          hot_rows=model.hot_rows, stream=stream)
         self.logits = models.builder_for(cfg.arch)(builder, self.inputs)  # (n_out, n_vocab)
-        masks = list(spec.masks.values()) if spec else []  # per layer (n_tokens, n_ff)
-        self.graph = ggml.Graph(self.ctx, [self.logits, *self.captured.values(), *masks]).plan()
+        # the masks the host can count for free: per layer (n_tokens, rows) of the neurons the CPU computes
+        # (reading the GPU's would cost a copy and a wait per layer and token)
+        masks = [m for m in spec.masks.values() if not m.on_device] if spec else []
+        if stream:
+            model.pin_host_weights()
+        self.graph = ggml.Graph(self.ctx, [self.logits, *self.captured.values(), *masks],
+                                stream_min_cols=STREAM_MIN_TOKENS if stream else 0).plan()
         self.mask_tensors = masks
+        self.mask_rows = sum(m.shape[-1] for m in masks)  # neurons the masks cover per token
         # host masks are read through views made once (a strided view costs microseconds a layer a token)
         self._mask_views = [None if m.on_device else m.numpy() for m in masks]
         self._tokens, self._pos = tokens.numpy(), pos.numpy()
@@ -135,11 +162,18 @@ class Model:
 
     def __init__(self, path: str | os.PathLike[str], *, n_ctx: int = 0, n_batch: int = 512,
                  n_threads: int | None = None, kv_type: str = "f16", sparse: bool | None = None,
-                 sparsity_threshold: float = 0.0, oracle: bool = False, n_gpu_layers: int = 0):
+                 sparsity_threshold: float = 0.0, oracle: bool = False, n_gpu_layers: int = 0,
+                 vram_budget: int | str | None = None, machine: MachineProfile | str | None = None,
+                 plan: Plan | None = None, timed: bool = False):
         """sparse: the predicted-neuron FFN (None: on when the file has predictors); sparsity_threshold is
         added to the predictors' logit threshold (higher = fewer neurons); oracle (tests) masks with the
         true active set, computed densely. n_gpu_layers: the last n layers (and, above n_layer, the output
-        head) live and run on the GPU, as llama.cpp's -ngl."""
+        head) live and run on the GPU, as llama.cpp's -ngl. vram_budget: bytes of GPU memory the model may
+        use ("auto": the free memory less a margin; 0: none), placed by pyinfer.placement: per layer the
+        attention and the hot neurons on the GPU, the rest on the CPU, both computing at once. machine: the
+        figures the placement uses, or a preset name or profile file (default: measured on this machine once,
+        then cached). plan: an explicit placement instead (for this file and context size; pyinfer.placement).
+        timed: each decode step records how long the CPU and the GPU were busy and overlapped (step_stats)."""
         t0 = time.perf_counter()
         if kv_type not in KV_TYPES:
             raise InvalidArgumentError(f"KV cache type must be one of {', '.join(KV_TYPES)}, not {kv_type!r}")
@@ -167,41 +201,93 @@ class Model:
             t.name = name
             self.weights[name] = t
         self.kv_cache = KVCache(cfg, self.n_ctx, KV_TYPES[kv_type])
-        self.n_gpu_layers = self._offload(n_gpu_layers)
-        self.pool = ggml.ThreadPool(self.n_threads)
         self.sparse_spec = self._sparse_spec(sparse, sparsity_threshold, oracle)
+        self.plan: Plan | None = None
+        self.hot_rows: dict[int, int] = {}  # layers split inside their FFN: rows [0, k) on the GPU
+        self.vram_budget: int | None = None
+        device_before = lib.ggml_cuda_allocated()  # before anything of this model (0 without a GPU)
+        if bool(n_gpu_layers) + (vram_budget is not None) + (plan is not None) > 1:
+            raise InvalidArgumentError("-ngl, --vram-budget and a plan exclude each other: give one")
+        if plan is not None and len(plan.attn_gpu) != cfg.n_layer:
+            raise InvalidArgumentError(f"the plan is for {len(plan.attn_gpu)} layers, the model has {cfg.n_layer}")
+        if vram_budget is not None or plan is not None:
+            if plan is None:
+                plan = self._solve(vram_budget, machine, kv_type)
+            self.plan, self.vram_budget = plan, plan.budget
+            self.hot_rows = apply_plan(self, plan)
+            self.n_gpu_layers = sum(plan.attn_gpu) + plan.head_gpu
+        else:
+            self.n_gpu_layers = offload_layers(self, n_gpu_layers)
+        self.pool = ggml.ThreadPool(self.n_threads)
         if self.sparse_spec is not None and not oracle:
             self._bundle_ffns()
+        self._device_base = device_before
+        self.streams_prompts = self._has_host_weights_and_gpu()
+        self._pinned = None
         self._graphs: OrderedDict[tuple[int, int, bool], _StepGraph] = OrderedDict()
+        self.timed = timed
+        self.step_stats: list[dict] = []  # per decode step when timed: wall, CPU/GPU busy and overlap (ms)
         self.tokens: list[int] = []  # the sequence in the KV cache
         self.timings = Timings(load_ms=1e3 * (time.perf_counter() - t0))
         if self.sparse_spec is not None:
             self.timings.extra.update(ffn_rows_active=0, ffn_rows_total=0, predictor_ms=self._predictor_ms())
 
-    def _offload(self, n_gpu_layers: int) -> int:
-        """Moves the weights and KV cache of the last n_gpu_layers layers to the GPU; returns how many."""
-        n_layer = self.config.n_layer
-        n = max(0, min(n_gpu_layers, n_layer + 1))
-        if n == 0:
-            return 0
-        if not ggml.cuda_available():
-            raise UnsupportedError("-ngl/--device cuda needs a CUDA build and a GPU; none is available here")
-        first = n_layer - min(n, n_layer)
-        on_gpu = [f"blk.{il}." for il in range(first, n_layer)]
-        heads = ("output.", "output_norm.") if n > n_layer else ()
-        if heads and "output.weight" not in self.weights:  # tied: the head gets a GPU copy of the embeddings
-            emb = self.file.tensors["token_embd.weight"]
-            head = self.weights_ctx.new_tensor(emb.type, tuple(reversed(emb.ne)))
-            head.set_data(emb.data)
-            head.name = "output.weight"
-            self.weights["output.weight"] = head
-        for name, t in self.weights.items():
-            if name.startswith(tuple(on_gpu)) or name.startswith(heads):
-                t.to_device()
-        for il in range(first, n_layer):
-            self.kv_cache.k[il].to_device()
-            self.kv_cache.v[il].to_device()
-        return n
+    def _solve(self, vram_budget: int | str, machine: MachineProfile | None, kv_type: str) -> Plan:
+        """The placement for a budget ("auto": the GPU's free memory less AUTO_MARGIN)."""
+        free = ggml.cuda_memory()[1] if ggml.cuda_available() else 0
+        if vram_budget == "auto":
+            vram_budget = max(0, free - AUTO_MARGIN) if ggml.cuda_available() else 0
+        elif isinstance(vram_budget, str):
+            vram_budget = parse_bytes(vram_budget)
+        if vram_budget < 0:
+            raise InvalidArgumentError(f"VRAM budget must be >= 0, not {vram_budget}")
+        sparse = self.sparse_spec is not None and not self.sparse_spec.oracle
+        costs = model_costs(self.file, self.n_ctx, 2 if kv_type == "f16" else 4, sparse, self.n_batch)
+        if vram_budget and not isinstance(machine, MachineProfile):
+            machine = resolve_machine(machine, self.file.tensors["blk.0.ffn_up.weight"].type, self.n_threads)
+        stat = os.stat(self.file.path)
+        key = (os.path.realpath(self.file.path), stat.st_size, stat.st_mtime_ns, self.n_ctx, kv_type, sparse,
+               self.n_batch, vram_budget, machine)
+        if key not in _PLANS:  # the solver can take seconds: a process that reloads a model reuses its plan
+            _PLANS[key] = solve(costs, machine, vram_budget) if vram_budget else solve(costs, _CPU_ONLY, 0)
+        plan = _PLANS[key]
+        if plan.uses_gpu and ggml.cuda_available() and plan.device_bytes > free:
+            raise BudgetTooSmallError(f"the plan needs {format_bytes(plan.device_bytes)} of GPU memory but only "
+                                      f"{format_bytes(free)} is free: give a smaller --vram-budget")
+        return plan
+
+    def _has_host_weights_and_gpu(self) -> bool:
+        """Some layer's weights live on the GPU and some in host memory (what prompt streaming helps)."""
+        if not self.n_gpu_layers:
+            return False
+        names = [f"blk.{il}.{part}.weight" for il in range(self.config.n_layer) for part in ("ffn_up", "attn_q")]
+        return any(il in self.hot_rows for il in range(self.config.n_layer)) or any(
+            not self.weights[n].on_device for n in names if n in self.weights)
+
+    def pin_host_weights(self) -> None:
+        """Registers the model file's mapping with the GPU once (read only), so the weights a prompt batch
+        streams in are copied at full speed and inside CUDA graphs. Without it they still stream, slower."""
+        if self._pinned is not None:
+            return
+        buffer = ggml.ffi.from_buffer(self.file.mmap_buffer)
+        if lib.ggml_cuda_host_register(buffer, len(buffer)) == lib.GGML_STATUS_OK:
+            self._pinned = weakref.finalize(self, lib.ggml_cuda_host_unregister, buffer)
+        else:
+            lib.ggml_clear_error()
+            self._pinned = False
+
+    @property
+    def device_bytes(self) -> int:
+        """GPU memory this model's engine holds now (weights, KV cache, graph buffers, scratch, and the cuBLAS
+        workspace when this model started the GPU)."""
+        return lib.ggml_cuda_allocated() - self._device_base
+
+    def _check_budget(self) -> None:
+        if self.vram_budget is not None and self.device_bytes > self.vram_budget:
+            raise BudgetTooSmallError(
+                f"the model now holds {format_bytes(self.device_bytes)} of GPU memory, over the --vram-budget of "
+                f"{format_bytes(self.vram_budget)}: its graph buffers for {self.n_batch}-token batches outgrew the "
+                f"reserve; give a larger budget or a smaller -b")
 
     # --- sparse FFN ---
     @property
@@ -230,15 +316,17 @@ class Model:
         cfg = self.config
         parts = ("ffn_gate", "ffn_up", "ffn_down_t") if cfg.gated else ("ffn_up", "ffn_down_t")
         for il in range(cfg.n_layer):
-            mats = [self.weights.get(f"blk.{il}.{name}.weight") for name in parts]
+            tag = ".cold" if il in self.hot_rows else ""  # a split layer bundles the CPU's rows only
+            mats = [self.weights.get(f"blk.{il}.{name}{tag}.weight") for name in parts]
             if (any(m is None or m.on_device or m.type != mats[0].type for m in mats)
                     or any(f"blk.{il}.{name}.bias" in self.weights for name in parts)):
                 continue
+            n_rows = mats[0].ne[1]
             row = ggml.row_size(mats[0].type, cfg.n_embd)
-            data = np.empty((cfg.n_ff, len(parts), row), np.uint8)
+            data = np.empty((n_rows, len(parts), row), np.uint8)
             for k, m in enumerate(mats):
-                data[:, k] = m.raw().reshape(cfg.n_ff, row)
-            bundle = self.weights_ctx.new_tensor(mats[0].type, (len(parts) * cfg.n_ff, cfg.n_embd))
+                data[:, k] = m.raw().reshape(n_rows, row)
+            bundle = self.weights_ctx.new_tensor(mats[0].type, (len(parts) * n_rows, cfg.n_embd))
             bundle.set_data(data)
             bundle.name = f"blk.{il}.ffn_bundle.weight"
             self.weights[bundle.name] = bundle
@@ -265,9 +353,14 @@ class Model:
         key = (n_tokens, n_out, capture)
         g = self._graphs.get(key)
         if g is None:
-            g = self._graphs[key] = _StepGraph(self, n_tokens, n_out, capture)
-            if len(self._graphs) > _MAX_CACHED_GRAPHS:
+            # under a VRAM budget one batch graph at a time: each holds device buffers for its intermediates
+            limit = 2 if self.vram_budget is not None else _MAX_CACHED_GRAPHS
+            while len(self._graphs) >= limit:
                 self._graphs.popitem(last=False)
+            g = self._graphs[key] = _StepGraph(self, n_tokens, n_out, capture)
+            if self.timed:
+                g.graph.set_timed(True)
+            self._check_budget()
         else:
             self._graphs.move_to_end(key)
         return g
@@ -288,9 +381,11 @@ class Model:
             logits = graph.run(self.pool, chunk, self.n_past)
             if n_out:
                 _check_finite(logits, self.n_past + len(chunk) - n_out)
+            if self.timed and len(chunk) == 1:
+                self.step_stats.append(graph.graph.stats())
             if graph.mask_tensors:
                 self.timings.extra["ffn_rows_active"] += graph.active_rows()
-                self.timings.extra["ffn_rows_total"] += len(chunk) * self.config.n_layer * self.config.n_ff
+                self.timings.extra["ffn_rows_total"] += len(chunk) * graph.mask_rows
             self.tokens.extend(int(t) for t in chunk)
             if n_out:
                 outs.append(logits)
@@ -315,6 +410,17 @@ class Model:
     def truncate(self, n_keep: int) -> None:
         """Keeps the first n_keep tokens of the sequence (later positions are overwritten when reused)."""
         del self.tokens[max(0, n_keep):]
+
+    def reuse_prefix(self, tokens) -> int:
+        """Keeps the longest prefix of `tokens` that the KV cache already holds, but never all of them (the
+        last token must be evaluated for its logits); returns its length. Evaluate tokens[returned:] next."""
+        common = 0
+        for cached, wanted in zip(self.tokens, tokens[:-1], strict=False):
+            if cached != wanted:
+                break
+            common += 1
+        self.truncate(common)
+        return common
 
     def ffn_activations(self, tokens) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Logits (n, n_vocab) of a fresh sequence (at most one batch) and, per layer il, the FFN input
@@ -342,7 +448,7 @@ class Model:
         """Processes the prompt (after what is already cached) and yields up to n_predict sampled tokens."""
         n_predict = arguments.integer("n_predict", n_predict)
         sampler = Sampler(params or SamplerParams(), seed)
-        history = list(prompt_tokens)
+        history = [*self.tokens, *prompt_tokens]  # penalties see the cached prefix too
         t0 = time.perf_counter()
         logits = self.eval(prompt_tokens)
         self.timings.prompt_ms += 1e3 * (time.perf_counter() - t0)
@@ -371,6 +477,20 @@ class Model:
         self.reset()
         ids = self.generate_tokens(self.tokenize(prompt), n_predict, params, seed)
         return self.detokenize(list(ids))
+
+    # --- OpenAI-shaped completions, llama-cpp-python's API (pyinfer.completions does the work) ---
+    def create_completion(self, prompt, **kwargs):
+        """An OpenAI text completion dict, or with stream=True an iterator of chunk dicts."""
+        from pyinfer.completions import create_completion
+
+        return create_completion(self, prompt, **kwargs)
+
+    def create_chat_completion(self, messages, **kwargs):
+        """An OpenAI chat completion dict of `messages` through the model's chat template, or with
+        stream=True an iterator of chunk dicts: what `pyinfer serve` sends."""
+        from pyinfer.completions import create_chat_completion
+
+        return create_chat_completion(self, messages, **kwargs)
 
 
 def _check_finite(logits: np.ndarray, first_pos: int) -> None:

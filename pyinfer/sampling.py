@@ -1,5 +1,6 @@
-"""Token sampling with llama.cpp's default chain and defaults: repeat penalty -> top-k -> top-p -> min-p ->
-temperature -> seeded draw; temperature <= 0 is greedy. Vectorised numpy, no loop over the vocabulary."""
+"""Token sampling with llama.cpp's default chain and defaults: penalties (repeat, frequency, presence) ->
+top-k -> top-p -> min-p -> temperature -> seeded draw; temperature <= 0 is greedy. Vectorised numpy, no loop
+over the vocabulary."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ class SamplerParams:
     min_p: float = 0.05  # <= 0: off
     repeat_penalty: float = 1.0  # 1: off
     repeat_last_n: int = 64  # 0: off, -1: the whole history
+    frequency_penalty: float = 0.0  # subtracted once per occurrence in the last repeat_last_n tokens
+    presence_penalty: float = 0.0  # subtracted once from every token in the last repeat_last_n tokens
 
     def __post_init__(self) -> None:
         arguments.number("temperature", self.temperature)
@@ -31,15 +34,19 @@ class SamplerParams:
         arguments.integer("repeat_last_n", self.repeat_last_n, lo=-1)
 
 
-def penalize_repeats(logits: np.ndarray, history: Sequence[int], penalty: float, last_n: int) -> np.ndarray:
-    """Copy of logits (n_vocab,) with each distinct token of the last `last_n` of history penalized once:
-    positive logits divided by `penalty`, the others multiplied (as llama.cpp)."""
+def penalize_repeats(logits: np.ndarray, history: Sequence[int], penalty: float, last_n: int,
+                     frequency: float = 0.0, presence: float = 0.0) -> np.ndarray:
+    """Copy of logits (n_vocab,) with llama.cpp's penalties on each distinct token of the last `last_n` of
+    history: positive logits divided by `penalty`, the others multiplied, then `frequency` times the token's
+    count and `presence` subtracted (OpenAI's frequency and presence penalties)."""
     out = np.array(logits, dtype=np.float32, copy=True)
-    if penalty == 1.0 or last_n == 0 or len(history) == 0:
+    if (penalty == 1.0 and frequency == 0.0 and presence == 0.0) or last_n == 0 or len(history) == 0:
         return out
-    recent = np.unique(np.asarray(history if last_n < 0 else history[-last_n:], dtype=np.int64))  # (n_distinct,)
+    window = np.asarray(history if last_n < 0 else history[-last_n:], dtype=np.int64)
+    recent, counts = np.unique(window, return_counts=True)  # (n_distinct,) each
     vals = out[recent]
-    out[recent] = np.where(vals > 0, vals / penalty, vals * penalty)
+    vals = np.where(vals > 0, vals / penalty, vals * penalty)
+    out[recent] = vals - counts * frequency - presence
     return out
 
 
@@ -84,7 +91,8 @@ class Sampler:
     def candidates(self, logits: np.ndarray, history: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
         """(ids, probabilities) the draw chooses from, after every stage of the chain; one id when greedy."""
         p = self.params
-        x = penalize_repeats(logits, history, p.repeat_penalty, p.repeat_last_n)  # (n_vocab,)
+        x = penalize_repeats(logits, history, p.repeat_penalty, p.repeat_last_n, p.frequency_penalty,
+                             p.presence_penalty)  # (n_vocab,)
         if p.temperature <= 0:
             return np.array([int(np.argmax(x))]), np.ones(1)
         ids = top_k_ids(x, p.top_k)  # (k,) largest first

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-COMMANDS = ["run", "chat", "bench", "pull", "convert", "perplexity", "profile", "train-predictors", "sparsify"]
+COMMANDS = ["run", "chat", "serve", "bench", "plan", "pull", "convert", "perplexity", "profile", "train-predictors",
+            "sparsify"]
 
 
 def _cli(*args: str, cwd) -> subprocess.CompletedProcess:

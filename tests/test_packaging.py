@@ -102,3 +102,13 @@ def test_works_from_a_folder_of_decoys(tiny_gguf, tmp_path):
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("The quick") and len(res.stdout) > len("The quick\n")
     assert "decoy" not in res.stderr and "eval time" in res.stderr
+
+
+def test_chat_page_goes_into_wheels(tmp_path):
+    """The page of `pyinfer serve` is package data: build_py (what fills a wheel) copies it. An editable
+    install would find it in the checkout anyway, so only a build shows a missing declaration."""
+    res = subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    page = tmp_path / "pyinfer" / "server" / "static" / "index.html"
+    assert page.read_bytes() == (PACKAGE / "server" / "static" / "index.html").read_bytes()

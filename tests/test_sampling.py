@@ -40,11 +40,12 @@ def random_logits(draw):
 histories = st.lists(st.integers(0, N_VOCAB - 1), max_size=100)
 
 
-def ref_penalty(logits, history, penalty, last_n):
+def ref_penalty(logits, history, penalty, last_n, frequency=0.0, presence=0.0):
     out = [float(v) for v in logits]
     window = history if last_n < 0 else history[max(0, len(history) - last_n):] if last_n else []
     for t in set(window):
         out[t] = out[t] / penalty if out[t] > 0 else out[t] * penalty
+        out[t] -= window.count(t) * frequency + presence
     return out
 
 
@@ -57,7 +58,7 @@ def ref_softmax(xs):
 
 def ref_chain(logits, history, p: SamplerParams):
     """{id: probability} after penalty, top-k, top-p, min-p and temperature, one plain step at a time."""
-    x = ref_penalty(logits, history, p.repeat_penalty, p.repeat_last_n)
+    x = ref_penalty(logits, history, p.repeat_penalty, p.repeat_last_n, p.frequency_penalty, p.presence_penalty)
     order = sorted(range(len(x)), key=lambda i: -x[i])
     if 0 < p.top_k < len(order):
         order = order[: p.top_k]
@@ -74,11 +75,13 @@ def ref_chain(logits, history, p: SamplerParams):
     return dict(zip(order, ref_softmax([x[i] / p.temperature for i in order]), strict=True))
 
 
-@given(distinct_logits(), histories, st.floats(0.5, 2.0), st.sampled_from([0, 1, 8, 64, -1]))
-def test_repeat_penalty(logits, history, penalty, last_n):
+@given(distinct_logits(), histories, st.floats(0.5, 2.0), st.sampled_from([0, 1, 8, 64, -1]),
+       st.floats(-2.0, 2.0), st.floats(-2.0, 2.0))
+def test_penalties(logits, history, penalty, last_n, frequency, presence):
     history = [t % len(logits) for t in history]
-    got = penalize_repeats(logits, history, penalty, last_n)
-    np.testing.assert_allclose(got, ref_penalty(logits, history, penalty, last_n), rtol=1e-6, atol=1e-6)
+    got = penalize_repeats(logits, history, penalty, last_n, frequency, presence)
+    want = ref_penalty(logits, history, penalty, last_n, frequency, presence)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)
     assert got is not logits and np.array_equal(logits, logits.copy())
 
 
@@ -113,14 +116,15 @@ def test_min_p(logits, min_p):
 params = st.builds(
     SamplerParams,
     temperature=st.floats(0.1, 2.0), top_k=st.integers(0, 60), top_p=st.floats(0.1, 1.0),
-    min_p=st.floats(0.0, 0.5), repeat_penalty=st.floats(0.8, 1.5), repeat_last_n=st.sampled_from([0, 4, 64, -1]))
+    min_p=st.floats(0.0, 0.5), repeat_penalty=st.floats(0.8, 1.5), repeat_last_n=st.sampled_from([0, 4, 64, -1]),
+    frequency_penalty=st.floats(-2.0, 2.0), presence_penalty=st.floats(-2.0, 2.0))
 
 
 @given(random_logits(), histories, params)
 def test_whole_chain_distribution(logits, history, p):
     history = [t % len(logits) for t in history]
     ids, probs = Sampler(p, seed=0).candidates(logits, history)
-    x = ref_penalty(logits, history, p.repeat_penalty, p.repeat_last_n)
+    x = ref_penalty(logits, history, p.repeat_penalty, p.repeat_last_n, p.frequency_penalty, p.presence_penalty)
     xs = sorted(x)
     assume(all(b - a > 1e-5 for a, b in zip(xs, xs[1:], strict=False)) and not _border_case(x, p))
     ref = ref_chain(logits, history, p)
@@ -177,7 +181,8 @@ def test_draw_frequencies_follow_probabilities():
 
 def test_defaults_are_llama_cpp():
     assert SamplerParams() == SamplerParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
-                                            repeat_penalty=1.0, repeat_last_n=64)
+                                            repeat_penalty=1.0, repeat_last_n=64, frequency_penalty=0.0,
+                                            presence_penalty=0.0)
 
 
 def test_large_vocab_is_fast():

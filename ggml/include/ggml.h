@@ -189,11 +189,14 @@ int ggml_graph_n_nodes(const struct ggml_cgraph *g);
 struct ggml_tensor *ggml_graph_node(const struct ggml_cgraph *g, int i);
 // moves every leaf the graph reads to `backend` (before planning): the whole graph then runs there
 int ggml_graph_to_backend(struct ggml_cgraph *g, enum ggml_backend backend);
+// (before planning) weight ops of at least min_cols columns run on the GPU whatever their weight's place:
+// weights in host memory are copied in just before their reader, into graph memory that later weights
+// reuse (prompt batches, where the GPU's speed pays for the copy; host memory registered with
+// ggml_cuda_host_register copies fastest); 0 turns it off
+int ggml_graph_stream_weights(struct ggml_cgraph *g, int64_t min_cols);
 // allocates data for every node that has none; outputs keep their buffers across computes
 int ggml_graph_plan(struct ggml_cgraph *g);
 size_t ggml_graph_mem_size(const struct ggml_cgraph *g);
-// true once the graph's GPU part is replayed from a captured CUDA graph (from its second compute on)
-bool ggml_graph_is_replayed(const struct ggml_cgraph *g);
 // nodes the CUDA backend runs inside a fused kernel started by an earlier node (0 without a GPU part)
 int ggml_graph_n_fused(const struct ggml_cgraph *g);
 void ggml_graph_free(struct ggml_cgraph *g);
@@ -201,6 +204,13 @@ void ggml_graph_free(struct ggml_cgraph *g);
 // --- devices ---
 int ggml_cuda_device_count(void);  // 0 without a GPU or in a build without CUDA
 const char *ggml_cuda_device_name(void);
+// device bytes the library holds now (weights, KV caches, graph buffers, scratch, the cuBLAS workspace)
+size_t ggml_cuda_allocated(void);
+// pins host memory (a model file's mapping, read only) so copies from it run at full speed, asynchronously
+int ggml_cuda_host_register(void *ptr, size_t size);
+void ggml_cuda_host_unregister(void *ptr);
+// the device's free and total bytes (cudaMemGetInfo; 0 and 0 without a GPU)
+int ggml_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 // moves a leaf's data to the device (allocating there, copying what it holds now); views of it follow
 int ggml_tensor_to_backend(struct ggml_tensor *t, enum ggml_backend backend);
 enum ggml_backend ggml_get_backend(const struct ggml_tensor *t);
@@ -212,6 +222,7 @@ int ggml_tensor_read(const struct ggml_tensor *t, void *dst, size_t offset, size
 struct ggml_threadpool *ggml_threadpool_new(int n_threads);
 void ggml_threadpool_free(struct ggml_threadpool *tp);
 int ggml_threadpool_n_threads(const struct ggml_threadpool *tp);
+// runs a planned graph whose nodes all run on the CPU (the engine's pyinfer_graph_compute runs any graph)
 int ggml_graph_compute(struct ggml_cgraph *g, struct ggml_threadpool *tp);
 // CFFI-END
 

@@ -10,6 +10,19 @@ static int cuda_absent(void) { return ggml_set_error(GGML_STATUS_UNSUPPORTED, CU
 int ggml_cuda_device_count(void) { return 0; }
 const char *ggml_cuda_device_name(void) { return ""; }
 int ggml_cuda_init(void) { return cuda_absent(); }
+size_t ggml_cuda_allocated(void) { return 0; }
+
+int ggml_cuda_host_register(void *ptr, size_t size) {
+    (void)ptr, (void)size;
+    return cuda_absent();
+}
+
+void ggml_cuda_host_unregister(void *ptr) { (void)ptr; }
+
+int ggml_cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
+    *free_bytes = *total_bytes = 0;
+    return GGML_STATUS_OK;
+}
 
 int ggml_cuda_malloc(void **ptr, size_t size) {
     (void)size;
@@ -39,6 +52,43 @@ int ggml_cuda_memcpy_d2h(void *dst, const void *src, size_t n, void *stream) {
 
 int ggml_cuda_memcpy_d2d(void *dst, const void *src, size_t n, void *stream) {
     (void)dst, (void)src, (void)n, (void)stream;
+    return cuda_absent();
+}
+
+int ggml_cuda_memcpy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                        void *stream) {
+    (void)dst, (void)dpitch, (void)src, (void)spitch, (void)width, (void)height, (void)stream;
+    return cuda_absent();
+}
+
+int ggml_cuda_stream_done(void *stream, bool *done) {
+    (void)stream;
+    *done = true;
+    return cuda_absent();
+}
+
+int ggml_cuda_event_new(void **event, bool timing) {
+    (void)timing;
+    *event = NULL;
+    return cuda_absent();
+}
+
+void ggml_cuda_event_free(void *event) { (void)event; }
+
+int ggml_cuda_event_record(void *event, void *stream) {
+    (void)event, (void)stream;
+    return cuda_absent();
+}
+
+int ggml_cuda_event_done(void *event, bool *done) {
+    (void)event;
+    *done = true;
+    return cuda_absent();
+}
+
+int ggml_cuda_event_elapsed_ms(void *from, void *to, float *ms) {
+    (void)from, (void)to;
+    *ms = 0.0f;
     return cuda_absent();
 }
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #define GRAPH_ALIGN 64
+#define STREAMED_MIN_BYTES ((size_t)1 << 20) // smaller host leaves (norms, biases) are staged as uploads
 
 struct ggml_cgraph *ggml_graph_new(struct ggml_context *ctx) {
     (void)ctx; // graphs own their node list and buffer; the context owns the tensors
@@ -17,7 +18,7 @@ struct ggml_cgraph *ggml_graph_new(struct ggml_context *ctx) {
 
 void ggml_graph_free(struct ggml_cgraph *g) {
     if (!g) return;
-    if (g->cuda_graph) ggml_cuda_graph_free(g->cuda_graph);
+    if (g->exec_free) g->exec_free(g->exec);
     if (g->stream) ggml_cuda_stream_free(g->stream);
     if (g->dev_buffer) ggml_cuda_free(g->dev_buffer);
     if (g->dev_wdata) ggml_cuda_free(g->dev_wdata);
@@ -77,8 +78,6 @@ struct ggml_tensor *ggml_graph_node(const struct ggml_cgraph *g, int i) {
 }
 
 size_t ggml_graph_mem_size(const struct ggml_cgraph *g) { return g ? g->buffer_size : 0; }
-
-bool ggml_graph_is_replayed(const struct ggml_cgraph *g) { return g && g->cuda_graph; }
 
 int ggml_graph_n_fused(const struct ggml_cgraph *g) {
     int n = 0;
@@ -162,13 +161,15 @@ static bool owns_planned_memory(const struct ggml_tensor *t) { return t->op != G
 // GPU as soon as any input is there (so data crosses to the GPU once and stays)
 // ---------------------------------------------------------------------------------------------------
 
-static enum ggml_backend node_backend(const struct ggml_tensor *t) {
+static enum ggml_backend node_backend(const struct ggml_cgraph *g, const struct ggml_tensor *t) {
     switch (t->op) {
     case GGML_OP_VIEW:
     case GGML_OP_KV_STORE: return storage_of((struct ggml_tensor *)t)->backend;
     case GGML_OP_MUL_MAT:
     case GGML_OP_MUL_MAT_ROWS:
     case GGML_OP_AXPY_ROWS:
+        if (g->stream_min_cols > 0 && t->src[1]->ne[1] >= g->stream_min_cols) return GGML_BACKEND_CUDA;
+        return ggml_get_backend(t->src[0]);
     case GGML_OP_SPARSE_FFN:
     case GGML_OP_GET_ROWS: return ggml_get_backend(t->src[0]);
     case GGML_OP_ATTENTION: return ggml_get_backend(t->src[1]);
@@ -213,7 +214,7 @@ static void pull_to_gpu(struct ggml_cgraph *g) {
 
 // gives every cross-device edge a transfer node (one per source and backend), placed before its reader
 static int insert_transfers(struct ggml_cgraph *g) {
-    for (int i = 0; i < g->n_nodes; i++) g->nodes[i]->backend = node_backend(g->nodes[i]);
+    for (int i = 0; i < g->n_nodes; i++) g->nodes[i]->backend = node_backend(g, g->nodes[i]);
     pull_to_gpu(g);
     int n_cross = 0;
     for (int i = 0; i < g->n_nodes; i++) {
@@ -243,14 +244,22 @@ static int insert_transfers(struct ggml_cgraph *g) {
             if (!m) {
                 m = &g->mirrors[g->n_mirrors++];
                 memcpy(m->ne, src->ne, sizeof m->ne);
-                memcpy(m->nb, src->nb, sizeof m->nb);
                 m->type = src->type;
+                // a strided view arrives packed: the copy is 2-D (rows of ne[0] values)
+                m->nb[0] = ggml_type_size(src->type);
+                m->nb[1] = ggml_row_size(src->type, src->ne[0]);
+                for (int d = 2; d < GGML_MAX_DIMS; d++) m->nb[d] = m->nb[d - 1] * (size_t)src->ne[d - 1];
                 m->op = GGML_OP_TRANSFER;
                 m->backend = t->backend;
                 m->src[0] = src;
                 m->owner = t->owner;
                 snprintf(m->name, sizeof m->name, "%.50s (copy)", src->name);
-                if (storage_of(src)->op == GGML_OP_NONE) g->uploads[g->n_uploads++] = m; // leaves: copied up front
+                // host leaves read on the GPU are uploaded up front through pinned staging, but for weights
+                // streamed in (large): those are copied just before their reader, into memory that the next
+                // weight reuses; a device leaf that a CPU node reads is downloaded like any node's output
+                bool staged = storage_of(src)->op == GGML_OP_NONE && t->backend == GGML_BACKEND_CUDA &&
+                              !(g->stream_min_cols > 0 && ggml_nbytes(src) >= STREAMED_MIN_BYTES);
+                if (staged) g->uploads[g->n_uploads++] = m;
                 else nodes[n++] = m;
             }
             t->src[s] = m;
@@ -272,6 +281,50 @@ static int insert_transfers(struct ggml_cgraph *g) {
     return ggml_cuda_stream_new(&g->stream);
 }
 
+static int index_of(const struct ggml_cgraph *g, const struct ggml_tensor *t, int before) {
+    for (int j = before - 1; j >= 0; j--)
+        if (g->nodes[j] == t) return j;
+    return -1;
+}
+
+// downloads (GPU -> host transfers) move up to just after the last node any download for the same CPU
+// reader needs: the stream then copies as soon as the data exists, before GPU work that the CPU does not
+// wait for (the hot half of a split FFN), and the CPU half starts while that work runs
+static int issue_downloads_early(struct ggml_cgraph *g) {
+    int n = g->n_nodes;
+    int *after = malloc((size_t)n * sizeof *after); // a download's new place: after this node (-1: the uploads)
+    int *reader = malloc((size_t)n * sizeof *reader);
+    struct ggml_tensor **order = malloc((size_t)n * sizeof *order);
+    if (!after || !reader || !order) {
+        free(after), free(reader), free(order);
+        return ggml_set_error(GGML_STATUS_ALLOC_FAILED, "out of memory while planning transfers");
+    }
+    for (int i = 0; i < n; i++) {
+        after[i] = reader[i] = -1;
+        if (i < g->n_uploads || !ggml_is_download(g->nodes[i])) continue;
+        after[i] = index_of(g, storage_of(g->nodes[i]->src[0]), i); // a view's bytes exist with its owner
+        for (int j = i + 1; j < n && reader[i] < 0; j++)
+            for (int s = 0; s < GGML_MAX_SRC; s++)
+                if (g->nodes[j]->src[s] == g->nodes[i]) reader[i] = j;
+    }
+    for (int i = 0; i < n; i++) // the downloads of one reader go together, after the last of their sources
+        for (int k = 0; k < n && reader[i] >= 0; k++)
+            if (reader[k] == reader[i] && after[k] > after[i]) after[i] = after[k];
+    int m = 0;
+    for (int i = 0; i < g->n_uploads; i++) order[m++] = g->nodes[i];
+    for (int k = 0; k < n; k++)
+        if (reader[k] >= 0 && after[k] < g->n_uploads) order[m++] = g->nodes[k];
+    for (int i = g->n_uploads; i < n; i++) {
+        if (reader[i] >= 0) continue; // placed with its anchor (a download nobody reads stays where it was)
+        order[m++] = g->nodes[i];
+        for (int k = 0; k < n; k++)
+            if (reader[k] >= 0 && after[k] == i) order[m++] = g->nodes[k];
+    }
+    memcpy(g->nodes, order, (size_t)n * sizeof *order);
+    free(after), free(reader), free(order);
+    return GGML_STATUS_OK;
+}
+
 // memory for one backend's intermediates; returns the high-water mark and fills offs[i]
 static int plan_backend(struct ggml_cgraph *g, enum ggml_backend backend, const int *last_use, size_t *offs,
                         size_t *total) {
@@ -289,6 +342,15 @@ static int plan_backend(struct ggml_cgraph *g, enum ggml_backend backend, const 
     free(p.blocks);
     *total = p.peak ? p.peak : GRAPH_ALIGN;
     return status;
+}
+
+int ggml_graph_stream_weights(struct ggml_cgraph *g, int64_t min_cols) {
+    if (!g) return ggml_set_error(GGML_STATUS_INVALID_ARG, "null graph");
+    if (g->planned) return ggml_set_error(GGML_STATUS_INVALID_ARG, "graph already planned");
+    if (min_cols > 0 && ggml_cuda_device_count() == 0)
+        return ggml_set_error(GGML_STATUS_UNSUPPORTED, "no GPU to stream weights to");
+    g->stream_min_cols = min_cols < 0 ? 0 : min_cols;
+    return GGML_STATUS_OK;
 }
 
 int ggml_graph_to_backend(struct ggml_cgraph *g, enum ggml_backend backend) {
@@ -314,12 +376,6 @@ static int plan_staging(struct ggml_cgraph *g) {
         total += (ggml_nbytes(g->uploads[i]->src[0]) + GRAPH_ALIGN - 1) / GRAPH_ALIGN * GRAPH_ALIGN;
     }
     return ggml_cuda_host_malloc(&g->staging, total);
-}
-
-static int index_of(const struct ggml_cgraph *g, const struct ggml_tensor *t, int before) {
-    for (int j = before - 1; j >= 0; j--)
-        if (g->nodes[j] == t) return j;
-    return -1;
 }
 
 // asks the CUDA backend which runs of nodes it fuses (needs the readers of every node)
@@ -369,6 +425,7 @@ int ggml_graph_plan(struct ggml_cgraph *g) {
                 return ggml_set_error(GGML_STATUS_INVALID_ARG, "input tensor '%s' has no data", storage_of(src)->name);
         }
     int status = insert_transfers(g);
+    if (!status && g->stream) status = issue_downloads_early(g);
     if (!status && g->stream) status = plan_cuda_groups(g);
     if (status) return status;
     int n = g->n_nodes;
@@ -428,16 +485,6 @@ int ggml_graph_plan(struct ggml_cgraph *g) {
         struct ggml_tensor *t = g->nodes[i];
         if (t->view_src) t->data = (uint8_t *)t->view_src->data + t->view_offs;
     }
-    // the CUDA-only tail of the graph can be replayed as one CUDA graph
-    g->capture_from = n;
-    while (g->capture_from > 0) {
-        struct ggml_tensor *t = g->nodes[g->capture_from - 1];
-        bool device_only = t->backend == GGML_BACKEND_CUDA &&
-                           (t->op != GGML_OP_TRANSFER || ggml_get_backend(t->src[0]) == GGML_BACKEND_CUDA);
-        bool upload = t->op == GGML_OP_TRANSFER && g->capture_from - 1 < g->n_uploads;
-        if (!device_only || upload) break;
-        g->capture_from--;
-    }
     g->planned = true;
 done:
     free(last_use);
@@ -445,16 +492,11 @@ done:
     return status;
 }
 
-int ggml_graph_run_uploads(struct ggml_cgraph *g) {
+void ggml_graph_stage_uploads(struct ggml_cgraph *g) {
     for (int i = 0; i < g->n_uploads; i++) {
-        const struct ggml_tensor *node = g->uploads[i], *src = node->src[0];
-        size_t n = ggml_nbytes(src);
-        void *staged = (uint8_t *)g->staging + g->staging_offs[i];
-        memcpy(staged, src->data, n);
-        int st = ggml_cuda_memcpy_h2d(node->data, staged, n, g->stream);
-        if (st) return st;
+        const struct ggml_tensor *src = g->uploads[i]->src[0];
+        memcpy((uint8_t *)g->staging + g->staging_offs[i], src->data, ggml_nbytes(src));
     }
-    return GGML_STATUS_OK;
 }
 
 int ggml_graph_run_cuda_node(struct ggml_cgraph *g, int i) {
@@ -464,8 +506,21 @@ int ggml_graph_run_cuda_node(struct ggml_cgraph *g, int i) {
 
 int ggml_graph_run_transfer(struct ggml_cgraph *g, struct ggml_tensor *node) {
     const struct ggml_tensor *src = node->src[0];
-    size_t n = ggml_nbytes(src);
-    if (node->backend == GGML_BACKEND_CUDA) return ggml_cuda_memcpy_h2d(node->data, src->data, n, g->stream);
-    int st = ggml_cuda_memcpy_d2h(node->data, src->data, n, g->stream);
-    return st ? st : ggml_cuda_stream_sync(g->stream);
+    const bool up = node->backend == GGML_BACKEND_CUDA;
+    for (int i = 0; i < g->n_uploads; i++)
+        if (g->uploads[i] == node)
+            return ggml_cuda_memcpy_h2d(node->data, (uint8_t *)g->staging + g->staging_offs[i], ggml_nbytes(src),
+                                        g->stream);
+    if (ggml_is_contiguous(src))
+        return up ? ggml_cuda_memcpy_h2d(node->data, src->data, ggml_nbytes(src), g->stream)
+                  : ggml_cuda_memcpy_d2h(node->data, src->data, ggml_nbytes(src), g->stream);
+    // a strided window (a column slice of a matrix): rows of ne[0] values, evenly spaced, arrive packed
+    const size_t width = ggml_row_size(src->type, src->ne[0]);
+    const bool even = src->nb[0] == ggml_type_size(src->type) && src->ne[3] == 1 &&
+                      (src->ne[2] == 1 || src->nb[2] == src->nb[1] * (size_t)src->ne[1]);
+    if (!even)
+        return ggml_set_error(GGML_STATUS_UNSUPPORTED, "cannot copy '%s' between devices: its rows are not evenly "
+                                                       "spaced", src->name);
+    return ggml_cuda_memcpy_2d(node->data, width, src->data, src->nb[1], width, (size_t)(src->ne[1] * src->ne[2]),
+                               g->stream);
 }

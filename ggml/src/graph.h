@@ -7,6 +7,7 @@ struct ggml_cgraph {
     struct ggml_tensor **nodes;   // (n_nodes) in execution order, transfers included after planning
     int n_nodes, cap_nodes;
     bool planned;
+    int64_t stream_min_cols;      // weight ops of this many columns run on the GPU, host weights copied in (0: off)
     void *buffer;                 // (buffer_size) host memory of the CPU intermediates (pinned with a GPU)
     size_t buffer_size;
     // GPU side, present when some node runs on CUDA
@@ -22,14 +23,19 @@ struct ggml_cgraph {
     size_t dev_wsize;
     void *stream;
     struct ggml_cuda_group *groups; // (n_nodes) how the CUDA backend runs each node (fused runs)
-    int capture_from;             // nodes [capture_from, n_nodes) are CUDA-only: replayed as a CUDA graph
-    int n_computes;
-    void *cuda_graph;             // the captured replay, or NULL
+    // the executor's state for this graph (native/src/executor.c: its schedule, CUDA graphs, events),
+    // freed with the graph
+    void *exec;
+    void (*exec_free)(void *exec);
 };
 
-// executes a transfer node (thread 0 only); syncs the stream when the bytes land on the host
+// issues a transfer node on the graph's stream, asynchronously (an upload copies from its pinned staging)
 int ggml_graph_run_transfer(struct ggml_cgraph *g, struct ggml_tensor *node);
-// runs CUDA node i: the fused run it starts, nothing if an earlier run covered it (thread 0 only)
+// issues CUDA node i: the fused run it starts, nothing if an earlier run covered it
 int ggml_graph_run_cuda_node(struct ggml_cgraph *g, int i);
-// uploads the host leaves the GPU nodes read (thread 0, before any node)
-int ggml_graph_run_uploads(struct ggml_cgraph *g);
+// copies the host leaves the GPU nodes read into their pinned staging (before the uploads are issued)
+void ggml_graph_stage_uploads(struct ggml_cgraph *g);
+// true for a transfer that carries bytes from the GPU to the host
+static inline bool ggml_is_download(const struct ggml_tensor *t) {
+    return t->op == GGML_OP_TRANSFER && t->backend == GGML_BACKEND_CPU;
+}

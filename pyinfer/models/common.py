@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from pyinfer import ggml
 from pyinfer.errors import ModelFormatError
+from pyinfer.placement import STREAM_ROWS
 
 
 @dataclass
@@ -24,27 +25,46 @@ class Builder:
     """What an architecture's graph needs: a context for op nodes, the config, weights and KV cache."""
 
     def __init__(self, ctx: ggml.Context, cfg, weights: dict[str, ggml.Tensor], kv_cache, capture: dict | None = None,
-                 sparse=None):
+                 sparse=None, hot_rows: dict[int, int] | None = None, stream: bool = False):
         self.ctx = ctx
         self.cfg = cfg
         self.weights = weights
         self.kv_cache = kv_cache
         self.capture = capture  # name -> tensor, filled with intermediates a profiler asks for
         self.sparse = sparse  # models.sparse_ffn.SparseSpec: FFNs take the predicted rows only
+        # layer -> k for FFNs split between devices: neurons [0, k) are blk.N.ffn_*.hot (on the GPU), the rest
+        # blk.N.ffn_*.cold or blk.N.ffn_bundle (on the CPU); both halves run at once and are added
+        self.hot_rows = hot_rows or {}
+        self.stream = stream  # a prompt graph whose host FFN weights are streamed to the GPU in row chunks
+        self.local: dict[str, ggml.Tensor] = {}  # views made for this graph (the chunks)
+
+    def get(self, key: str) -> ggml.Tensor | None:
+        """A model tensor or one of this graph's views, by its full name; None if there is none."""
+        t = self.local.get(key)
+        return t if t is not None else self.weights.get(key)
 
     def w(self, name: str) -> ggml.Tensor:
-        t = self.weights.get(name + ".weight")
+        t = self.get(name + ".weight")
         if t is None:
             raise ModelFormatError(f"model has no tensor {name}.weight")
         return t
 
     def has(self, name: str) -> bool:
-        return name + ".weight" in self.weights
+        return self.get(name + ".weight") is not None
+
+    def rows(self, name: str, r0: int, r1: int, tag: str) -> None:
+        """name + tag: rows [r0, r1) of the matrix `name` (and entries of its per-row bias), as views."""
+        w = self.w(name)
+        row = w.nbytes // w.ne[1]
+        self.local[f"{name}{tag}.weight"] = self.ctx.view(w, (r1 - r0, w.ne[0]), (row, 1), offset=r0 * row)
+        bias = self.get(name + ".bias")
+        if bias is not None and bias.ne[0] == w.ne[1]:  # a bias per row (not down's, per output)
+            self.local[f"{name}{tag}.bias"] = self.ctx.view(bias, (r1 - r0,), (4,), offset=4 * r0)
 
     def linear(self, x: ggml.Tensor, name: str) -> ggml.Tensor:
         """x @ W.T (+ bias): (n, k) -> (n, rows of W)."""
         y = self.ctx.mul_mat(self.w(name), x)
-        bias = self.weights.get(name + ".bias")
+        bias = self.get(name + ".bias")
         return self.ctx.add(y, bias) if bias is not None else y
 
     def norm(self, x: ggml.Tensor, name: str) -> ggml.Tensor:
@@ -55,7 +75,7 @@ class Builder:
         else:
             y = self.ctx.layer_norm(x, cfg.norm_eps)
         y = self.ctx.mul(y, self.w(name))
-        bias = self.weights.get(name + ".bias")
+        bias = self.get(name + ".bias")
         return self.ctx.add(y, bias) if bias is not None else y
 
 
@@ -76,13 +96,14 @@ def attention_block(b: Builder, il: int, h: ggml.Tensor, inputs: GraphInputs) ->
     return b.linear(a, f"blk.{il}.attn_output")
 
 
-def ffn_activation(b: Builder, il: int, h: ggml.Tensor) -> ggml.Tensor:
-    """The FFN's hidden activations (n_tokens, n_ff): act(gate) * up, or act(up) without a gate."""
+def ffn_activation(b: Builder, il: int, h: ggml.Tensor, part: str = "") -> ggml.Tensor:
+    """The FFN's hidden activations (n_tokens, n_ff): act(gate) * up, or act(up) without a gate; part ".hot"
+    or ".cold" takes that half of a split layer's neurons."""
     ctx, kind = b.ctx, b.cfg.ffn_kind
-    up = b.linear(h, f"blk.{il}.ffn_up")
+    up = b.linear(h, f"blk.{il}.ffn_up{part}")
     if kind == "relu":
         return ctx.relu(up)
-    gate = b.linear(h, f"blk.{il}.ffn_gate")
+    gate = b.linear(h, f"blk.{il}.ffn_gate{part}")
     if kind == "swiglu":
         return ctx.mul(ctx.silu(gate), up)
     if kind == "reglu":
@@ -100,6 +121,10 @@ def ffn_block(b: Builder, il: int, h: ggml.Tensor) -> ggml.Tensor:
         from pyinfer.models import sparse_ffn  # imports this module
 
         return sparse_ffn.ffn_block(b, il, h)
+    if b.stream and host_ffn(b, il) is not None:
+        return streamed_ffn(b, il, h)
+    if il in b.hot_rows:
+        return split_dense_ffn(b, il, h)
     act = ffn_activation(b, il, h)  # (n, n_ff)
     if b.capture is not None:
         b.capture[f"ffn_inp.{il}"] = h  # (n, n_embd)
@@ -110,8 +135,69 @@ def ffn_block(b: Builder, il: int, h: ggml.Tensor) -> ggml.Tensor:
     else:
         down = f"blk.{il}.ffn_down"
         y = b.ctx.mul_mat(b.w(down), act)
-    bias = b.weights.get(down + ".bias")
+    bias = b.get(down + ".bias")
     return b.ctx.add(y, bias) if bias is not None else y
+
+
+def split_dense_ffn(b: Builder, il: int, h: ggml.Tensor) -> ggml.Tensor:
+    """A dense FFN split by neurons: the GPU sums rows [0, k), the CPU the rest (through its bundle when it
+    has one), at the same time; (n_tokens, n_embd) -> (n_tokens, n_embd)."""
+    ctx, cfg = b.ctx, b.cfg
+    hot = ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t.hot"), ffn_activation(b, il, h, ".hot"))  # (n, n_embd)
+    if b.has(f"blk.{il}.ffn_bundle"):
+        n = h.shape[0] if len(h.shape) == 2 else 1
+        n_cold = cfg.n_ff - b.hot_rows[il]
+        out = ctx.sparse_ffn(b.w(f"blk.{il}.ffn_bundle"), h, None, cfg.ffn_kind)  # (n, n_embd + n_cold)
+        cold = ctx.view(out, (n, cfg.n_embd), (4 * (cfg.n_embd + n_cold), 4))
+    else:
+        cold = ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t.cold"), ffn_activation(b, il, h, ".cold"))
+    y = ctx.add(hot, cold)
+    bias = b.get(f"blk.{il}.ffn_down_t.bias")
+    return ctx.add(y, bias) if bias is not None else y
+
+
+def host_ffn(b: Builder, il: int) -> tuple[str, int] | None:
+    """(part, rows) of layer il's FFN neurons whose weights are in host memory, None if all are on the GPU."""
+    if il in b.hot_rows:
+        return ".cold", b.cfg.n_ff - b.hot_rows[il]
+    up = b.weights.get(f"blk.{il}.ffn_up.weight")
+    if up is not None and not up.on_device and b.has(f"blk.{il}.ffn_down_t"):
+        return "", b.cfg.n_ff
+    return None
+
+
+def streamed_ffn(b: Builder, il: int, h: ggml.Tensor, pred: ggml.Tensor | None = None) -> ggml.Tensor:
+    """The FFN of a prompt batch on the GPU, its host neurons copied in chunk by chunk (placement.STREAM_ROWS
+    rows of each matrix at a time, so the copies need little device memory), the GPU's own hot rows as they
+    are. pred: the sparse model's predictor logits (n, n_ff); the host neurons are then computed whole under
+    the same mask, as sparse_ffn.rows_ffn does for large batches. -> (n_tokens, n_embd), down bias added."""
+    from pyinfer.models import sparse_ffn
+
+    ctx, cfg = b.ctx, b.cfg
+    n = h.shape[0] if len(h.shape) == 2 else 1
+    part, n_rows = host_ffn(b, il)
+    first = cfg.n_ff - n_rows  # the host's rows are the last ones
+    y = None
+    for r0 in range(0, n_rows, STREAM_ROWS):
+        r1 = min(n_rows, r0 + STREAM_ROWS)
+        tag = f"{part}.rows{r0}"
+        for name in ("ffn_gate", "ffn_up", "ffn_down_t"):
+            if b.has(f"blk.{il}.{name}{part}"):
+                b.rows(f"blk.{il}.{name}{part}", r0, r1, f".rows{r0}")
+        if pred is None:
+            chunk = ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t{tag}"), ffn_activation(b, il, h, tag))
+        else:
+            sel = ctx.view(pred, (n, r1 - r0), (4 * cfg.n_ff, 4), offset=4 * (first + r0))
+            chunk = sparse_ffn.rows_ffn(b, il, h, sel, tag, dense=True)[0]
+        y = chunk if y is None else ctx.add(y, chunk)
+    if first:  # the GPU's rows
+        if pred is None:
+            y = ctx.add(y, ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t.hot"), ffn_activation(b, il, h, ".hot")))
+        else:
+            hot_sel = ctx.view(pred, (n, first), (4 * cfg.n_ff, 4))
+            y = ctx.add(y, sparse_ffn.rows_ffn(b, il, h, hot_sel, ".hot")[0])
+    bias = b.get(f"blk.{il}.ffn_down_t.bias")
+    return ctx.add(y, bias) if bias is not None else y
 
 
 def output_logits(b: Builder, x: ggml.Tensor, inputs: GraphInputs) -> ggml.Tensor:

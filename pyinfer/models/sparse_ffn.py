@@ -106,32 +106,32 @@ def predict(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
     return ctx.add(ctx.mul_mat(b.w(f"blk.{il}.fc2"), z), spec.pred_bias[il])  # (n, n_ff)
 
 
-def fused_ffn(b, il: int, h: ggml.Tensor, pred: ggml.Tensor) -> ggml.Tensor:
-    """The sparse FFN as one sparse_ffn op over the layer's bundled rows (runtime.Model._bundle_ffns)."""
+def fused_ffn(b, il: int, h: ggml.Tensor, pred: ggml.Tensor) -> tuple[ggml.Tensor, ggml.Tensor]:
+    """The sparse FFN as one sparse_ffn op over the layer's bundled rows (runtime.Model._bundle_ffns), which
+    are the CPU's neurons of a split layer: (output (n, n_embd), mask (n, rows) of the neurons summed)."""
     ctx, cfg, spec = b.ctx, b.cfg, b.sparse
     n = h.shape[0] if len(h.shape) == 2 else 1
-    out = ctx.sparse_ffn(b.w(f"blk.{il}.ffn_bundle"), h, pred, cfg.ffn_kind, spec.thresholds[il])  # (n, d + n_ff)
-    row = 4 * (cfg.n_embd + cfg.n_ff)  # bytes per token of out
-    spec.masks[il] = ctx.view(out, (n, cfg.n_ff), (row, 4), offset=4 * cfg.n_embd)
-    return ctx.view(out, (n, cfg.n_embd), (row, 4))
+    rows = pred.shape[-1]
+    out = ctx.sparse_ffn(b.w(f"blk.{il}.ffn_bundle"), h, pred, cfg.ffn_kind, spec.thresholds[il])  # (n, d + rows)
+    row = 4 * (cfg.n_embd + rows)  # bytes per token of out
+    mask = ctx.view(out, (n, rows), (row, 4), offset=4 * cfg.n_embd)
+    return ctx.view(out, (n, cfg.n_embd), (row, 4)), mask
 
 
-def ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
-    """Sparse FFN of layer il: (n_tokens, n_embd) -> (n_tokens, n_embd)."""
+def rows_ffn(b, il: int, h: ggml.Tensor, pred: ggml.Tensor, part: str = "", dense: bool = False):
+    """The sparse FFN as row ops: the rows of up (and gate) that pred (n, rows) selects, the activation, and
+    down as an AXPY over the same rows; part ".hot"/".cold" takes that half of a split layer. dense: up and
+    gate computed whole (large batches), under the same mask. Returns (output (n, n_embd) without the down
+    bias, the down mask, the activations)."""
     ctx, kind, spec = b.ctx, b.cfg.ffn_kind, b.sparse
-    n = h.shape[0] if len(h.shape) == 2 else 1
-    pred = predict(b, il, h)  # (n, n_ff)
-    dense = n > spec.dense_above
-    if not dense and b.capture is None and b.has(f"blk.{il}.ffn_bundle"):
-        return fused_ffn(b, il, h, pred)
 
     def proj(name: str, sel: ggml.Tensor) -> ggml.Tensor:
-        w = b.w(f"blk.{il}.{name}")
-        y = ctx.mul_mat(w, h) if dense else ctx.mul_mat_rows(w, h, sel)  # (n, n_ff)
-        bias = b.weights.get(f"blk.{il}.{name}.bias")
+        w = b.w(f"blk.{il}.{name}{part}")
+        y = ctx.mul_mat(w, h) if dense else ctx.mul_mat_rows(w, h, sel)  # (n, rows)
+        bias = b.get(f"blk.{il}.{name}{part}.bias")
         return ctx.add(y, bias) if bias is not None else y
 
-    computed = pred  # (n, n_ff) positive on the rows computed (when not dense)
+    computed = pred  # (n, rows) positive on the rows computed (when not dense)
     if kind == "relu":
         act = ctx.relu(proj("ffn_up", pred))
     else:
@@ -153,10 +153,31 @@ def ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
         sel = _active(b, il, act)  # zero outside the computed rows
     else:
         sel = computed  # every computed row of a gated FFN is nonzero (but for exact zeros)
-    spec.masks[il] = sel
-    if b.capture is not None:
-        b.capture[f"ffn_inp.{il}"] = h  # (n, n_embd)
-        b.capture[f"ffn_act.{il}"] = act  # (n, n_ff), before the down mask
-    y = ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t"), act, sel)  # (n, n_embd)
-    bias = b.weights.get(f"blk.{il}.ffn_down_t.bias")
+    return ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t{part}"), act, sel), sel, act  # (n, n_embd)
+
+
+def ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
+    """Sparse FFN of layer il: (n_tokens, n_embd) -> (n_tokens, n_embd)."""
+    from pyinfer.models.common import host_ffn, streamed_ffn
+
+    ctx, cfg, spec = b.ctx, b.cfg, b.sparse
+    n = h.shape[0] if len(h.shape) == 2 else 1
+    pred = predict(b, il, h)  # (n, n_ff)
+    if b.stream and host_ffn(b, il) is not None:
+        return streamed_ffn(b, il, h, pred)
+    bundled = b.capture is None and b.has(f"blk.{il}.ffn_bundle")
+    k = b.hot_rows.get(il)
+    if k:  # split: the GPU's rows [0, k) and the CPU's rest at the same time, each under its part of pred
+        hot, _, _ = rows_ffn(b, il, h, ctx.view(pred, (n, k), (4 * cfg.n_ff, 4)), ".hot")
+        cold_pred = ctx.view(pred, (n, cfg.n_ff - k), (4 * cfg.n_ff, 4), offset=4 * k)
+        cold, spec.masks[il] = fused_ffn(b, il, h, cold_pred) if bundled else rows_ffn(b, il, h, cold_pred, ".cold")[:2]
+        y = ctx.add(hot, cold)
+    elif n <= spec.dense_above and bundled:
+        y, spec.masks[il] = fused_ffn(b, il, h, pred)
+    else:
+        y, spec.masks[il], act = rows_ffn(b, il, h, pred, dense=n > spec.dense_above)
+        if b.capture is not None:
+            b.capture[f"ffn_inp.{il}"] = h  # (n, n_embd)
+            b.capture[f"ffn_act.{il}"] = act  # (n, n_ff), before the down mask
+    bias = b.get(f"blk.{il}.ffn_down_t.bias")
     return ctx.add(y, bias) if bias is not None else y

@@ -32,6 +32,8 @@ from pyinfer.gguf_file import GGUFFile
 SHAPES = {
     "llama-7b": (4096, 32, 11008, 32, 32, 32000),
     "llama-13b": (5120, 40, 13824, 40, 40, 32000),
+    "llama-70b": (8192, 80, 28672, 64, 8, 32000),  # GQA: 8 KV heads
+    "small": (1024, 4, 4096, 16, 4, 2048),
     "tiny": (128, 2, 512, 4, 4, 512),
 }
 TYPES = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0}
@@ -122,7 +124,7 @@ def random_weight(rng: np.random.Generator, qtype: Q, shape: tuple[int, int], st
             raw[:, 2:][raw[:, 2:] == 128] = 129  # int8 -128 would skew the symmetric range
         raw[:, :2] = np.frombuffer(np.float16(std / q_std).tobytes(), dtype=np.uint8)
         return raw.reshape(rows, -1)
-    values = (std * rng.standard_normal(shape)).astype(np.float32)
+    values = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
     if qtype == Q.F32:
         return values
     if qtype == Q.F16:
@@ -148,10 +150,12 @@ def _vocab_kv(n_vocab: int) -> list:
 
 def make_llama(path: str, shape: str, qtype: Q, *, seed: int = 0, density: float = 0.10, hot_frac: float = 0.17,
                hot_share: float = 0.80, rank: int = 256, ffn_kind: str = "swiglu", n_layer: int | None = None,
-               dense: bool = False) -> None:
+               dense: bool = False, share_weights: bool = False) -> None:
     """A random LLaMA-shaped PowerGGUF with synthetic predictors, neurons hot-first; dense: a plain
     llama.cpp GGUF instead (ffn_down, no predictors, no pyinfer keys) that both engines run.
-    n_layer overrides the shape's layer count (speed per layer is what such benchmarks compare)."""
+    n_layer overrides the shape's layer count (speed per layer is what such benchmarks compare).
+    share_weights: every layer's matrices hold the same random values (drawn once: a large file is then as
+    fast to write as its disk allows; each layer is still its own bytes, read on its own)."""
     d, shape_layers, n_ff, n_head, n_head_kv, n_vocab = SHAPES[shape]
     n_layer = n_layer or shape_layers
     head_dim, kv_dim = d // n_head, d // n_head * n_head_kv
@@ -172,10 +176,20 @@ def make_llama(path: str, shape: str, qtype: Q, *, seed: int = 0, density: float
                *_sparsity_kv("relu" if ffn_kind in GATED_RELU else "threshold", n_layer, float(freqs.mean()),
                              rank, 0.0)]
 
+    drawn: dict[tuple, np.ndarray] = {}
+
     def mat(name: str, rows: int, k: int, std: float) -> OutTensor:
         seed_i = int(rng.integers(2**63))
-        return OutTensor(name, (rows, k), qtype,
-                         lambda: random_weight(np.random.default_rng(seed_i), qtype, (rows, k), std))
+        key = (name.split(".", 2)[-1], rows, k)
+
+        def produce() -> np.ndarray:
+            if not share_weights or not name.startswith("blk."):
+                return random_weight(np.random.default_rng(seed_i), qtype, (rows, k), std)
+            if key not in drawn:
+                drawn[key] = random_weight(np.random.default_rng(seed_i), qtype, (rows, k), std)
+            return drawn[key]
+
+        return OutTensor(name, (rows, k), qtype, produce)
 
     def ones(name: str) -> OutTensor:
         return OutTensor(name, (d,), Q.F32, lambda: np.ones(d, np.float32))
@@ -244,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--layers", type=int, default=None, help="override the shape's layer count")
     p.add_argument("--dense", action="store_true", help="plain llama.cpp GGUF (ffn_down, no predictors)")
+    p.add_argument("--share-weights", action="store_true",
+                   help="every layer reuses layer 0's random values (fast to make; for speed benchmarks)")
     a = p.parse_args(argv)
     if (a.shape is None) == (a.src is None):
         p.error("give a shape or --from FILE")
@@ -252,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         add_predictors(a.src, a.output, rank=a.rank or 64, threshold=a.threshold, **common)
     else:
         make_llama(a.output, a.shape, TYPES[a.type], rank=a.rank or 256, ffn_kind=a.ffn_kind, n_layer=a.layers,
-                   dense=a.dense, **common)
+                   dense=a.dense, share_weights=a.share_weights, **common)
     print(f"wrote {a.output} (SYNTHETIC)", file=sys.stderr)
     return 0
 

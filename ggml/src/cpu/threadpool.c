@@ -1,14 +1,13 @@
-// threadpool.c: persistent workers that run a whole graph together, node by node, with a spinning
-// barrier between nodes (a node is microseconds long, too short for a sleep/wake). Between graphs the
-// workers sleep on a condition variable so an idle engine costs no CPU.
-#include "ops.h"
+// threadpool.c: persistent workers that run a function together (a graph, node by node, with a spinning
+// barrier between nodes: a node is microseconds long, too short for a sleep/wake). Between runs the
+// workers sleep on a condition variable so an idle engine costs no CPU. The CPU-only graph executor is
+// here; graphs with a GPU part are scheduled by the engine (native/src/executor.c) with the same primitives.
+#include "pool.h"
 #include "../graph.h"
-#include "../cuda/cuda.h"
 
 #include <immintrin.h>
 #include <linux/futex.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,12 +23,13 @@ struct ggml_threadpool {
     int generation;              // bumped for each graph; workers wake when it changes
     bool stop;
 
-    struct ggml_cgraph *graph;   // the graph being computed
+    ggml_threadpool_fn fn;       // the work of the current run, called by every thread
+    void *arg;
     void *wdata;                 // (wsize) scratch shared by the threads
     size_t wsize;
 
-    // row-chunk counters of consecutive CPU nodes (see graph_run), each on a cache line of its own: the
-    // barrier's lines are polled while they are being taken
+    // row-chunk counters of consecutive CPU nodes (see ggml_threadpool_compute_node), each on a cache line
+    // of its own: the barrier's lines are polled while they are being taken
     struct { _Alignas(64) atomic_int next; } chunk[2];
     atomic_int barrier_count;
     atomic_int barrier_phase;
@@ -45,7 +45,7 @@ static void futex_wake_all(atomic_int *addr) { syscall(SYS_futex, addr, FUTEX_WA
 
 // spin briefly (the common case: the others are a few microseconds behind), then sleep on a futex, so
 // a thread whose partner was descheduled gives its core back instead of burning the time slice
-void ggml_barrier(struct ggml_threadpool *tp) {
+static void barrier_spinning(struct ggml_threadpool *tp, int max_spins) {
     if (tp->n_threads == 1) return;
     int phase = atomic_load_explicit(&tp->barrier_phase, memory_order_relaxed);
     if (atomic_fetch_add_explicit(&tp->barrier_count, 1, memory_order_acq_rel) == tp->n_threads - 1) {
@@ -56,7 +56,7 @@ void ggml_barrier(struct ggml_threadpool *tp) {
         if (atomic_load_explicit(&tp->barrier_sleepers, memory_order_seq_cst)) futex_wake_all(&tp->barrier_phase);
         return;
     }
-    for (int spins = 0; spins < 2048; spins++) {
+    for (int spins = 0; spins < max_spins; spins++) {
         if (atomic_load_explicit(&tp->barrier_phase, memory_order_acquire) != phase) return;
         _mm_pause();
     }
@@ -65,76 +65,45 @@ void ggml_barrier(struct ggml_threadpool *tp) {
     atomic_fetch_sub_explicit(&tp->barrier_sleepers, 1, memory_order_acq_rel);
 }
 
-static void pool_record_error(struct ggml_threadpool *tp, int status) {
+void ggml_barrier(struct ggml_threadpool *tp) { barrier_spinning(tp, 2048); }
+
+// while thread 0 waits for the GPU the others may wait a whole GPU run (hundreds of microseconds): waking
+// them from a futex would cost as much again, so they spin longer before they sleep
+void ggml_barrier_patient(struct ggml_threadpool *tp) { barrier_spinning(tp, 1 << 16); }
+
+void ggml_threadpool_fail(struct ggml_threadpool *tp, int status) {
     int expected = GGML_STATUS_OK;
     if (atomic_compare_exchange_strong(&tp->status, &expected, status))
         snprintf(tp->error, sizeof tp->error, "%s", ggml_last_error());
 }
 
-// the CUDA-only tail: replayed from its capture when there is one, captured on the second compute
-// (the first one warms up libraries whose set-up cannot be captured), launched op by op otherwise
-static int run_cuda_tail(struct ggml_cgraph *g) {
-    static int graphs_off = -1;
-    if (graphs_off < 0) graphs_off = getenv("PYINFER_NO_CUDA_GRAPHS") != NULL;
-    if (g->cuda_graph) return ggml_cuda_graph_launch(g->cuda_graph, g->stream);
-    bool capture = !graphs_off && g->n_computes == 1 && g->n_nodes - g->capture_from > 1;
-    if (capture && ggml_cuda_graph_capture_begin(g->stream) != GGML_STATUS_OK) capture = false;
-    int st = GGML_STATUS_OK;
-    for (int i = g->capture_from; i < g->n_nodes && !st; i++)
-        st = ggml_graph_run_cuda_node(g, i);
-    if (!capture) return st;
-    void *exec = NULL;
-    int cap_st = ggml_cuda_graph_capture_end(g->stream, &exec);
-    if (st == GGML_STATUS_OK && cap_st == GGML_STATUS_OK) {
-        g->cuda_graph = exec;
-        return ggml_cuda_graph_launch(exec, g->stream);
-    }
-    if (exec) ggml_cuda_graph_free(exec);
-    g->n_computes = 2; // capture failed: run op by op from now on
-    ggml_clear_error();
-    for (int i = g->capture_from; i < g->n_nodes && !st; i++)
-        st = ggml_graph_run_cuda_node(g, i);
+int ggml_threadpool_status(struct ggml_threadpool *tp) { return atomic_load_explicit(&tp->status, memory_order_relaxed); }
+
+int ggml_threadpool_compute_node(struct ggml_threadpool *tp, int ith, struct ggml_tensor *node, int seq) {
+    // node seq hands out chunks from counter seq & 1; the other one was last used by the node before the
+    // previous barrier, so it is free to reset for the next
+    if (ith == 0) atomic_store_explicit(&tp->chunk[(seq + 1) & 1].next, 0, memory_order_relaxed);
+    struct ggml_compute_params params = {.ith = ith, .nth = tp->n_threads, .wdata = tp->wdata, .wsize = tp->wsize,
+                                         .tp = tp, .chunk_next = &tp->chunk[seq & 1].next};
+    int st = ggml_cpu_forward(&params, node);
+    if (st) ggml_threadpool_fail(tp, st);
     return st;
 }
 
-static void graph_run(struct ggml_threadpool *tp, int ith) {
-    struct ggml_compute_params params = {
-        .ith = ith, .nth = tp->n_threads, .wdata = tp->wdata, .wsize = tp->wsize, .tp = tp};
-    struct ggml_cgraph *g = tp->graph;
-    int first = 0, n_cpu = 0; // CPU nodes run so far: node n_cpu hands out chunks from chunk[n_cpu & 1]
-    if (g->stream) { // device work is issued by thread 0 alone; uploads read leaves nobody writes now
-        first = g->n_uploads;
-        int st = ith == 0 ? ggml_graph_run_uploads(g) : GGML_STATUS_OK;
-        if (st) pool_record_error(tp, st);
+int ggml_threadpool_reserve(struct ggml_threadpool *tp, const struct ggml_cgraph *g) {
+    size_t wsize = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (g->nodes[i]->backend != GGML_BACKEND_CPU || g->nodes[i]->op == GGML_OP_TRANSFER) continue;
+        size_t w = ggml_cpu_op_wsize(g->nodes[i], tp->n_threads);
+        if (w > wsize) wsize = w;
     }
-    for (int i = first; i < g->n_nodes; i++) {
-        struct ggml_tensor *node = g->nodes[i];
-        if (node->op == GGML_OP_VIEW) continue;
-        if (node->backend == GGML_BACKEND_CUDA) { // stream-ordered: no barrier
-            if (ith != 0) continue;
-            int st;
-            if (i == g->capture_from) {
-                st = run_cuda_tail(g);
-                i = g->n_nodes;
-            } else {
-                st = node->op == GGML_OP_TRANSFER ? ggml_graph_run_transfer(g, node) : ggml_graph_run_cuda_node(g, i);
-            }
-            if (st) pool_record_error(tp, st);
-            continue;
-        }
-        // the other counter was last used by the node before the previous barrier: free to reset for the next
-        if (ith == 0) atomic_store_explicit(&tp->chunk[(n_cpu + 1) & 1].next, 0, memory_order_relaxed);
-        params.chunk_next = &tp->chunk[n_cpu++ & 1].next;
-        int st = node->op == GGML_OP_TRANSFER ? (ith == 0 ? ggml_graph_run_transfer(g, node) : GGML_STATUS_OK)
-                                              : ggml_cpu_forward(&params, node);
-        if (st) pool_record_error(tp, st);
-        ggml_barrier(tp);
-        if (atomic_load_explicit(&tp->status, memory_order_relaxed)) return; // every thread sees it after the barrier
-    }
-    if (g->stream && ith == 0) {
-        int st = ggml_cuda_stream_sync(g->stream);
-        if (st) pool_record_error(tp, st);
-    }
+    if (wsize <= tp->wsize) return GGML_STATUS_OK;
+    void *w = aligned_alloc(64, (wsize + 63) / 64 * 64);
+    if (!w) return ggml_set_error(GGML_STATUS_ALLOC_FAILED, "cannot allocate %zu bytes of scratch", wsize);
+    free(tp->wdata);
+    tp->wdata = w;
+    tp->wsize = wsize;
+    return GGML_STATUS_OK;
 }
 
 static void *worker_main(void *arg) {
@@ -151,7 +120,7 @@ static void *worker_main(void *arg) {
         if (tp->stop) break;
         seen = tp->generation;
         pthread_mutex_unlock(&tp->mutex);
-        graph_run(tp, ith);
+        tp->fn(tp, ith, tp->arg);
         atomic_fetch_add_explicit(&tp->n_done, 1, memory_order_release);
         pthread_mutex_lock(&tp->mutex);
     }
@@ -205,23 +174,9 @@ void ggml_threadpool_free(struct ggml_threadpool *tp) {
 
 int ggml_threadpool_n_threads(const struct ggml_threadpool *tp) { return tp ? tp->n_threads : 0; }
 
-int ggml_graph_compute(struct ggml_cgraph *g, struct ggml_threadpool *tp) {
-    if (!g || !tp) return ggml_set_error(GGML_STATUS_INVALID_ARG, "null graph or thread pool");
-    if (!g->planned) return ggml_set_error(GGML_STATUS_INVALID_ARG, "graph not planned: call ggml_graph_plan first");
-    size_t wsize = 0;
-    for (int i = 0; i < g->n_nodes; i++) {
-        if (g->nodes[i]->backend != GGML_BACKEND_CPU) continue;
-        size_t w = ggml_cpu_op_wsize(g->nodes[i], tp->n_threads);
-        if (w > wsize) wsize = w;
-    }
-    if (wsize > tp->wsize) {
-        void *w = aligned_alloc(64, (wsize + 63) / 64 * 64);
-        if (!w) return ggml_set_error(GGML_STATUS_ALLOC_FAILED, "cannot allocate %zu bytes of scratch", wsize);
-        free(tp->wdata);
-        tp->wdata = w;
-        tp->wsize = wsize;
-    }
-    tp->graph = g;
+int ggml_threadpool_run(struct ggml_threadpool *tp, ggml_threadpool_fn fn, void *arg) {
+    tp->fn = fn;
+    tp->arg = arg;
     atomic_store(&tp->chunk[0].next, 0);
     atomic_store(&tp->chunk[1].next, 0);
     atomic_store(&tp->status, GGML_STATUS_OK);
@@ -230,11 +185,30 @@ int ggml_graph_compute(struct ggml_cgraph *g, struct ggml_threadpool *tp) {
     tp->generation++;
     pthread_cond_broadcast(&tp->cond);
     pthread_mutex_unlock(&tp->mutex);
-    graph_run(tp, 0);
-    // workers may still be leaving graph_run; the next compute must not reset state under them
+    fn(tp, 0, arg);
+    // workers may still be leaving fn; the next run must not reset state under them
     while (atomic_load_explicit(&tp->n_done, memory_order_acquire) < tp->n_threads - 1) _mm_pause();
-    g->n_computes++;
     int st = atomic_load(&tp->status);
-    if (st) return ggml_set_error(st, "%s", tp->error);
-    return GGML_STATUS_OK;
+    return st ? ggml_set_error(st, "%s", tp->error) : GGML_STATUS_OK;
+}
+
+// every thread walks the nodes; each computes its share of a node, then all meet at the barrier
+static void cpu_graph_run(struct ggml_threadpool *tp, int ith, void *arg) {
+    struct ggml_cgraph *g = arg;
+    for (int i = 0, seq = 0; i < g->n_nodes; i++) {
+        if (g->nodes[i]->op == GGML_OP_VIEW) continue;
+        ggml_threadpool_compute_node(tp, ith, g->nodes[i], seq++);
+        ggml_barrier(tp);
+        if (ggml_threadpool_status(tp)) return; // every thread sees it after the barrier
+    }
+}
+
+int ggml_graph_compute(struct ggml_cgraph *g, struct ggml_threadpool *tp) {
+    if (!g || !tp) return ggml_set_error(GGML_STATUS_INVALID_ARG, "null graph or thread pool");
+    if (!g->planned) return ggml_set_error(GGML_STATUS_INVALID_ARG, "graph not planned: call ggml_graph_plan first");
+    if (g->stream)
+        return ggml_set_error(GGML_STATUS_INVALID_ARG, "this graph has a GPU part: the engine's executor runs it "
+                                                       "(pyinfer_graph_compute)");
+    int st = ggml_threadpool_reserve(tp, g);
+    return st ? st : ggml_threadpool_run(tp, cpu_graph_run, g);
 }

@@ -238,6 +238,8 @@ int cuda_gemm(const struct ggml_tensor *w, const struct ggml_tensor *x, struct g
 size_t cuda_gemm_wsize(const struct ggml_tensor *w, const struct ggml_tensor *x);
 // loads cuBLAS at run time (once); false when it cannot be loaded
 bool cuda_blas_load(void);
+// device memory counted in ggml_cuda_allocated, without initialising the device (for init's own buffers)
+int cuda_device_alloc(void **ptr, size_t size);
 // rows [r0, r0 + nr) of w (k values each) dequantized to F16 [nr, k]
 int cuda_dequant_rows_f16(const struct ggml_tensor *w, int64_t r0, int64_t nr, __half *out, cudaStream_t st);
 

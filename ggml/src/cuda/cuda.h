@@ -16,9 +16,19 @@ void ggml_cuda_host_free(void *ptr);
 int ggml_cuda_memcpy_h2d(void *dst, const void *src, size_t n, void *stream); // async on stream
 int ggml_cuda_memcpy_d2h(void *dst, const void *src, size_t n, void *stream); // async on stream
 int ggml_cuda_memcpy_d2d(void *dst, const void *src, size_t n, void *stream);
+// height rows of width bytes, pitches apart on each side; either side on the host or the device (async)
+int ggml_cuda_memcpy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                        void *stream);
 int ggml_cuda_stream_new(void **stream);
 void ggml_cuda_stream_free(void *stream);
 int ggml_cuda_stream_sync(void *stream);
+int ggml_cuda_stream_done(void *stream, bool *done); // everything queued so far has finished
+// events: recorded on a stream, done once the stream has reached them; timing events measure between two
+int ggml_cuda_event_new(void **event, bool timing);
+void ggml_cuda_event_free(void *event);
+int ggml_cuda_event_record(void *event, void *stream);
+int ggml_cuda_event_done(void *event, bool *done);
+int ggml_cuda_event_elapsed_ms(void *from, void *to, float *ms);
 // CUDA graphs: capture the launches made on `stream` between begin and end, replay with launch
 int ggml_cuda_graph_capture_begin(void *stream);
 int ggml_cuda_graph_capture_end(void *stream, void **exec);

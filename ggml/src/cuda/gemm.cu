@@ -45,7 +45,7 @@ bool cuda_blas_load(void) {
     if (!create || !g_blas.set_stream || !g_blas.gemm_ex || create(&g_blas.handle) != 0) return false;
     // a fixed workspace: cuBLAS then allocates nothing while a CUDA graph is being captured
     void *ws = NULL;
-    if (set_ws && cudaMalloc(&ws, BLAS_WORKSPACE) == cudaSuccess) set_ws(g_blas.handle, ws, BLAS_WORKSPACE);
+    if (set_ws && cuda_device_alloc(&ws, BLAS_WORKSPACE) == GGML_STATUS_OK) set_ws(g_blas.handle, ws, BLAS_WORKSPACE);
     cudaGetLastError();
     g_blas.ok = true;
     return true;

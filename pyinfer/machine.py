@@ -1,0 +1,228 @@
+"""What this machine does per second, for the placement solver (pyinfer.placement.MachineProfile): dense and
+sparse weight reads on the CPU and on the GPU for one weight type, and the fixed costs of a layer split
+between them. Measured once per machine, weight type and thread count (a few seconds) and cached in
+<cache>/machines/; named presets (machine_presets.json, measured on other machines) let `pyinfer plan`
+plan for a machine it does not run on.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import re
+from pathlib import Path
+
+import numpy as np
+
+from pyinfer.errors import InvalidArgumentError, UnsupportedError
+from pyinfer.placement import MachineProfile
+
+PRESETS_FILE = Path(__file__).with_name("machine_presets.json")
+WORKING_SET = 256 << 20  # weight bytes read per measurement: far larger than any cache
+SPARSE_DENSITY = 0.10  # share of neurons a sparse measurement selects, scattered at random (cold neurons)
+CHAIN = 16  # tiny nodes per graph when timing fixed costs
+KERNELS_PER_LAYER = 12  # GPU launches of a decode layer after fusion (docs/BENCHMARKS.md)
+CPU_NODES_PER_LAYER = 14  # CPU nodes of a decode layer whose attention runs on the CPU
+
+
+def cpu_name() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "cpu"
+    m = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    return m.group(1).strip() if m else platform.processor() or "cpu"
+
+
+def host_key(type_name: str, n_threads: int) -> str:
+    """Names this machine (CPU, cores, GPU), the weight type and the thread count, as a file name."""
+    from pyinfer import ggml
+
+    gpu = ggml.cuda_device_name() if ggml.cuda_available() else "no GPU"
+    raw = f"{cpu_name()} {os.cpu_count()}c {gpu} {type_name} {n_threads}t"
+    return re.sub(r"[^A-Za-z0-9.]+", "-", raw).strip("-").lower()
+
+
+def presets() -> dict[str, dict]:
+    return json.loads(PRESETS_FILE.read_text())
+
+
+def preset(name: str, type_name: str) -> MachineProfile:
+    """A named machine's profile for a weight type (falling back to the preset's f16 figures)."""
+    table = presets()
+    if name not in table:
+        raise InvalidArgumentError(f"unknown machine {name!r}; known: {', '.join(sorted(table))} (or a profile file)")
+    by_type = table[name]["types"]
+    figures = by_type.get(type_name) or by_type["f16"]
+    return MachineProfile(name=f"{name} ({table[name]['description']})", **figures)
+
+
+def load(path: str | os.PathLike[str]) -> MachineProfile:
+    try:
+        data = json.loads(Path(path).read_text())
+        return MachineProfile(**data)
+    except (OSError, ValueError, TypeError) as exc:
+        raise InvalidArgumentError(f"{path}: not a machine profile ({exc})") from None
+
+
+def save(profile: MachineProfile, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(dataclasses.asdict(profile), indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def cache_path(type_name: str, n_threads: int) -> Path:
+    from pyinfer.pull import cache_dir
+
+    return cache_dir() / "machines" / f"{host_key(type_name, n_threads)}.json"
+
+
+def profile_for(weight_type: int, n_threads: int) -> MachineProfile:
+    """This machine's profile for a weight type: from the cache, else measured now and cached."""
+    from pyinfer import ggml
+
+    name = ggml.type_name(weight_type)
+    path = cache_path(name, n_threads)
+    if path.is_file():
+        return load(path)
+    profile = measure(weight_type, n_threads)
+    save(profile, path)
+    return profile
+
+
+FIGURES = ("cpu_dense_gbps", "cpu_sparse_gbps", "gpu_dense_gbps", "gpu_sparse_gbps", "xfer_us", "gpu_layer_us",
+           "cpu_layer_us")
+
+
+def resolve(spec: str | None, weight_type: int, n_threads: int, overrides: dict | None = None) -> MachineProfile:
+    """The profile the placement uses: spec a profile file or a preset name, else this machine's (measured
+    once, cached); figures in overrides (MachineProfile field -> value) replace the profile's. Without a GPU
+    and without a spec the four bandwidths must all be given."""
+    from pyinfer import ggml
+
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    type_name = ggml.type_name(weight_type)
+    if spec is not None:
+        base = load(spec) if os.path.isfile(spec) else preset(spec, type_name)
+    elif ggml.cuda_available():
+        base = profile_for(weight_type, n_threads)
+    else:
+        missing = [f for f in FIGURES[:4] if f not in overrides]
+        if missing:
+            flags = ", ".join(f"--{figure_flag(f)}" for f in missing)
+            raise InvalidArgumentError("no GPU here to measure: name a target with --machine NAME|FILE (known: "
+                                       f"{', '.join(sorted(presets()))}) or give {flags}")
+        base = MachineProfile("given figures", *(overrides.get(f, 0.0) for f in FIGURES))
+    return dataclasses.replace(base, **overrides) if overrides else base
+
+
+def figure_flag(figure: str) -> str:
+    """The command-line flag of a MachineProfile figure: cpu_dense_gbps -> cpu-dense-bw."""
+    return figure.replace("_gbps", "-bw").replace("_", "-")
+
+
+# ---------------------------------------------------------------------------------------------------
+# measuring
+
+
+def _random_weight(ctx, type_: int, rows: int, k: int, rng):
+    return ctx.tensor_from_numpy(rng.standard_normal((rows, k), dtype=np.float32) * 0.02, type_)
+
+
+def _gbps(nbytes: float, ms: float) -> float:
+    return nbytes / (ms * 1e6)
+
+
+def _per_link_us(ctx, pool, link, start) -> float:
+    """Microseconds one more link of a chain costs: two chain lengths timed, their difference (the fixed
+    cost of a compute, its launch and its sync, cancels)."""
+    from pyinfer import ggml
+
+    times = []
+    for n in (CHAIN, 3 * CHAIN):
+        y = start
+        for _ in range(n):
+            y = link(y)
+        times.append(ggml.Graph(ctx, [y]).plan().median_ms(pool, 21))
+    return max(0.0, 1e3 * (times[1] - times[0]) / (2 * CHAIN))
+
+
+def _cpu_figures(type_: int, n_threads: int, rng) -> tuple[float, float, float]:
+    """(dense GB/s, sparse GB/s, fixed us per CPU node) on the CPU."""
+    from pyinfer import ggml
+
+    pool = ggml.ThreadPool(n_threads)
+    k = 4096
+    row = ggml.row_size(type_, k)
+    rows = max(3 * 64, WORKING_SET // row // 3 * 3)
+    ctx = ggml.Context(rows * row + (64 << 20))
+    w = _random_weight(ctx, type_, rows, k, rng)  # (rows, k)
+    x = ctx.tensor_from_numpy(rng.standard_normal(k).astype(np.float32))
+    dense_ms = ggml.Graph(ctx, [ctx.mul_mat(w, x)]).plan().median_ms(pool, 7)
+    # the same bytes as a bundle of rows / 3 neurons (gate, up, down_t side by side), a scattered tenth selected
+    picked = rng.random(rows // 3) < SPARSE_DENSITY
+    mask = ctx.tensor_from_numpy(np.where(picked, 1.0, -1.0).astype(np.float32))
+    sparse_ms = ggml.Graph(ctx, [ctx.sparse_ffn(w, x, mask, "reglu")]).plan().median_ms(pool, 7)
+    node_us = _per_link_us(ctx, pool, lambda y: ctx.scale(y, 1.0), x)
+    return _gbps(w.nbytes, dense_ms), _gbps(int(picked.sum()) * 3 * row, sparse_ms), node_us
+
+
+def _gpu_figures(type_: int, cpu_node_us: float, rng) -> tuple[float, float, float, float]:
+    """(dense GB/s, sparse GB/s, fixed us per layer, what a split layer's round trip adds in us) on the GPU."""
+    from pyinfer import ggml
+
+    pool = ggml.ThreadPool(1)
+    k = 4096
+    row = ggml.row_size(type_, k)
+    slices = 8  # GEMVs over different slices of one weight in one graph: nothing is read from a cache
+    per = max(3, WORKING_SET // row // (3 * slices) * 3)
+    ctx = ggml.Context(slices * per * row + (64 << 20))
+    w = _random_weight(ctx, type_, slices * per, k, rng).to_device()
+    x = ctx.tensor_from_numpy(rng.standard_normal(k).astype(np.float32)).to_device()
+
+    def rows(r0: int, n: int):  # rows [r0, r0 + n) of the weight
+        return ctx.view(w, (n, k), (row, 1), offset=r0 * row)
+
+    dense = [ctx.mul_mat(rows(i * per, per), x) for i in range(slices)]
+    dense_ms = ggml.Graph(ctx, dense).plan().median_ms(pool, 15)
+    # a split layer's hot half: selected rows of gate and up, the activation, the same rows of down_t; each
+    # matrix as large as a big model's (tens of MB), or the fixed costs of the launches would dominate
+    third, outs, picked = slices * per // 6, [], 0
+    for r0 in (0, 3 * third):
+        sel = rng.random(third) < SPARSE_DENSITY
+        picked += int(sel.sum())
+        mask = ctx.tensor_from_numpy(np.where(sel, 1.0, -1.0).astype(np.float32)).to_device()
+        gate = ctx.mul_mat_rows(rows(r0, third), x, mask)
+        up = ctx.mul_mat_rows(rows(r0 + third, third), x, mask)
+        outs.append(ctx.axpy_rows(rows(r0 + 2 * third, third), ctx.mul(ctx.relu(gate), up), mask))
+    sparse_ms = ggml.Graph(ctx, outs).plan().median_ms(pool, 15)
+    # fixed costs on small vectors: a GPU kernel; and a CPU node (a matrix on the host) between two of them
+    small = ctx.tensor_from_numpy(rng.standard_normal(64).astype(np.float32)).to_device()
+    on_host = ctx.tensor_from_numpy(np.eye(64, dtype=np.float32))
+    kernel_us = _per_link_us(ctx, pool, lambda y: ctx.scale(y, 1.0), small)
+    split_us = _per_link_us(ctx, pool, lambda y: ctx.add(ctx.mul_mat(on_host, y), ctx.scale(y, 0.5)), small)
+    return (_gbps(w.nbytes, dense_ms), _gbps(picked * 3 * row, sparse_ms), KERNELS_PER_LAYER * kernel_us,
+            max(0.0, split_us - 2 * kernel_us - cpu_node_us))
+
+
+def measure(weight_type: int, n_threads: int) -> MachineProfile:
+    """This machine's figures for weight_type with n_threads CPU threads (a few seconds)."""
+    from pyinfer import ggml
+
+    if not ggml.cuda_available():
+        raise UnsupportedError("no GPU here: plan for another machine with --machine NAME|FILE or the bandwidth flags")
+    if weight_type not in ggml.WEIGHT_TYPES:
+        raise UnsupportedError(f"cannot measure weights of type {ggml.type_name(weight_type)}")
+    rng = np.random.default_rng(0)
+    cpu_dense, cpu_sparse, cpu_node_us = _cpu_figures(weight_type, n_threads, rng)
+    gpu_dense, gpu_sparse, gpu_layer_us, xfer_us = _gpu_figures(weight_type, cpu_node_us, rng)
+    profile = MachineProfile(name=host_key(ggml.type_name(weight_type), n_threads), cpu_dense_gbps=cpu_dense,
+                             cpu_sparse_gbps=cpu_sparse, gpu_dense_gbps=gpu_dense, gpu_sparse_gbps=gpu_sparse,
+                             xfer_us=xfer_us, gpu_layer_us=gpu_layer_us,
+                             cpu_layer_us=CPU_NODES_PER_LAYER * cpu_node_us)
+    if not all(math.isfinite(v) for v in dataclasses.astuple(profile)[1:]):
+        raise UnsupportedError(f"machine measurement gave non-finite figures: {profile}")
+    return profile

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The GPU session on the device machine: one script, sourced by each call, whose steps build, check and
+# time the engine (docs/GPU_TEST_LOG.md, docs/BENCHMARKS.md). W is the machine's scratch folder.
+#   . pyinfer/tools/gpu_session.sh; setup; build; llama_bg; tests; ...
+W=${W:-/root/w}
+OUT=${OUT:-/tmp/out}
+export PYTHONUNBUFFERED=1 PYINFER_CACHE=$W/cache
+mkdir -p "$W" "$OUT"
+
+setup() {  # the wheels the image lacks (cffi, pycparser, gguf)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site:$PWD
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc
+}
+
+build() { python3 setup.py build_native 2>&1 | tail -3; }
+
+llama_bg() {  # llama.cpp's CUDA build (~6 min) in the background: $W/llama-src/build/bin
+    [ -x "$W/llama-src/build/bin/llama-bench" ] && return
+    tar xJf .carry/llama-src.tar.xz -C "$W"
+    setsid bash .carry/llamacpp-baseline.sh build "$W/llama-src" cuda > "$W/llama-build.log" 2>&1 < /dev/null &
+}
+
+models_bg() {  # synthetic models: NAME SHAPE TYPE LAYERS (a PowerGGUF and the dense GGUF llama.cpp runs)
+    local name=$1 shape=$2 type=$3 layers=$4
+    setsid bash -c "python3 -m pyinfer.tools.make_synthetic_model $shape --type $type --layers $layers --ffn-kind reglu \
+        --share-weights -o $W/$name.gguf && python3 -m pyinfer.tools.make_synthetic_model $shape --type $type \
+        --layers $layers --ffn-kind reglu --share-weights --dense -o $W/$name-dense.gguf && touch $W/$name.done" \
+        > "$W/$name.log" 2>&1 < /dev/null &
+}
+
+wait_for() {  # FILE [SECONDS]: until FILE exists, at most SECONDS (default 420)
+    local t=0
+    while [ ! -e "$1" ] && [ $t -lt "${2:-420}" ]; do sleep 2; t=$((t + 2)); done
+    [ -e "$1" ] || { echo "gave up waiting for $1"; return 1; }
+}
+
+tests() {  # the GPU tests, log in $OUT
+    python3 -m pytest -q -s -p no:cacheprovider tests/test_hybrid.py tests/test_gpu_engine.py tests/test_cuda_ops.py \
+        tests/test_split.py "$@" 2>&1 | tee "$OUT/tests.log" | tail -40
+}
+
+profiles() {  # this machine's placement figures at 16 threads
+    for t in F16 Q4_0; do python3 -c "
+from pyinfer import ggml, machine
+import dataclasses, json
+print(json.dumps(dataclasses.asdict(machine.profile_for(ggml.$t, 16))))"; done | tee "$OUT/profiles.jsonl"
+}
+
+compare() {  # NAME LABEL [bench_hybrid flags...]: ours under budgets against llama.cpp's best
+    local name=$1 label=$2; shift 2
+    wait_for "$W/$name.done" && wait_for "$W/llama-src/build/bin/llama-bench" || return 1
+    python3 -m pyinfer.tools.bench_hybrid --ours "$W/$name.gguf" --dense "$W/$name-dense.gguf" \
+        --llama-bench "$W/llama-src/build/bin/llama-bench" --label "$label" --json "$OUT/$name.json" -t 16 "$@" \
+        2> "$OUT/$name.log" | tee "$OUT/$name.md"
+}

@@ -1,0 +1,169 @@
+"""The hybrid executor on a real GPU: models placed under VRAM budgets from the minimum to everything, their
+split layers computed by the GPU (hot rows) and the CPU (the rest) at once. Oracle: the same model on the
+CPU alone. Skipped without a CUDA build and a GPU; run on the device machine (docs/GPU_TEST_LOG.md)."""
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+from hf_tiny import build
+
+import pyinfer.converters.convert_hf_to_powergguf as conv
+import pyinfer.tools.make_synthetic_model as syn
+from pyinfer import ggml, machine
+from pyinfer.gguf_file import GGUFFile
+from pyinfer.placement import BudgetTooSmallError, MachineProfile, minimum_budget, model_costs
+from pyinfer.runtime import Model
+from pyinfer.sampling import SamplerParams
+
+pytestmark = pytest.mark.skipif(not ggml.cuda_available(), reason="no CUDA device")
+
+TOKENS = np.random.default_rng(5).integers(0, 300, 40).tolist()  # >= 32: prompt batches stream host weights
+# figures that make the GPU's neurons worth more than its attention, so small budgets split layers
+SPLITTY = MachineProfile("test", cpu_dense_gbps=50.0, cpu_sparse_gbps=5.0, gpu_dense_gbps=2000.0,
+                         gpu_sparse_gbps=1000.0, xfer_us=1.0, gpu_layer_us=1.0, cpu_layer_us=1.0)
+
+
+def rel_err(a, b) -> float:
+    return float(np.abs(np.asarray(a, np.float64) - b).max() / np.abs(b).max())
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    cache = {}
+
+    def get(variant: str, sparse: bool) -> str:
+        if (variant, sparse) not in cache:
+            folder = tmp_path_factory.mktemp(variant)
+            build(variant, str(folder / "hf"))
+            cache[(variant, False)] = str(folder / "m.gguf")
+            assert conv.main([str(folder / "hf"), "-o", cache[(variant, False)], "--outtype", "f32"]) == 0
+            cache[(variant, True)] = str(folder / "sparse.gguf")
+            syn.add_predictors(cache[(variant, False)], cache[(variant, True)], density=0.3, rank=16, n_calib=64)
+        return cache[(variant, sparse)]
+
+    return get
+
+
+def budgets(path: str, n_ctx: int, n_batch: int, sparse: bool) -> list[int]:
+    """From the minimum to everything, in six steps."""
+    costs = model_costs(GGUFFile(path), n_ctx, 4, sparse, n_batch)
+    full = costs.reserve_bytes + costs.head_bytes + sum(
+        la.attn_bytes + la.kv_bytes + la.pred_bytes + la.n_ff * la.neuron_bytes for la in costs.layers)
+    return [int(b) for b in np.linspace(minimum_budget(costs), full, 6)]
+
+
+def _decode(model: Model, tokens) -> np.ndarray:
+    model.reset()
+    return np.stack([model.eval([t]).copy() for t in tokens])
+
+
+@pytest.mark.parametrize("variant", ["llama_relu", "llama_silu", "qwen2", "opt"])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_budgets_from_minimum_to_everything_equal_the_cpu(files, variant, sparse):
+    path = files(variant, sparse)
+    cpu = Model(path, n_ctx=64, kv_type="f32", n_batch=32)
+    want_steps, want_batch = _decode(cpu, TOKENS[:8]), cpu.logits(TOKENS)
+    cpu.reset()
+    greedy = list(cpu.generate_tokens(TOKENS[:3], 32, SamplerParams(temperature=0), stop_at_eos=False))
+    split_seen = False
+    for budget in budgets(path, 64, 32, sparse):
+        _, free_before, _ = ggml.cuda_memory()
+        model = Model(path, n_ctx=64, kv_type="f32", n_batch=32, vram_budget=budget, machine=SPLITTY)
+        split_seen |= bool(model.hot_rows)
+        step_err = rel_err(_decode(model, TOKENS[:8]), want_steps)
+        batch_err = rel_err(model.logits(TOKENS), want_batch)  # cuBLAS: F32 weights as TF32
+        model.reset()
+        got = list(model.generate_tokens(TOKENS[:3], 32, SamplerParams(temperature=0), stop_at_eos=False))
+        _, free_after, _ = ggml.cuda_memory()
+        print(f"\n{variant} sparse={sparse} budget {budget >> 10} KiB: {sum(model.plan.attn_gpu)} attention, hot "
+              f"rows {model.hot_rows or model.plan.hot_rows}, device {model.device_bytes >> 10} KiB (driver "
+              f"{(free_before - free_after) >> 10} KiB), decode err {step_err:.1e}, batch err {batch_err:.1e}"
+              f"{' (prompt streamed)' if model.streams_prompts else ''}")
+        assert model.device_bytes <= budget
+        assert free_before - free_after <= budget  # what the driver saw, CUDA graphs included
+        assert step_err < 1e-4 and batch_err < 3e-2
+        assert got == greedy
+        del model
+        gc.collect()  # its device memory goes back before the next budget's measurement
+    assert split_seen, "no budget split a layer: the test does not test the split"
+
+
+def test_overlap_is_measured(tmp_path):
+    """A split model's decode steps: both devices busy, some of the time at once, and replayed."""
+    path = str(tmp_path / "small.gguf")
+    syn.make_llama(path, "small", syn.Q.F16, share_weights=True)
+    costs = model_costs(GGUFFile(path), 256, 2, True, 32)
+    half = costs.reserve_bytes + costs.head_bytes + sum(la.attn_bytes + la.kv_bytes + la.pred_bytes
+                                                        + la.n_ff * la.neuron_bytes // 2 for la in costs.layers)
+    model = Model(path, n_ctx=256, n_batch=32, vram_budget=half, machine=SPLITTY, timed=True)
+    assert model.hot_rows, model.plan
+    for t in range(24):
+        model.eval([t])
+    steps = model.step_stats[4:]  # from the third step on the GPU runs are replayed
+    assert all(s["n_replayed"] == s["n_gpu_runs"] > 0 for s in steps)
+    assert all(s["cpu_busy_ms"] > 0 and s["gpu_busy_ms"] > 0 for s in steps)
+    med = {k: float(np.median([s[k] for s in steps])) for k in ("wall_ms", "cpu_busy_ms", "gpu_busy_ms", "overlap_ms")}
+    print(f"\nsmall F16 split {model.hot_rows}: per token median {med}")
+    assert med["overlap_ms"] > 0
+
+
+def test_auto_budget_and_too_small(files):
+    path = files("llama_relu", True)
+    model = Model(path, n_ctx=64, vram_budget="auto", machine=SPLITTY)
+    assert all(model.plan.attn_gpu) and model.plan.head_gpu and not model.hot_rows  # a tiny model fits whole
+    with pytest.raises(BudgetTooSmallError, match="below the minimum"):
+        Model(path, n_ctx=64, vram_budget=1 << 20, machine=SPLITTY)
+
+
+def test_machine_measurement(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    p = machine.profile_for(ggml.F16, 4)
+    print(f"\nmeasured: {p}")
+    assert p.gpu_dense_gbps > p.cpu_dense_gbps > 0 and p.gpu_sparse_gbps > 0 and p.cpu_sparse_gbps > 0
+    assert machine.cache_path("f16", 4).is_file() and machine.profile_for(ggml.F16, 4) == p  # cached
+
+
+def test_cpu_node_reading_device_leaves():
+    """A CPU node whose input is a weight on the GPU downloads it like any output (not as an upload)."""
+    rng = np.random.default_rng(1)
+    ctx = ggml.Context(1 << 20)
+    w_host, x_dev, v_dev = rng.standard_normal((8, 16)), rng.standard_normal(16), rng.standard_normal(8)
+    w = ctx.tensor_from_numpy(w_host.astype(np.float32))
+    x = ctx.tensor_from_numpy(x_dev.astype(np.float32)).to_device()
+    v = ctx.tensor_from_numpy(v_dev.astype(np.float32)).to_device()
+    y = ctx.scale(ctx.add(ctx.mul_mat(w, x), v), 2.0)  # CPU GEMV of a device vector, then GPU ops
+    graph = ggml.Graph(ctx, [y])
+    pool = ggml.ThreadPool(2)
+    for _ in range(4):  # op by op, captured, replayed
+        graph.compute(pool)
+        np.testing.assert_allclose(y.numpy(), 2 * (w_host @ x_dev + v_dev), rtol=1e-5)
+    assert graph.replayed
+
+
+def test_split_layer_downloads_come_before_the_hot_rows(files):
+    """The stream copies x and the CPU's mask out before it runs the hot rows, so the CPU's half starts while
+    the GPU's runs (a download placed after them made the two halves take turns)."""
+    from pyinfer._native import lib
+
+    path = files("llama_relu", True)
+    budget = budgets(path, 64, 32, True)[2]
+    model = Model(path, n_ctx=64, kv_type="f32", n_batch=32, vram_budget=budget, machine=SPLITTY)
+    assert model.hot_rows
+    model.eval([1])
+    graph = model._graphs[(1, 1, False)].graph
+    nodes = [lib.ggml_graph_node(graph.ptr, i) for i in range(graph.n_nodes)]
+    index = {int(ggml.ffi.cast("uintptr_t", t)): i for i, t in enumerate(nodes)}
+
+    def weight_name(t) -> str:
+        return ggml.ffi.string(lib.ggml_get_name(lib.ggml_get_src(t, 0))).decode()
+
+    for il in model.hot_rows:
+        hot = min(i for i, t in enumerate(nodes)
+                  if lib.ggml_get_op(t) == lib.GGML_OP_MUL_MAT_ROWS and weight_name(t).startswith(f"blk.{il}.ffn_"))
+        cold = next(t for t in nodes if lib.ggml_get_op(t) == lib.GGML_OP_SPARSE_FFN
+                    and weight_name(t).startswith(f"blk.{il}."))
+        inputs = [lib.ggml_get_src(cold, s) for s in (1, 2)]  # x and the CPU's part of the mask: downloads
+        assert all(lib.ggml_get_op(t) == lib.GGML_OP_TRANSFER for t in inputs)
+        assert max(index[int(ggml.ffi.cast("uintptr_t", t))] for t in inputs) < hot, il

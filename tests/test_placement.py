@@ -1,0 +1,205 @@
+"""The placement solver against brute force, its monotonicity in the budget, and the budget checks."""
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pyinfer.errors import InvalidArgumentError
+from pyinfer.ggml import cuda_available as ggml_cuda_available
+from pyinfer.placement import (
+    BudgetTooSmallError,
+    LayerCosts,
+    MachineProfile,
+    ModelCosts,
+    evaluate,
+    format_bytes,
+    minimum_budget,
+    parse_bytes,
+    solve,
+)
+
+
+@st.composite
+def instances(draw):
+    """A small model (1-3 layers of up to 4 neuron groups) and a machine, all numbers random."""
+    n_layer = draw(st.integers(1, 3))
+    group_rows = draw(st.integers(1, 4))
+    n_ff = draw(st.integers(1, 4 * group_rows))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    layers = []
+    for _ in range(n_layer):
+        freq = np.sort(rng.uniform(0, 1, n_ff))[::-1] if draw(st.booleans()) else np.ones(n_ff)
+        layers.append(LayerCosts(attn_bytes=int(rng.integers(1, 1000)), kv_bytes=int(rng.integers(0, 300)),
+                                 pred_bytes=int(rng.integers(0, 100)), neuron_bytes=int(rng.integers(1, 200)),
+                                 freq=freq, sparse=bool(freq[-1] < 1), group_rows=group_rows))
+    costs = ModelCosts(layers, head_bytes=int(rng.integers(1, 2000)), reserve_bytes=int(rng.integers(0, 200)))
+    machine = MachineProfile("random", *rng.uniform(0.01, 5.0, 4), *rng.uniform(0.0, 50.0, 3))
+    total = costs.reserve_bytes + costs.head_bytes + sum(
+        la.attn_bytes + la.kv_bytes + la.pred_bytes + la.n_ff * la.neuron_bytes for la in layers)
+    return costs, machine, total
+
+
+def brute_force(costs: ModelCosts, machine: MachineProfile, budget: int):
+    """Every placement: per layer CPU, or attention on the GPU with 0..all groups; the head either way."""
+    per_layer = [[(False, 0)] + [(True, n) for n in range(len(la.groups()) + 1)] for la in costs.layers]
+    best = None
+    for choice in itertools.product(*per_layer):
+        for head in (False, True):
+            plan = evaluate(costs, machine, [c[0] for c in choice], [c[1] for c in choice], head, budget)
+            if plan.device_bytes <= budget and (best is None or plan.token_us < best.token_us):
+                best = plan
+    return best
+
+
+@given(instances(), st.floats(0.0, 1.0))
+def test_solver_optimum_equals_brute_force(instance, fraction):
+    costs, machine, total = instance
+    budget = int(fraction * total)
+    if 0 < budget < minimum_budget(costs):
+        with pytest.raises(BudgetTooSmallError, match="below the minimum"):
+            solve(costs, machine, budget)
+        return
+    plan = solve(costs, machine, budget)
+    want = brute_force(costs, machine, budget)
+    assert plan.device_bytes <= budget
+    assert plan.gap == 0.0
+    assert plan.token_us == pytest.approx(want.token_us, rel=1e-6, abs=1e-9)
+    # what the plan says equals what its choices cost
+    groups = [_n_groups(la, k) for la, k in zip(costs.layers, plan.hot_rows, strict=True)]
+    again = evaluate(costs, machine, plan.attn_gpu, groups, plan.head_gpu, budget)
+    assert again.token_us == pytest.approx(plan.token_us) and again.device_bytes == plan.device_bytes
+
+
+def _n_groups(layer: LayerCosts, rows: int) -> int:
+    return sum(1 for _, end in layer.groups() if end <= rows)
+
+
+@given(instances(), st.lists(st.floats(0.0, 1.0), min_size=2, max_size=4))
+def test_more_budget_is_never_slower(instance, fractions):
+    costs, machine, total = instance
+    budgets = sorted({int(f * total) for f in fractions} - set(range(1, minimum_budget(costs))))
+    times = [solve(costs, machine, b).token_us for b in budgets]
+    assert all(t1 <= t0 * (1 + 1e-9) + 1e-9 for t0, t1 in zip(times, times[1:], strict=False)), (budgets, times)
+
+
+def test_plan_respects_structure():
+    """Hot rows are a prefix in whole groups, only in layers whose attention is on the GPU."""
+    rng = np.random.default_rng(3)
+    layers = [LayerCosts(400, 100, 50, 30, np.sort(rng.uniform(0, 1, 200))[::-1], True, group_rows=64)
+              for _ in range(6)]
+    costs = ModelCosts(layers, head_bytes=800, reserve_bytes=100)
+    machine = MachineProfile("m", 1.0, 0.5, 20.0, 10.0, 5.0, 1.0, 1.0)
+    full = costs.reserve_bytes + costs.head_bytes + sum(la.attn_bytes + la.kv_bytes + la.pred_bytes
+                                                        + la.n_ff * la.neuron_bytes for la in layers)
+    for budget in np.linspace(minimum_budget(costs), full, 9).astype(int):
+        plan = solve(costs, machine, int(budget))
+        assert plan.device_bytes <= budget
+        for a, k in zip(plan.attn_gpu, plan.hot_rows, strict=True):
+            assert k in (0, 64, 128, 192, 200) and (a or k == 0)
+    everything = solve(costs, machine, full)
+    assert all(everything.attn_gpu) and everything.head_gpu
+
+
+def test_budget_zero_is_cpu_only_and_too_small_is_one_line():
+    layers = [LayerCosts(1000, 10, 0, 10, np.ones(8), False)]
+    costs = ModelCosts(layers, head_bytes=5000, reserve_bytes=300)
+    machine = MachineProfile("m", 1.0, 1.0, 10.0, 10.0, 1.0, 1.0, 1.0)
+    plan = solve(costs, machine, 0)
+    assert not plan.uses_gpu and plan.device_bytes == 0 and not any(plan.attn_gpu)
+    with pytest.raises(BudgetTooSmallError) as exc:
+        solve(costs, machine, 1000)
+    assert str(exc.value).count("\n") == 0 and format_bytes(1310) in str(exc.value)
+    with pytest.raises(InvalidArgumentError):
+        solve(costs, machine, -1)
+
+
+def test_machine_profile_rejects_bad_numbers():
+    with pytest.raises(InvalidArgumentError, match="gpu_dense_gbps"):
+        MachineProfile("m", 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0)
+    with pytest.raises(InvalidArgumentError, match="xfer_us"):
+        MachineProfile("m", 1.0, 1.0, 1.0, 1.0, float("nan"), 1.0, 1.0)
+
+
+@pytest.mark.parametrize("text,want", [("8GiB", 8 << 30), ("8G", 8 << 30), ("24GB", 24 * 10**9), ("512MiB", 512 << 20),
+                                       ("0", 0), ("1.5 GiB", 3 << 29), ("100", 100)])
+def test_parse_bytes(text, want):
+    assert parse_bytes(text) == want
+
+
+@pytest.mark.parametrize("text", ["", "abc", "-1G", "8XB", "nan", "inf"])
+def test_parse_bytes_rejects(text):
+    with pytest.raises(InvalidArgumentError, match="not a size"):
+        parse_bytes(text)
+
+
+# ---------------------------------------------------------------------------------------------------
+# pyinfer plan: on a real file, for a stated machine, without a GPU
+
+FLAGS = ["--cpu-dense-bw", "20", "--cpu-sparse-bw", "8", "--gpu-dense-bw", "2000", "--gpu-sparse-bw", "900",
+         "--xfer-us", "25", "--gpu-layer-us", "20", "--cpu-layer-us", "40"]
+
+
+def _plan_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pyinfer.cli", "plan", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.fixture(scope="module")
+def tiny_sparse(tmp_path_factory) -> str:
+    from hf_tiny import build
+
+    import pyinfer.converters.convert_hf_to_powergguf as conv
+    import pyinfer.tools.make_synthetic_model as syn
+
+    folder = tmp_path_factory.mktemp("plan")
+    build("llama_relu", str(folder / "hf"))
+    dense, sparse = str(folder / "m.gguf"), str(folder / "sparse.gguf")
+    assert conv.main([str(folder / "hf"), "-o", dense, "--outtype", "f16"]) == 0
+    syn.add_predictors(dense, sparse, density=0.3, rank=16, n_calib=64)
+    return sparse
+
+
+def test_plan_command_prints_and_matches_the_solver(tiny_sparse):
+    from pyinfer.gguf_file import GGUFFile
+    from pyinfer.placement import model_costs
+
+    f = GGUFFile(tiny_sparse)
+    costs = model_costs(f, 64, 2, True, 32)
+    budget = costs.reserve_bytes + sum(la.attn_bytes + la.kv_bytes + la.pred_bytes + 40 * la.neuron_bytes
+                                       for la in costs.layers)
+    res = _plan_cli("-m", tiny_sparse, "--vram-budget", str(budget), "-c", "64", "-b", "32", *FLAGS)
+    assert res.returncode == 0, res.stderr
+    assert "| layer | attention | hot rows on GPU |" in res.stdout and "tokens per second" in res.stdout
+    res = _plan_cli("-m", tiny_sparse, "--vram-budget", str(budget), "-c", "64", "-b", "32", "--json", *FLAGS)
+    got = json.loads(res.stdout)
+    machine = MachineProfile("given figures", *(float(v) for v in FLAGS[1::2]))
+    want = solve(costs, machine, budget)
+    assert got["device_bytes"] == want.device_bytes <= budget
+    assert tuple(got["hot_rows"]) == want.hot_rows and got["token_us"] == pytest.approx(want.token_us)
+    assert any(0 < k for k in want.hot_rows)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--vram-budget", "1KiB", *FLAGS], "below the minimum"),
+    (["--vram-budget", "lots", *FLAGS], "not a size"),
+    (["--vram-budget", "1GiB", "--machine", "no-such-machine"], "unknown machine"),
+    (["--vram-budget", "1GiB", *FLAGS, "--gpu-dense-bw", "0"], "positive number"),
+])
+def test_plan_command_bad_input_is_one_line(tiny_sparse, args, message):
+    res = _plan_cli("-m", tiny_sparse, *args)
+    assert res.returncode == 1 and message in res.stderr
+    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
+
+
+@pytest.mark.skipif(ggml_cuda_available(), reason="checks the message on a machine without a GPU")
+def test_plan_command_without_gpu_asks_for_a_target(tiny_sparse):
+    res = _plan_cli("-m", tiny_sparse, "--vram-budget", "1GiB")
+    assert res.returncode == 1 and "--machine" in res.stderr and "--gpu-dense-bw" in res.stderr

@@ -1,0 +1,157 @@
+"""Layers split by neurons (pyinfer.offload, the split FFN graphs), tested on the CPU: both halves of a split
+layer stay in host memory here, so the graph is the one a GPU runs in two halves, computed by one device.
+Oracle: the same model unsplit (and its float64 reference). The GPU runs of the same plans are in
+tests/test_hybrid.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hf_tiny import build
+
+import pyinfer.converters.convert_hf_to_powergguf as conv
+import pyinfer.tools.make_synthetic_model as syn
+from pyinfer import ggml, offload
+from pyinfer._native import lib
+from pyinfer.errors import InvalidArgumentError
+from pyinfer.placement import Plan
+from pyinfer.runtime import Model
+from pyinfer.sampling import SamplerParams
+
+TOKENS = [1, 5, 77, 200, 3, 9, 250, 11, 299, 42, 17]
+N_FF = 128  # the tiny checkpoints' FFN width
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """(variant, sparse) -> an F32 PowerGGUF of a tiny checkpoint, with synthetic predictors when sparse."""
+    cache = {}
+
+    def get(variant: str, sparse: bool) -> str:
+        if (variant, sparse) not in cache:
+            folder = tmp_path_factory.mktemp(variant)
+            build(variant, str(folder / "hf"))
+            dense = str(folder / "m.gguf")
+            assert conv.main([str(folder / "hf"), "-o", dense, "--outtype", "f32"]) == 0
+            cache[(variant, False)] = dense
+            cache[(variant, True)] = str(folder / "sparse.gguf")
+            syn.add_predictors(dense, cache[(variant, True)], density=0.3, rank=16, n_calib=64)
+        return cache[(variant, sparse)]
+
+    return get
+
+
+@pytest.fixture
+def host_only(monkeypatch):
+    """'Moving to the GPU' keeps tensors where they are: the split graphs run on the CPU."""
+    monkeypatch.setattr(offload, "_require_gpu", lambda what: None)
+    monkeypatch.setattr(ggml.Tensor, "to_device", lambda self: self)
+
+
+def split_plan(hot_rows: tuple[int, ...], head: bool = True) -> Plan:
+    n = len(hot_rows)
+    return Plan(attn_gpu=(True,) * n, hot_rows=hot_rows, head_gpu=head, device_bytes=1, budget=1 << 30,
+                layer_us=(0.0,) * n, head_us=0.0)
+
+
+def _decode(model: Model, tokens) -> np.ndarray:
+    model.reset()
+    return np.stack([model.eval([t]).copy() for t in tokens])
+
+
+@pytest.mark.parametrize("variant", ["llama_relu", "llama_silu", "llama_geglu", "opt"])
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("hot_rows", [(64, 64), (1, 127), (96, 0)])
+def test_split_layers_equal_the_unsplit_model(files, host_only, variant, sparse, hot_rows):
+    """Logits of decode steps and of a prompt batch, and greedy decoding, whatever rows each half holds."""
+    path = files(variant, sparse)
+    whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2)
+    split = Model(path, n_ctx=64, kv_type="f32", n_threads=2, plan=split_plan(hot_rows))
+    assert split.hot_rows == {il: k for il, k in enumerate(hot_rows) if 0 < k < N_FF}
+    bundled = sparse and variant != "opt"  # OPT's FFN biases keep the three row ops
+    for il, k in split.hot_rows.items():
+        assert f"blk.{il}.ffn_up.hot.weight" in split.weights
+        assert (f"blk.{il}.ffn_bundle.weight" in split.weights) == bundled
+        if bundled:  # the CPU's bundle holds its own rows only
+            assert split.weights[f"blk.{il}.ffn_bundle.weight"].shape[0] == (3 if variant != "opt" else 2) * (N_FF - k)
+    want, got = _decode(whole, TOKENS), _decode(split, TOKENS)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    np.testing.assert_allclose(split.logits(TOKENS), whole.logits(TOKENS), rtol=1e-5,
+                               atol=1e-5 * np.abs(want).max())
+    params = SamplerParams(temperature=0)
+    whole.reset()
+    split.reset()
+    a = list(whole.generate_tokens(TOKENS[:3], 32, params, stop_at_eos=False))
+    b = list(split.generate_tokens(TOKENS[:3], 32, params, stop_at_eos=False))
+    assert a == b
+
+
+def test_split_counts_the_cpu_neurons_only(files, host_only):
+    """The realised density of a split model counts the neurons the host computes (the GPU's would cost a
+    copy and a wait per layer and token): rows [k, n_ff) of each split layer."""
+    path = files("llama_relu", True)
+    split = Model(path, n_ctx=64, kv_type="f32", n_threads=2, plan=split_plan((32, 100)))
+    split.eval(TOKENS)
+    x = split.timings.extra
+    assert x["ffn_rows_total"] == len(TOKENS) * ((N_FF - 32) + (N_FF - 100))
+    assert 0 < x["ffn_rows_active"] < x["ffn_rows_total"]
+
+
+def test_cpu_half_of_a_split_layer_is_the_matching_rows(files):
+    """The CPU's half: sparse_ffn over a bundle of rows [k, n_ff) with no selector = the dense FFN's sum over
+    those rows (numpy float64 from the file's matrices)."""
+    path = files("llama_silu", False)
+    model = Model(path, n_ctx=64, kv_type="f32", n_threads=2)
+    f = model.file
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(64).astype(np.float32)
+    gate, up, down_t = (f.dequantize(f"blk.0.{n}.weight") for n in ("ffn_gate", "ffn_up", "ffn_down_t"))
+    for k in (0, 1, 64, 127):
+        rows = np.concatenate([gate[k:, None], up[k:, None], down_t[k:, None]], axis=1).reshape(-1, 64)
+        ctx = ggml.Context(1 << 22)
+        bundle = ctx.tensor_from_numpy(rows.astype(np.float32))
+        out = ctx.sparse_ffn(bundle, ctx.tensor_from_numpy(x), None, "swiglu")
+        graph = ggml.Graph(ctx, [out])  # owns out's memory: kept until out is read
+        graph.compute(model.pool)
+        g, u = gate[k:] @ x, up[k:] @ x
+        want = (g / (1 + np.exp(-g)) * u) @ down_t[k:]
+        np.testing.assert_allclose(out.numpy()[:64], want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+def test_plan_must_fit_the_model(files, host_only):
+    with pytest.raises(InvalidArgumentError, match="the model has 2"):
+        Model(files("llama_relu", False), n_ctx=64, plan=split_plan((1, 2, 3)))
+    with pytest.raises(InvalidArgumentError, match="exclude each other"):
+        Model(files("llama_relu", False), n_ctx=64, plan=split_plan((1, 2)), n_gpu_layers=1)
+
+
+@pytest.fixture
+def streamed_on_cpu(host_only, monkeypatch):
+    """Prompt batches build the streamed graph (host neurons in chunks of 48 rows, the GPU's rows as they
+    are) but run it on the CPU: what the GPU computes there, chunk by chunk."""
+    from pyinfer.models import common
+
+    class CpuGraph(ggml.Graph):
+        def __init__(self, ctx, outputs, backend="cpu", stream_min_cols=0):
+            super().__init__(ctx, outputs, backend)
+
+    monkeypatch.setattr(common, "STREAM_ROWS", 48)
+    monkeypatch.setattr("pyinfer.runtime.ggml.Graph", CpuGraph)
+    monkeypatch.setattr(Model, "pin_host_weights", lambda self: None)
+
+
+@pytest.mark.parametrize("variant", ["llama_relu", "llama_silu", "opt"])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_streamed_prompt_graph_equals_the_unsplit_model(files, streamed_on_cpu, variant, sparse):
+    path = files(variant, sparse)
+    prompt = (TOKENS * 4)[:40]  # >= 32 tokens: a streamed batch
+    whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2)
+    plan = Plan(attn_gpu=(True, False), hot_rows=(30, 0), head_gpu=False, device_bytes=1, budget=1 << 30,
+                layer_us=(0.0, 0.0), head_us=0.0)
+    split = Model(path, n_ctx=64, kv_type="f32", n_threads=2, plan=plan)
+    assert split.streams_prompts
+    want = whole.logits(prompt)
+    np.testing.assert_allclose(split.logits(prompt), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    graph = split._graphs[(40, 40, False)].graph
+    ops = [lib.ggml_get_op(lib.ggml_graph_node(graph.ptr, i)) for i in range(graph.n_nodes)]
+    # layer 0: its 98 host rows in chunks of 48, 48, 2, and its 30 GPU rows; layer 1: 128 host rows in 3
+    assert ops.count(lib.GGML_OP_AXPY_ROWS) == 4 + 3
