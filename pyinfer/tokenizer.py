@@ -201,7 +201,7 @@ class Tokenizer:
     def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids of `text`; `add_special` adds bos/eos as the file asks, `parse_special` matches
         control tokens written in the text (user-defined ones are always matched). Not thread-safe."""
-        arguments.text("text", text)
+        arguments.text("the text to tokenize", text)
         self._tok.encode_special_tokens = not parse_special
         ids = self._tok.encode(text, add_special_tokens=False).ids
         if add_special and self.add_bos and self.bos_id is not None:
