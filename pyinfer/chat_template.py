@@ -10,6 +10,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from pyinfer import arguments
+from pyinfer.console import one_line
 from pyinfer.errors import InvalidArgumentError, ModelFormatError, PyInferError
 
 # Used when a model carries no template (llama.cpp falls back to ChatML too).
@@ -43,7 +45,6 @@ def _strftime_now(fmt: str) -> str:
 
 @lru_cache(maxsize=16)
 def _compile(source: str):
-    from jinja2 import TemplateError
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -53,21 +54,21 @@ def _compile(source: str):
     env.globals["strftime_now"] = _strftime_now
     try:
         return env.from_string(source)
-    except TemplateError as e:
-        raise ChatTemplateError(f"chat template does not parse: {e}") from e
+    except Exception as e:  # a template is untrusted code: whatever breaks in it (RecursionError too) is its fault
+        raise ChatTemplateError(f"chat template does not parse: {one_line(e)}") from e
 
 
 def load_template_file(path: str | Path) -> str:
     """A template override: a Jinja file, or a JSON file (tokenizer_config.json) with a chat_template key."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = arguments.utf8(f"chat template {path}", path.read_bytes())
     except OSError as e:
         raise InvalidArgumentError(f"{path}: cannot read chat template ({e.strerror})") from e
     if path.suffix == ".json":
         try:
             template = json.loads(text).get("chat_template")
-        except (json.JSONDecodeError, AttributeError) as e:
+        except (ValueError, RecursionError, AttributeError) as e:
             raise ModelFormatError(f"{path}: not a JSON object with a chat_template") from e
         if not isinstance(template, str):
             raise ModelFormatError(f"{path}: chat_template is missing or not a single string")
@@ -98,14 +99,12 @@ class ChatTemplate:
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                tools: Sequence[Mapping[str, Any]] | None = None, **kwargs: Any) -> str:
         """The prompt text for `messages` ([{"role": ..., "content": ...}, ...])."""
-        from jinja2 import TemplateError
-
         variables = {**self.special_tokens, **kwargs}  # as HF, explicit kwargs win over special tokens
         try:
             return self._template.render(messages=[dict(m) for m in messages], tools=tools, documents=None,
                                          add_generation_prompt=add_generation_prompt, **variables)
-        except TemplateError as e:
-            raise ChatTemplateError(f"chat template failed: {e}") from e
+        except Exception as e:  # untrusted code, as above: TypeError, ZeroDivisionError, RecursionError, ...
+            raise ChatTemplateError(f"chat template failed: {one_line(e)}") from e
 
     def encode(self, tokenizer, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """Prompt tokens of `messages` (a `pyinfer.tokenizer.Tokenizer`'s), ending where the answer begins.

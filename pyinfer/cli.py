@@ -11,7 +11,7 @@ import sys
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from pyinfer import __version__
-from pyinfer.console import one_line
+from pyinfer.console import interrupted, one_line
 from pyinfer.errors import PyInferError
 
 AUTO_MARGIN_TEXT = "1 GiB"  # pyinfer.runtime.AUTO_MARGIN, named here without loading the engine for --help
@@ -69,7 +69,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     from pyinfer.sampling import SamplerParams
 
     d = SamplerParams()
-    p.add_argument("-s", "--seed", type=int, default=None, help="RNG seed (default: random)")
+    p.add_argument("-s", "--seed", type=int, default=-1, help="RNG seed (default -1: random)")
     p.add_argument("--temp", type=float, default=d.temperature,
                    help=f"temperature; <= 0 is greedy (default {d.temperature})")
     p.add_argument("--top-k", type=int, default=d.top_k, help=f"top-k, 0 = off (default {d.top_k})")
@@ -79,6 +79,11 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help=f"penalty on recent tokens, 1.0 = off (default {d.repeat_penalty})")
     p.add_argument("--repeat-last-n", type=int, default=d.repeat_last_n,
                    help=f"how many recent tokens the penalty covers (default {d.repeat_last_n})")
+
+
+def seed(args) -> int | None:
+    """-s as the sampler's seed: -1 (llama.cpp's LLAMA_DEFAULT_SEED) draws a random one."""
+    return None if args.seed == -1 else args.seed
 
 
 def sampler_params(args):
@@ -105,17 +110,19 @@ def load_model(args, **extra):
 
 
 def cmd_run(args) -> int:
-    _, model = load_model(args, timed=args.timings)
-    prompt = args.prompt
+    from pyinfer import arguments
+
+    prompt = arguments.text("the prompt (-p)", args.prompt)
     if args.file:
-        with open(args.file, encoding="utf-8") as f:
-            prompt = f.read()
+        with open(args.file, "rb") as f:
+            prompt = arguments.utf8(f"prompt file {args.file}", f.read())
+    _, model = load_model(args, timed=args.timings)
     tokens = model.tokenize(prompt)
     sys.stdout.write(prompt)
     sys.stdout.flush()
     stream = model.tokenizer.stream_decoder()
     try:
-        for tok in model.generate_tokens(tokens, args.n_predict, sampler_params(args), args.seed,
+        for tok in model.generate_tokens(tokens, args.n_predict, sampler_params(args), seed(args),
                                          stop_at_eos=not args.ignore_eos):
             sys.stdout.write(stream.push(tok))
             sys.stdout.flush()
@@ -140,7 +147,7 @@ def cmd_chat(args) -> int:
     path, model = load_model(args)
     template = ChatTemplate.from_tokenizer(model.tokenizer, override=args.chat_template_file)
     session = ChatSession(model, system=args.system_prompt, template=template, params=sampler_params(args),
-                          seed=args.seed, n_predict=args.n_predict)
+                          seed=seed(args), n_predict=args.n_predict)
     cfg = model.config
     banner = (f"pyinfer chat: {Path(path).name} ({cfg.arch}, {cfg.n_layer} layers) loaded in "
               f"{model.timings.load_ms:.0f} ms; context {model.n_ctx} tokens")
@@ -320,11 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except PyInferError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        return interrupted("pyinfer", exc)
     except OSError as exc:  # unreadable prompt file, full disk, ...
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 1

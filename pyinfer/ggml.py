@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 
+from pyinfer import arguments
 from pyinfer._native import check, check_ptr, ffi, lib
 from pyinfer.errors import InvalidArgumentError
 
@@ -165,9 +166,10 @@ class Tensor:
 
 
 def _ne(shape) -> list[int]:
+    """A numpy-order shape as ggml's ne; each size an int64 (cffi would overflow on a larger one)."""
     if isinstance(shape, int):
         shape = (shape,)
-    return list(reversed([int(s) for s in shape]))
+    return list(reversed([arguments.integer("tensor size", s, 0, 2**63 - 1) for s in shape]))
 
 
 class Context:

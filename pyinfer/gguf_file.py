@@ -78,37 +78,21 @@ class GGUFFile:
         self.alignment = header.alignment
         self.metadata: dict[str, Any] = header.metadata
         self.tensors: dict[str, TensorInfo] = self._read_tensors(header)
-        self.ffn_layout = "down_t" if "blk.0.ffn_down_t.weight" in self.tensors else "down"
-        if self.metadata.get("pyinfer.ffn_layout", self.ffn_layout) != self.ffn_layout:
-            raise ModelFormatError(f"{self.path}: pyinfer.ffn_layout says "
-                                   f"{self.metadata['pyinfer.ffn_layout']!r} but the tensors are {self.ffn_layout!r}")
         try:
             self.config = ModelConfig.from_metadata(self.metadata, self.tensors.keys())
         except (ModelFormatError, UnsupportedError) as exc:
             raise type(exc)(f"{self.path}: {exc}") from None
+        self.ffn_layout = "down_t" if "blk.0.ffn_down_t.weight" in self.tensors else "down"
+        if self.metadata.get("pyinfer.ffn_layout", self.ffn_layout) != self.ffn_layout:
+            raise ModelFormatError(f"{self.path}: pyinfer.ffn_layout says "
+                                   f"{self.metadata['pyinfer.ffn_layout']!r} but the tensors are {self.ffn_layout!r}")
         self._check_shapes()
 
     def _read_tensors(self, header: GGUFHeader) -> dict[str, TensorInfo]:
-        """Tensor infos, each checked to lie inside the file at an aligned offset."""
+        """Tensor infos with their bytes; the reader has checked that each lies in the file, in order."""
         data = np.frombuffer(self._mmap, dtype=np.uint8)  # (file_size,) read-only
-        tensors = {}
-        for t in header.tensors:
-            if t.type not in GGML_QUANT_SIZES:
-                raise ModelFormatError(f"{self.path}: tensor {t.name} has unknown type {t.type}")
-            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(t.type)]
-            if t.ne[0] % block:
-                raise ModelFormatError(f"{self.path}: tensor {t.name} rows of {t.ne[0]} are not whole blocks")
-            n_bytes = int(np.prod(t.ne, dtype=np.int64)) // block * type_size
-            start = header.data_offset + t.offset
-            if t.offset % self.alignment:
-                raise ModelFormatError(f"{self.path}: tensor {t.name} data is not {self.alignment}-byte aligned")
-            if start + n_bytes > header.file_size:
-                raise ModelFormatError(f"{self.path}: truncated file: tensor {t.name} needs bytes "
-                                       f"[{start}, {start + n_bytes}) of {header.file_size}")
-            if t.name in tensors:
-                raise ModelFormatError(f"{self.path}: tensor {t.name} appears twice")
-            tensors[t.name] = TensorInfo(t.name, t.type, t.ne, data[start:start + n_bytes])
-        return tensors
+        return {t.name: TensorInfo(t.name, t.type, t.ne, data[header.data_offset + t.offset:][:t.nbytes])
+                for t in header.tensors}
 
     def _check_shapes(self) -> None:
         """Every tensor the model needs is present with the shape its config implies."""
@@ -120,6 +104,9 @@ class GGUFFile:
                 raise ModelFormatError(f"{self.path}: missing tensor {name}")
             if info.ne != ne:
                 raise ModelFormatError(f"{self.path}: tensor {name} has shape {list(info.ne)}, expected {list(ne)}")
+            if len(ne) == 1 and info.type != GGMLQuantizationType.F32:  # the engine adds and multiplies F32 by F32
+                raise UnsupportedError(f"{self.path}: tensor {name} has type {GGMLQuantizationType(info.type).name}; "
+                                       "norms and biases must be F32")
 
     @property
     def mmap_buffer(self):

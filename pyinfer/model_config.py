@@ -5,6 +5,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pyinfer import gguf_schema
 from pyinfer.errors import ModelFormatError, UnsupportedError
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "opt")
@@ -58,25 +59,31 @@ class ModelConfig:
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any],
                       tensor_names: Collection[str] | None = None) -> ModelConfig:
-        """Read the config; tensor_names (when given) decide tied embeddings and biases as llama.cpp does."""
-        arch = meta.get("general.architecture")
+        """Read the config; tensor_names (when given) decide tied embeddings and biases as llama.cpp does,
+        and must hold exactly block_count layers."""
+        arch = gguf_schema.architecture(meta)
         if arch not in _ARCH_TRAITS:
             raise UnsupportedError(
                 f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}")
+        gguf_schema.check_metadata(meta)  # after: another architecture's keys follow rows pyinfer does not have
         norm_kind, rope_mode, default_ffn, pos_offset = _ARCH_TRAITS[arch]
 
         def key(name: str, default: Any = ...) -> Any:
-            full = f"{arch}.{name}"
+            full = gguf_schema.arch_key(arch, name)
             if full in meta:
                 return meta[full]
             if default is ...:
                 raise ModelFormatError(f"GGUF metadata lacks required key {full}")
             return default
 
+        n_layer = key("block_count")
+        if tensor_names is not None:  # before anything is sized from it
+            gguf_schema.check_layer_names(n_layer, tensor_names, f"{arch}.block_count")
         n_embd = int(key("embedding_length"))
         n_head = int(key("attention.head_count"))
-        if n_head <= 0 or n_embd <= 0:
-            raise ModelFormatError(f"bad sizes: embedding_length {n_embd}, head_count {n_head}")
+        if f"{arch}.attention.key_length" not in meta and n_embd % n_head:
+            raise ModelFormatError(f"{arch}.embedding_length {n_embd} is not a multiple of {arch}.attention.head_count "
+                                   f"{n_head} (and no {arch}.attention.key_length gives the head size)")
         head_dim = int(key("attention.key_length", n_embd // n_head))
         n_vocab = key("vocab_size", None)
         if n_vocab is None:
@@ -98,7 +105,7 @@ class ModelConfig:
             n_vocab=int(n_vocab),
             n_ctx_train=int(key("context_length")),
             n_embd=n_embd,
-            n_layer=int(key("block_count")),
+            n_layer=n_layer,
             n_ff=int(key("feed_forward_length")),
             n_head=n_head,
             n_head_kv=int(key("attention.head_count_kv", n_head)),
@@ -107,7 +114,7 @@ class ModelConfig:
             norm_eps=float(key(eps_key)),
             rope_mode=rope_mode,
             rope_base=float(key("rope.freq_base", 10000.0)),
-            rope_scale=float(key("rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0,
+            rope_scale=float(key("rope.scaling.factor", 1.0) or 1.0) if scaling == "linear" else 1.0,
             n_rot=int(key("rope.dimension_count", head_dim)) if rope_mode else 0,
             ffn_kind=str(meta.get("pyinfer.ffn_kind", default_ffn)),
             tied_embeddings=not has("output.weight", arch != "opt"),

@@ -7,7 +7,9 @@ import contextlib
 import json
 import sys
 
+from pyinfer import arguments
 from pyinfer.chat import HELP, ChatSession
+from pyinfer.console import one_line
 from pyinfer.errors import PyInferError
 
 
@@ -125,7 +127,15 @@ def _setup_readline() -> None:
     atexit.register(save)
 
 
+def _tolerant_stdin() -> None:
+    """Undecodable input bytes become surrogates (which the line check reports) instead of a decode
+    error that would end the session."""
+    if hasattr(sys.stdin, "reconfigure"):
+        sys.stdin.reconfigure(errors="surrogateescape")
+
+
 def interactive(session: ChatSession, banner: str) -> int:
+    _tolerant_stdin()
     _setup_readline()
     print(banner)
     print("/help for commands, Ctrl-C stops an answer, Ctrl-D leaves.")
@@ -136,6 +146,7 @@ def interactive(session: ChatSession, banner: str) -> int:
         if not line.strip():
             continue
         try:
+            arguments.text("the line", line)
             if line.startswith("/"):
                 if not slash_command(session, line.strip()):
                     return 0
@@ -145,7 +156,7 @@ def interactive(session: ChatSession, banner: str) -> int:
         except KeyboardInterrupt:
             print("\n[stopped]")
         except PyInferError as exc:
-            print(f"error: {exc}")
+            print(f"error: {one_line(exc)}")
 
 
 def scripted(session: ChatSession, as_json: bool) -> int:
@@ -154,11 +165,13 @@ def scripted(session: ChatSession, as_json: bool) -> int:
     def notice(n: int) -> None:
         print(dropped_notice(n), file=sys.stderr, flush=True)
 
-    for raw in sys.stdin:
+    _tolerant_stdin()
+    for n, raw in enumerate(sys.stdin, 1):
         line = raw.rstrip("\n")
         if not line.strip():
             continue
         try:
+            arguments.text(f"line {n}", line)
             if line.startswith("/"):
                 with contextlib.redirect_stdout(sys.stderr):
                     go_on = slash_command(session, line.strip())
@@ -167,7 +180,7 @@ def scripted(session: ChatSession, as_json: bool) -> int:
                 continue
             answer = session.reply(line, on_text=None if as_json else _write, on_dropped=notice)
         except PyInferError as exc:
-            print(f"error: {exc}", file=sys.stderr, flush=True)
+            print(f"error: {one_line(exc)}", file=sys.stderr, flush=True)
             continue
         if as_json:
             s = session.last

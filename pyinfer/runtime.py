@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pyinfer import ggml, models
+from pyinfer import arguments, ggml, models
 from pyinfer._native import lib
-from pyinfer.errors import ContextFullError, InvalidArgumentError
+from pyinfer.errors import ContextFullError, InvalidArgumentError, ModelFormatError, UnsupportedError
 from pyinfer.gguf_file import GGUFFile
 from pyinfer.machine import resolve as resolve_machine
 from pyinfer.models import sparse_ffn
@@ -177,8 +177,11 @@ class Model:
         t0 = time.perf_counter()
         if kv_type not in KV_TYPES:
             raise InvalidArgumentError(f"KV cache type must be one of {', '.join(KV_TYPES)}, not {kv_type!r}")
-        if n_batch < 1:
-            raise InvalidArgumentError(f"batch size must be >= 1, not {n_batch}")
+        n_ctx = arguments.integer("n_ctx", n_ctx, 0, 2**31 - 1)
+        n_batch = arguments.integer("n_batch", n_batch, 1, 2**31 - 1)
+        n_threads = n_threads and arguments.integer("n_threads", n_threads, 1, 1024)
+        n_gpu_layers = arguments.integer("n_gpu_layers", n_gpu_layers)
+        sparsity_threshold = arguments.number("sparsity_threshold", sparsity_threshold)
         self.file = GGUFFile(path)
         self.config = cfg = self.file.config
         self.tokenizer = Tokenizer.from_gguf_metadata(self.file.metadata)
@@ -190,7 +193,10 @@ class Model:
         self.weights_ctx = ggml.Context(1024 * (len(self.file.tensors) + cfg.n_layer + 16), no_alloc=True)
         self.weights: dict[str, ggml.Tensor] = {}
         for name, info in self.file.tensors.items():
-            t = self.weights_ctx.new_tensor(info.type, tuple(reversed(info.ne)))
+            try:
+                t = self.weights_ctx.new_tensor(info.type, tuple(reversed(info.ne)))
+            except InvalidArgumentError as exc:  # a type the engine lacks
+                raise UnsupportedError(f"{self.file.path}: tensor {name}: {exc}") from None
             t.set_data(info.data)
             t.name = name
             self.weights[name] = t
@@ -362,11 +368,7 @@ class Model:
     def eval(self, tokens, all_logits: bool = False) -> np.ndarray:
         """Appends tokens to the sequence in the KV cache; returns logits (n, n_vocab) of every new token
         when all_logits, else (n_vocab,) of the last one."""
-        tokens = np.asarray(tokens, dtype=np.int32)
-        if tokens.ndim != 1 or len(tokens) == 0:
-            raise InvalidArgumentError("eval takes a non-empty list of token ids")
-        if tokens.min() < 0 or tokens.max() >= self.config.n_vocab:
-            raise InvalidArgumentError(f"token ids must be in [0, {self.config.n_vocab})")
+        tokens = arguments.token_ids(tokens, self.config.n_vocab)
         if self.n_past + len(tokens) > self.n_ctx:
             raise ContextFullError(
                 f"context full: {self.n_past} + {len(tokens)} tokens exceed the context size {self.n_ctx} (-c)")
@@ -377,6 +379,8 @@ class Model:
             n_out = len(chunk) if all_logits else (1 if last_chunk else 0)
             graph = self._graph(len(chunk), max(n_out, 1))
             logits = graph.run(self.pool, chunk, self.n_past)
+            if n_out:
+                _check_finite(logits, self.n_past + len(chunk) - n_out)
             if self.timed and len(chunk) == 1:
                 self.step_stats.append(graph.graph.stats())
             if graph.mask_tensors:
@@ -421,7 +425,7 @@ class Model:
     def ffn_activations(self, tokens) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Logits (n, n_vocab) of a fresh sequence (at most one batch) and, per layer il, the FFN input
         `ffn_inp.{il}` (n, n_embd) and hidden activations `ffn_act.{il}` (n, n_ff): what a profiler counts."""
-        tokens = np.asarray(tokens, dtype=np.int32)
+        tokens = arguments.token_ids(tokens, self.config.n_vocab)
         if not 0 < len(tokens) <= min(self.n_batch, self.n_ctx):
             raise InvalidArgumentError(f"ffn_activations takes 1 to {min(self.n_batch, self.n_ctx)} tokens")
         self.reset()
@@ -442,6 +446,7 @@ class Model:
                         seed: int | None = None, stop_at_eos: bool = True,
                         should_stop: Callable[[], bool] | None = None) -> Iterator[int]:
         """Processes the prompt (after what is already cached) and yields up to n_predict sampled tokens."""
+        n_predict = arguments.integer("n_predict", n_predict)
         sampler = Sampler(params or SamplerParams(), seed)
         history = [*self.tokens, *prompt_tokens]  # penalties see the cached prefix too
         t0 = time.perf_counter()
@@ -486,3 +491,12 @@ class Model:
         from pyinfer.completions import create_chat_completion
 
         return create_chat_completion(self, messages, **kwargs)
+
+
+def _check_finite(logits: np.ndarray, first_pos: int) -> None:
+    """Logits with NaN or inf come from broken weights (a corrupt file, a wrong tensor type whose bytes
+    fit): said plainly rather than sampled from."""
+    if not np.isfinite(logits).all():
+        row = int(np.flatnonzero(~np.isfinite(logits).all(axis=-1))[0])
+        raise ModelFormatError(f"the model computed non-finite logits (NaN/inf) at position {first_pos + row}: "
+                               "its weights are corrupt")

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pyinfer import arguments
+from pyinfer.errors import InvalidArgumentError
+
 
 @dataclass(frozen=True)
 class SamplerParams:
@@ -20,6 +23,15 @@ class SamplerParams:
     repeat_last_n: int = 64  # 0: off, -1: the whole history
     frequency_penalty: float = 0.0  # subtracted once per occurrence in the last repeat_last_n tokens
     presence_penalty: float = 0.0  # subtracted once from every token in the last repeat_last_n tokens
+
+    def __post_init__(self) -> None:
+        arguments.number("temperature", self.temperature)
+        arguments.integer("top_k", self.top_k)
+        arguments.number("top_p", self.top_p)
+        arguments.number("min_p", self.min_p)
+        if arguments.number("repeat_penalty", self.repeat_penalty) <= 0:
+            raise InvalidArgumentError(f"repeat_penalty must be > 0, not {self.repeat_penalty}")
+        arguments.integer("repeat_last_n", self.repeat_last_n, lo=-1)
 
 
 def penalize_repeats(logits: np.ndarray, history: Sequence[int], penalty: float, last_n: int,
@@ -74,7 +86,7 @@ class Sampler:
 
     def __init__(self, params: SamplerParams | None = None, seed: int | None = None) -> None:
         self.params = params or SamplerParams()
-        self.rng = np.random.default_rng(seed)
+        self.rng = np.random.default_rng(None if seed is None else arguments.integer("seed", seed, lo=0))
 
     def candidates(self, logits: np.ndarray, history: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
         """(ids, probabilities) the draw chooses from, after every stage of the chain; one id when greedy."""

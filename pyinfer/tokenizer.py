@@ -14,8 +14,10 @@ control ones only with `parse_special`. Decoding maps each id to its bytes here,
 from __future__ import annotations
 
 import codecs
+import re
 from collections.abc import Iterable, Iterator
 
+from pyinfer import arguments, gguf_schema
 from pyinfer.errors import ModelFormatError, UnsupportedError
 
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
@@ -41,6 +43,20 @@ _EOT_TEXTS = frozenset({"<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_i
                         "<|end|>", "<|end_of_text|>", "<EOT>", "<|return|>", "<|call|>"})
 
 
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def _library_call(key: str, build, *args):
+    """build(*args) with the tokenizers library's errors (plain Exceptions) as the one-line format error."""
+    try:
+        return build(*args)
+    except (ModelFormatError, UnsupportedError):
+        raise
+    except Exception as exc:  # the library raises bare Exception on a vocabulary it cannot build
+        raise ModelFormatError(f"{key}: the tokenizer cannot be built from it ({' '.join(str(exc).split())})") \
+            from None
+
+
 def byte_to_unicode() -> dict[int, str]:
     """GPT-2's reversible map of the 256 bytes to printable characters."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
@@ -54,12 +70,13 @@ class Tokenizer:
     """Text <-> token ids for one GGUF vocabulary."""
 
     def __init__(self, meta: dict) -> None:
+        gguf_schema.check_metadata(meta)  # types, lengths and ids below the vocabulary: built from checked arrays
+        if "tokenizer.ggml.tokens" not in meta:
+            raise ModelFormatError("GGUF metadata lacks tokenizer.ggml.tokens (the vocabulary)")
         self.kind = meta.get("tokenizer.ggml.model", "llama")
         self.tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
         self.n_vocab = len(self.tokens)
         self.types: list[int] = list(meta.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * self.n_vocab)
-        if len(self.types) != self.n_vocab:
-            raise ModelFormatError(f"{len(self.types)} token types for {self.n_vocab} tokens")
         spm = self.kind == "llama"
         self.bos_id: int | None = meta.get("tokenizer.ggml.bos_token_id")
         self.eos_id: int | None = meta.get("tokenizer.ggml.eos_token_id")
@@ -70,15 +87,15 @@ class Tokenizer:
         self.add_space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", spm))
         self.chat_template: str | None = meta.get("tokenizer.chat_template")
         if self.kind == "gpt2":
-            self._tok = self._build_byte_level(meta)
+            self._tok = _library_call("tokenizer.ggml.merges", self._build_byte_level, meta)
             self._bytes = self._byte_level_bytes()
         elif spm:
-            self._tok = self._build_sentencepiece(meta)
+            self._tok = _library_call("tokenizer.ggml.tokens", self._build_sentencepiece, meta)
             self._bytes = self._sentencepiece_bytes()
         else:
             raise UnsupportedError(f"tokenizer model {self.kind!r} is not supported (only gpt2 and llama)")
         self._special = [t in (TOKEN_CONTROL, TOKEN_UNKNOWN) for t in self.types]
-        self._add_special_tokens()
+        _library_call("tokenizer.ggml.tokens", self._add_special_tokens)
         self.eot_ids = self._find_eot_ids(meta)
 
     @classmethod
@@ -118,7 +135,7 @@ class Tokenizer:
         from tokenizers import models, normalizers
 
         scores = meta.get("tokenizer.ggml.scores")
-        if scores is None or len(scores) != self.n_vocab:
+        if scores is None:
             raise ModelFormatError("a llama (sentencepiece) vocabulary needs tokenizer.ggml.scores for every token")
         vocab = self._vocab()
         ranked = []  # (-score of merged token, its id, left, right): best merge first
@@ -161,8 +178,10 @@ class Tokenizer:
 
     def _sentencepiece_bytes(self) -> list[bytes]:
         out = []
-        for text, kind in zip(self.tokens, self.types, strict=True):
+        for i, (text, kind) in enumerate(zip(self.tokens, self.types, strict=True)):
             if kind == TOKEN_BYTE:
+                if not _BYTE_TOKEN.fullmatch(text):
+                    raise gguf_schema.violation(f"tokenizer.ggml.tokens[{i}]", text, "<0xHH> for a BYTE token")
                 out.append(bytes([int(text[3:-1], 16)]))  # "<0xAB>"
             elif kind in (TOKEN_CONTROL, TOKEN_UNKNOWN):
                 out.append(text.encode("utf-8"))
@@ -182,6 +201,7 @@ class Tokenizer:
     def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids of `text`; `add_special` adds bos/eos as the file asks, `parse_special` matches
         control tokens written in the text (user-defined ones are always matched). Not thread-safe."""
+        arguments.text("the text to tokenize", text)
         self._tok.encode_special_tokens = not parse_special
         ids = self._tok.encode(text, add_special_tokens=False).ids
         if add_special and self.add_bos and self.bos_id is not None:
@@ -191,16 +211,17 @@ class Tokenizer:
         return ids
 
     def token_bytes(self, token_id: int) -> bytes:
-        return self._bytes[token_id]
+        return self._bytes[arguments.integer("token id", token_id, 0, self.n_vocab - 1)]
 
     def token_to_piece(self, token_id: int) -> str:
         """The text of one token; a lone byte of a longer UTF-8 character shows as U+FFFD."""
-        return self._bytes[token_id].decode("utf-8", errors="replace")
+        return self.token_bytes(token_id).decode("utf-8", errors="replace")
 
     def is_special(self, token_id: int) -> bool:
-        return self._special[token_id]
+        return self._special[arguments.integer("token id", token_id, 0, self.n_vocab - 1)]
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        ids = [arguments.integer("token id", i, 0, self.n_vocab - 1) for i in ids]
         data = b"".join(self._bytes[i] for i in ids if not (skip_special and self._special[i]))
         text = data.decode("utf-8", errors="replace")
         if self.kind == "llama" and self.add_space_prefix and text.startswith(" "):

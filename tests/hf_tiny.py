@@ -51,17 +51,12 @@ class TinyModel:
 
 def save_tokenizer(folder: str) -> None:
     """Train a ~280-token byte-level BPE and save it with transformers (tokenizer.json, config, template)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=280, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(TEXT, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE)
+    from pyinfer.tools.fuzz_seeds import train_bpe
+
+    fast = PreTrainedTokenizerFast(tokenizer_object=train_bpe(TEXT, SPECIALS), bos_token="<|im_start|>",
+                                   eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE)
     fast.save_pretrained(folder)
 
 

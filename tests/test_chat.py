@@ -58,6 +58,7 @@ def spawn(env: dict, model: Path, *extra: str) -> pexpect.spawn:
     # a runner that starts the suite in the background leaves SIGINT ignored, and children inherit that:
     # a user's terminal delivers it, so the child gets the default back
     child = pexpect.spawn(sys.executable, chat_args(model, *extra), cwd=REPO, env=env, encoding="utf-8",
+                          codec_errors="replace",  # the terminal echoes what is typed, invalid UTF-8 too
                           timeout=90, dimensions=(50, 4000),
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     child.expect(PROMPT)
@@ -257,3 +258,24 @@ def test_bad_model_or_template_is_one_line(what, tiny, env, tmp_path):
     assert res.returncode == 1 and res.stdout == b""
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and "Traceback" not in err
     assert {"missing": "missing.gguf", "garbage": "not a valid GGUF", "template": "nope.jinja"}[what] in err
+
+
+# ---- issue 14: a line that is not UTF-8 is one error line, and the session goes on ----
+
+def test_scripted_line_not_utf8_is_reported_and_skipped(tiny, env):
+    res = subprocess.run([sys.executable, *chat_args(tiny, "-n", "4")], cwd=REPO, env=env, capture_output=True,
+                         input=b"caf\xe9 au lait\nhello\n", timeout=120)
+    err = res.stderr.decode()
+    assert res.returncode == 0, err
+    assert "error: line 1 is not valid UTF-8 text (byte 0xe9 at character 3)" in err and "Traceback" not in err
+    assert res.stdout.count(b"\n") == 1  # the second line was answered (a random answer may hold other breaks)
+
+
+def test_repl_line_not_utf8_is_reported_and_skipped(tiny, env):
+    child = spawn(env, tiny, "-n", "4")
+    os.write(child.child_fd, b"\xff\xfe hi\n")
+    child.expect("error: the line is not valid UTF-8 text")
+    child.expect(PROMPT)
+    say(child, "hello")
+    child.sendeof()
+    assert exit_status(child) == 0

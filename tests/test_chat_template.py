@@ -220,3 +220,27 @@ def test_smollm2_gguf_template():
     assert template == SMOLLM2_TEMPLATE
     for messages in CONVERSATIONS.values():
         assert ours(template).render(messages) == hf_render(template, messages, True)
+
+
+# ---- issue 14: templates come with untrusted files ----
+
+@pytest.mark.parametrize("source,words", [
+    ("{{ 1 / 0 }}", "division by zero"),
+    ("{{ messages[0]['content'] + 1 }}", "can only concatenate"),
+    ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "recursion"),
+    ("{{ messages[99] }}{{ messages[99]['x'] }}", "no element 99"),
+])
+def test_any_failure_inside_a_template_is_one_line(source, words):
+    with pytest.raises(ChatTemplateError) as exc:
+        ChatTemplate(source).render([{"role": "user", "content": "hi"}])
+    assert "\n" not in str(exc.value) and words in str(exc.value).lower()
+
+
+@pytest.mark.parametrize("name,raw", [("t.jinja", b"\xff{{ x }}"), ("c.json", b"[" * 100_000 + b"]" * 100_000),
+                                      ("c.json", b'{"chat_template": "\xff"}')])
+def test_template_file_that_is_not_utf8_or_too_deep(tmp_path, name, raw):
+    path = tmp_path / name
+    path.write_bytes(raw)
+    with pytest.raises(PyInferError) as exc:
+        load_template_file(path)
+    assert "\n" not in str(exc.value) and str(path) in str(exc.value)

@@ -35,3 +35,61 @@ def test_truncated_model_is_one_line(command, tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert not (tmp_path / "o.gguf").exists()
+
+
+# ---- issue 14: input that is not UTF-8, llama.cpp's seed -1 ----
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> str:
+    from pyinfer.tools import fuzz_seeds
+
+    return fuzz_seeds.make_seeds(str(tmp_path_factory.mktemp("seeds")), None)["llama-bpe"]
+
+
+def _one_line_error(result: subprocess.CompletedProcess, words: str) -> None:
+    err = result.stderr if isinstance(result.stderr, str) else result.stderr.decode("utf-8", "replace")
+    lines = err.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert words in lines[0], err
+
+
+def test_prompt_file_not_utf8(tiny_gguf, tmp_path):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_bytes(b"Hello \xff world")
+    result = _cli("run", "-m", tiny_gguf, "-f", str(prompt), "-n", "2", cwd=tmp_path)
+    _one_line_error(result, f"prompt file {prompt} is not UTF-8 text (byte 0xff at offset 6)")
+
+
+def test_prompt_argument_not_utf8(tiny_gguf, tmp_path):
+    argv = [sys.executable.encode(), b"-m", b"pyinfer.cli", b"run", b"-m", tiny_gguf.encode(), b"-p", b"Hi \xff", b"-n",
+            b"2"]
+    result = subprocess.run(argv, cwd=tmp_path, capture_output=True, timeout=120)
+    _one_line_error(result, "the prompt (-p) is not valid UTF-8 text (byte 0xff at character 3)")
+
+
+def test_seed_minus_one_is_random_as_in_llama_cpp(tiny_gguf, tmp_path):
+    result = _cli("run", "-m", tiny_gguf, "-p", "Hello", "-n", "4", "-s", "-1", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Hello")
+
+
+def test_other_negative_seed_is_one_line(tiny_gguf, tmp_path):
+    _one_line_error(_cli("run", "-m", tiny_gguf, "-p", "Hello", "-s", "-2", cwd=tmp_path), "seed must be >= 0, not -2")
+
+
+@pytest.mark.parametrize("flag,value,words", [("--temp", "nan", "temperature"), ("-t", "-3", "n_threads"),
+                                              ("--repeat-penalty", "0", "repeat_penalty"), ("-c", "-5", "n_ctx")])
+def test_bad_numbers_are_one_line(tiny_gguf, tmp_path, flag, value, words):
+    _one_line_error(_cli("run", "-m", tiny_gguf, "-p", "Hello", "-n", "2", flag, value, cwd=tmp_path), words)
+
+
+def test_an_error_message_of_several_lines_is_printed_as_one(tiny_gguf, capsys, monkeypatch):
+    """Whatever a message holds (a name from a file, a library's text), the CLI prints one line."""
+    from pyinfer import cli, runtime
+    from pyinfer.errors import ModelFormatError
+
+    def broken(*args, **kwargs):
+        raise ModelFormatError("first\nsecond")
+    monkeypatch.setattr(runtime, "Model", broken)
+    assert cli.main(["run", "-m", tiny_gguf, "-p", "Hello"]) == 1
+    assert capsys.readouterr().err == "error: first second\n"

@@ -4,8 +4,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -253,6 +255,56 @@ def _int_dtype(folder: str) -> None:
         f.write(b'"I32"')
 
 
+def _write(name: str, raw: bytes):
+    def edit(folder: str) -> None:
+        with open(os.path.join(folder, name), "wb") as f:
+            f.write(raw)
+    return edit
+
+
+def _edit_safetensors_header(change):
+    """Rewrites model.safetensors with change(header) applied to its JSON header."""
+    def edit(folder: str) -> None:
+        path = os.path.join(folder, "model.safetensors")
+        with open(path, "rb") as f:
+            raw = f.read()
+        n = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8:8 + n])
+        text = change(header)
+        text = text if isinstance(text, bytes) else json.dumps(header).encode()
+        with open(path, "wb") as f:
+            f.write(len(text).to_bytes(8, "little") + text + raw[8 + n:])
+    return edit
+
+
+def _overlap(header: dict) -> None:
+    first, second = sorted((v for k, v in header.items() if k != "__metadata__"), key=lambda e: e["data_offsets"])[:2]
+    size = second["data_offsets"][1] - second["data_offsets"][0]
+    second["data_offsets"] = [first["data_offsets"][0], first["data_offsets"][0] + size]
+
+
+def _shard_index(weight_map):
+    """Writes model.safetensors.index.json with weight_map (a function of the tensor names)."""
+    def edit(folder: str) -> None:
+        with open(os.path.join(folder, "model.safetensors"), "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            names = [k for k in json.loads(f.read(n)) if k != "__metadata__"]
+        with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+            json.dump({"weight_map": weight_map(names)}, f)
+    return edit
+
+
+def _set_vocab_id(value: int):
+    def edit(folder: str) -> None:
+        path = os.path.join(folder, "tokenizer.json")
+        with open(path) as f:
+            tj = json.load(f)
+        tj["model"]["vocab"]["!"] = value
+        with open(path, "w") as f:
+            json.dump(tj, f)
+    return edit
+
+
 BAD_INPUTS = {
     "truncated safetensors": (_truncate_shard, "truncated"),
     "unknown arch": (_set_config("architectures", ["GPT2LMHeadModel"]), "unsupported architecture"),
@@ -261,6 +313,30 @@ BAD_INPUTS = {
     "no tokenizer": (lambda d: os.remove(os.path.join(d, "tokenizer.json")), "tokenizer"),
     "bad activation": (_set_config("hidden_act", "tanh"), "hidden_act"),
     "llama3 rope": (_set_config("rope_parameters", {"rope_type": "llama3", "rope_theta": 5e5}), "rope"),
+    # issue 14: each of these was a raw exception, a RecursionError or a MemoryError after 35-40 s
+    "config nested deep": (_write("config.json", b"[" * 100_000 + b"]" * 100_000), "nested too deeply"),
+    "config repeated key": (_write("config.json", b'{"hidden_size": 64, "hidden_size": 65}'), "appears twice"),
+    "config not utf-8": (_write("config.json", b'{"a": "\xff"}'), "unreadable JSON"),
+    "hidden_size string": (_set_config("hidden_size", "abc"), "hidden_size = 'abc': expected an integer"),
+    "hidden_size null": (_set_config("hidden_size", None), "lacks hidden_size"),
+    "hidden_size 1e400": (_set_config("hidden_size", float("inf")), "hidden_size = inf"),
+    "zero heads": (_set_config("num_attention_heads", 0), "num_attention_heads = 0"),
+    "rope_scaling string": (_set_config("rope_scaling", "linear"), "rope_scaling = 'linear': expected a JSON object"),
+    "rope factor zero": (_set_config("rope_scaling", {"type": "linear", "factor": 0}), "rope_scaling.factor = 0"),
+    "layers 10^9": (_set_config("num_hidden_layers", 10**9), "num_hidden_layers = 1000000000"),
+    "one layer too many": (_set_config("num_hidden_layers", 3), "the 2 layers the tensors hold"),
+    "vocab 2^40": (_set_config("vocab_size", 2**40), "vocab_size = 1099511627776"),
+    "vocab one short": (_set_config("vocab_size", N_VOCAB - 1), f"vocab_size {N_VOCAB - 1}"),
+    "tie as string": (_set_config("tie_word_embeddings", "false"), "tie_word_embeddings = 'false'"),
+    "header nested deep": (_edit_safetensors_header(lambda h: b"[" * 100_000 + b"]" * 100_000), "nested too deeply"),
+    "overlapping tensors": (_edit_safetensors_header(_overlap), "without gaps or overlaps"),
+    "name with a newline": (_edit_safetensors_header(lambda h: h.__setitem__("a\nb", h.pop(max(h)))),
+                            "tensor name 'a\\nb' is not printable"),
+    "negative shape": (_edit_safetensors_header(lambda h: h[max(h)].update(shape=[-1])), "shape[0] = -1"),
+    "weight_map list": (_shard_index(lambda names: names), "weight_map = ["),
+    "shard outside": (_shard_index(lambda names: dict.fromkeys(names, "../model.safetensors")), "not a file name"),
+    "vocab id 2^40": (_set_vocab_id(2**40), "model.vocab['!'] = 1099511627776: expected an integer"),
+    "vocab id n_vocab": (_set_vocab_id(N_VOCAB), f"token id {N_VOCAB} is not below vocab_size {N_VOCAB}"),
 }
 
 
@@ -278,7 +354,10 @@ def test_bad_input_fails_cleanly(models, tmp_path, capsys, case):
     edit, words = BAD_INPUTS[case]
     edit(folder)
     before = sorted(os.listdir(folder))
+    capsys.readouterr()  # what building the checkpoint printed
+    t0 = time.perf_counter()
     rc = convert(folder, os.path.join(folder, "m.gguf"), "--dense-gguf", os.path.join(folder, "d.gguf"))
+    assert time.perf_counter() - t0 < 10  # no size is looped over or allocated before it is checked
     _check_failed(rc, capsys, words)
     assert sorted(os.listdir(folder)) == before
 
@@ -312,6 +391,60 @@ def test_interrupt_leaves_nothing(models, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(conv, "encode", interrupted)
     rc = convert(models("llama_silu").folder, str(tmp_path / "m.gguf"), "--dense-gguf", str(tmp_path / "d.gguf"))
     assert rc == 130 and "interrupted" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
+
+
+def test_sigterm_while_writing_leaves_nothing(models, tmp_path, capsys, monkeypatch):
+    """SIGTERM (a closed session, `kill`) during the write cleans up as Ctrl-C does; exit 128 + 15."""
+    calls = []
+
+    def terminated(values, qtype):
+        calls.append(1)
+        if len(calls) == 5:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return quantize(np.asarray(values, dtype=np.float32), qtype)
+
+    folder = models("llama_silu").folder
+    capsys.readouterr()
+    monkeypatch.setattr(conv, "encode", terminated)
+    rc = convert(folder, str(tmp_path / "m.gguf"), "--dense-gguf", str(tmp_path / "d.gguf"))
+    assert rc == 143 and capsys.readouterr().err.strip() == "convert-hf-to-powergguf: terminated"
+    assert os.listdir(tmp_path) == []
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the handler lives only as long as the write
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "link to fifo"])
+def test_output_that_is_not_a_regular_file_is_refused(models, tmp_path, capsys, kind):
+    """`-o /dev/full` as root renamed the temp file over the device node; a FIFO stands in for it here."""
+    out = tmp_path / "out.gguf"
+    if kind == "folder":
+        out.mkdir()
+    else:
+        fifo = tmp_path / "fifo"
+        os.mkfifo(fifo)
+        if kind == "fifo":
+            fifo.rename(out)
+        else:
+            out.symlink_to(fifo)
+    folder = models("opt").folder
+    capsys.readouterr()
+    _check_failed(convert(folder, str(out)), capsys, "not a regular file")
+    assert out.exists() and not out.is_file()
+    assert not list(tmp_path.glob(".*.part"))
+
+
+def test_output_link_to_a_file_is_written_through(models, tmp_path):
+    target = tmp_path / "real.gguf"
+    target.write_bytes(b"old")
+    (tmp_path / "link.gguf").symlink_to(target)
+    assert convert(models("opt").folder, str(tmp_path / "link.gguf")) == 0
+    assert (tmp_path / "link.gguf").is_symlink() and GGUFFile(str(target)).config.arch == "opt"
+
+
+def test_same_output_twice_is_refused(models, tmp_path, capsys):
+    out, folder = str(tmp_path / "m.gguf"), models("llama_silu").folder
+    capsys.readouterr()
+    _check_failed(convert(folder, out, "--dense-gguf", out), capsys, "the same file")
     assert os.listdir(tmp_path) == []
 
 

@@ -116,11 +116,18 @@ static struct ggml_tensor *tensor_new(struct ggml_context *ctx, enum ggml_type t
         ggml_set_error(GGML_STATUS_INVALID_ARG, "tensors have 1 to %d dimensions, not %d", GGML_MAX_DIMS, n_dims);
         return NULL;
     }
+    int64_t nelements = 1;
     for (int i = 0; i < n_dims; i++) {
         if (ne[i] <= 0) {
             ggml_set_error(GGML_STATUS_INVALID_ARG, "dimension %d has size %lld", i, (long long)ne[i]);
             return NULL;
         }
+        // sizes come from files: a product beyond int64 would wrap to a small allocation
+        if (nelements > INT64_MAX / ne[i]) {
+            ggml_set_error(GGML_STATUS_INVALID_ARG, "tensor of more than 2^63 elements");
+            return NULL;
+        }
+        nelements *= ne[i];
     }
     int64_t blck = ggml_blck_size(type);
     if (ne[0] % blck != 0) {

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUFValueType
 
+from pyinfer import gguf_schema
 from pyinfer.console import run_cli
 from pyinfer.converters.gguf_out import (
     FLOAT_TYPES,
@@ -39,6 +40,7 @@ from pyinfer.converters.gguf_out import (
     pick_type,
     write_atomically,
 )
+from pyinfer.converters.hf_json import CONFIG
 from pyinfer.converters.hf_vocab import KV, read_json, vocab_metadata
 from pyinfer.converters.safetensors_source import SafetensorsSource
 from pyinfer.errors import ModelFormatError, UnsupportedError
@@ -56,8 +58,8 @@ FORMAT_VERSION = 1
 
 
 def _need(config: dict[str, Any], key: str) -> Any:
-    """config[key], or a one-line error naming the key."""
-    if key not in config:
+    """config[key] (checked by hf_json.CONFIG), or a one-line error naming the key."""
+    if config.get(key) is None:
         raise ModelFormatError(f"config.json lacks {key}")
     return config[key]
 
@@ -65,12 +67,12 @@ def _need(config: dict[str, Any], key: str) -> Any:
 def _rope(config: dict[str, Any]) -> tuple[float, float | None]:
     """(rope base, linear scaling factor or None) from rope_parameters / rope_scaling / rope_theta."""
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    kind = params.get("rope_type", params.get("type", "default"))
-    theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+    kind = params.get("rope_type") or params.get("type") or "default"
+    theta = float(params.get("rope_theta") or config.get("rope_theta") or 10000.0)
     if kind == "default":
         return theta, None
     if kind == "linear":
-        return theta, float(params["factor"])
+        return theta, float(_need(params, "factor"))
     raise UnsupportedError(f"unsupported rope type {kind!r}; supported: default, linear")
 
 
@@ -82,7 +84,7 @@ def _hparams(config: dict[str, Any], arch: str) -> dict[str, Any]:
         for key, want in checks.items():
             if config.get(key, want) != want:
                 raise UnsupportedError(f"OPT with {key} = {config[key]!r} is not supported (only {want!r})")
-        if config.get("word_embed_proj_dim", config["hidden_size"]) != config["hidden_size"]:
+        if config.get("word_embed_proj_dim", _need(config, "hidden_size")) != config["hidden_size"]:
             raise UnsupportedError("OPT with word_embed_proj_dim != hidden_size (project_in/out) is not supported")
         n_head = int(_need(config, "num_attention_heads"))
         return {"n_embd": int(_need(config, "hidden_size")), "n_ff": int(_need(config, "ffn_dim")),
@@ -221,7 +223,10 @@ def _pyinfer_kv(ffn_kind: str) -> list[KV]:
 def _check_plan(arch: str, kv: list[KV], tensors: list[OutTensor], layout: str, what: str) -> None:
     """The planned file must load: the same check GGUFFile runs, done before anything is written."""
     meta = {"general.architecture": arch} | {k: v for k, v, *_ in kv}
-    cfg = ModelConfig.from_metadata(meta, [t.name for t in tensors])
+    try:
+        cfg = ModelConfig.from_metadata(meta, [t.name for t in tensors])
+    except (ModelFormatError, UnsupportedError) as exc:
+        raise type(exc)(f"{what}: {exc}") from None
     planned = {t.name: tuple(reversed(t.shape)) for t in tensors}
     for name, ne in expected_tensor_shapes(cfg, layout).items():
         if planned.get(name) != ne:
@@ -234,7 +239,7 @@ def _check_plan(arch: str, kv: list[KV], tensors: list[OutTensor], layout: str, 
 
 def _plan_hf(folder: str, outtype: Q, out_path: str, dense_path: str | None) -> tuple[list[OutFile], list[str]]:
     """Outputs for a HF checkpoint folder."""
-    config = read_json(os.path.join(folder, "config.json"))
+    config = read_json(os.path.join(folder, "config.json"), CONFIG)
     if config is None:
         raise ModelFormatError(f"{folder}: missing config.json")
     archs = config.get("architectures") or [None]
@@ -245,6 +250,7 @@ def _plan_hf(folder: str, outtype: Q, out_path: str, dense_path: str | None) -> 
         raise UnsupportedError("--dense-gguf: llama.cpp has no OPT architecture, so no dense GGUF can be written")
     hp = _hparams(config, arch)
     src = SafetensorsSource(folder)
+    _check_checkpoint(src, arch, hp)
     notes: list[str] = []
     base_kv = _arch_kv(arch, hp, os.path.basename(os.path.abspath(folder)), outtype)
     base_kv += vocab_metadata(folder, arch, hp["n_vocab"], config)
@@ -273,6 +279,17 @@ def _plan_hf(folder: str, outtype: Q, out_path: str, dense_path: str | None) -> 
                          "(dense GGUFs carry no activation key): use it for speed comparisons only")
         outputs.append(OutFile(dense_path, arch, base_kv, dense))
     return outputs, notes
+
+
+def _check_checkpoint(src: SafetensorsSource, arch: str, hp: dict[str, Any]) -> None:
+    """The checkpoint holds num_hidden_layers layers and vocab_size embedding rows: checked before the
+    tensor map and the vocabulary are sized from them."""
+    names = [n.removeprefix("model.").removeprefix("decoder.") for n in src.tensors]
+    gguf_schema.check_layer_names(hp["n_layer"], names, "config.json num_hidden_layers", prefix="layers.")
+    emb = src.require(_resolve(src, tensor_map(arch, hp)[0][1]))
+    if emb.shape != (hp["n_vocab"], hp["n_embd"]):
+        raise ModelFormatError(f"{emb.name} has shape {list(emb.shape)} but config.json says vocab_size "
+                               f"{hp['n_vocab']} and hidden size {hp['n_embd']}")
 
 
 def _producer(src: SafetensorsSource, hname: str, transform: str, transposed: bool,

@@ -14,7 +14,9 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, LlamaFileTy
 from gguf.quants import quantize
 from tqdm import tqdm
 
+from pyinfer.console import terminate_as_interrupt
 from pyinfer.converters.hf_vocab import KV
+from pyinfer.errors import InvalidArgumentError
 
 Q = GGMLQuantizationType
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
@@ -98,17 +100,33 @@ def _write_one(out: OutFile, temp: str, bar: tqdm) -> None:
         writer.close()
 
 
+def destinations(paths: list[str]) -> list[str]:
+    """The files `paths` name (through symbolic links), each a regular file or a new path, all distinct:
+    the final rename must never replace a device node (`-o /dev/full` as root), a folder or a FIFO."""
+    real = [os.path.realpath(p) for p in paths]
+    for path, target in zip(paths, real, strict=True):
+        if os.path.exists(target) and not os.path.isfile(target):
+            raise InvalidArgumentError(f"{path}: not a regular file (outputs are written only to regular files "
+                                       "or new paths)")
+    if len(set(real)) != len(real):
+        raise InvalidArgumentError(f"two outputs are the same file: {', '.join(paths)}")
+    return real
+
+
 def write_atomically(outputs: list[OutFile]) -> None:
-    """Write every output to a temp file, then rename all; on any error or interrupt leave none behind."""
+    """Write every output to a temp file, then rename all; on any error, Ctrl-C, SIGTERM or SIGHUP leave
+    none behind."""
+    targets = destinations([out.path for out in outputs])
     temps: list[str] = []
     total = sum(t.nbytes for out in outputs for t in out.tensors)
     try:
-        with tqdm(total=total, unit="B", unit_scale=True, desc="writing", file=sys.stderr, disable=None) as bar:
-            for out in outputs:
-                temps.append(_temp_path(out.path))
+        with terminate_as_interrupt(), tqdm(total=total, unit="B", unit_scale=True, desc="writing",
+                                            file=sys.stderr, disable=None) as bar:
+            for out, target in zip(outputs, targets, strict=True):
+                temps.append(_temp_path(target))
                 _write_one(out, temps[-1], bar)
-        for out, temp in zip(outputs, temps, strict=True):
-            os.replace(temp, out.path)
+            for temp, target in zip(temps, targets, strict=True):
+                os.replace(temp, target)
     except BaseException:
         for temp in temps:
             if os.path.exists(temp):

@@ -6,29 +6,23 @@ rows with unused `[PAD{i}]` tokens.
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
 from gguf import GGUFValueType, TokenType
 
+from pyinfer.converters.hf_json import TOKENIZER_CONFIG, TOKENIZER_JSON, checked, read_json_file
 from pyinfer.errors import ModelFormatError, UnsupportedError
+from pyinfer.gguf_schema import Kind
 
 KV = tuple[str, Any, GGUFValueType, GGUFValueType | None]
 
 
-def read_json(path: str) -> dict[str, Any] | None:
-    """A JSON object from `path`, None when the file does not exist."""
+def read_json(path: str, schema: Kind) -> dict[str, Any] | None:
+    """A JSON object from `path` checked against `schema`, None when the file does not exist."""
     if not os.path.exists(path):
         return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise ModelFormatError(f"{path}: unreadable JSON ({' '.join(str(exc).split())})") from None
-    if not isinstance(data, dict):
-        raise ModelFormatError(f"{path}: expected a JSON object")
-    return data
+    return checked(schema, read_json_file(path), path)
 
 
 def _spm_vocab(path: str) -> tuple[list[str], list[float], list[int]]:
@@ -71,14 +65,24 @@ def _bpe_pre(tj: dict[str, Any], arch: str) -> str:
     return "default"
 
 
-def _added_tokens(tj: dict[str, Any] | None, tc: dict[str, Any]) -> dict[int, tuple[str, bool]]:
+def _added_tokens(tj: dict[str, Any] | None, tc: dict[str, Any], n_vocab: int) -> dict[int, tuple[str, bool]]:
     """id -> (content, special) of tokens added on top of the base vocabulary."""
     added: dict[int, tuple[str, bool]] = {}
-    for entry in (tj or {}).get("added_tokens", []):
-        added[int(entry["id"])] = (entry["content"], bool(entry.get("special", True)))
+    for entry in (tj or {}).get("added_tokens") or []:
+        added[_token_id(entry["id"], n_vocab, "tokenizer.json added_tokens")] = (
+            entry["content"], entry.get("special", True))
     for key, entry in (tc.get("added_tokens_decoder") or {}).items():
-        added.setdefault(int(key), (entry["content"], bool(entry.get("special", True))))
+        if not (key.isascii() and key.isdigit()):
+            raise ModelFormatError(f"tokenizer_config.json: added_tokens_decoder key {key!r} is not a token id")
+        tid = _token_id(int(key), n_vocab, "tokenizer_config.json added_tokens_decoder")
+        added.setdefault(tid, (entry["content"], entry.get("special", True)))
     return added
+
+
+def _token_id(tid: int, n_vocab: int, where: str) -> int:
+    if tid >= n_vocab:
+        raise ModelFormatError(f"{where}: token id {tid} is not below vocab_size {n_vocab} (the embedding rows)")
+    return tid
 
 
 def _token_string(value: Any) -> str | None:
@@ -97,15 +101,18 @@ def _chat_template(folder: str, tc: dict[str, Any]) -> str | None:
         return template
     path = os.path.join(folder, "chat_template.jinja")
     if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+        with open(path, "rb") as f:
+            try:
+                return f.read().decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ModelFormatError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     return None
 
 
 def vocab_metadata(folder: str, arch: str, n_vocab: int, config: dict[str, Any]) -> list[KV]:
     """tokenizer.* key/values for the GGUF, from tokenizer.model and/or tokenizer.json."""
-    tj = read_json(os.path.join(folder, "tokenizer.json"))
-    tc = read_json(os.path.join(folder, "tokenizer_config.json")) or {}
+    tj = read_json(os.path.join(folder, "tokenizer.json"), TOKENIZER_JSON)
+    tc = read_json(os.path.join(folder, "tokenizer_config.json"), TOKENIZER_CONFIG) or {}
     spm_path = os.path.join(folder, "tokenizer.model")
     merges: list[str] = []
     use_spm = os.path.exists(spm_path) and arch == "llama"
@@ -117,15 +124,17 @@ def vocab_metadata(folder: str, arch: str, n_vocab: int, config: dict[str, Any])
         if bpe.get("type") != "BPE":
             raise UnsupportedError(f"tokenizer.json model {bpe.get('type')!r} is not supported; supported: BPE")
         model, pre = "gpt2", _bpe_pre(tj, arch)
-        by_id = {int(i): t for t, i in bpe["vocab"].items()}
+        by_id = {_token_id(i, n_vocab, "tokenizer.json model.vocab"): t for t, i in (bpe.get("vocab") or {}).items()}
+        if len(by_id) != len(bpe.get("vocab") or ()) or not by_id:
+            raise ModelFormatError(f"{folder}: tokenizer.json model.vocab is empty or gives two tokens one id")
         tokens = [by_id.get(i, f"[PAD{i}]") for i in range(max(by_id) + 1)]
         types = [int(TokenType.NORMAL) if i in by_id else int(TokenType.UNUSED) for i in range(len(tokens))]
         scores = []
-        merges = [m if isinstance(m, str) else " ".join(m) for m in bpe.get("merges", [])]
+        merges = [m if isinstance(m, str) else " ".join(m) for m in bpe.get("merges") or []]
     else:
         raise ModelFormatError(f"{folder}: no tokenizer.json or tokenizer.model")
 
-    for tid, (content, special) in sorted(_added_tokens(tj, tc).items()):
+    for tid, (content, special) in sorted(_added_tokens(tj, tc, n_vocab).items()):
         while len(tokens) <= tid:
             tokens.append(f"[PAD{len(tokens)}]")
             types.append(int(TokenType.UNUSED))
@@ -177,5 +186,6 @@ def _adds_bos(tc: dict[str, Any], tj: dict[str, Any] | None, use_spm: bool) -> b
         return True
     post = (tj or {}).get("post_processor") or {}
     single = post.get("single") if post.get("type") == "TemplateProcessing" else None
+    first = single[0].get("SpecialToken") if single else None
     bos = _token_string(tc.get("bos_token"))
-    return bool(single) and bos is not None and single[0].get("SpecialToken", {}).get("id") == bos
+    return isinstance(first, dict) and bos is not None and first.get("id") == bos

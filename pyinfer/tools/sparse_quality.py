@@ -20,7 +20,7 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from pyinfer import ggml
+from pyinfer import arguments, ggml
 from pyinfer.console import run_cli
 from pyinfer.errors import PyInferError, UnsupportedError
 from pyinfer.models.sparse_ffn import metadata_spec
@@ -108,8 +108,8 @@ def _sweep(args: argparse.Namespace) -> int:
     if dense.config.ffn_kind == "drelu":
         raise UnsupportedError("dReLU rows are not counted here (up rows depend on the gate)")
     bos = dense.tokenizer.bos_id if dense.tokenizer.add_bos else None
-    with open(args.file, encoding="utf-8") as f:
-        chunks = chunk_tokens(dense.tokenize(f.read()), args.ctx, bos, args.chunks)
+    with open(args.file, "rb") as f:
+        chunks = chunk_tokens(dense.tokenize(arguments.utf8(args.file, f.read())), args.ctx, bos, args.chunks)
     # the tail of a longer draw: sparsify calibrated on its head
     calib, _ = calibration_chunks(args.model, args.corpus, 2 * args.calibration_tokens, min(256, args.ctx),
                                   progress=False)
