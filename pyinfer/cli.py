@@ -62,7 +62,11 @@ def placement_options(args) -> dict:
     if args.device == "cpu" or (args.vram_budget is None and not cuda_available()):
         return dict(n_gpu_layers=0)
     budget = args.vram_budget or "auto"
-    return dict(vram_budget=budget if budget == "auto" else parse_bytes(budget), machine=args.machine)
+    budget = budget if budget == "auto" else parse_bytes(budget)
+    if budget and not cuda_available():
+        raise PyInferError("--vram-budget needs a CUDA build and a GPU, and none is available here (0 runs on the "
+                           "CPU; pyinfer plan plans for another machine)")
+    return dict(vram_budget=budget, machine=args.machine)
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -105,8 +109,9 @@ def load_model(args, **extra):
     from pyinfer.model_files import resolve_model
     from pyinfer.runtime import Model
 
+    options = model_options(args)  # bad flags are named before the model file is looked for
     path = resolve_model(args.model)
-    return path, Model(path, **model_options(args), **extra)
+    return path, Model(path, **options, **extra)
 
 
 def cmd_run(args) -> int:

@@ -93,3 +93,11 @@ def test_an_error_message_of_several_lines_is_printed_as_one(tiny_gguf, capsys, 
     monkeypatch.setattr(runtime, "Model", broken)
     assert cli.main(["run", "-m", tiny_gguf, "-p", "Hello"]) == 1
     assert capsys.readouterr().err == "error: first second\n"
+
+
+@pytest.mark.skipif(__import__("pyinfer.ggml").ggml.cuda_available(), reason="checks the message without a GPU")
+@pytest.mark.parametrize("budget,message", [("8GiB", "needs a CUDA build and a GPU"), ("lots", "not a size")])
+def test_vram_budget_without_gpu_is_one_line(budget, message, tmp_path):
+    result = _cli("run", "-m", "no-such.gguf", "--vram-budget", budget, cwd=tmp_path)
+    assert result.returncode == 1 and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
