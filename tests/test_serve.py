@@ -347,12 +347,14 @@ def test_client_disconnect_stops_the_generation(smol_server, smollm):
     generated = after["pyinfer_completion_tokens_total"] - before["pyinfer_completion_tokens_total"]
     assert 3 <= generated < 100, generated  # stopped within moments, far from 800
     assert "cancelled by the client" in smol_server.log
-    # a client that gives up waiting for a whole (non-streamed) answer stops it too
+    # a client that gives up waiting for a whole (non-streamed) answer stops it too; 1 s is far from the
+    # 800 tokens' time on any CPU, so the count below shows the stop without depending on the machine's speed
     with pytest.raises(openai.APITimeoutError):
-        smol_server.client().with_options(timeout=3).completions.create(model=smollm.stem, **LONG_STORY)
+        smol_server.client().with_options(timeout=1).completions.create(model=smollm.stem, **LONG_STORY)
     _wait_for(lambda: smol_server.metrics()["pyinfer_completions_cancelled_total"] ==
               before["pyinfer_completions_cancelled_total"] + 2)
-    assert smol_server.metrics()["pyinfer_completion_tokens_total"] - after["pyinfer_completion_tokens_total"] < 200
+    unread = smol_server.metrics()["pyinfer_completion_tokens_total"] - after["pyinfer_completion_tokens_total"]
+    assert unread < LONG_STORY["max_tokens"], unread
     res = ask(smol_server.client(), "What is the capital of France?", temperature=0, max_tokens=16)
     assert "Paris" in res.choices[0].message.content
 
