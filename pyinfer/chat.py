@@ -2,7 +2,9 @@
 
 The KV cache is reused across turns: the conversation is rendered with the chat template every turn and
 only the tokens after the longest prefix already in the cache are processed. When the context is full
-the oldest turns are dropped (the caller is told how many), never the new message.
+the oldest turns are dropped (the caller is told how many), never the new message. An answer ends at the
+end of its turn, at -n tokens, when the context is full, or when it keeps repeating itself (small models at
+low temperature fall into loops such as "la France, la France, ..."; -n -1 must still end soon).
 """
 
 from __future__ import annotations
@@ -15,6 +17,19 @@ from pyinfer.chat_template import ChatTemplate
 from pyinfer.errors import ContextFullError, PyInferError
 from pyinfer.runtime import Model
 from pyinfer.sampling import SamplerParams
+
+# an answer whose last tokens are one piece of at most REPEAT_PERIOD tokens said REPEAT_TIMES times over (and
+# at least REPEAT_MIN_TOKENS long) is stopped: no useful text repeats a phrase a dozen times in a row
+REPEAT_PERIOD = 16
+REPEAT_TIMES = 12
+REPEAT_MIN_TOKENS = 48
+ENDINGS = {  # TurnStats.ending -> what the user is told ("" for none)
+    "turn": "",
+    "limit": "",
+    "stopped": "",
+    "context": "[answer cut: the context is full (-c); older turns make room on the next message]",
+    "repeat": "[answer stopped: it kept repeating itself]",
+}
 
 HELP = """commands:
   /help           this help
@@ -35,12 +50,22 @@ class TurnStats:
     gen_tokens: int = 0
     gen_ms: float = 0.0
     dropped_turns: int = 0  # oldest turns removed so that this one fits the context
+    ending: str = "turn"  # why the answer ended: a key of ENDINGS
 
     def line(self) -> str:
         pp = 1e3 * self.prompt_tokens / self.prompt_ms if self.prompt_ms else 0.0
         tg = 1e3 * self.gen_tokens / self.gen_ms if self.gen_ms else 0.0
         return (f"prompt: {self.prompt_tokens} tokens ({self.cached_tokens} cached) in {self.prompt_ms:.0f} ms, "
                 f"{pp:.1f} t/s | generation: {self.gen_tokens} tokens in {self.gen_ms:.0f} ms, {tg:.1f} t/s")
+
+
+def repeats_itself(tokens: list[int]) -> bool:
+    """True when tokens end in one piece of <= REPEAT_PERIOD tokens repeated REPEAT_TIMES times in a row."""
+    for period in range(1, REPEAT_PERIOD + 1):
+        span = max(period * REPEAT_TIMES, REPEAT_MIN_TOKENS)
+        if len(tokens) >= span and tokens[-span:-period] == tokens[-span + period:]:
+            return True
+    return False
 
 
 @dataclass
@@ -115,15 +140,20 @@ class ChatSession:
         p0, e0 = timings.prompt_ms, timings.eval_ms
         self.n_turns += 1
         seed = None if self.seed is None else self.seed + self.n_turns
+        answer: list[int] = []
         try:
             for tok in self.model.generate_tokens(tokens[common:], n_predict, self.params, seed):
-                stats.gen_tokens += 1
+                answer.append(tok)
                 if text := stream.push(tok):
                     pieces.append(text)
                     if on_text:
                         on_text(text)
+                if repeats_itself(answer):
+                    stats.ending = "repeat"
+                    break
         except KeyboardInterrupt:
             pieces.append(stream.flush())
+            stats.gen_tokens, stats.ending = len(answer), "stopped"
             self._finish(pieces, stats, p0, e0)
             raise
         except PyInferError:
@@ -134,6 +164,9 @@ class ChatSession:
             pieces.append(tail)
             if on_text:
                 on_text(tail)
+        stats.gen_tokens = len(answer)
+        if stats.ending == "turn" and len(answer) == n_predict:
+            stats.ending = "context" if len(tokens) + n_predict >= self.model.n_ctx else "limit"
         return self._finish(pieces, stats, p0, e0)
 
     def _finish(self, pieces, stats, p0, e0) -> str:

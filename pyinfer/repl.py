@@ -8,7 +8,7 @@ import json
 import sys
 
 from pyinfer import arguments
-from pyinfer.chat import HELP, ChatSession
+from pyinfer.chat import ENDINGS, HELP, ChatSession
 from pyinfer.console import one_line
 from pyinfer.errors import PyInferError
 
@@ -153,6 +153,8 @@ def interactive(session: ChatSession, banner: str) -> int:
                 continue
             session.reply(line, on_text=_write, on_dropped=lambda n: print(dropped_notice(n)))
             print()
+            if ending := ENDINGS[session.last.ending]:
+                print(ending)
         except KeyboardInterrupt:
             print("\n[stopped]")
         except PyInferError as exc:
@@ -189,8 +191,10 @@ def scripted(session: ChatSession, as_json: bool) -> int:
                 "cached_tokens": s.cached_tokens, "generated_tokens": s.gen_tokens,
                 "prompt_ms": round(s.prompt_ms, 2), "generation_ms": round(s.gen_ms, 2),
                 "tokens_per_second": round(1e3 * s.gen_tokens / s.gen_ms, 2) if s.gen_ms else 0.0,
-                "dropped_turns": s.dropped_turns,
+                "dropped_turns": s.dropped_turns, "ending": s.ending,
             }, ensure_ascii=False), flush=True)
         else:
             _write("\n")
+        if ending := ENDINGS[session.last.ending]:
+            print(ending, file=sys.stderr, flush=True)
     return 0

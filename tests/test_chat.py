@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pexpect
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from pyinfer.chat import REPEAT_PERIOD
 from pyinfer.pull import pull
 
 REPO = Path(__file__).resolve().parents[1]
@@ -189,6 +192,32 @@ def test_context_full_drops_oldest_turns_with_a_notice(tiny, env):
     assert exit_status(child) == 0
 
 
+def test_runaway_answer_ends_with_a_notice(smollm, env):
+    """-n -1: a looping answer stops soon (a repeat penalty below 1 makes any model loop), and one that
+    fills the context says so."""
+    res = scripted(env, smollm, ["Tell me about France."], "--json", "--repeat-penalty", "0.1", "-c", "4096")
+    turn = json.loads(res.stdout.decode())
+    assert turn["ending"] == "repeat" and turn["generated_tokens"] < 400, turn
+    assert "[answer stopped: it kept repeating itself]" in res.stderr.decode()
+    res = scripted(env, smollm, ["Write a long story about a dragon and a knight."], "--json", "-c", "96")
+    turn = json.loads(res.stdout.decode())
+    assert turn["ending"] == "context" and turn["prompt_tokens"] + turn["generated_tokens"] == 96, turn
+    assert "[answer cut: the context is full" in res.stderr.decode()
+
+
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=REPEAT_PERIOD, unique=True), st.integers(0, 40),
+       st.lists(st.integers(51, 99), max_size=20))
+def test_repeats_itself_finds_loops_and_only_loops(piece, extra, head):
+    from pyinfer.chat import REPEAT_MIN_TOKENS, REPEAT_TIMES, repeats_itself
+
+    times = max(REPEAT_TIMES, -(-REPEAT_MIN_TOKENS // len(piece)))  # enough whole pieces to count
+    assert repeats_itself(head + piece * (times + extra // len(piece)))
+    assert repeats_itself(head + piece[1:] + piece * times)  # a loop may start anywhere in its piece
+    assert not repeats_itself(head + piece * times + [100])  # the loop was broken
+    assert not repeats_itself(piece * (times - 1))  # one piece too few
+    assert not repeats_itself(list(range(200)))
+
+
 # ---- scripted mode ----
 
 def test_scripted_json_reuses_the_kv_cache(tiny, env):
@@ -203,7 +232,7 @@ def test_scripted_json_reuses_the_kv_cache(tiny, env):
     assert [t["user"] for t in turns] == lines
     for t in turns:
         assert set(t) == {"user", "assistant", "prompt_tokens", "cached_tokens", "generated_tokens", "prompt_ms",
-                          "generation_ms", "tokens_per_second", "dropped_turns"}
+                          "generation_ms", "tokens_per_second", "dropped_turns", "ending"}
         assert 0 <= t["generated_tokens"] <= 12 and t["dropped_turns"] == 0 and t["prompt_ms"] > 0
     assert turns[-1]["generated_tokens"] > 0
     assert turns[0]["cached_tokens"] == 0

@@ -92,4 +92,19 @@ def test_cached_default_model_has_the_recorded_hash():
     if not path.is_file():
         pytest.skip(f"default model not in the cache ({path}); run `pyinfer pull`")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    assert digest == pull_mod.REGISTRY["smollm2-135m-instruct"].sha256
+    assert digest == pull_mod.REGISTRY[pull_mod.DEFAULT_MODEL].sha256
+
+
+def test_the_three_models_by_name():
+    assert {"smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-0.5b-instruct"} <= set(pull_mod.REGISTRY)
+    assert pull_mod.DEFAULT_MODEL in pull_mod.REGISTRY
+
+
+def test_model_argument_takes_a_pull_name(local_index, monkeypatch, tmp_path):
+    from pyinfer.model_files import resolve_model
+
+    monkeypatch.setenv("PYINFER_CACHE", str(local_index))
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model("fake") == str(model_path("fake", local_index))  # pulled on first use
+    (tmp_path / "fake").write_bytes(b"GGUF")  # a file of that name is what the user means
+    assert resolve_model("fake") == "fake"
