@@ -24,11 +24,22 @@ def add_model_args(p: argparse.ArgumentParser, model_required: bool = False) -> 
     p.add_argument("-b", "--batch-size", type=int, default=512, help="prompt tokens per batch (default 512)")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--kv-type", choices=["f16", "f32"], default="f16", help="KV cache type (default f16)")
+    add_precise_arg(p)
     add_placement_args(p)
     p.add_argument("--sparse", choices=["auto", "on", "off"], default="auto",
                    help="predicted-neuron FFN: auto = on when the model file has predictors")
     p.add_argument("--sparsity-threshold", type=float, default=0.0,
                    help="added to the predictors' threshold: higher skips more neurons (default 0)")
+
+
+def add_precise_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--precise", choices=["auto", "on", "off"], default="auto",
+                   help="CPU matmuls without rounding the activations to 8 bits (twice the arithmetic; off: "
+                        "llama.cpp's arithmetic). auto = on for models of at most 1 GiB")
+
+
+def precise_option(args) -> bool | str:
+    return {"auto": "auto", "on": True, "off": False}[args.precise]
 
 
 def add_placement_args(p: argparse.ArgumentParser) -> None:
@@ -100,7 +111,7 @@ def sampler_params(args):
 def model_options(args) -> dict:
     """Model() keyword arguments from the shared model flags."""
     return dict(n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads, kv_type=args.kv_type,
-                sparse={"auto": None, "on": True, "off": False}[args.sparse],
+                precise=precise_option(args), sparse={"auto": None, "on": True, "off": False}[args.sparse],
                 sparsity_threshold=args.sparsity_threshold, **placement_options(args))
 
 

@@ -245,8 +245,9 @@ class Context:
     def layer_norm(self, a: Tensor, eps: float) -> Tensor:
         return self._t(lib.ggml_layer_norm(self.ptr, a.ptr, eps))
 
-    def mul_mat(self, w: Tensor, x: Tensor) -> Tensor:
-        return self._t(lib.ggml_mul_mat(self.ptr, w.ptr, x.ptr))
+    def mul_mat(self, w: Tensor, x: Tensor, precise: bool = False) -> Tensor:
+        """x @ w.T; precise: without the activations' rounding (on the CPU, see ggml_mul_mat_precise)."""
+        return self._t((lib.ggml_mul_mat_precise if precise else lib.ggml_mul_mat)(self.ptr, w.ptr, x.ptr))
 
     def rope(self, x: Tensor, pos: Tensor, n_dims: int, mode: int, freq_base: float, freq_scale: float = 1.0):
         return self._t(lib.ggml_rope(self.ptr, x.ptr, pos.ptr, n_dims, mode, freq_base, freq_scale))

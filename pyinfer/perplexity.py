@@ -149,7 +149,7 @@ def _read_text(path: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from pyinfer.cli import add_placement_args
+    from pyinfer.cli import add_placement_args, add_precise_arg
 
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("-m", "--model", required=True)
@@ -158,6 +158,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-b", "--batch-size", type=int, default=512)
     p.add_argument("-t", "--threads", type=int, default=None)
     p.add_argument("--chunks", type=int, default=-1, help="at most this many chunks")
+    add_precise_arg(p)
     add_placement_args(p)
     p.add_argument("--sparse", choices=("on", "off", "auto"), default="auto")
     p.add_argument("--sparsity-threshold", type=float, default=0.0)
@@ -167,7 +168,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pyinfer.cli import placement_options
+    from pyinfer.cli import placement_options, precise_option
     from pyinfer.runtime import Model
 
     a = _parser().parse_args(argv)
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: --kl-divergence-base must name a .npz file", file=sys.stderr)
         return 1
     sparse = {"on": True, "off": False, "auto": None}[a.sparse]
-    common = dict(n_batch=min(a.batch_size, a.ctx_size), n_threads=a.threads)
+    common = dict(n_batch=min(a.batch_size, a.ctx_size), n_threads=a.threads, precise=precise_option(a))
     try:
         model = Model(a.model, n_ctx=a.ctx_size, sparse=sparse, sparsity_threshold=a.sparsity_threshold,
                       **placement_options(a), **common)

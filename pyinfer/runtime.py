@@ -36,6 +36,10 @@ from pyinfer.tokenizer import Tokenizer
 
 KV_TYPES = {"f32": ggml.F32, "f16": ggml.F16}
 _MAX_CACHED_GRAPHS = 4  # decode graph, full prompt batch, and a few remainders
+# precise="auto": models whose weights are at most this many bytes get precise CPU matmuls. Small models
+# decide between near-equal tokens often (SmolLM2-135M Q4_1: "The" over "L" by 0.08 nats, flipped by the
+# 8-bit activations), and their matmuls are cheap enough to pay twice the arithmetic (docs/BENCHMARKS.md)
+PRECISE_MAX_BYTES = 1 << 30
 AUTO_MARGIN = 1 << 30  # --vram-budget auto: the GPU's free memory less this (other processes, fragmentation)
 # a budget of 0 puts nothing on the GPU: the figures are not used then
 _CPU_ONLY = MachineProfile("cpu only", 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0)
@@ -119,7 +123,7 @@ class _StepGraph:
         # a prompt batch of a model partly in host memory runs on the GPU, its host weights streamed in
         stream = n_tokens >= STREAM_MIN_TOKENS and model.streams_prompts and not capture
         builder = Builder(self.ctx, cfg, model.weights, model.kv_cache, self.captured if capture else None, spec,
-                          hot_rows=model.hot_rows, stream=stream)
+                          hot_rows=model.hot_rows, stream=stream, precise=model.precise)
         self.logits = models.builder_for(cfg.arch)(builder, self.inputs)  # (n_out, n_vocab)
         # the masks the host can count for free: per layer (n_tokens, rows) of the neurons the CPU computes
         # (reading the GPU's would cost a copy and a wait per layer and token)
@@ -164,7 +168,7 @@ class Model:
                  n_threads: int | None = None, kv_type: str = "f16", sparse: bool | None = None,
                  sparsity_threshold: float = 0.0, oracle: bool = False, n_gpu_layers: int = 0,
                  vram_budget: int | str | None = None, machine: MachineProfile | str | None = None,
-                 plan: Plan | None = None, timed: bool = False):
+                 plan: Plan | None = None, timed: bool = False, precise: bool | str = "auto"):
         """sparse: the predicted-neuron FFN (None: on when the file has predictors); sparsity_threshold is
         added to the predictors' logit threshold (higher = fewer neurons); oracle (tests) masks with the
         true active set, computed densely. n_gpu_layers: the last n layers (and, above n_layer, the output
@@ -173,7 +177,9 @@ class Model:
         attention and the hot neurons on the GPU, the rest on the CPU, both computing at once. machine: the
         figures the placement uses, or a preset name or profile file (default: measured on this machine once,
         then cached). plan: an explicit placement instead (for this file and context size; pyinfer.placement).
-        timed: each decode step records how long the CPU and the GPU were busy and overlapped (step_stats)."""
+        timed: each decode step records how long the CPU and the GPU were busy and overlapped (step_stats).
+        precise: CPU matmuls without the activations' 8-bit rounding (ggml_mul_mat_precise; about 1e-5
+        relative instead of 4e-3, for twice the arithmetic); "auto": for models of at most PRECISE_MAX_BYTES."""
         t0 = time.perf_counter()
         if kv_type not in KV_TYPES:
             raise InvalidArgumentError(f"KV cache type must be one of {', '.join(KV_TYPES)}, not {kv_type!r}")
@@ -182,8 +188,12 @@ class Model:
         n_threads = n_threads and arguments.integer("n_threads", n_threads, 1, 1024)
         n_gpu_layers = arguments.integer("n_gpu_layers", n_gpu_layers)
         sparsity_threshold = arguments.number("sparsity_threshold", sparsity_threshold)
+        if precise not in (True, False, "auto"):
+            raise InvalidArgumentError(f"precise must be True, False or 'auto', not {precise!r}")
         self.file = GGUFFile(path)
         self.config = cfg = self.file.config
+        weight_bytes = sum(info.data.nbytes for info in self.file.tensors.values())
+        self.precise = weight_bytes <= PRECISE_MAX_BYTES if precise == "auto" else precise
         self.tokenizer = Tokenizer.from_gguf_metadata(self.file.metadata)
         models.builder_for(cfg.arch)  # unsupported architectures fail before anything is allocated
         self.n_ctx = min(n_ctx or 4096, cfg.n_ctx_train) if cfg.pos_offset else (n_ctx or min(cfg.n_ctx_train, 4096))

@@ -77,6 +77,28 @@ def test_mul_mat_matches_reference(case, seed):
     assert np.linalg.norm(y - want) <= ACT_TOL[type_] * np.linalg.norm(want) + 1e-6
 
 
+# precise mul_mat: float32 summation of two dots, about float32's own error for the 8-bit activation types
+PRECISE_TOL = {ggml.F16: 1e-4, ggml.BF16: 1e-4}  # else 5e-5: two 8-bit roundings, (1/254)^2 of a block's largest
+
+
+@SETTINGS
+@given(case=matmul_case(), seed=st.integers(0, 2**31), scale=st.sampled_from([0.1, 1.0, 1e3]))
+def test_mul_mat_precise_matches_float64(case, seed, scale):
+    """ggml_mul_mat_precise against float64 on the same dequantized weights, at 5e-5 of the magnitudes,
+    whatever the activation type (ACT_TOL: the plain op, 0.02). Blocks whose values are all below ~0.01
+    are outside this: the residual's f16 block scale is then subnormal."""
+    type_, k, n, m, n_threads = case
+    rng = rng_for(seed)
+    ctx = ggml.Context(32 << 20)
+    wt, w64 = weights(ctx, rng.standard_normal((n, k)), type_)
+    x = (rng.standard_normal((m, k)) * scale).astype(np.float32)
+    xt = tensor(ctx, x)
+    (y,) = compute(ctx, [ctx.mul_mat(wt, xt, precise=True)], n_threads)
+    bound = np.abs(w64) @ np.abs(x.astype(np.float64)).T  # (n, m): the size of the sum's terms
+    err = np.abs(y - ref.mul_mat(w64, x))
+    assert np.all(err <= PRECISE_TOL.get(type_, 5e-5) * bound.T + 1e-30), (err / bound.T).max()
+
+
 @pytest.mark.parametrize("type_", ggml.WEIGHT_TYPES)
 def test_mul_mat_simd_matches_scalar(type_):
     rng = rng_for(type_)

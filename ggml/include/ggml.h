@@ -158,6 +158,9 @@ struct ggml_tensor *ggml_rms_norm(struct ggml_context *ctx, struct ggml_tensor *
 struct ggml_tensor *ggml_layer_norm(struct ggml_context *ctx, struct ggml_tensor *a, float eps);
 // w: [k, n] any weight type; x: [k, m] F32 -> [n, m] F32
 struct ggml_tensor *ggml_mul_mat(struct ggml_context *ctx, struct ggml_tensor *w, struct ggml_tensor *x);
+// same, on the CPU without the activations' rounding error (x's conversion residual is converted and dotted
+// too); the GPU computes it as mul_mat
+struct ggml_tensor *ggml_mul_mat_precise(struct ggml_context *ctx, struct ggml_tensor *w, struct ggml_tensor *x);
 // x: [head_dim, n_head, n_tokens] F32; pos: [n_tokens] I32
 struct ggml_tensor *ggml_rope(struct ggml_context *ctx, struct ggml_tensor *x, struct ggml_tensor *pos, int n_dims, int mode, float freq_base, float freq_scale);
 // a: [n_cols, n_rows] F32; row r of a is the scores of query r; with pos (I32 [n_rows]) columns j > pos[r] are masked

@@ -447,6 +447,12 @@ struct ggml_tensor *ggml_mul_mat(struct ggml_context *ctx, struct ggml_tensor *w
     return op_new(ctx, GGML_OP_MUL_MAT, GGML_TYPE_F32, 2, (int64_t[]){w->ne[1], x->ne[1]}, w, x, NULL, NULL);
 }
 
+struct ggml_tensor *ggml_mul_mat_precise(struct ggml_context *ctx, struct ggml_tensor *w, struct ggml_tensor *x) {
+    struct ggml_tensor *t = ggml_mul_mat(ctx, w, x);
+    if (t) t->op_params[0] = 1;
+    return t;
+}
+
 struct ggml_tensor *ggml_rope(struct ggml_context *ctx, struct ggml_tensor *x, struct ggml_tensor *pos, int n_dims,
                               int mode, float freq_base, float freq_scale) {
     CHECK_ARG(x && pos, "null tensor");

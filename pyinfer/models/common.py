@@ -25,7 +25,7 @@ class Builder:
     """What an architecture's graph needs: a context for op nodes, the config, weights and KV cache."""
 
     def __init__(self, ctx: ggml.Context, cfg, weights: dict[str, ggml.Tensor], kv_cache, capture: dict | None = None,
-                 sparse=None, hot_rows: dict[int, int] | None = None, stream: bool = False):
+                 sparse=None, hot_rows: dict[int, int] | None = None, stream: bool = False, precise: bool = False):
         self.ctx = ctx
         self.cfg = cfg
         self.weights = weights
@@ -36,6 +36,7 @@ class Builder:
         # blk.N.ffn_*.cold or blk.N.ffn_bundle (on the CPU); both halves run at once and are added
         self.hot_rows = hot_rows or {}
         self.stream = stream  # a prompt graph whose host FFN weights are streamed to the GPU in row chunks
+        self.precise = precise  # CPU matmuls without the activations' 8-bit rounding (ggml_mul_mat_precise)
         self.local: dict[str, ggml.Tensor] = {}  # views made for this graph (the chunks)
 
     def get(self, key: str) -> ggml.Tensor | None:
@@ -61,9 +62,13 @@ class Builder:
         if bias is not None and bias.ne[0] == w.ne[1]:  # a bias per row (not down's, per output)
             self.local[f"{name}{tag}.bias"] = self.ctx.view(bias, (r1 - r0,), (4,), offset=4 * r0)
 
+    def matmul(self, w: ggml.Tensor, x: ggml.Tensor) -> ggml.Tensor:
+        """x @ w.T: (n, k) -> (n, rows of w), precise when the model asks for it."""
+        return self.ctx.mul_mat(w, x, self.precise)
+
     def linear(self, x: ggml.Tensor, name: str) -> ggml.Tensor:
         """x @ W.T (+ bias): (n, k) -> (n, rows of W)."""
-        y = self.ctx.mul_mat(self.w(name), x)
+        y = self.matmul(self.w(name), x)
         bias = self.get(name + ".bias")
         return self.ctx.add(y, bias) if bias is not None else y
 
@@ -134,7 +139,7 @@ def ffn_block(b: Builder, il: int, h: ggml.Tensor) -> ggml.Tensor:
         y = b.ctx.axpy_rows(b.w(down), act)
     else:
         down = f"blk.{il}.ffn_down"
-        y = b.ctx.mul_mat(b.w(down), act)
+        y = b.matmul(b.w(down), act)
     bias = b.get(down + ".bias")
     return b.ctx.add(y, bias) if bias is not None else y
 
@@ -209,4 +214,4 @@ def output_logits(b: Builder, x: ggml.Tensor, inputs: GraphInputs) -> ggml.Tenso
         x = ctx.cpy(x, ggml.F32)  # norms need contiguous rows
     x = b.norm(x, "output_norm")
     head = "output" if b.has("output") else "token_embd"
-    return ctx.mul_mat(b.w(head), x)
+    return b.matmul(b.w(head), x)

@@ -48,6 +48,7 @@ int ggml_cpu_op_norm(const struct ggml_compute_params *p, struct ggml_tensor *ds
 struct ggml_cpu_xcols {
     const char *base; // column 0
     size_t stride;    // bytes from one column to the next
+    const char *residual; // precise mul_mat: what converting x lost, converted the same way (else NULL)
 };
 size_t ggml_cpu_xcols_wsize(const struct ggml_tensor *w, const struct ggml_tensor *x);
 // converts this thread's share of x into wdata (no barrier: the caller syncs before use)
