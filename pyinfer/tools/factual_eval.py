@@ -57,15 +57,19 @@ class Score:
         return f"{self.model}\n" + "\n".join(rows)
 
 
-def evaluate(model, name: str, seeds: int = 10, progress: bool = True) -> Score:
-    """Ask every question once per seed (0..seeds-1) at SamplerParams' defaults, each on a fresh sequence."""
+def evaluate(model, name: str, seeds: int = 10, progress: bool = True, system: str | None = None,
+             **sampling) -> Score:
+    """Ask every question once per seed (0..seeds-1) at SamplerParams' defaults, each on a fresh sequence;
+    system: a system prompt (None: the chat template's own default, as `pyinfer chat` has); sampling:
+    CompletionOptions' fields instead of the defaults (temperature=...)."""
     score = Score(name, seeds)
+    head = [{"role": "system", "content": system}] if system is not None else []
     with tqdm(total=seeds * len(QUESTIONS), desc=name, disable=not progress, unit="answer") as bar:
         for qi, (question, right, wrong) in enumerate(QUESTIONS):
             for seed in range(seeds):
                 model.reset()
-                res = model.create_chat_completion([{"role": "user", "content": question}], seed=seed,
-                                                   max_tokens=MAX_TOKENS)
+                res = model.create_chat_completion([*head, {"role": "user", "content": question}], seed=seed,
+                                                   max_tokens=MAX_TOKENS, **sampling)
                 answer = res["choices"][0]["message"]["content"]
                 if is_right(answer, right, wrong):
                     score.right[qi] += 1
@@ -85,12 +89,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=10, help="answers per question (default 10)")
     ap.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
     ap.add_argument("--show-wrong", action="store_true", help="print the wrong answers")
+    ap.add_argument("--temp", type=float, default=None, help="temperature (default: SamplerParams')")
+    ap.add_argument("-sys", "--system-prompt", default=None, help="system prompt (default: the template's own)")
     args = ap.parse_args(argv)
     from pyinfer.pull import REGISTRY
 
     for name in args.model or sorted(REGISTRY):
         model = Model(resolve_model(name), n_threads=args.threads, n_ctx=512)
-        score = evaluate(model, name, args.seeds)
+        sampling = {} if args.temp is None else {"temperature": args.temp}
+        score = evaluate(model, name, args.seeds, system=args.system_prompt, **sampling)
         print(score.table())
         if args.show_wrong:
             for qi, seed, answer in score.wrong_answers:
