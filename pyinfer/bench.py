@@ -110,7 +110,7 @@ def bench(path: str, pp: list[int], tg: list[int], reps: int, output: str, optio
             rows.append({
                 "model": label, "size_gib": size_gib, "params_b": params_b, "backend": backend,
                 "threads": model.n_threads, "n_gpu_layers": model.n_gpu_layers, "n_batch": model.n_batch,
-                "sparse": model.sparse_spec is not None, "test": f"{kind}{n}",
+                "sparse": model.sparse_spec is not None, "precise": model.precise, "test": f"{kind}{n}",
                 "avg_ts": float(np.mean(rates)), "stddev_ts": float(np.std(rates)),
                 "median_ts": float(np.median(rates)), "samples_ts": rates,
                 "build": os.environ.get("PYINFER_BUILD_LABEL", ""),
@@ -120,9 +120,10 @@ def bench(path: str, pp: list[int], tg: list[int], reps: int, output: str, optio
             })
     if output == "json":
         return json.dumps(rows, indent=2)
-    lines = ["| model | size | params | backend | threads | test | t/s |",
-             "| --- | ---: | ---: | --- | ---: | ---: | ---: |"]
+    lines = ["| model | size | params | backend | threads | precise | test | t/s |",
+             "| --- | ---: | ---: | --- | ---: | --- | ---: | ---: |"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['size_gib'] * 1024:.2f} MiB | {r['params_b'] * 1e3:.2f} M | "
-                     f"{r['backend']} | {r['threads']} | {r['test']} | {r['avg_ts']:.2f} ± {r['stddev_ts']:.2f} |")
+                     f"{r['backend']} | {r['threads']} | {'on' if r['precise'] else 'off'} | {r['test']} | "
+                     f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f} |")
     return "\n".join(lines)
