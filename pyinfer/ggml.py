@@ -258,8 +258,9 @@ class Context:
     def kv_store(self, cache: Tensor, src: Tensor, pos: Tensor) -> Tensor:
         return self._t(lib.ggml_kv_store(self.ptr, cache.ptr, src.ptr, pos.ptr))
 
-    def attention(self, q: Tensor, k: Tensor, v: Tensor, pos: Tensor, scale: float) -> Tensor:
-        return self._t(lib.ggml_attention(self.ptr, q.ptr, k.ptr, v.ptr, pos.ptr, scale))
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, pos: Tensor, scale: float, window: int = 0) -> Tensor:
+        """Causal attention over the cache; window > 0: keys at positions (p - window, p] only."""
+        return self._t(lib.ggml_attention(self.ptr, q.ptr, k.ptr, v.ptr, pos.ptr, scale, window))
 
     def mul_mat_rows(self, w: Tensor, x: Tensor, sel: Tensor | None = None, begin: int = 0, end: int = -1):
         return self._t(lib.ggml_mul_mat_rows(self.ptr, w.ptr, x.ptr, sel.ptr if sel else ffi.NULL, begin, end))

@@ -48,6 +48,10 @@ def expected_tensor_shapes(cfg: ModelConfig, ffn_layout: str) -> dict[str, tuple
             layer |= {"attn_q.bias": (q_dim,), "attn_k.bias": (kv_dim,), "attn_v.bias": (kv_dim,)}
         if cfg.attn_out_bias:
             layer["attn_output.bias"] = (d,)
+        if cfg.qk_norm:
+            layer |= {"attn_q_norm.weight": (cfg.head_dim,), "attn_k_norm.weight": (cfg.head_dim,)}
+        if cfg.post_norms:
+            layer |= {"post_attention_norm.weight": (d,), "post_ffw_norm.weight": (d,)}
         if cfg.gated:
             layer["ffn_gate.weight"] = (d, cfg.n_ff)
         down = "ffn_down_t" if ffn_layout == "down_t" else "ffn_down"

@@ -229,6 +229,11 @@ ARCH_KEYS: dict[str, Kind] = {
     "rope.dimension_count": SIZE,
     "rope.scaling.type": Str(16),
     "rope.scaling.factor": Float(lo=0.0),  # 0: no scaling, as llama.cpp reads it
+    "rope.freq_base_swa": Float(positive=True),
+    "attention.value_length": SIZE,
+    "attention.sliding_window": Int(0, MAX_SIZE),  # 0: none
+    "attention.sliding_window_pattern": Int(0, MAX_LAYERS),
+    "attention.scale": Float(positive=True),
 }
 
 # arrays whose length must equal another array's (the token array is the vocabulary)

@@ -1,6 +1,7 @@
 """Model hyperparameters read from GGUF metadata (llama.cpp keys plus `pyinfer.*` keys)."""
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -8,13 +9,15 @@ from typing import Any
 from pyinfer import gguf_schema
 from pyinfer.errors import ModelFormatError, UnsupportedError
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "opt")
+SUPPORTED_ARCHS = ("gemma3", "llama", "opt", "qwen2", "qwen3")
 FFN_KINDS = ("swiglu", "reglu", "drelu", "relu", "geglu")
 
 # arch -> (norm kind, rope mode, default ffn kind, learned-position offset)
 _ARCH_TRAITS: dict[str, tuple[str, str | None, str, int]] = {
     "llama": ("rms", "normal", "swiglu", 0),
     "qwen2": ("rms", "neox", "swiglu", 0),
+    "qwen3": ("rms", "neox", "swiglu", 0),
+    "gemma3": ("rms", "neox", "geglu", 0),
     # OPT's learned position table has 2 leading rows that no position uses
     "opt": ("layer", None, "relu", 2),
 }
@@ -27,6 +30,10 @@ class ModelConfig:
     ffn_kind: swiglu = silu(gate)*up, reglu = relu(gate)*up, drelu = relu(gate)*relu(up),
     geglu = gelu_tanh(gate)*up, relu = relu(up) with no gate (OPT).
     rope_scale: linear position scaling; positions are divided by it (1.0 = none).
+    sliding_window: > 0: windowed layers see the last sliding_window positions only (Mistral, Gemma 3);
+    swa_pattern: > 0: every swa_pattern-th layer (il % swa_pattern == swa_pattern - 1) is global, the others
+    windowed (Gemma 3: 6); 0: all layers windowed. rope_base_swa: the windowed layers' RoPE base.
+    attn_scale: the softmax scale of q.k; embed_scale: token embeddings are multiplied by it (Gemma).
     """
 
     arch: str
@@ -50,6 +57,29 @@ class ModelConfig:
     attn_out_bias: bool
     ffn_bias: bool
     pos_offset: int
+    qk_norm: bool = False  # RMSNorm of each head's q and k (Qwen3, Gemma 3)
+    post_norms: bool = False  # norms after attention and after the FFN too (Gemma 3)
+    sliding_window: int = 0
+    swa_pattern: int = 0
+    rope_base_swa: float = 10000.0
+    attn_scale: float = 0.0  # 0: 1 / sqrt(head_dim)
+    embed_scale: float = 1.0
+
+    def windowed(self, il: int) -> bool:
+        """Whether layer il attends over the sliding window (else over the whole context)."""
+        if not self.sliding_window:
+            return False
+        return not self.swa_pattern or il % self.swa_pattern != self.swa_pattern - 1
+
+    def layer_window(self, il: int) -> int:
+        return self.sliding_window if self.windowed(il) else 0
+
+    def layer_rope_base(self, il: int) -> float:
+        return self.rope_base_swa if self.windowed(il) else self.rope_base
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.attn_scale or 1.0 / math.sqrt(self.head_dim)
 
     @property
     def gated(self) -> bool:
@@ -85,6 +115,8 @@ class ModelConfig:
             raise ModelFormatError(f"{arch}.embedding_length {n_embd} is not a multiple of {arch}.attention.head_count "
                                    f"{n_head} (and no {arch}.attention.key_length gives the head size)")
         head_dim = int(key("attention.key_length", n_embd // n_head))
+        if int(key("attention.value_length", head_dim)) != head_dim:
+            raise UnsupportedError(f"{arch}.attention.value_length differs from the key length {head_dim}")
         n_vocab = key("vocab_size", None)
         if n_vocab is None:
             tokens = meta.get("tokenizer.ggml.tokens")
@@ -122,6 +154,15 @@ class ModelConfig:
             attn_out_bias=has("blk.0.attn_output.bias", arch == "opt"),
             ffn_bias=has("blk.0.ffn_up.bias", arch == "opt"),
             pos_offset=pos_offset,
+            qk_norm=has("blk.0.attn_q_norm.weight", arch in ("qwen3", "gemma3")),
+            post_norms=arch == "gemma3",
+            sliding_window=int(key("attention.sliding_window", 0)),
+            swa_pattern=int(key("attention.sliding_window_pattern", 6 if arch == "gemma3" else 0)),
+            # llama.cpp's Gemma 3 files carry no local base: it is 10000 there
+            rope_base_swa=float(key("rope.freq_base_swa", 10000.0 if arch == "gemma3" else
+                                    key("rope.freq_base", 10000.0))),
+            attn_scale=float(key("attention.scale", 0.0)),
+            embed_scale=math.sqrt(n_embd) if arch == "gemma3" else 1.0,
         )
         cfg._check()
         return cfg

@@ -27,10 +27,10 @@ def _norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, cfg: ModelConfig) 
     return y + b if b is not None else y
 
 
-def _rope(x: np.ndarray, pos: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+def _rope(x: np.ndarray, pos: np.ndarray, cfg: ModelConfig, base: float) -> np.ndarray:
     """Rotate the first n_rot dims of every head of x (n_tokens, n_heads, head_dim)."""
     half = cfg.n_rot // 2
-    freq = cfg.rope_base ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.n_rot)  # (half,)
+    freq = base ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.n_rot)  # (half,)
     theta = (pos[:, None] / cfg.rope_scale) * freq[None, :]  # (n_tokens, half)
     cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]  # (n_tokens, 1, half)
     out = x.copy()
@@ -62,14 +62,17 @@ def _ffn_act(gate: np.ndarray | None, up: np.ndarray, kind: str) -> np.ndarray:
     return relu(up, 0.0)
 
 
-def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: ModelConfig) -> np.ndarray:
-    """Causal softmax attention with grouped KV heads; q (T, n_head, hd), k/v (T, n_head_kv, hd)."""
+def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: ModelConfig, window: int) -> np.ndarray:
+    """Causal softmax attention with grouped KV heads; q (T, n_head, hd), k/v (T, n_head_kv, hd); window > 0:
+    a query sees the last `window` positions only."""
     n_tok = q.shape[0]
     group = cfg.n_head // cfg.n_head_kv
     k = np.repeat(k, group, axis=1)  # (T, n_head, hd)
     v = np.repeat(v, group, axis=1)  # (T, n_head, hd)
-    scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(cfg.head_dim)  # (n_head, T, T)
+    scores = np.einsum("qhd,khd->hqk", q, k) * cfg.softmax_scale  # (n_head, T, T)
     future = np.triu(np.ones((n_tok, n_tok), dtype=bool), k=1)  # (T, T)
+    if window:
+        future |= np.tril(np.ones((n_tok, n_tok), dtype=bool), k=-window)  # (T, T) keys too far back
     scores[:, future] = -np.inf
     scores -= scores.max(axis=-1, keepdims=True)
     p = np.exp(scores)
@@ -110,8 +113,8 @@ def reference_logits(gguf_file: GGUFFile, tokens: list[int],
         b = opt_w(f"{name}.bias")
         return y + b if b is not None else y
 
-    # token embedding (+ learned positions for OPT)
-    x = w("token_embd.weight")[tok]  # (T, n_embd)
+    # token embedding (+ learned positions for OPT; Gemma scales it)
+    x = w("token_embd.weight")[tok] * cfg.embed_scale  # (T, n_embd)
     if cfg.rope_mode is None:
         x = x + w("position_embd.weight")[np.arange(n_tok) + cfg.pos_offset]
 
@@ -122,9 +125,16 @@ def reference_logits(gguf_file: GGUFFile, tokens: list[int],
         q = linear(h, blk + "attn_q").reshape(n_tok, cfg.n_head, cfg.head_dim)  # (T, n_head, hd)
         k = linear(h, blk + "attn_k").reshape(n_tok, cfg.n_head_kv, cfg.head_dim)  # (T, n_head_kv, hd)
         v = linear(h, blk + "attn_v").reshape(n_tok, cfg.n_head_kv, cfg.head_dim)  # (T, n_head_kv, hd)
+        if cfg.qk_norm:  # per head
+            q = _norm(q, w(blk + "attn_q_norm.weight"), None, cfg)
+            k = _norm(k, w(blk + "attn_k_norm.weight"), None, cfg)
         if cfg.rope_mode:
-            q, k = _rope(q, pos, cfg), _rope(k, pos, cfg)
-        x = x + linear(_attention(q, k, v, cfg), blk + "attn_output")  # (T, n_embd)
+            base = cfg.layer_rope_base(il)
+            q, k = _rope(q, pos, cfg, base), _rope(k, pos, cfg, base)
+        a = linear(_attention(q, k, v, cfg, cfg.layer_window(il)), blk + "attn_output")  # (T, n_embd)
+        if cfg.post_norms:
+            a = _norm(a, w(blk + "post_attention_norm.weight"), None, cfg)
+        x = x + a
 
         # FFN: norm, up (and gate), activation, down, residual
         h = _norm(x, w(blk + "ffn_norm.weight"), opt_w(blk + "ffn_norm.bias"), cfg)  # (T, n_embd)
@@ -140,7 +150,10 @@ def reference_logits(gguf_file: GGUFFile, tokens: list[int],
         else:
             down = act @ w(blk + "ffn_down.weight").T  # (T, n_ff) @ (n_ff, n_embd)
             bias = opt_w(blk + "ffn_down.bias")
-        x = x + (down + bias if bias is not None else down)  # (T, n_embd)
+        down = down + bias if bias is not None else down  # (T, n_embd)
+        if cfg.post_norms:
+            down = _norm(down, w(blk + "post_ffw_norm.weight"), None, cfg)
+        x = x + down
 
     # final norm and vocabulary projection (tied embeddings reuse token_embd)
     x = _norm(x, w("output_norm.weight"), opt_w("output_norm.bias"), cfg)  # (T, n_embd)

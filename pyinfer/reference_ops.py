@@ -120,10 +120,11 @@ def kv_store(cache, src, pos) -> np.ndarray:
     return out
 
 
-def attention(q, k, v, pos, scale: float) -> np.ndarray:
+def attention(q, k, v, pos, scale: float, window: int = 0) -> np.ndarray:
     """q (n_tokens, n_head, hd), k/v caches (n_ctx, n_kv_head, hd) -> (n_tokens, n_head * hd).
 
-    Token t attends cache slots [0, pos[t]]; head h reads kv head h // (n_head // n_kv_head).
+    Token t attends cache slots [0, pos[t]] (window > 0: (pos[t] - window, pos[t]]); head h reads kv head
+    h // (n_head // n_kv_head).
     """
     q, k, v = _f64(q), _f64(k), _f64(v)
     pos = np.asarray(pos, np.int64)
@@ -134,7 +135,8 @@ def attention(q, k, v, pos, scale: float) -> np.ndarray:
     out = np.empty((n_tokens, n_head, hd))
     for t in range(n_tokens):
         for h in range(n_head):
-            kk, vv = k[: pos[t] + 1, h // group], v[: pos[t] + 1, h // group]  # (pos + 1, hd)
+            lo = max(0, pos[t] + 1 - window) if window else 0
+            kk, vv = k[lo: pos[t] + 1, h // group], v[lo: pos[t] + 1, h // group]  # (pos + 1 - lo, hd)
             s = np.float64(np.float32(scale)) * (kk @ q[t, h])  # (pos + 1,)
             p = np.exp(s - s.max())
             out[t, h] = (p / p.sum()) @ vv

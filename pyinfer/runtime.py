@@ -38,8 +38,9 @@ KV_TYPES = {"f32": ggml.F32, "f16": ggml.F16}
 _MAX_CACHED_GRAPHS = 4  # decode graph, full prompt batch, and a few remainders
 # precise="auto": models whose weights are at most this many bytes get precise CPU matmuls. Small models
 # decide between near-equal tokens often (SmolLM2-135M Q4_1: "The" over "L" by 0.08 nats, flipped by the
-# 8-bit activations), and their matmuls are cheap enough to pay twice the arithmetic (docs/BENCHMARKS.md)
-PRECISE_MAX_BYTES = 1 << 30
+# 8-bit activations), and their matmuls are cheap enough to pay twice the arithmetic. Larger models pay more
+# (Qwen2.5-0.5B Q4_K_M, 491 MB: tg 0.6x, pp 0.5x on 2 cores; docs/BENCHMARKS.md) and gain nothing measurable
+PRECISE_MAX_BYTES = 256 << 20
 AUTO_MARGIN = 1 << 30  # --vram-budget auto: the GPU's free memory less this (other processes, fragmentation)
 # a budget of 0 puts nothing on the GPU: the figures are not used then
 _CPU_ONLY = MachineProfile("cpu only", 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0)

@@ -27,6 +27,11 @@ VARIANTS = {
     "llama_drelu": ("llama", {"hidden_act": "drelu"}),
     "llama_geglu": ("llama", {"hidden_act": "gelu_pytorch_tanh"}),
     "qwen2": ("qwen2", {"tie_word_embeddings": True}),
+    "qwen3": ("qwen3", {}),
+    "mistral": ("mistral", {"sliding_window": 8}),
+    # layers 0 and 2 see the last 8 positions, layer 1 all; a softmax scale other than 1/sqrt(head_dim)
+    "gemma3": ("gemma3", {"sliding_window": 8, "query_pre_attn_scalar": 24,
+                          "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}),
     "opt": ("opt", {}),
 }
 
@@ -67,7 +72,11 @@ def _config(arch: str, extra: dict):
         return T.OPTConfig(hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
                            vocab_size=N_VOCAB, max_position_embeddings=64, word_embed_proj_dim=64,
                            attn_implementation="eager", **extra)
-    cls = T.LlamaConfig if arch == "llama" else T.Qwen2Config
+    if arch == "gemma3":
+        return T.Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                                  num_key_value_heads=2, head_dim=16, vocab_size=N_VOCAB, max_position_embeddings=4096,
+                                  rms_norm_eps=1e-6, attn_implementation="eager", **extra)
+    cls = {"llama": T.LlamaConfig, "qwen2": T.Qwen2Config, "qwen3": T.Qwen3Config, "mistral": T.MistralConfig}[arch]
     extra = dict(extra)
     act = extra.pop("hidden_act", "silu")
     return cls(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -94,12 +103,14 @@ def _patch_drelu(model: torch.nn.Module) -> None:
 
 
 def _rmsnorm_f64(model: torch.nn.Module) -> None:
-    """Keep RMSNorm in float64 (transformers upcasts to float32 only)."""
+    """Keep RMSNorm in float64 (transformers upcasts to float32 only); Gemma's scales by 1 + weight."""
     for module in model.modules():
-        if type(module).__name__.endswith("RMSNorm"):
-            eps = module.variance_epsilon
-            module.forward = (lambda m, e: lambda x: m.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + e))(
-                module, eps)
+        name = type(module).__name__
+        if name.endswith("RMSNorm"):
+            eps = getattr(module, "variance_epsilon", None) or module.eps
+            offset = 1.0 if name.startswith("Gemma") else 0.0
+            module.forward = (lambda m, e, o: lambda x: (m.weight + o) * x * torch.rsqrt(
+                x.pow(2).mean(-1, keepdim=True) + e))(module, eps, offset)
 
 
 def _rotary_f64(model: torch.nn.Module) -> None:
@@ -109,11 +120,13 @@ def _rotary_f64(model: torch.nn.Module) -> None:
         return
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    base = cfg.rope_parameters["rope_theta"]
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (head_dim/2,)
 
-    def forward(x: torch.Tensor, position_ids: torch.Tensor):
-        freqs = position_ids[..., None].double() * inv_freq  # (batch, T, head_dim/2)
+    def inv_freq(params: dict) -> torch.Tensor:
+        return params["rope_theta"] ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (hd/2,)
+
+    def forward(x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None):
+        params = cfg.rope_parameters[layer_type] if layer_type else cfg.rope_parameters  # Gemma 3: per kind
+        freqs = position_ids[..., None].double() * inv_freq(params)  # (batch, T, head_dim/2)
         emb = torch.cat((freqs, freqs), dim=-1)  # (batch, T, head_dim)
         return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
 
@@ -127,7 +140,9 @@ def build(variant: str, folder: str, seed: int = 0, dtype: torch.dtype = torch.f
 
     arch, extra = VARIANTS[variant]
     cfg = _config(arch, extra)
-    cls = {"llama": T.LlamaForCausalLM, "qwen2": T.Qwen2ForCausalLM, "opt": T.OPTForCausalLM}[arch]
+    cls = {"llama": T.LlamaForCausalLM, "qwen2": T.Qwen2ForCausalLM, "qwen3": T.Qwen3ForCausalLM,
+           "mistral": T.MistralForCausalLM,
+           "gemma3": T.Gemma3ForCausalLM, "opt": T.OPTForCausalLM}[arch]
     torch.manual_seed(seed)
     model = cls(cfg).eval()
     _randomize(model, seed)

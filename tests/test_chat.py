@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pyinfer.chat import REPEAT_PERIOD
-from pyinfer.pull import pull
+from pyinfer.pull import SMALLEST_MODEL, pull
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "\n> "  # the REPL's prompt, at the start of a line
@@ -44,7 +44,7 @@ def tiny(tiny_folder) -> Path:
 
 @pytest.fixture(scope="module")
 def smollm() -> Path:
-    return pull(progress=False)
+    return pull(SMALLEST_MODEL, progress=False)
 
 
 @pytest.fixture

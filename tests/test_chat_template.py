@@ -207,14 +207,14 @@ def test_chatml_fallback_and_file_override(tmp_path):
 
 
 def test_smollm2_gguf_template():
-    """The template the default model's GGUF carries renders as transformers renders it."""
+    """The template a real GGUF carries (SmolLM2's) renders as transformers renders it."""
     import gguf
 
-    from pyinfer.pull import default_model_path
+    from pyinfer.pull import SMALLEST_MODEL, model_path
 
-    path = default_model_path()
+    path = model_path(SMALLEST_MODEL)
     if not path.is_file():
-        pytest.skip(f"default model not in the cache ({path}); run `pyinfer pull`")
+        pytest.skip(f"SmolLM2 not in the cache ({path}); run `pyinfer pull --all`")
     field = gguf.GGUFReader(path).fields["tokenizer.chat_template"]
     template = field.contents()
     assert template == SMOLLM2_TEMPLATE

@@ -208,9 +208,10 @@ def test_soft_max(rows, cols, use_pos, seed):
 @SETTINGS
 @given(cache_type=st.sampled_from([ggml.F32, ggml.F16]), n_kv=st.integers(1, 3), group=st.integers(1, 3),
        hd=st.sampled_from([8, 40, 64, 128, 256]), n_ctx=st.integers(1, 700), n_tokens=st.integers(1, 4),
-       seed=st.integers(0, 2**31), rope_k=st.booleans())
-def test_kv_store_and_attention(cache_type, n_kv, group, hd, n_ctx, n_tokens, seed, rope_k):
-    """With rope_k the new keys are rotated first: on CUDA rope writes them into the cache (one fused kernel)."""
+       seed=st.integers(0, 2**31), rope_k=st.booleans(), window=st.sampled_from([0, 1, 5, 64, 512]))
+def test_kv_store_and_attention(cache_type, n_kv, group, hd, n_ctx, n_tokens, seed, rope_k, window):
+    """With rope_k the new keys are rotated first: on CUDA rope writes them into the cache (one fused kernel);
+    window > 0: a sliding-window layer's attention."""
     rng = np.random.default_rng(seed)
     n_tokens = min(n_tokens, n_ctx)
     n_head = n_kv * group
@@ -229,7 +230,7 @@ def test_kv_store_and_attention(cache_type, n_kv, group, hd, n_ctx, n_tokens, se
         tk = ctx.reshape(tk, (n_tokens, n_kv, hd))
         k = ctx.kv_store(kc, ctx.rope(tk, p, hd, ggml.ROPE_NEOX, 10000.0) if rope_k else tk, p)
         v = ctx.kv_store(vc, tensor(ctx, vnew), p)
-        return [ctx.attention(tensor(ctx, q), k, v, p, scale)]
+        return [ctx.attention(tensor(ctx, q), k, v, p, scale, window)]
 
     n_fused = []
     (got,), (cpu,) = run(build, "cuda", n_fused), run(build, "cpu")
@@ -238,7 +239,7 @@ def test_kv_store_and_attention(cache_type, n_kv, group, hd, n_ctx, n_tokens, se
     kc, vc = cast(cache0).copy(), cast(cache0[::-1]).copy()
     kc[pos] = cast(ref.rope(knew, pos, hd, ggml.ROPE_NEOX, 10000.0).astype(np.float32) if rope_k else knew)
     vc[pos] = cast(vnew)
-    want = ref.attention(q, kc, vc, pos, scale)
+    want = ref.attention(q, kc, vc, pos, scale, window)
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-3, atol=1e-4)
     np.testing.assert_allclose(got, cpu, rtol=1e-3, atol=1e-4)
 

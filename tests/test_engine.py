@@ -50,7 +50,7 @@ def test_f32_logits_match_transformers(tiny, variant):
         assert rel_err(got, want) < 1e-4, (variant, len(tokens))
 
 
-@pytest.mark.parametrize("variant", ["llama_silu", "llama_relu", "qwen2", "opt"])
+@pytest.mark.parametrize("variant", ["llama_silu", "llama_relu", "qwen2", "qwen3", "gemma3", "mistral", "opt"])
 def test_greedy_32_steps_equal_transformers(tiny, variant):
     """Greedy decoding through the KV cache equals argmax of the float64 oracle recomputed from scratch;
     a difference is allowed only where the oracle's top two logits tie within float32 rounding."""
@@ -84,6 +84,19 @@ def test_quantized_logits_within_bounds(tiny, outtype, qtype, bound):
         want = oracle.logits(tokens)
         assert rel_err(model.logits(tokens), want) < bound
         assert rel_err(precise.logits(tokens), want) < 3e-4
+
+
+@pytest.mark.parametrize("variant", ["gemma3", "mistral"])
+def test_long_context_beyond_the_window(tiny, variant):
+    """2000 tokens, far past the sliding window (8), through the KV cache in prompt batches of 300 and then
+    one token at a time: the last positions' logits equal transformers' over the whole sequence."""
+    oracle, power, _ = tiny(variant)
+    tokens = np.random.default_rng(3).integers(0, N_VOCAB, 2000).tolist()
+    want = oracle.logits(tokens)[-8:]
+    model = Model(power, n_ctx=2048, n_batch=300, kv_type="f32", n_threads=2)
+    model.eval(tokens[:-8])
+    got = np.stack([model.eval([t]).reshape(-1) for t in tokens[-8:]])
+    assert rel_err(got, want) < 1e-4
 
 
 def test_batches_and_cache_reuse_give_the_same_logits(tiny):

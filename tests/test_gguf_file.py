@@ -175,8 +175,8 @@ def test_missing_key(tmp_path):
 
 
 def test_unsupported_arch(tmp_path):
-    write_gguf(tmp_path / "m.gguf", arch="gemma3")
-    _expect(tmp_path / "m.gguf", UnsupportedError, "supported: llama, qwen2, opt")
+    write_gguf(tmp_path / "m.gguf", arch="phi3")
+    _expect(tmp_path / "m.gguf", UnsupportedError, "supported: gemma3, llama, opt, qwen2, qwen3")
 
 
 def test_layout_key_must_match(tmp_path):

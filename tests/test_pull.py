@@ -78,7 +78,7 @@ def test_unknown_model_and_cache_env(tmp_path, monkeypatch):
     with pytest.raises(PyInferError, match="unknown model"):
         pull("no-such-model", cache_dir=tmp_path)
     monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
-    assert pull_mod.default_model_path() == tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert pull_mod.default_model_path() == tmp_path / "models" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 
 
 def test_registry_is_pinned():
@@ -87,12 +87,13 @@ def test_registry_is_pinned():
         assert source.filename.endswith(".gguf")
 
 
-def test_cached_default_model_has_the_recorded_hash():
-    path = pull_mod.default_model_path()
+@pytest.mark.parametrize("name", sorted(pull_mod.REGISTRY))
+def test_cached_models_have_the_recorded_hash(name):
+    path = pull_mod.model_path(name)
     if not path.is_file():
-        pytest.skip(f"default model not in the cache ({path}); run `pyinfer pull`")
+        pytest.skip(f"{name} not in the cache ({path}); run `pyinfer pull --all`")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    assert digest == pull_mod.REGISTRY[pull_mod.DEFAULT_MODEL].sha256
+    assert digest == pull_mod.REGISTRY[name].sha256
 
 
 def test_the_three_models_by_name():

@@ -35,8 +35,8 @@ def test_reorder_keeps_logits(tmp_path, variant):
     np.testing.assert_array_equal(r.dequantize(up), g.dequantize(up)[perms[1]])
     assert not np.array_equal(r.tensors[up].data, g.tensors[up].data)  # the file did change
     assert rel_err(reference_logits(r, TOKENS), reference_logits(g, TOKENS)) < 1e-12
-    before = Model(src, n_ctx=32, n_threads=2).logits(TOKENS)
-    after = Model(out, n_ctx=32, n_threads=2).logits(TOKENS)
+    before = Model(src, n_ctx=32, n_threads=2, precise=False).logits(TOKENS)
+    after = Model(out, n_ctx=32, n_threads=2, precise=False).logits(TOKENS)
     assert rel_err(after, before) < 1e-5  # only the summation order of the down projection changed
 
 

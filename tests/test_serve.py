@@ -17,7 +17,7 @@ import openai
 import pytest
 from serve_harness import REPO, live_server
 
-from pyinfer.pull import pull
+from pyinfer.pull import SMALLEST_MODEL, pull
 
 CONCISE = "You are a concise assistant. Answer in one sentence."
 QUESTIONS = ["What is the capital of France?", "What is the capital of Italy?", "Name a primary colour.",
@@ -43,7 +43,7 @@ def tiny(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def smollm() -> Path:
-    return pull(progress=False)
+    return pull(SMALLEST_MODEL, progress=False)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import shutil
 import pytest
 from serve_harness import live_server
 
-from pyinfer.pull import pull
+from pyinfer.pull import SMALLEST_MODEL, pull
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -67,7 +67,7 @@ def test_chat_page_streams_answers_and_keeps_the_conversation(browser, tmp_path)
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    model = pull(progress=False)
+    model = pull(SMALLEST_MODEL, progress=False)
     with live_server(model, tmp_path, "-c", "1024") as server:
         browser.get(server.url + "/")
         WebDriverWait(browser, 30).until(lambda d: model.stem in d.find_element(By.ID, "model").text)

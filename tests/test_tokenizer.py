@@ -267,10 +267,10 @@ def _read_tokenizer_meta(path) -> dict:
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from pyinfer.pull import pull
+    from pyinfer.pull import SMALLEST_MODEL, pull
 
     try:
-        path = pull(progress=False)
+        path = pull(SMALLEST_MODEL, progress=False)
     except PyInferError as e:
         pytest.skip(f"default model not in the cache and not fetchable: {e}")
     from transformers import AutoTokenizer

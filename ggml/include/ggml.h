@@ -169,7 +169,8 @@ struct ggml_tensor *ggml_soft_max(struct ggml_context *ctx, struct ggml_tensor *
 struct ggml_tensor *ggml_kv_store(struct ggml_context *ctx, struct ggml_tensor *cache, struct ggml_tensor *src, struct ggml_tensor *pos);
 // q: [head_dim, n_head, n_tokens]; k, v: results of ggml_kv_store; token t attends to cache slots [0, pos[t]]
 // -> [head_dim * n_head, n_tokens]
-struct ggml_tensor *ggml_attention(struct ggml_context *ctx, struct ggml_tensor *q, struct ggml_tensor *k, struct ggml_tensor *v, struct ggml_tensor *pos, float scale);
+// window > 0: a query at position p sees the keys at positions (p - window, p] only (sliding-window layers)
+struct ggml_tensor *ggml_attention(struct ggml_context *ctx, struct ggml_tensor *q, struct ggml_tensor *k, struct ggml_tensor *v, struct ggml_tensor *pos, float scale, int window);
 // neuron-aware sparse ops. sel: F32 [n_rows, m] (row selected where > 0), I32 [n_sel, m] index list
 // (entries < 0 end it), or NULL (all rows); only rows in [begin, end) are considered (end < 0: n_rows).
 // w: [k, n_rows]; x: [k, m] F32 -> [n_rows, m] F32, zero where not selected

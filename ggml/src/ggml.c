@@ -496,8 +496,9 @@ struct ggml_tensor *ggml_kv_store(struct ggml_context *ctx, struct ggml_tensor *
 }
 
 struct ggml_tensor *ggml_attention(struct ggml_context *ctx, struct ggml_tensor *q, struct ggml_tensor *k,
-                                   struct ggml_tensor *v, struct ggml_tensor *pos, float scale) {
+                                   struct ggml_tensor *v, struct ggml_tensor *pos, float scale, int window) {
     CHECK_ARG(q && k && v && pos, "null tensor");
+    CHECK_ARG(window >= 0, "attention window %d must be >= 0", window);
     CHECK_ARG(k->op == GGML_OP_KV_STORE && v->op == GGML_OP_KV_STORE, "attention reads k and v from kv_store nodes");
     CHECK_ARG(q->type == GGML_TYPE_F32 && pos->type == GGML_TYPE_I32, "attention takes F32 q and I32 positions");
     CHECK_ARG(q->ne[0] == k->ne[0] && k->ne[0] == v->ne[0], "head sizes differ");
@@ -507,7 +508,10 @@ struct ggml_tensor *ggml_attention(struct ggml_context *ctx, struct ggml_tensor 
     CHECK_ARG(pos->ne[0] == q->ne[2], "attention needs one position per token");
     struct ggml_tensor *t =
         op_new(ctx, GGML_OP_ATTENTION, GGML_TYPE_F32, 2, (int64_t[]){q->ne[0] * q->ne[1], q->ne[2]}, q, k, v, pos);
-    if (t) ggml_set_op_param_f32(t, 0, scale);
+    if (t) {
+        ggml_set_op_param_f32(t, 0, scale);
+        t->op_params[1] = window;
+    }
     return t;
 }
 

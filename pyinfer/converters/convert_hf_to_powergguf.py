@@ -49,7 +49,8 @@ from pyinfer.model_config import ModelConfig
 
 PROG = "convert-hf-to-powergguf"
 OUTTYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1}
-HF_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "OPTForCausalLM": "opt"}
+HF_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+            "MistralForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3", "OPTForCausalLM": "opt"}
 LLAMA_ACTS = {"silu": "swiglu", "relu": "reglu", "drelu": "drelu", "gelu_pytorch_tanh": "geglu", "gelu_new": "geglu"}
 FORMAT_VERSION = 1
 
@@ -64,9 +65,11 @@ def _need(config: dict[str, Any], key: str) -> Any:
     return config[key]
 
 
-def _rope(config: dict[str, Any]) -> tuple[float, float | None]:
-    """(rope base, linear scaling factor or None) from rope_parameters / rope_scaling / rope_theta."""
+def _rope(config: dict[str, Any], layer_kind: str = "full_attention") -> tuple[float, float | None]:
+    """(rope base, linear scaling factor or None) from rope_parameters / rope_scaling / rope_theta; Gemma 3
+    keeps one set per layer_kind."""
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    params = params.get(layer_kind) or params
     kind = params.get("rope_type") or params.get("type") or "default"
     theta = float(params.get("rope_theta") or config.get("rope_theta") or 10000.0)
     if kind == "default":
@@ -94,8 +97,11 @@ def _hparams(config: dict[str, Any], arch: str) -> dict[str, Any]:
                 "qkv_bias": True, "out_bias": True, "ffn_bias": True}
     if config.get("use_sliding_window"):
         raise UnsupportedError("sliding-window attention (use_sliding_window) is not supported")
-    act = config.get("hidden_act", "silu")
-    acts = LLAMA_ACTS if arch == "llama" else {"silu": "swiglu"}
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if config.get(key) is not None:
+            raise UnsupportedError(f"{key} is not supported")
+    act = config.get("hidden_activation") or config.get("hidden_act", "silu")
+    acts = LLAMA_ACTS if arch in ("llama", "gemma3") else {"silu": "swiglu"}
     if act not in acts:
         raise UnsupportedError(f"{arch} with hidden_act {act!r} is not supported; supported: {', '.join(acts)}")
     n_embd, n_head = int(_need(config, "hidden_size")), int(_need(config, "num_attention_heads"))
@@ -108,7 +114,30 @@ def _hparams(config: dict[str, Any], arch: str) -> dict[str, Any]:
             "eps": float(_need(config, "rms_norm_eps")), "tied": bool(config.get("tie_word_embeddings", False)),
             "rope_theta": theta, "rope_factor": factor, "ffn_kind": acts[act],
             "qkv_bias": arch == "qwen2" or bool(config.get("attention_bias")),
-            "out_bias": bool(config.get("attention_bias")), "ffn_bias": bool(config.get("mlp_bias"))}
+            "out_bias": bool(config.get("attention_bias")), "ffn_bias": bool(config.get("mlp_bias")),
+            "qk_norm": arch in ("qwen3", "gemma3"), "sliding_window": int(config.get("sliding_window") or 0),
+            **(_gemma3(config, n_head) if arch == "gemma3" else {})}
+
+
+def _gemma3(config: dict[str, Any], n_head: int) -> dict[str, Any]:
+    """Gemma 3's extras: the sliding window and which layers have it, the local RoPE base, the softmax scale."""
+    n_layer = int(_need(config, "num_hidden_layers"))
+    kinds = config.get("layer_types") or ["sliding_attention"] * n_layer
+    if len(kinds) != n_layer or set(kinds) - {"sliding_attention", "full_attention"}:
+        raise UnsupportedError("layer_types must name sliding_attention or full_attention for every layer")
+    full = [k == "full_attention" for k in kinds]
+    # the pattern ModelConfig.windowed reads: every n-th layer global, or (0) none
+    pattern = next((n for n in range(1, n_layer + 1) if full == [i % n == n - 1 for i in range(n_layer)]),
+                   0 if not any(full) else None)
+    if pattern is None:
+        raise UnsupportedError(f"layer_types {kinds} are not every n-th layer global, as llama.cpp's Gemma 3 has")
+    head_dim = int(config.get("head_dim") or 256)
+    scalar = float(config.get("query_pre_attn_scalar") or head_dim)
+    local_theta = _rope(config, "sliding_attention")[0] if config.get("rope_parameters") else float(
+        config.get("rope_local_base_freq") or 10000.0)
+    return {"sliding_window": int(config.get("sliding_window") or 0) if any(not f for f in full) else 0,
+            "swa_pattern": pattern, "rope_theta_swa": local_theta,
+            "attn_scale": None if scalar == head_dim else scalar ** -0.5}
 
 
 # ----------------------------------------------------------------------------
@@ -135,6 +164,7 @@ def tensor_map(arch: str, hp: dict[str, Any]) -> list[tuple[str, str, str]]:
         p = "model."
         out.append(("token_embd.weight", p + "embed_tokens.weight", ""))
         perm = arch == "llama"
+        norm = "norm1" if arch == "gemma3" else ""  # Gemma's RMSNorm scales by 1 + w; llama.cpp stores 1 + w
         for il in range(hp["n_layer"]):
             b, h = f"blk.{il}.", f"{p}layers.{il}."
             proj = [("attn_q", "self_attn.q_proj", "perm_q" if perm else "", hp["qkv_bias"]),
@@ -144,11 +174,20 @@ def tensor_map(arch: str, hp: dict[str, Any]) -> list[tuple[str, str, str]]:
                     ("ffn_gate", "mlp.gate_proj", "", hp["ffn_bias"]),
                     ("ffn_up", "mlp.up_proj", "", hp["ffn_bias"]),
                     ("ffn_down", "mlp.down_proj", "down", hp["ffn_bias"])]
-            out += [(b + "attn_norm.weight", h + "input_layernorm.weight", ""),
-                    (b + "ffn_norm.weight", h + "post_attention_layernorm.weight", "")]
+            if arch == "gemma3":
+                out += [(b + "attn_norm.weight", h + "input_layernorm.weight", norm),
+                        (b + "post_attention_norm.weight", h + "post_attention_layernorm.weight", norm),
+                        (b + "ffn_norm.weight", h + "pre_feedforward_layernorm.weight", norm),
+                        (b + "post_ffw_norm.weight", h + "post_feedforward_layernorm.weight", norm)]
+            else:
+                out += [(b + "attn_norm.weight", h + "input_layernorm.weight", ""),
+                        (b + "ffn_norm.weight", h + "post_attention_layernorm.weight", "")]
+            if hp["qk_norm"]:
+                out += [(b + "attn_q_norm.weight", h + "self_attn.q_norm.weight", norm),
+                        (b + "attn_k_norm.weight", h + "self_attn.k_norm.weight", norm)]
             for g, n, tr, bias in proj:
                 out += [(b + g + s, h + n + s, tr) for s in (wb if bias else wb[:1])]
-        out.append(("output_norm.weight", p + "norm.weight", ""))
+        out.append(("output_norm.weight", p + "norm.weight", norm))
     if not hp["tied"]:
         out.append(("output.weight", "lm_head.weight", ""))
     return out
@@ -209,6 +248,15 @@ def _arch_kv(arch: str, hp: dict[str, Any], name: str, outtype: Q) -> list[KV]:
     if hp["rope_factor"] is not None:
         kv += [(f"{arch}.rope.scaling.type", "linear", s, None),
                (f"{arch}.rope.scaling.factor", hp["rope_factor"], f32, None)]
+    if arch == "llama" and hp["sliding_window"]:  # Mistral
+        kv.append((f"{arch}.attention.sliding_window", hp["sliding_window"], u32, None))
+    if arch == "gemma3":
+        kv += [(f"{arch}.attention.sliding_window", hp["sliding_window"], u32, None),
+               (f"{arch}.rope.freq_base_swa", hp["rope_theta_swa"], f32, None)]
+        if hp["swa_pattern"] != 6:  # llama.cpp's rule for Gemma 3 files without the key
+            kv.append((f"{arch}.attention.sliding_window_pattern", hp["swa_pattern"], u32, None))
+        if hp["attn_scale"] is not None:
+            kv.append((f"{arch}.attention.scale", hp["attn_scale"], f32, None))
     return kv
 
 
@@ -246,6 +294,8 @@ def _plan_hf(folder: str, outtype: Q, out_path: str, dense_path: str | None) -> 
     if archs[0] not in HF_ARCHS:
         raise UnsupportedError(f"unsupported architecture {archs[0]!r}; supported: {', '.join(HF_ARCHS)}")
     arch = HF_ARCHS[archs[0]]
+    if archs[0] not in ("MistralForCausalLM", "Gemma3ForCausalLM"):  # Qwen2 carries a window it does not use
+        config = {k: v for k, v in config.items() if k != "sliding_window"}
     if dense_path is not None and arch == "opt":
         raise UnsupportedError("--dense-gguf: llama.cpp has no OPT architecture, so no dense GGUF can be written")
     hp = _hparams(config, arch)
@@ -303,6 +353,8 @@ def _producer(src: SafetensorsSource, hname: str, transform: str, transposed: bo
             w = rope_pair_rows(w, hp["n_head_kv"])
         elif transform == "down" and transposed:
             w = w.T
+        elif transform == "norm1":
+            w = w.astype(np.float32) + np.float32(1.0)
         return encode(w, qtype)
     return produce
 

@@ -90,8 +90,10 @@ class Either(Kind):
         return self.first.ok(v) or self.second.ok(v)
 
 
-ROPE = Obj((("rope_type", Str(32)), ("type", Str(32)), ("factor", Float(positive=True)),
-            ("rope_theta", Float(positive=True))))
+_ROPE_KEYS = (("rope_type", Str(32)), ("type", Str(32)), ("factor", Float(positive=True)),
+              ("rope_theta", Float(positive=True)))
+# Gemma 3 keeps one set per kind of layer
+ROPE = Obj((*_ROPE_KEYS, ("sliding_attention", Obj(_ROPE_KEYS)), ("full_attention", Obj(_ROPE_KEYS))))
 
 # config.json: every key the converter reads
 CONFIG = Obj(tuple({
@@ -116,6 +118,13 @@ CONFIG = Obj(tuple({
     "attention_bias": Bool(),
     "mlp_bias": Bool(),
     "use_sliding_window": Bool(),
+    "sliding_window": SIZE,
+    "layer_types": Array(Str(64), min_len=0),
+    "query_pre_attn_scalar": Float(positive=True),
+    "hidden_activation": Str(64),
+    "rope_local_base_freq": Float(positive=True),
+    "final_logit_softcapping": Float(positive=True),
+    "attn_logit_softcapping": Float(positive=True),
     "do_layer_norm_before": Bool(),
     "enable_bias": Bool(),
     "layer_norm_elementwise_affine": Bool(),

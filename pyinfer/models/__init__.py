@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pyinfer.errors import UnsupportedError
 
-from . import llama, opt
+from . import gemma3, llama, opt
 
-BUILDERS = {"llama": llama.build, "qwen2": llama.build, "opt": opt.build}
+BUILDERS = {"gemma3": gemma3.build, "llama": llama.build, "opt": opt.build, "qwen2": llama.build,
+            "qwen3": llama.build}
 
 
 def builder_for(arch: str):

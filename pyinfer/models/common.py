@@ -5,7 +5,6 @@ Shapes in comments are numpy order, (outer, ..., inner).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from pyinfer import ggml
@@ -91,13 +90,17 @@ def attention_block(b: Builder, il: int, h: ggml.Tensor, inputs: GraphInputs) ->
     q = ctx.reshape(b.linear(h, f"blk.{il}.attn_q"), (n, cfg.n_head, cfg.head_dim))  # (n, n_head, head_dim)
     k = ctx.reshape(b.linear(h, f"blk.{il}.attn_k"), (n, cfg.n_head_kv, cfg.head_dim))  # (n, n_head_kv, head_dim)
     v = ctx.reshape(b.linear(h, f"blk.{il}.attn_v"), (n, cfg.n_head_kv, cfg.head_dim))  # (n, n_head_kv, head_dim)
+    if b.has(f"blk.{il}.attn_q_norm"):  # Qwen3, Gemma 3: RMSNorm of every head's q and k
+        q = b.norm(q, f"blk.{il}.attn_q_norm")
+        k = b.norm(k, f"blk.{il}.attn_k_norm")
     if cfg.rope_mode is not None:
         mode = ggml.ROPE_NEOX if cfg.rope_mode == "neox" else ggml.ROPE_NORMAL
-        q = ctx.rope(q, inputs.pos, cfg.n_rot, mode, cfg.rope_base, 1.0 / cfg.rope_scale)
-        k = ctx.rope(k, inputs.pos, cfg.n_rot, mode, cfg.rope_base, 1.0 / cfg.rope_scale)
+        base = cfg.layer_rope_base(il)
+        q = ctx.rope(q, inputs.pos, cfg.n_rot, mode, base, 1.0 / cfg.rope_scale)
+        k = ctx.rope(k, inputs.pos, cfg.n_rot, mode, base, 1.0 / cfg.rope_scale)
     k_cache = ctx.kv_store(b.kv_cache.k[il], k, inputs.pos)  # (n_ctx, n_head_kv, head_dim)
     v_cache = ctx.kv_store(b.kv_cache.v[il], v, inputs.pos)
-    a = ctx.attention(q, k_cache, v_cache, inputs.pos, 1.0 / math.sqrt(cfg.head_dim))  # (n, n_head * head_dim)
+    a = ctx.attention(q, k_cache, v_cache, inputs.pos, cfg.softmax_scale, cfg.layer_window(il))  # (n, q_dim)
     return b.linear(a, f"blk.{il}.attn_output")
 
 

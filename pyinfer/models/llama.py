@@ -1,4 +1,5 @@
-"""LLaMA-family graph (LLaMA-2/3, Mistral, SmolLM2, Qwen2 with its QKV bias; SwiGLU, ReGLU, dReLU FFNs)."""
+"""LLaMA-family graph (LLaMA-2/3, Mistral, SmolLM2, Qwen2 with its QKV bias, Qwen3 with q/k norms; SwiGLU,
+ReGLU, dReLU FFNs)."""
 
 from __future__ import annotations
 

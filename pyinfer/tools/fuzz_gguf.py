@@ -39,7 +39,7 @@ GGUF_FAMILIES = list(fuzz_gguf_mutations.FAMILIES)
 CONVERTER_FAMILIES = [*fuzz_hf_mutations.FAMILIES, "convert_gguf"]
 FAMILIES = GGUF_FAMILIES + CONVERTER_FAMILIES
 GGUF_SEEDS = ("llama-bpe", "qwen2-power", "opt-power", "llama-spm", "sparse")
-DEFAULT_SHARE = 0.1  # of GGUF cases mutate the default model when it is available (its files are 100 MB)
+DEFAULT_SHARE = 0.1  # of GGUF cases mutate the real SmolLM2 file when it is available (100 MB)
 
 
 @dataclass
@@ -285,7 +285,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=20.0, help="seconds per case (default 20)")
     p.add_argument("--memory-mb", type=int, default=4096, help="address-space limit per case (default 4096)")
     p.add_argument("--default-model", default=None,
-                   help="GGUF to mutate besides the tiny seeds (default: the pulled default model, if any)")
+                   help="GGUF to mutate besides the tiny seeds (default: the pulled SmolLM2 file, if any)")
     p.add_argument("--no-default-model", action="store_true", help="only the tiny seeds")
     p.add_argument("--workdir", default=None, help="folder for seeds and cases (default: a temporary one)")
     p.add_argument("--keep", default=None, help="copy the inputs of bad cases (or of the one --case) here")
@@ -299,9 +299,9 @@ def _default_model(args) -> str | None:
         return None
     if args.default_model:
         return args.default_model
-    from pyinfer.pull import default_model_path
+    from pyinfer.pull import SMALLEST_MODEL, model_path
 
-    return str(default_model_path())
+    return str(model_path(SMALLEST_MODEL))
 
 
 def main(argv: list[str] | None = None) -> int:

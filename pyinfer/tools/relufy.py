@@ -42,7 +42,7 @@ def _hp(g: GGUFFile) -> dict:
     """The converter's hyperparameter dict, as far as tensor_map needs it."""
     c = g.config
     return {"n_layer": c.n_layer, "qkv_bias": c.qkv_bias, "out_bias": c.attn_out_bias, "ffn_bias": c.ffn_bias,
-            "tied": c.tied_embeddings, "n_head": c.n_head, "n_head_kv": c.n_head_kv}
+            "tied": c.tied_embeddings, "n_head": c.n_head, "n_head_kv": c.n_head_kv, "qk_norm": c.qk_norm}
 
 
 def check_source(g: GGUFFile) -> None:

@@ -129,8 +129,8 @@ int ggml_cpu_op_kv_store(const struct ggml_compute_params *p, struct ggml_tensor
 }
 
 // ---------------------------------------------------------------------------------------------------
-// ATTENTION: out[:, h, t] = softmax_s(scale * q[:, h, t] . k[:, g, s]) . v[:, g, s] over s in [0, pos[t]],
-// g = h / (n_head / n_kv_head). A work unit is one head and up to ATTN_TOKENS consecutive tokens: each key
+// ATTENTION: out[:, h, t] = softmax_s(scale * q[:, h, t] . k[:, g, s]) . v[:, g, s] over s in [0, pos[t]]
+// (in (pos[t] - window, pos[t]] for a sliding-window layer), g = h / (n_head / n_kv_head). A work unit is one head and up to ATTN_TOKENS consecutive tokens: each key
 // and value row is converted to F32 once for all of them; scores go to a buffer, then one max, one
 // vectorised exp pass and one weighted sum of the value rows per query (no running rescale).
 // ---------------------------------------------------------------------------------------------------
@@ -210,6 +210,7 @@ static const float *attn_cache_row(const struct ggml_tensor *c, ggml_to_float_fn
 int ggml_cpu_op_attention(const struct ggml_compute_params *p, struct ggml_tensor *dst) {
     const struct ggml_tensor *q = dst->src[0], *k = dst->src[1], *v = dst->src[2], *pos = dst->src[3];
     const float scale = ggml_op_param_f32(dst, 0);
+    const int64_t window = dst->op_params[1];
     const int64_t hd = q->ne[0], n_head = q->ne[1], n_tokens = q->ne[2];
     const int64_t n_kv_head = k->ne[1], n_ctx = k->ne[2], group = n_head / n_kv_head;
     const struct ggml_type_traits *tk = ggml_get_type_traits(k->type), *tv = ggml_get_type_traits(v->type);
@@ -229,33 +230,35 @@ int ggml_cpu_op_attention(const struct ggml_compute_params *p, struct ggml_tenso
     for (int64_t u = p->ith; u < n_head * n_chunks; u += p->nth) {
         const int64_t h = u % n_head, t0 = u / n_head * ATTN_TOKENS, g = h / group;
         const int64_t nt = n_tokens - t0 < ATTN_TOKENS ? n_tokens - t0 : ATTN_TOKENS;
-        int64_t last[ATTN_TOKENS], smax = 0;
+        int64_t first[ATTN_TOKENS], last[ATTN_TOKENS], smin = n_ctx, smax = 0;
         const float *qrow[ATTN_TOKENS]; // (nt) their query rows, (hd) each
         for (int64_t i = 0; i < nt; i++) {
             last[i] = pos_at(pos, t0 + i);
+            first[i] = window && last[i] >= window ? last[i] - window + 1 : 0;
             smax = last[i] > smax ? last[i] : smax;
+            smin = first[i] < smin ? first[i] : smin;
             qrow[i] = (const float *)((const char *)q->data + h * (int64_t)q->nb[1] + (t0 + i) * (int64_t)q->nb[2]);
         }
-        for (int64_t s = 0; s <= smax; s++) {
+        for (int64_t s = smin; s <= smax; s++) {
             const float *kr = attn_cache_row(k, tk->to_float, g, s, row);
             for (int64_t i = 0; i < nt; i++) {
-                if (s > last[i]) continue;
+                if (s < first[i] || s > last[i]) continue;
                 tf->vec_dot(hd, &scores[i * n_ctx + s], kr, qrow[i]);
                 scores[i * n_ctx + s] *= scale;
             }
         }
         float inv[ATTN_TOKENS];
         for (int64_t i = 0; i < nt; i++) {
-            float *sc = scores + i * n_ctx; // (last + 1) this query's scores, then weights
+            float *sc = scores + i * n_ctx + first[i]; // (last - first + 1) this query's scores, then weights
             float mx = -INFINITY;
-            for (int64_t s = 0; s <= last[i]; s++) mx = sc[s] > mx ? sc[s] : mx;
-            inv[i] = 1.0f / exp_sum(sc, last[i] + 1, mx);
+            for (int64_t s = 0; s <= last[i] - first[i]; s++) mx = sc[s] > mx ? sc[s] : mx;
+            inv[i] = 1.0f / exp_sum(sc, last[i] - first[i] + 1, mx);
             memset(acc + i * hd, 0, (size_t)hd * sizeof(float));
         }
-        for (int64_t s = 0; s <= smax; s++) {
+        for (int64_t s = smin; s <= smax; s++) {
             const float *vr = attn_cache_row(v, tv->to_float, g, s, row);
             for (int64_t i = 0; i < nt; i++) {
-                if (s <= last[i]) tf->axpy(hd, acc + i * hd, scores[i * n_ctx + s], vr);
+                if (s >= first[i] && s <= last[i]) tf->axpy(hd, acc + i * hd, scores[i * n_ctx + s], vr);
             }
         }
         for (int64_t i = 0; i < nt; i++) {

@@ -1,5 +1,6 @@
 // attention.cu: kv_store (F32 rows into an F32 or F16 cache) and causal attention over the cache with
-// GQA. One block per (head, token); its 16 warps split the slots [0, pos[t]] round-robin, two slots at a
+// GQA (a sliding-window layer: slots (pos[t] - window, pos[t]] only). One block per (head, token); its 16
+// warps split the slots [0, pos[t]] round-robin, two slots at a
 // time (both slots' loads in flight before the math: short decode contexts are latency-bound), each warp
 // keeping an online softmax (running max, sum, weighted V); the 16 partial states merge at the end.
 #include "common.cuh"
@@ -49,7 +50,7 @@ static __device__ __forceinline__ float cache_at(const char *row, int d) {
 template <bool F16>
 __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cuda_view q, cuda_view k, cuda_view v,
                                                                   const char *pos, int64_t pos_nb0, cuda_view dst,
-                                                                  float scale) {
+                                                                  float scale, int window) {
     __shared__ float sh_m[ATT_WARPS], sh_l[ATT_WARPS];
     __shared__ float sh_acc[ATT_WARPS][ATT_MAX_DPL * 32];
     const int hd = (int)q.ne[0], h = blockIdx.x, lane = threadIdx.x % 32, w = threadIdx.x / 32;
@@ -65,9 +66,10 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cuda_view q, 
     }
     int64_t last = *(const int32_t *)(pos + t * pos_nb0);
     if (last >= k.ne[2]) last = k.ne[2] - 1;
+    const int64_t first = window && last >= window ? last - window + 1 : 0;
     const char *kbase = k.data + g * k.nb[1], *vbase = v.data + g * v.nb[1];
     float mx = -INFINITY, sum = 0.0f;
-    for (int64_t s = w; s <= last; s += 2 * ATT_WARPS) {
+    for (int64_t s = first + w; s <= last; s += 2 * ATT_WARPS) {
         const bool two = s + ATT_WARPS <= last;
         const int64_t s2 = two ? s + ATT_WARPS : s;
         const char *kr = kbase + s * k.nb[2], *vr = vbase + s * v.nb[2];
@@ -124,13 +126,14 @@ int cuda_op_attention(struct ggml_tensor *dst, cudaStream_t st) {
         return ggml_set_error(GGML_STATUS_UNSUPPORTED, "attention on CUDA: too many heads or tokens");
     const dim3 grid((unsigned)q->ne[1], (unsigned)q->ne[2]);
     const float scale = ggml_op_param_f32(dst, 0);
+    const int window = dst->op_params[1];
     if (k->type == GGML_TYPE_F16)
         attention_kernel<true><<<grid, ATT_WARPS * 32, 0, st>>>(cuda_view_of(q), cuda_view_of(k), cuda_view_of(v),
                                                                 (const char *)pos->data, (int64_t)pos->nb[0],
-                                                                cuda_view_of(dst), scale);
+                                                                cuda_view_of(dst), scale, window);
     else
         attention_kernel<false><<<grid, ATT_WARPS * 32, 0, st>>>(cuda_view_of(q), cuda_view_of(k), cuda_view_of(v),
                                                                  (const char *)pos->data, (int64_t)pos->nb[0],
-                                                                 cuda_view_of(dst), scale);
+                                                                 cuda_view_of(dst), scale, window);
     return cuda_launch_status("attention");
 }
