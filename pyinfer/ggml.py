@@ -249,8 +249,11 @@ class Context:
         """x @ w.T; precise: without the activations' rounding (on the CPU, see ggml_mul_mat_precise)."""
         return self._t((lib.ggml_mul_mat_precise if precise else lib.ggml_mul_mat)(self.ptr, w.ptr, x.ptr))
 
-    def rope(self, x: Tensor, pos: Tensor, n_dims: int, mode: int, freq_base: float, freq_scale: float = 1.0):
-        return self._t(lib.ggml_rope(self.ptr, x.ptr, pos.ptr, n_dims, mode, freq_base, freq_scale))
+    def rope(self, x: Tensor, pos: Tensor, n_dims: int, mode: int, freq_base: float, freq_scale: float = 1.0,
+             freq_factors: Tensor | None = None):
+        """Rotary embedding; freq_factors (F32, n_dims/2): each pair's frequency divided by its factor."""
+        factors = freq_factors.ptr if freq_factors is not None else ffi.NULL
+        return self._t(lib.ggml_rope(self.ptr, x.ptr, pos.ptr, n_dims, mode, freq_base, freq_scale, factors))
 
     def soft_max(self, a: Tensor, pos: Tensor | None = None, scale: float = 1.0) -> Tensor:
         return self._t(lib.ggml_soft_max(self.ptr, a.ptr, pos.ptr if pos else ffi.NULL, scale))

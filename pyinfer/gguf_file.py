@@ -100,8 +100,10 @@ class GGUFFile:
 
     def _check_shapes(self) -> None:
         """Every tensor the model needs is present with the shape its config implies."""
-        if self.config.rope_mode and "rope_freqs.weight" in self.tensors:
-            raise UnsupportedError(f"{self.path}: per-dimension rope frequencies (rope_freqs) are not supported")
+        freqs = self.tensors.get("rope_freqs.weight")
+        if freqs is not None and (freqs.type != 0 or freqs.ne != (self.config.n_rot // 2,)):  # 0: F32
+            raise ModelFormatError(f"{self.path}: rope_freqs must be F32 [{self.config.n_rot // 2}] (Llama 3's "
+                                   f"per-frequency factors), not type {freqs.type} {list(freqs.ne)}")
         for name, ne in expected_tensor_shapes(self.config, self.ffn_layout).items():
             info = self.tensors.get(name)
             if info is None:

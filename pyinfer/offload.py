@@ -38,7 +38,7 @@ def _head_to_device(model) -> None:
 
 
 def _attention_to_device(model, il: int) -> None:
-    _to_device(model, _layer_parts(il, ATTENTION_PARTS) + _layer_parts(il, ("fc1", "fc2")))
+    _to_device(model, _layer_parts(il, ATTENTION_PARTS) + _layer_parts(il, ("fc1", "fc2")) + ["rope_freqs.weight"])
     model.kv_cache.k[il].to_device()
     model.kv_cache.v[il].to_device()
     spec = model.sparse_spec

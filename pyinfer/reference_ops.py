@@ -80,12 +80,15 @@ def mul_mat(w, x) -> np.ndarray:
 
 # --- attention family ---
 
-def rope(x, pos, n_dims: int, mode: int, freq_base: float, freq_scale: float = 1.0) -> np.ndarray:
-    """x (n_tokens, n_head, head_dim), pos (n_tokens,); theta_i = pos * freq_scale * base^(-2i / n_dims)."""
+def rope(x, pos, n_dims: int, mode: int, freq_base: float, freq_scale: float = 1.0, factors=None) -> np.ndarray:
+    """x (n_tokens, n_head, head_dim), pos (n_tokens,); theta_i = pos * freq_scale * base^(-2i / n_dims), divided
+    by factors[i] when given."""
     x = _f64(x)
     out = x.copy()
     half = n_dims // 2
     inv = np.float64(np.float32(freq_base)) ** (-2.0 * np.arange(half) / n_dims)  # (half,)
+    if factors is not None:
+        inv = inv / _f64(factors)[:half]
     theta = np.asarray(pos, np.float64)[:, None] * np.float64(np.float32(freq_scale)) * inv  # (n_tokens, half)
     c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]  # (n_tokens, 1, half)
     if mode == ROPE_NEOX:

@@ -29,6 +29,9 @@ VARIANTS = {
     "qwen2": ("qwen2", {"tie_word_embeddings": True}),
     "qwen3": ("qwen3", {}),
     "mistral": ("mistral", {"sliding_window": 8}),
+    # Llama 3.1's long-context RoPE, shrunk: frequencies with wavelengths past 16 / 1 positions divided by 8
+    "llama3_rope": ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}),
     # layers 0 and 2 see the last 8 positions, layer 1 all; a softmax scale other than 1/sqrt(head_dim)
     "gemma3": ("gemma3", {"sliding_window": 8, "query_pre_attn_scalar": 24,
                           "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}),
@@ -122,6 +125,8 @@ def _rotary_f64(model: torch.nn.Module) -> None:
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
     def inv_freq(params: dict) -> torch.Tensor:
+        if params.get("rope_type", "default") != "default":  # scaled (Llama 3): transformers' own, float32-rounded
+            return rot.inv_freq.double()
         return params["rope_theta"] ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (hd/2,)
 
     def forward(x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None):

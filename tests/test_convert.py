@@ -24,8 +24,9 @@ from pyinfer.reference import reference_ffn_activations, reference_logits
 
 TOKENS = [1, 5, 77, 200, 3, 9, 250, 11, 299]
 EXACT = 1e-8  # float64 vs float64: only the float32-stored eps / rope base differ
-# Gemma's norms scale by 1 + w, which the file stores (as llama.cpp's do) as one float32: w's last bits go
-EXACT_GEMMA = 1e-6
+# Gemma's norms scale by 1 + w, which the file stores (as llama.cpp's do) as one float32: w's last bits go;
+# Llama 3's RoPE factors are float32 in the file, and transformers computes its scaled frequencies in float32
+EXACT_FLOAT32_STORED = {"gemma3": 1e-6, "llama3_rope": 1e-6}
 
 
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:
@@ -64,7 +65,7 @@ def test_f32_matches_transformers(models, tmp_path, variant):
     assert convert(tiny.folder, out, "--outtype", "f32") == 0
     g = GGUFFile(out)
     assert g.ffn_layout == "down_t"
-    assert rel_err(reference_logits(g, TOKENS), tiny.logits(TOKENS)) < (EXACT_GEMMA if variant == "gemma3" else EXACT)
+    assert rel_err(reference_logits(g, TOKENS), tiny.logits(TOKENS)) < EXACT_FLOAT32_STORED.get(variant, EXACT)
 
 
 def test_powergguf_layout(power_silu, models):
@@ -314,7 +315,10 @@ BAD_INPUTS = {
     "unknown dtype": (_int_dtype, "dtype"),
     "no tokenizer": (lambda d: os.remove(os.path.join(d, "tokenizer.json")), "tokenizer"),
     "bad activation": (_set_config("hidden_act", "tanh"), "hidden_act"),
-    "llama3 rope": (_set_config("rope_parameters", {"rope_type": "llama3", "rope_theta": 5e5}), "rope"),
+    "yarn rope": (_set_config("rope_parameters", {"rope_type": "yarn", "factor": 4.0, "rope_theta": 5e5}),
+                  "unsupported rope type 'yarn'; supported: default, linear, llama3"),
+    "llama3 rope incomplete": (_set_config("rope_parameters", {"rope_type": "llama3", "rope_theta": 5e5}),
+                               "lacks factor"),
     # issue 14: each of these was a raw exception, a RecursionError or a MemoryError after 35-40 s
     "config nested deep": (_write("config.json", b"[" * 100_000 + b"]" * 100_000), "nested too deeply"),
     "config repeated key": (_write("config.json", b'{"hidden_size": 64, "hidden_size": 65}'), "appears twice"),

@@ -171,20 +171,23 @@ def test_norms(rows, cols, seed, layer, offset):
 
 @SETTINGS
 @given(n_tokens=st.integers(1, 5), n_head=st.integers(1, 4), half_hd=st.integers(1, 40), seed=st.integers(0, 2**31),
-       mode=st.sampled_from([ggml.ROPE_NORMAL, ggml.ROPE_NEOX]), partial=st.booleans())
-def test_rope(n_tokens, n_head, half_hd, seed, mode, partial):
+       mode=st.sampled_from([ggml.ROPE_NORMAL, ggml.ROPE_NEOX]), partial=st.booleans(), scaled=st.booleans())
+def test_rope(n_tokens, n_head, half_hd, seed, mode, partial, scaled):
+    """scaled: Llama 3's per-frequency factors."""
     rng = np.random.default_rng(seed)
     hd = 2 * half_hd
     n_dims = 2 * max(1, half_hd // 2) if partial else hd
     x = rng.standard_normal((n_tokens, n_head, hd)).astype(np.float32)
     pos = rng.integers(0, 5000, n_tokens).astype(np.int32)
+    factors = rng.uniform(1.0, 8.0, n_dims // 2).astype(np.float32) if scaled else None
 
     def build(ctx):
         tx = ctx.reshape(tensor(ctx, x.reshape(n_tokens * n_head, hd)), (n_tokens, n_head, hd))
-        return [ctx.rope(tx, tensor(ctx, pos), n_dims, mode, 10000.0, 1.0)]
+        return [ctx.rope(tx, tensor(ctx, pos), n_dims, mode, 10000.0, 1.0,
+                         tensor(ctx, factors) if scaled else None)]
 
     (got,), (cpu,) = both(build)
-    want = ref.rope(x, pos, n_dims, mode, 10000.0, 1.0)
+    want = ref.rope(x, pos, n_dims, mode, 10000.0, 1.0, factors)
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(got, cpu, rtol=1e-5, atol=1e-5)
 

@@ -50,7 +50,8 @@ def test_f32_logits_match_transformers(tiny, variant):
         assert rel_err(got, want) < 1e-4, (variant, len(tokens))
 
 
-@pytest.mark.parametrize("variant", ["llama_silu", "llama_relu", "qwen2", "qwen3", "gemma3", "mistral", "opt"])
+@pytest.mark.parametrize("variant", ["llama_silu", "llama_relu", "qwen2", "qwen3", "gemma3", "mistral", "llama3_rope",
+                                     "opt"])
 def test_greedy_32_steps_equal_transformers(tiny, variant):
     """Greedy decoding through the KV cache equals argmax of the float64 oracle recomputed from scratch;
     a difference is allowed only where the oracle's top two logits tie within float32 rounding."""
@@ -86,10 +87,11 @@ def test_quantized_logits_within_bounds(tiny, outtype, qtype, bound):
         assert rel_err(precise.logits(tokens), want) < 3e-4
 
 
-@pytest.mark.parametrize("variant", ["gemma3", "mistral"])
+@pytest.mark.parametrize("variant", ["gemma3", "mistral", "llama3_rope"])
 def test_long_context_beyond_the_window(tiny, variant):
-    """2000 tokens, far past the sliding window (8), through the KV cache in prompt batches of 300 and then
-    one token at a time: the last positions' logits equal transformers' over the whole sequence."""
+    """2000 tokens, far past the sliding window (8) or the rope scaling's original context (16), through the
+    KV cache in prompt batches of 300 and then one token at a time: the last positions' logits equal
+    transformers' over the whole sequence."""
     oracle, power, _ = tiny(variant)
     tokens = np.random.default_rng(3).integers(0, N_VOCAB, 2000).tolist()
     want = oracle.logits(tokens)[-8:]

@@ -323,10 +323,13 @@ def test_rope(n_tokens, n_head, half_hd, data, mode, base, fscale, threads, seed
     n_dims = 2 * data.draw(st.integers(1, half_hd))
     x = rng.standard_normal((n_tokens, n_head, hd)).astype(np.float32)
     pos = rng.integers(0, 40000, n_tokens).astype(np.int32)
+    # Llama 3's per-frequency factors (1 to 8), or none
+    factors = rng.uniform(1.0, 8.0, n_dims // 2).astype(np.float32) if data.draw(st.booleans()) else None
     ctx = ggml.Context(8 << 20)
-    node = ctx.rope(tensor(ctx, x), tensor(ctx, pos), n_dims, mode, base, fscale)
+    node = ctx.rope(tensor(ctx, x), tensor(ctx, pos), n_dims, mode, base, fscale,
+                    tensor(ctx, factors) if factors is not None else None)
     (y,) = compute(ctx, [node], threads, ndim=3)
-    assert_close(y, ref.rope(x, pos, n_dims, mode, base, fscale), rtol=0, atol=1e-5)
+    assert_close(y, ref.rope(x, pos, n_dims, mode, base, fscale, factors), rtol=0, atol=1e-5)
 
 
 @SETTINGS

@@ -162,7 +162,9 @@ struct ggml_tensor *ggml_mul_mat(struct ggml_context *ctx, struct ggml_tensor *w
 // too); the GPU computes it as mul_mat
 struct ggml_tensor *ggml_mul_mat_precise(struct ggml_context *ctx, struct ggml_tensor *w, struct ggml_tensor *x);
 // x: [head_dim, n_head, n_tokens] F32; pos: [n_tokens] I32
-struct ggml_tensor *ggml_rope(struct ggml_context *ctx, struct ggml_tensor *x, struct ggml_tensor *pos, int n_dims, int mode, float freq_base, float freq_scale);
+// freq_factors: NULL, or F32 [>= n_dims/2]: pair i's frequency is divided by freq_factors[i] (Llama 3's
+// long-context scaling, llama.cpp's rope_freqs tensor)
+struct ggml_tensor *ggml_rope(struct ggml_context *ctx, struct ggml_tensor *x, struct ggml_tensor *pos, int n_dims, int mode, float freq_base, float freq_scale, struct ggml_tensor *freq_factors);
 // a: [n_cols, n_rows] F32; row r of a is the scores of query r; with pos (I32 [n_rows]) columns j > pos[r] are masked
 struct ggml_tensor *ggml_soft_max(struct ggml_context *ctx, struct ggml_tensor *a, struct ggml_tensor *pos, float scale);
 // cache: [head_dim, n_kv_head, n_ctx] (F32 or F16); src: [head_dim, n_kv_head, n_tokens] F32; pos: [n_tokens] I32

@@ -454,8 +454,11 @@ struct ggml_tensor *ggml_mul_mat_precise(struct ggml_context *ctx, struct ggml_t
 }
 
 struct ggml_tensor *ggml_rope(struct ggml_context *ctx, struct ggml_tensor *x, struct ggml_tensor *pos, int n_dims,
-                              int mode, float freq_base, float freq_scale) {
+                              int mode, float freq_base, float freq_scale, struct ggml_tensor *freq_factors) {
     CHECK_ARG(x && pos, "null tensor");
+    CHECK_ARG(!freq_factors || (freq_factors->type == GGML_TYPE_F32 && ggml_n_dims(freq_factors) == 1 &&
+                                freq_factors->ne[0] >= n_dims / 2),
+              "rope frequency factors must be F32, at least n_dims/2 of them");
     CHECK_ARG(x->type == GGML_TYPE_F32 && pos->type == GGML_TYPE_I32, "rope takes F32 x and I32 positions");
     CHECK_ARG(pos->ne[0] == x->ne[2] && ggml_n_dims(pos) == 1, "rope needs one position per token");
     CHECK_ARG(n_dims > 0 && n_dims % 2 == 0 && n_dims <= x->ne[0], "rope dims %d must be even and <= %lld", n_dims,
@@ -468,6 +471,7 @@ struct ggml_tensor *ggml_rope(struct ggml_context *ctx, struct ggml_tensor *x, s
     t->op_params[1] = mode;
     ggml_set_op_param_f32(t, 2, freq_base);
     ggml_set_op_param_f32(t, 3, freq_scale);
+    t->src[2] = freq_factors;
     return t;
 }
 

@@ -65,18 +65,39 @@ def _need(config: dict[str, Any], key: str) -> Any:
     return config[key]
 
 
-def _rope(config: dict[str, Any], layer_kind: str = "full_attention") -> tuple[float, float | None]:
-    """(rope base, linear scaling factor or None) from rope_parameters / rope_scaling / rope_theta; Gemma 3
-    keeps one set per layer_kind."""
+def _rope_params(config: dict[str, Any], layer_kind: str = "full_attention") -> dict[str, Any]:
+    """rope_parameters / rope_scaling (Gemma 3 keeps one set per layer_kind); {} for none."""
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    params = params.get(layer_kind) or params
+    return params.get(layer_kind) or params
+
+
+def _rope(config: dict[str, Any], layer_kind: str = "full_attention") -> tuple[float, float | None]:
+    """(rope base, linear scaling factor or None); Llama 3's scaling is frequency factors (_llama3_factors)."""
+    params = _rope_params(config, layer_kind)
     kind = params.get("rope_type") or params.get("type") or "default"
     theta = float(params.get("rope_theta") or config.get("rope_theta") or 10000.0)
-    if kind == "default":
+    if kind in ("default", "llama3"):
         return theta, None
     if kind == "linear":
         return theta, float(_need(params, "factor"))
-    raise UnsupportedError(f"unsupported rope type {kind!r}; supported: default, linear")
+    raise UnsupportedError(f"unsupported rope type {kind!r}; supported: default, linear, llama3")
+
+
+def _llama3_factors(config: dict[str, Any], head_dim: int, theta: float) -> np.ndarray | None:
+    """Llama 3.x's long-context scaling as llama.cpp stores it (rope_freqs.weight, (head_dim/2,) F32): the
+    number each RoPE frequency is divided by, from transformers' llama3 rule (high frequencies kept, low ones
+    divided by `factor`, a smooth blend between); None for other models."""
+    params = _rope_params(config)
+    if (params.get("rope_type") or params.get("type")) != "llama3":
+        return None
+    factor, low, high = (float(_need(params, k)) for k in ("factor", "low_freq_factor", "high_freq_factor"))
+    old_ctx = float(_need(params, "original_max_position_embeddings"))
+    if not high > low:
+        raise ModelFormatError("rope_scaling: high_freq_factor must be above low_freq_factor")
+    wavelen = 2 * np.pi * theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # (head_dim/2,)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    blended = 1.0 / ((1.0 - smooth) / factor + smooth)
+    return np.where(wavelen < old_ctx / high, 1.0, np.where(wavelen > old_ctx / low, factor, blended))
 
 
 def _hparams(config: dict[str, Any], arch: str) -> dict[str, Any]:
@@ -106,10 +127,11 @@ def _hparams(config: dict[str, Any], arch: str) -> dict[str, Any]:
         raise UnsupportedError(f"{arch} with hidden_act {act!r} is not supported; supported: {', '.join(acts)}")
     n_embd, n_head = int(_need(config, "hidden_size")), int(_need(config, "num_attention_heads"))
     theta, factor = _rope(config)
-    return {"n_embd": n_embd, "n_ff": int(_need(config, "intermediate_size")),
+    head_dim = int(config.get("head_dim") or n_embd // max(n_head, 1))
+    return {"rope_freqs": _llama3_factors(config, head_dim, theta),"n_embd": n_embd, "n_ff": int(_need(config, "intermediate_size")),
             "n_layer": int(_need(config, "num_hidden_layers")), "n_head": n_head,
             "n_head_kv": int(config.get("num_key_value_heads") or n_head),
-            "head_dim": int(config.get("head_dim") or n_embd // max(n_head, 1)),
+            "head_dim": head_dim,
             "n_ctx": int(_need(config, "max_position_embeddings")), "n_vocab": int(_need(config, "vocab_size")),
             "eps": float(_need(config, "rms_norm_eps")), "tied": bool(config.get("tie_word_embeddings", False)),
             "rope_theta": theta, "rope_factor": factor, "ffn_kind": acts[act],
@@ -307,6 +329,9 @@ def _plan_hf(folder: str, outtype: Q, out_path: str, dense_path: str | None) -> 
 
     def plan(transposed: bool) -> list[OutTensor]:
         tensors = []
+        if hp.get("rope_freqs") is not None:
+            factors = hp["rope_freqs"]
+            tensors.append(OutTensor("rope_freqs.weight", factors.shape, Q.F32, lambda: encode(factors, Q.F32)))
         for gname, hname, transform in tensor_map(arch, hp):
             hname = _resolve(src, hname)
             shape = src.tensors[hname].shape

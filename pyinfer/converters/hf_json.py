@@ -91,7 +91,8 @@ class Either(Kind):
 
 
 _ROPE_KEYS = (("rope_type", Str(32)), ("type", Str(32)), ("factor", Float(positive=True)),
-              ("rope_theta", Float(positive=True)))
+              ("rope_theta", Float(positive=True)), ("low_freq_factor", Float(positive=True)),
+              ("high_freq_factor", Float(positive=True)), ("original_max_position_embeddings", SIZE))
 # Gemma 3 keeps one set per kind of layer
 ROPE = Obj((*_ROPE_KEYS, ("sliding_attention", Obj(_ROPE_KEYS)), ("full_attention", Obj(_ROPE_KEYS))))
 

@@ -21,6 +21,7 @@ static int check_positions(const struct ggml_tensor *pos, int64_t lo, int64_t hi
 
 // ---------------------------------------------------------------------------------------------------
 // ROPE: x [head_dim, n_head, n_tokens]; pairs rotated by theta_i = pos * freq_scale * base^(-2i/n_dims)
+// (divided by freq_factors[i] when src[2] holds them)
 // ---------------------------------------------------------------------------------------------------
 
 size_t ggml_cpu_rope_wsize(const struct ggml_tensor *dst, int n_threads) {
@@ -30,6 +31,7 @@ size_t ggml_cpu_rope_wsize(const struct ggml_tensor *dst, int n_threads) {
 
 int ggml_cpu_op_rope(const struct ggml_compute_params *p, struct ggml_tensor *dst) {
     const struct ggml_tensor *x = dst->src[0], *pos = dst->src[1];
+    const float *factors = dst->src[2] ? (const float *)dst->src[2]->data : NULL; // (n_dims/2) or none
     const int n_dims = dst->op_params[0], mode = dst->op_params[1];
     const double base = ggml_op_param_f32(dst, 2), fscale = ggml_op_param_f32(dst, 3);
     const int64_t hd = x->ne[0], n_head = x->ne[1], nrows = ggml_nrows(x);
@@ -46,7 +48,7 @@ int ggml_cpu_op_rope(const struct ggml_compute_params *p, struct ggml_tensor *ds
             // angles in double: positions reach thousands of radians, where float loses digits
             const double pt = (double)pos_at(pos, t) * fscale;
             for (int i = 0; i < half; i++) {
-                double theta = pt * pow(base, -2.0 * i / n_dims);
+                double theta = pt * pow(base, -2.0 * i / n_dims) / (factors ? (double)factors[i] : 1.0);
                 cs[i] = (float)cos(theta);
                 cs[half + i] = (float)sin(theta);
             }
