@@ -128,7 +128,8 @@ def _hparams(config: dict[str, Any], arch: str) -> dict[str, Any]:
     n_embd, n_head = int(_need(config, "hidden_size")), int(_need(config, "num_attention_heads"))
     theta, factor = _rope(config)
     head_dim = int(config.get("head_dim") or n_embd // max(n_head, 1))
-    return {"rope_freqs": _llama3_factors(config, head_dim, theta),"n_embd": n_embd, "n_ff": int(_need(config, "intermediate_size")),
+    return {"rope_freqs": _llama3_factors(config, head_dim, theta),
+            "n_embd": n_embd, "n_ff": int(_need(config, "intermediate_size")),
             "n_layer": int(_need(config, "num_hidden_layers")), "n_head": n_head,
             "n_head_kv": int(config.get("num_key_value_heads") or n_head),
             "head_dim": head_dim,
