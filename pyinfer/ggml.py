@@ -118,6 +118,10 @@ class Tensor:
     def on_device(self) -> bool:
         return lib.ggml_get_backend(self.ptr) != lib.GGML_BACKEND_CPU
 
+    @property
+    def contiguous(self) -> bool:
+        return bool(lib.ggml_is_contiguous(self.ptr))
+
     def raw(self) -> np.ndarray:
         """The tensor's bytes (contiguous tensors): a view in host memory, a copy from a device."""
         data = lib.ggml_get_data(self.ptr)

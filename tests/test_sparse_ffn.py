@@ -109,7 +109,8 @@ def test_predictor_path_density(synthetic, variant, threshold):
     assert "sparse FFN density" in model.timings.report()
 
 
-@pytest.mark.parametrize("variant,threshold", [("llama_relu", 0.0), ("llama_silu", 0.05), ("opt", 0.0)])
+@pytest.mark.parametrize("variant,threshold", [("llama_relu", 0.0), ("llama_silu", 0.05), ("gemma3", 0.05),
+                                               ("opt", 0.0)])
 def test_bundled_ffn_equals_separate_row_ops(synthetic, variant, threshold):
     """The fused sparse_ffn op over the rows bundled at load computes what the three row ops compute, token
     by token and batched, with the same realised density; OPT's FFN biases keep it on the row ops."""

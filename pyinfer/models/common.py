@@ -74,6 +74,8 @@ class Builder:
     def norm(self, x: ggml.Tensor, name: str) -> ggml.Tensor:
         """RMSNorm or LayerNorm per row, times the weight (+ bias)."""
         cfg = self.cfg
+        if not x.contiguous:  # a view (the CPU bundle's output, before Gemma's post-FFN norm)
+            x = self.ctx.cpy(x, ggml.F32)
         if cfg.norm_kind == "rms":
             y = self.ctx.rms_norm(x, cfg.norm_eps)
         else:
@@ -214,7 +216,6 @@ def output_logits(b: Builder, x: ggml.Tensor, inputs: GraphInputs) -> ggml.Tenso
     n, d = x.shape if len(x.shape) == 2 else (1, x.shape[0])
     if inputs.n_out < n:  # only the rows we need go through the large output matrix
         x = ctx.view(x, (inputs.n_out, d), (d * 4, 4), offset=(n - inputs.n_out) * d * 4)
-        x = ctx.cpy(x, ggml.F32)  # norms need contiguous rows
     x = b.norm(x, "output_norm")
     head = "output" if b.has("output") else "token_embd"
     return b.matmul(b.w(head), x)
