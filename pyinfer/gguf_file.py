@@ -37,15 +37,18 @@ def expected_tensor_shapes(cfg: ModelConfig, ffn_layout: str) -> dict[str, tuple
         shapes["position_embd.weight"] = (d, cfg.n_ctx_train + cfg.pos_offset)
     for il in range(cfg.n_layer):
         b = f"blk.{il}."
-        layer = {
-            "attn_norm.weight": (d,), "attn_q.weight": (d, q_dim), "attn_k.weight": (d, kv_dim),
-            "attn_v.weight": (d, kv_dim), "attn_output.weight": (q_dim, d),
-            "ffn_norm.weight": (d,), "ffn_up.weight": (d, cfg.n_ff),
-        }
+        layer = {"attn_norm.weight": (d,), "attn_output.weight": (q_dim, d), "ffn_up.weight": (d, cfg.n_ff)}
+        if cfg.arch == "falcon":  # q, k and v in one matrix; attention and FFN read the same input (its norm)
+            layer["attn_qkv.weight"] = (d, q_dim + 2 * kv_dim)
+            if cfg.qkv_bias:
+                layer["attn_qkv.bias"] = (q_dim + 2 * kv_dim,)
+        else:
+            layer |= {"attn_q.weight": (d, q_dim), "attn_k.weight": (d, kv_dim), "attn_v.weight": (d, kv_dim),
+                      "ffn_norm.weight": (d,)}
+            if cfg.qkv_bias:
+                layer |= {"attn_q.bias": (q_dim,), "attn_k.bias": (kv_dim,), "attn_v.bias": (kv_dim,)}
         if norm_bias:
-            layer |= {"attn_norm.bias": (d,), "ffn_norm.bias": (d,)}
-        if cfg.qkv_bias:
-            layer |= {"attn_q.bias": (q_dim,), "attn_k.bias": (kv_dim,), "attn_v.bias": (kv_dim,)}
+            layer |= {"attn_norm.bias": (d,)} | ({} if cfg.arch == "falcon" else {"ffn_norm.bias": (d,)})
         if cfg.attn_out_bias:
             layer["attn_output.bias"] = (d,)
         if cfg.qk_norm:

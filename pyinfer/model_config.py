@@ -9,8 +9,9 @@ from typing import Any
 from pyinfer import gguf_schema
 from pyinfer.errors import ModelFormatError, UnsupportedError
 
-SUPPORTED_ARCHS = ("gemma3", "llama", "opt", "qwen2", "qwen3")
-FFN_KINDS = ("swiglu", "reglu", "drelu", "relu", "geglu")
+SUPPORTED_ARCHS = ("falcon", "gemma3", "llama", "opt", "qwen2", "qwen3")
+FFN_KINDS = ("swiglu", "reglu", "drelu", "relu", "geglu", "gelu")
+UNGATED_KINDS = ("relu", "gelu")  # act(up), no gate: OPT, Falcon
 
 # arch -> (norm kind, rope mode, default ffn kind, learned-position offset)
 _ARCH_TRAITS: dict[str, tuple[str, str | None, str, int]] = {
@@ -18,6 +19,7 @@ _ARCH_TRAITS: dict[str, tuple[str, str | None, str, int]] = {
     "qwen2": ("rms", "neox", "swiglu", 0),
     "qwen3": ("rms", "neox", "swiglu", 0),
     "gemma3": ("rms", "neox", "geglu", 0),
+    "falcon": ("layer", "neox", "gelu", 0),
     # OPT's learned position table has 2 leading rows that no position uses
     "opt": ("layer", None, "relu", 2),
 }
@@ -28,7 +30,7 @@ class ModelConfig:
     """What a forward pass needs to know besides the weights.
 
     ffn_kind: swiglu = silu(gate)*up, reglu = relu(gate)*up, drelu = relu(gate)*relu(up),
-    geglu = gelu_tanh(gate)*up, relu = relu(up) with no gate (OPT).
+    geglu = gelu_tanh(gate)*up, relu = relu(up) and gelu = gelu_tanh(up) with no gate (OPT, Falcon).
     rope_scale: linear position scaling; positions are divided by it (1.0 = none).
     sliding_window: > 0: windowed layers see the last sliding_window positions only (Mistral, Gemma 3);
     swa_pattern: > 0: every swa_pattern-th layer (il % swa_pattern == swa_pattern - 1) is global, the others
@@ -83,8 +85,8 @@ class ModelConfig:
 
     @property
     def gated(self) -> bool:
-        """True when the FFN has a gate projection (everything except OPT's plain ReLU)."""
-        return self.ffn_kind != "relu"
+        """True when the FFN has a gate projection (everything except OPT's and Falcon's)."""
+        return self.ffn_kind not in UNGATED_KINDS
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any],
@@ -150,7 +152,7 @@ class ModelConfig:
             n_rot=int(key("rope.dimension_count", head_dim)) if rope_mode else 0,
             ffn_kind=str(meta.get("pyinfer.ffn_kind", default_ffn)),
             tied_embeddings=not has("output.weight", arch != "opt"),
-            qkv_bias=has("blk.0.attn_q.bias", arch in ("qwen2", "opt")),
+            qkv_bias=has("blk.0.attn_qkv.bias" if arch == "falcon" else "blk.0.attn_q.bias", arch in ("qwen2", "opt")),
             attn_out_bias=has("blk.0.attn_output.bias", arch == "opt"),
             ffn_bias=has("blk.0.ffn_up.bias", arch == "opt"),
             pos_offset=pos_offset,
@@ -179,7 +181,8 @@ class ModelConfig:
             raise ModelFormatError(f"bad rope.dimension_count {self.n_rot} for head size {self.head_dim}")
         if self.ffn_kind not in FFN_KINDS:
             raise UnsupportedError(f"unsupported pyinfer.ffn_kind {self.ffn_kind!r}; supported: {', '.join(FFN_KINDS)}")
-        if (self.ffn_kind == "relu") != (self.arch == "opt"):
+        if (self.ffn_kind in UNGATED_KINDS) != (self.arch in ("opt", "falcon")) or (
+                self.arch == "opt" and self.ffn_kind != "relu"):
             raise UnsupportedError(f"ffn kind {self.ffn_kind!r} does not fit architecture {self.arch}")
         if self.norm_eps <= 0:
             raise ModelFormatError(f"bad norm epsilon {self.norm_eps}")

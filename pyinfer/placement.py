@@ -343,7 +343,7 @@ def _quiet_stdout():
 # a model file's costs
 
 ATTENTION_PARTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "attn_q_norm", "attn_k_norm",
-                   "post_attention_norm", "post_ffw_norm")
+                   "post_attention_norm", "post_ffw_norm", "attn_qkv", "attn_norm_2")
 STREAM_ROWS = 2048  # a prompt batch copies host FFN weights to the GPU this many neurons at a time
 STREAM_MIN_TOKENS = 32  # batches of at least this many tokens run there (llama.cpp's threshold too)
 CUBLAS_WORKSPACE = 32 << 20

@@ -60,9 +60,15 @@ def _ffn_act(gate: np.ndarray | None, up: np.ndarray, kind: str) -> np.ndarray:
     if kind == "drelu":
         return relu(gate, 0.0) * relu(up, 0.0)
     if kind == "geglu":
-        g = 0.5 * gate * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (gate + 0.044715 * gate ** 3)))
-        return g * up
+        return _gelu(gate) * up
+    if kind == "gelu":
+        return _gelu(up)
     return relu(up, 0.0)
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    """GELU, tanh approximation (as ggml and llama.cpp compute it)."""
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
 def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: ModelConfig, window: int) -> np.ndarray:
@@ -126,9 +132,17 @@ def reference_logits(gguf_file: GGUFFile, tokens: list[int],
         blk = f"blk.{il}."
         # attention: norm, projections, rope, causal attention, output projection, residual
         h = _norm(x, w(blk + "attn_norm.weight"), opt_w(blk + "attn_norm.bias"), cfg)  # (T, n_embd)
-        q = linear(h, blk + "attn_q").reshape(n_tok, cfg.n_head, cfg.head_dim)  # (T, n_head, hd)
-        k = linear(h, blk + "attn_k").reshape(n_tok, cfg.n_head_kv, cfg.head_dim)  # (T, n_head_kv, hd)
-        v = linear(h, blk + "attn_v").reshape(n_tok, cfg.n_head_kv, cfg.head_dim)  # (T, n_head_kv, hd)
+        if cfg.arch == "falcon":  # fused q, k, v; the FFN reads the same residual, through attn_norm_2 if any
+            q_dim, kv_dim = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+            qkv = linear(h, blk + "attn_qkv")  # (T, q_dim + 2 kv_dim)
+            q, k, v = qkv[:, :q_dim], qkv[:, q_dim:q_dim + kv_dim], qkv[:, q_dim + kv_dim:]
+            ffn_in = (_norm(x, w(blk + "attn_norm_2.weight"), opt_w(blk + "attn_norm_2.bias"), cfg)
+                      if blk + "attn_norm_2.weight" in gguf_file.tensors else h)
+        else:
+            q, k, v = linear(h, blk + "attn_q"), linear(h, blk + "attn_k"), linear(h, blk + "attn_v")
+        q = q.reshape(n_tok, cfg.n_head, cfg.head_dim)  # (T, n_head, hd)
+        k = k.reshape(n_tok, cfg.n_head_kv, cfg.head_dim)  # (T, n_head_kv, hd)
+        v = v.reshape(n_tok, cfg.n_head_kv, cfg.head_dim)  # (T, n_head_kv, hd)
         if cfg.qk_norm:  # per head
             q = _norm(q, w(blk + "attn_q_norm.weight"), None, cfg)
             k = _norm(k, w(blk + "attn_k_norm.weight"), None, cfg)
@@ -138,10 +152,13 @@ def reference_logits(gguf_file: GGUFFile, tokens: list[int],
         a = linear(_attention(q, k, v, cfg, cfg.layer_window(il)), blk + "attn_output")  # (T, n_embd)
         if cfg.post_norms:
             a = _norm(a, w(blk + "post_attention_norm.weight"), None, cfg)
-        x = x + a
-
-        # FFN: norm, up (and gate), activation, down, residual
-        h = _norm(x, w(blk + "ffn_norm.weight"), opt_w(blk + "ffn_norm.bias"), cfg)  # (T, n_embd)
+        if cfg.arch == "falcon":  # parallel: the residual gets both at the end
+            h = ffn_in
+        else:
+            x = x + a
+            a = 0.0
+            # FFN: norm, up (and gate), activation, down, residual
+            h = _norm(x, w(blk + "ffn_norm.weight"), opt_w(blk + "ffn_norm.bias"), cfg)  # (T, n_embd)
         up = linear(h, blk + "ffn_up")  # (T, n_ff)
         gate = linear(h, blk + "ffn_gate") if cfg.gated else None  # (T, n_ff)
         act = _ffn_act(gate, up, cfg.ffn_kind)  # (T, n_ff)
@@ -157,7 +174,7 @@ def reference_logits(gguf_file: GGUFFile, tokens: list[int],
         down = down + bias if bias is not None else down  # (T, n_embd)
         if cfg.post_norms:
             down = _norm(down, w(blk + "post_ffw_norm.weight"), None, cfg)
-        x = x + down
+        x = x + a + down
 
     # final norm and vocabulary projection (tied embeddings reuse token_embd)
     x = _norm(x, w("output_norm.weight"), opt_w("output_norm.bias"), cfg)  # (T, n_embd)

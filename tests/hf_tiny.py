@@ -36,6 +36,11 @@ VARIANTS = {
     "gemma3": ("gemma3", {"sliding_window": 8, "query_pre_attn_scalar": 24,
                           "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}),
     "opt": ("opt", {}),
+    # Falcon-7B's layout (multi-query, one LayerNorm) and Falcon-40B's (grouped KV, two), GELU; ReLU-Falcon
+    "falcon_7b": ("falcon", {"multi_query": True, "new_decoder_architecture": False,
+                             "activation": "gelu_pytorch_tanh"}),
+    "falcon_40b": ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2, "activation": "gelu_pytorch_tanh"}),
+    "falcon_relu": ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2, "activation": "relu"}),
 }
 
 
@@ -75,6 +80,10 @@ def _config(arch: str, extra: dict):
         return T.OPTConfig(hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
                            vocab_size=N_VOCAB, max_position_embeddings=64, word_embed_proj_dim=64,
                            attn_implementation="eager", **extra)
+    if arch == "falcon":
+        return T.FalconConfig(hidden_size=64, ffn_hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                              vocab_size=N_VOCAB, max_position_embeddings=4096, bias=False, alibi=False,
+                              parallel_attn=True, attn_implementation="eager", **extra)
     if arch == "gemma3":
         return T.Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
                                   num_key_value_heads=2, head_dim=16, vocab_size=N_VOCAB, max_position_embeddings=4096,
@@ -118,7 +127,7 @@ def _rmsnorm_f64(model: torch.nn.Module) -> None:
 
 def _rotary_f64(model: torch.nn.Module) -> None:
     """Compute HF's rope angles in float64 (transformers computes them in float32)."""
-    rot = getattr(model.model, "rotary_emb", None)
+    rot = getattr(getattr(model, "model", None) or model.transformer, "rotary_emb", None)
     if rot is None:
         return
     cfg = model.config
@@ -147,7 +156,7 @@ def build(variant: str, folder: str, seed: int = 0, dtype: torch.dtype = torch.f
     cfg = _config(arch, extra)
     cls = {"llama": T.LlamaForCausalLM, "qwen2": T.Qwen2ForCausalLM, "qwen3": T.Qwen3ForCausalLM,
            "mistral": T.MistralForCausalLM,
-           "gemma3": T.Gemma3ForCausalLM, "opt": T.OPTForCausalLM}[arch]
+           "gemma3": T.Gemma3ForCausalLM, "falcon": T.FalconForCausalLM, "opt": T.OPTForCausalLM}[arch]
     torch.manual_seed(seed)
     model = cls(cfg).eval()
     _randomize(model, seed)

@@ -41,20 +41,24 @@ def test_factual_questions_at_the_default_settings(default, capsys):
     assert score.total >= 70
 
 
+@pytest.mark.parametrize("precise", [False, True])
 @pytest.mark.parametrize("text", [ENGLISH, CODE], ids=["english", "code"])
-def test_teacher_forced_top1_agrees_with_transformers(default, text, capsys):
+def test_teacher_forced_top1_agrees_with_transformers(default, text, precise, capsys):
+    """64 positions. By default this model's matmuls round activations to 8 bits, as llama.cpp's do (it is
+    above runtime.PRECISE_MAX_BYTES); precise ones leave only float32's summation order."""
     path, hf = default
     import torch
 
-    model = Model(path, n_ctx=512, kv_type="f32", n_threads=2)
-    tokens = model.tokenize(text)[:64]
+    model = Model(path, n_ctx=512, kv_type="f32", n_threads=2, precise=precise)
+    tokens = model.tokenize(text)
+    tokens = (tokens * (64 // len(tokens) + 1))[:64]
     with torch.no_grad():
         theirs = hf(torch.tensor([tokens])).logits[0].double().numpy()
     ours = model.logits(tokens)
     rate = float(np.mean(ours.argmax(-1) == theirs.argmax(-1)))
     with capsys.disabled():
-        print(f"\n{DEFAULT_MODEL}: {len(tokens)} positions, top-1 agreement with transformers {rate:.3f}")
-    assert rate >= 0.95
+        print(f"\n{DEFAULT_MODEL}, precise={precise}: 64 positions, top-1 agreement with transformers {rate:.3f}")
+    assert rate >= (0.98 if precise else 0.9)
 
 
 def test_first_question_is_answered_as_transformers_answers(default):

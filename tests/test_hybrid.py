@@ -42,7 +42,8 @@ def _decode(model: Model, tokens) -> np.ndarray:
     return np.stack([model.eval([t]).copy() for t in tokens])
 
 
-@pytest.mark.parametrize("variant", ["llama_relu", "llama_silu", "qwen2", "gemma3", "llama3_rope", "opt"])
+@pytest.mark.parametrize("variant", ["llama_relu", "llama_silu", "qwen2", "gemma3", "llama3_rope", "falcon_relu",
+                                     "opt"])
 @pytest.mark.parametrize("sparse", [False, True])
 def test_budgets_from_minimum_to_everything_equal_the_cpu(tiny_files, variant, sparse):
     path = tiny_files(variant, sparse)

@@ -90,7 +90,8 @@ def _np_predictor_masks(path: str, acts: dict, threshold: float, kind: str) -> l
     return out
 
 
-@pytest.mark.parametrize("variant,threshold", [("llama_relu", 0.0), ("llama_silu", 0.05), ("opt", 0.0)])
+@pytest.mark.parametrize("variant,threshold", [("llama_relu", 0.0), ("llama_silu", 0.05), ("opt", 0.0),
+                                               ("falcon_relu", 0.0), ("falcon_40b", 0.05)])
 def test_predictor_path_density(synthetic, variant, threshold):
     """The realised density the runtime reports is the density of the predictor's mask recomputed in
     numpy from the captured FFN inputs, and batched prompts give the token-by-token logits."""
@@ -110,7 +111,7 @@ def test_predictor_path_density(synthetic, variant, threshold):
 
 
 @pytest.mark.parametrize("variant,threshold", [("llama_relu", 0.0), ("llama_silu", 0.05), ("gemma3", 0.05),
-                                               ("opt", 0.0)])
+                                               ("falcon_relu", 0.0), ("opt", 0.0)])
 def test_bundled_ffn_equals_separate_row_ops(synthetic, variant, threshold):
     """The fused sparse_ffn op over the rows bundled at load computes what the three row ops compute, token
     by token and batched, with the same realised density; OPT's FFN biases keep it on the row ops."""

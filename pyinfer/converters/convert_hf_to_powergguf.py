@@ -50,7 +50,9 @@ from pyinfer.model_config import ModelConfig
 PROG = "convert-hf-to-powergguf"
 OUTTYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1}
 HF_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-            "MistralForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3", "OPTForCausalLM": "opt"}
+            "MistralForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3", "FalconForCausalLM": "falcon",
+            "OPTForCausalLM": "opt"}
+FALCON_ACTS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu", "gelu_new": "gelu", "relu": "relu"}
 LLAMA_ACTS = {"silu": "swiglu", "relu": "reglu", "drelu": "drelu", "gelu_pytorch_tanh": "geglu", "gelu_new": "geglu"}
 FORMAT_VERSION = 1
 
@@ -116,6 +118,8 @@ def _hparams(config: dict[str, Any], arch: str) -> dict[str, Any]:
                 "n_ctx": int(_need(config, "max_position_embeddings")), "n_vocab": int(_need(config, "vocab_size")),
                 "eps": 1e-5, "tied": bool(config.get("tie_word_embeddings", True)), "ffn_kind": "relu",
                 "qkv_bias": True, "out_bias": True, "ffn_bias": True}
+    if arch == "falcon":
+        return _falcon(config)
     if config.get("use_sliding_window"):
         raise UnsupportedError("sliding-window attention (use_sliding_window) is not supported")
     for key in ("final_logit_softcapping", "attn_logit_softcapping"):
@@ -140,6 +144,30 @@ def _hparams(config: dict[str, Any], arch: str) -> dict[str, Any]:
             "out_bias": bool(config.get("attention_bias")), "ffn_bias": bool(config.get("mlp_bias")),
             "qk_norm": arch in ("qwen3", "gemma3"), "sliding_window": int(config.get("sliding_window") or 0),
             **(_gemma3(config, n_head) if arch == "gemma3" else {})}
+
+
+def _falcon(config: dict[str, Any]) -> dict[str, Any]:
+    """Falcon-7B (multi-query) and Falcon-40B (new_decoder_architecture: grouped KV, two LayerNorms) as
+    llama.cpp runs them: rotary positions, parallel attention and MLP, GELU (tanh form, as ggml's) or ReLU."""
+    for key, want in (("alibi", False), ("parallel_attn", True)):
+        if bool(config.get(key, want)) != want:
+            raise UnsupportedError(f"Falcon with {key} = {config[key]!r} is not supported (only {want!r})")
+    new_arch = bool(config.get("new_decoder_architecture"))
+    if not new_arch and not config.get("multi_query", True):
+        raise UnsupportedError("Falcon with one KV head per query head (multi_query false) is not supported")
+    act = config.get("activation", "gelu")
+    if act not in FALCON_ACTS:
+        raise UnsupportedError(f"Falcon with activation {act!r} is not supported; supported: {', '.join(FALCON_ACTS)}")
+    n_embd, n_head = int(_need(config, "hidden_size")), int(_need(config, "num_attention_heads"))
+    bias = bool(config.get("bias"))
+    return {"n_embd": n_embd, "n_ff": int(config.get("ffn_hidden_size") or 4 * n_embd),
+            "n_layer": int(_need(config, "num_hidden_layers")), "n_head": n_head,
+            "n_head_kv": int(config.get("num_kv_heads") or n_head) if new_arch else 1,
+            "head_dim": n_embd // max(n_head, 1), "n_ctx": int(config.get("max_position_embeddings") or 2048),
+            "n_vocab": int(_need(config, "vocab_size")), "eps": float(config.get("layer_norm_epsilon") or 1e-5),
+            "tied": bool(config.get("tie_word_embeddings", True)), "rope_theta": _rope(config)[0],
+            "rope_factor": None, "rope_freqs": None, "ffn_kind": FALCON_ACTS[act], "qkv_bias": bias,
+            "out_bias": bias, "ffn_bias": bias, "qk_norm": False, "sliding_window": 0, "two_norms": new_arch}
 
 
 def _gemma3(config: dict[str, Any], n_head: int) -> dict[str, Any]:
@@ -183,6 +211,19 @@ def tensor_map(arch: str, hp: dict[str, Any]) -> list[tuple[str, str, str]]:
                      ("ffn_up", "fc1"), ("ffn_down", "fc2")]
             out += [(b + g + s, h + n + s, "down" if g == "ffn_down" else "") for g, n in pairs for s in wb]
         out += [("output_norm" + s, p + "final_layer_norm" + s, "") for s in wb]
+    elif arch == "falcon":
+        p = "transformer."
+        out.append(("token_embd.weight", p + "word_embeddings.weight", ""))
+        for il in range(hp["n_layer"]):
+            b, h = f"blk.{il}.", f"{p}h.{il}."
+            norms = [("attn_norm", "ln_attn"), ("attn_norm_2", "ln_mlp")] if hp["two_norms"] else [
+                ("attn_norm", "input_layernorm")]
+            out += [(b + g + s, h + n + s, "") for g, n in norms for s in wb]
+            proj = [("attn_qkv", "self_attention.query_key_value", "qkv_groups" if hp["two_norms"] else ""),
+                    ("attn_output", "self_attention.dense", ""), ("ffn_up", "mlp.dense_h_to_4h", ""),
+                    ("ffn_down", "mlp.dense_4h_to_h", "down")]
+            out += [(b + g + s, h + n + s, tr) for g, n, tr in proj for s in (wb if hp["qkv_bias"] else wb[:1])]
+        out += [("output_norm" + s, p + "ln_f" + s, "") for s in wb]
     else:
         p = "model."
         out.append(("token_embd.weight", p + "embed_tokens.weight", ""))
@@ -236,6 +277,15 @@ def rope_pair_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w[_rope_pair_order(w.shape[0], n_heads)]
 
 
+def falcon_qkv_rows(w: np.ndarray, n_head: int, n_head_kv: int) -> np.ndarray:
+    """Falcon-40B's fused QKV rows (per KV group: its query heads, then its key head, then its value head) ->
+    all query heads, all key heads, all value heads, as llama.cpp stores attn_qkv. w: (rows, ...) or (rows,)."""
+    per_group = n_head // n_head_kv + 2
+    g = w.reshape(n_head_kv, per_group, -1, *w.shape[1:])  # (n_kv, q heads + k + v, head_dim, ...)
+    return np.concatenate([g[:, :-2].reshape(-1, *w.shape[1:]), g[:, -2].reshape(-1, *w.shape[1:]),
+                           g[:, -1].reshape(-1, *w.shape[1:])])
+
+
 def rope_half_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     """The inverse of rope_pair_rows: llama.cpp q/k rows -> HF's order."""
     out = np.empty_like(w)
@@ -265,6 +315,9 @@ def _arch_kv(arch: str, hp: dict[str, Any], name: str, outtype: Q) -> list[KV]:
     if arch == "opt":
         kv.append((f"{arch}.attention.layer_norm_epsilon", hp["eps"], f32, None))
         return kv
+    if arch == "falcon":
+        return kv + [(f"{arch}.attention.layer_norm_epsilon", hp["eps"], f32, None),
+                     (f"{arch}.rope.freq_base", hp["rope_theta"], f32, None)]
     kv += [(f"{arch}.attention.layer_norm_rms_epsilon", hp["eps"], f32, None),
            (f"{arch}.rope.freq_base", hp["rope_theta"], f32, None),
            (f"{arch}.rope.dimension_count", head_dim, u32, None)]
@@ -360,8 +413,9 @@ def _plan_hf(folder: str, outtype: Q, out_path: str, dense_path: str | None) -> 
 def _check_checkpoint(src: SafetensorsSource, arch: str, hp: dict[str, Any]) -> None:
     """The checkpoint holds num_hidden_layers layers and vocab_size embedding rows: checked before the
     tensor map and the vocabulary are sized from them."""
-    names = [n.removeprefix("model.").removeprefix("decoder.") for n in src.tensors]
-    gguf_schema.check_layer_names(hp["n_layer"], names, "config.json num_hidden_layers", prefix="layers.")
+    names = [n.removeprefix("model.").removeprefix("decoder.").removeprefix("transformer.") for n in src.tensors]
+    gguf_schema.check_layer_names(hp["n_layer"], names, "config.json num_hidden_layers",
+                                  prefix="h." if arch == "falcon" else "layers.")
     emb = src.require(_resolve(src, tensor_map(arch, hp)[0][1]))
     if emb.shape != (hp["n_vocab"], hp["n_embd"]):
         raise ModelFormatError(f"{emb.name} has shape {list(emb.shape)} but config.json says vocab_size "
@@ -381,6 +435,8 @@ def _producer(src: SafetensorsSource, hname: str, transform: str, transposed: bo
             w = w.T
         elif transform == "norm1":
             w = w.astype(np.float32) + np.float32(1.0)
+        elif transform == "qkv_groups":
+            w = falcon_qkv_rows(w, hp["n_head"], hp["n_head_kv"])
         return encode(w, qtype)
     return produce
 

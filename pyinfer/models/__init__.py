@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pyinfer.errors import UnsupportedError
 
-from . import gemma3, llama, opt
+from . import falcon, gemma3, llama, opt
 
-BUILDERS = {"gemma3": gemma3.build, "llama": llama.build, "opt": opt.build, "qwen2": llama.build,
-            "qwen3": llama.build}
+BUILDERS = {"falcon": falcon.build, "gemma3": gemma3.build, "llama": llama.build, "opt": opt.build,
+            "qwen2": llama.build, "qwen3": llama.build}
 
 
 def builder_for(arch: str):

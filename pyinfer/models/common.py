@@ -89,9 +89,15 @@ def attention_block(b: Builder, il: int, h: ggml.Tensor, inputs: GraphInputs) ->
     """Self-attention of layer il over the KV cache: (n_tokens, n_embd) -> (n_tokens, n_embd)."""
     cfg, ctx = b.cfg, b.ctx
     n = h.shape[0] if len(h.shape) == 2 else 1
-    q = ctx.reshape(b.linear(h, f"blk.{il}.attn_q"), (n, cfg.n_head, cfg.head_dim))  # (n, n_head, head_dim)
-    k = ctx.reshape(b.linear(h, f"blk.{il}.attn_k"), (n, cfg.n_head_kv, cfg.head_dim))  # (n, n_head_kv, head_dim)
-    v = ctx.reshape(b.linear(h, f"blk.{il}.attn_v"), (n, cfg.n_head_kv, cfg.head_dim))  # (n, n_head_kv, head_dim)
+    if b.has(f"blk.{il}.attn_qkv"):  # Falcon: one matrix, q then k then v
+        q, k, v = fused_qkv(b, b.linear(h, f"blk.{il}.attn_qkv"), n)
+    else:
+        q = b.linear(h, f"blk.{il}.attn_q")
+        k = b.linear(h, f"blk.{il}.attn_k")
+        v = b.linear(h, f"blk.{il}.attn_v")
+    q = ctx.reshape(q, (n, cfg.n_head, cfg.head_dim))  # (n, n_head, head_dim)
+    k = ctx.reshape(k, (n, cfg.n_head_kv, cfg.head_dim))  # (n, n_head_kv, head_dim)
+    v = ctx.reshape(v, (n, cfg.n_head_kv, cfg.head_dim))  # (n, n_head_kv, head_dim)
     if b.has(f"blk.{il}.attn_q_norm"):  # Qwen3, Gemma 3: RMSNorm of every head's q and k
         q = b.norm(q, f"blk.{il}.attn_q_norm")
         k = b.norm(k, f"blk.{il}.attn_k_norm")
@@ -106,6 +112,18 @@ def attention_block(b: Builder, il: int, h: ggml.Tensor, inputs: GraphInputs) ->
     return b.linear(a, f"blk.{il}.attn_output")
 
 
+def fused_qkv(b: Builder, qkv: ggml.Tensor, n: int) -> tuple[ggml.Tensor, ggml.Tensor, ggml.Tensor]:
+    """q (n, q_dim), k and v (n, kv_dim), contiguous, from the output of a fused projection (n, q_dim + 2 kv_dim)."""
+    cfg, ctx = b.cfg, b.ctx
+    q_dim, kv_dim = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+    row = 4 * (q_dim + 2 * kv_dim)
+
+    def cols(c0: int, width: int) -> ggml.Tensor:
+        return ctx.cpy(ctx.view(qkv, (n, width), (row, 4), offset=4 * c0), ggml.F32)
+
+    return cols(0, q_dim), cols(q_dim, kv_dim), cols(q_dim + kv_dim, kv_dim)
+
+
 def ffn_activation(b: Builder, il: int, h: ggml.Tensor, part: str = "") -> ggml.Tensor:
     """The FFN's hidden activations (n_tokens, n_ff): act(gate) * up, or act(up) without a gate; part ".hot"
     or ".cold" takes that half of a split layer's neurons."""
@@ -113,6 +131,8 @@ def ffn_activation(b: Builder, il: int, h: ggml.Tensor, part: str = "") -> ggml.
     up = b.linear(h, f"blk.{il}.ffn_up{part}")
     if kind == "relu":
         return ctx.relu(up)
+    if kind == "gelu":
+        return ctx.gelu(up)
     gate = b.linear(h, f"blk.{il}.ffn_gate{part}")
     if kind == "swiglu":
         return ctx.mul(ctx.silu(gate), up)

@@ -134,6 +134,8 @@ def rows_ffn(b, il: int, h: ggml.Tensor, pred: ggml.Tensor, part: str = "", dens
     computed = pred  # (n, rows) positive on the rows computed (when not dense)
     if kind == "relu":
         act = ctx.relu(proj("ffn_up", pred))
+    elif kind == "gelu":
+        act = ctx.gelu(proj("ffn_up", pred))
     else:
         gate = proj("ffn_gate", pred)
         if kind in ("reglu", "drelu"):
