@@ -82,8 +82,8 @@ def _break_loading(monkeypatch, behaviour) -> None:
 
 def test_catches_silent_non_finite_logits(seeds, tmp_path, monkeypatch):
     monkeypatch.setattr(runtime, "_check_finite", lambda logits, first_pos: None)
-    outcomes = {_run(seeds, tmp_path / str(i), "tensor_data", index=i).outcome for i in range(8)}
-    assert "nonfinite" in outcomes
+    cases = [_run(seeds, tmp_path / str(i), "tensor_data", index=i) for i in range(8)]
+    assert "nonfinite" in {c.outcome for c in cases}, [(c.outcome, c.detail) for c in cases]
 
 
 def test_catches_a_traceback(seeds, tmp_path, monkeypatch):
@@ -106,6 +106,18 @@ def test_catches_a_hang(seeds, tmp_path, monkeypatch):
     t0 = time.monotonic()
     assert _run(seeds, tmp_path, timeout=1.0).outcome == "timeout"
     assert time.monotonic() - t0 < 10
+
+
+def test_memory_limit_counts_from_the_parents_size(seeds, tmp_path):
+    """A parent already holding more address space than the limit (the suite, after loading transformers
+    models) still runs cases: the limit is what a case adds."""
+    import numpy as np
+
+    alone = _run(seeds, tmp_path / "alone", "tensor_data")
+    held = np.empty(3 << 30, np.uint8)  # 3 GiB of address space, never touched
+    beside = _run(seeds, tmp_path / "beside", "tensor_data")
+    del held
+    assert (beside.outcome, beside.detail) == (alone.outcome, alone.detail.replace("/alone/", "/beside/"))
 
 
 def test_catches_a_memory_blow_up(seeds, tmp_path, monkeypatch):

@@ -9,19 +9,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import numpy as np
 import pytest
+from real_models import CODE, ENGLISH, logits_agreement, positions, with_oracle
 
 from pyinfer.chat_template import GEMMA_TEMPLATE, ChatTemplate
-from pyinfer.pull import pull
 from pyinfer.runtime import Model
 
 NAME = "gemma3-270m"
-ENGLISH = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined "
-           "movable metal type with an oil-based ink and a wooden press. Within fifty years, printers in more "
-           "than two hundred cities had produced millions of books, and the price of a book fell")
-CODE = ('def merge_sorted(a, b):\n    """Merge two sorted lists into one sorted list."""\n    out, i, j = [], 0, 0\n'
-        "    while i < len(a) and j < len(b):\n        if a[i] <= b[j]:\n            out.append(a[i])\n")
 STRINGS = ["Hello world", "  leading and trailing spaces  ", "tabs\tand\nnewlines\n\n", "naïve café déjà vu",
            "数学と日本語のテキスト", "emoji 🦙🚀 and symbols ©®™", "1234567890 3.14159 -42", "x<y && y>z || !w",
            "<start_of_turn>user\nhi<end_of_turn>", "    def f(self):\n        return {'a': [1, 2]}",
@@ -30,10 +24,9 @@ STRINGS = ["Hello world", "  leading and trailing spaces  ", "tabs\tand\nnewline
 
 @pytest.fixture(scope="module")
 def gemma():
-    path = pull(NAME, progress=False)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
+    path, hf = with_oracle(NAME)
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return path, hf, tok, Model(path, n_ctx=512, kv_type="f32", n_threads=2)
 
@@ -41,15 +34,7 @@ def gemma():
 @pytest.mark.parametrize("text", [ENGLISH, CODE], ids=["english", "code"])
 def test_teacher_forced_top1_agrees_with_transformers(gemma, text, capsys):
     path, hf, _, model = gemma
-    import torch
-
-    tokens = model.tokenize(text)
-    tokens = (tokens * (64 // len(tokens) + 1))[:64]  # 64 positions
-    with torch.no_grad():
-        theirs = hf(torch.tensor([tokens])).logits[0].double().numpy()
-    ours = model.logits(tokens)
-    rate = float(np.mean(ours.argmax(-1) == theirs.argmax(-1)))
-    rel = float(np.linalg.norm(ours - theirs) / np.linalg.norm(theirs))
+    rate, rel = logits_agreement(model, hf, positions(model, text))
     with capsys.disabled():
         print(f"\nGemma-3-270M Q4_K_M: 64 positions, top-1 agreement with transformers {rate:.3f}, "
               f"relative logit error {rel:.5f}")

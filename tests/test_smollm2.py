@@ -2,11 +2,11 @@
 against transformers loading the same GGUF (dequantized to float32). The README's test command pulls it."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from real_models import greedy_answers, hf_logits, logits_agreement, top1_agreement, with_oracle
 
 import pyinfer.converters.convert_hf_to_powergguf as conv
-from pyinfer.pull import SMALLEST_MODEL, pull
+from pyinfer.pull import SMALLEST_MODEL
 from pyinfer.runtime import Model
 from pyinfer.sampling import SamplerParams
 
@@ -17,22 +17,7 @@ TEXT = ("The history of the printing press begins in the fifteenth century, when
 
 @pytest.fixture(scope="module")
 def smollm():
-    path = pull(SMALLEST_MODEL, progress=False)
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
-    return path, hf
-
-
-def _hf_logits(hf, tokens) -> np.ndarray:
-    import torch
-
-    with torch.no_grad():
-        return hf(torch.tensor([tokens])).logits[0].double().numpy()
-
-
-def _agreement(ours: np.ndarray, theirs: np.ndarray) -> float:
-    return float(np.mean(ours.argmax(-1) == theirs.argmax(-1)))
+    return with_oracle(SMALLEST_MODEL)
 
 
 @pytest.mark.parametrize("precise", [False, True])
@@ -40,9 +25,7 @@ def test_teacher_forced_top1_agrees_with_transformers(smollm, capsys, precise):
     path, hf = smollm
     model = Model(path, n_ctx=512, kv_type="f32", precise=precise)
     tokens = model.tokenize(TEXT)
-    ours, theirs = model.logits(tokens), _hf_logits(hf, tokens)
-    rate = _agreement(ours, theirs)
-    rel = float(np.linalg.norm(ours - theirs) / np.linalg.norm(theirs))
+    rate, rel = logits_agreement(model, hf, tokens)
     with capsys.disabled():
         print(f"\nSmolLM2-135M Q4_1, precise={precise}, {len(tokens)} positions: top-1 agreement with "
               f"transformers {rate:.3f}, relative logit error {rel:.5f}")
@@ -57,18 +40,10 @@ def test_first_question_at_temperature_0(smollm):
     first tokens ("The", "L") are 0.08 apart in float64; 8-bit activations flipped them, and the answer
     went on in French. Precise matmuls (the default for small models) answer as transformers does."""
     path, hf = smollm
-    from pyinfer.chat_template import ChatTemplate
-
     model = Model(path, n_ctx=512)
     assert model.precise  # "auto" for a model this small
-    prompt = ChatTemplate.from_tokenizer(model.tokenizer).encode(
-        model.tokenizer, [{"role": "user", "content": "What is the capital of France?"}])
-    ours = list(model.generate_tokens(prompt, 12, SamplerParams(temperature=0)))
-    import torch
-
-    with torch.no_grad():
-        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=len(ours), do_sample=False)
-    assert ours == theirs[0, len(prompt):].tolist()
+    ours, theirs = greedy_answers(model, hf, "What is the capital of France?", 12)
+    assert ours == theirs
     assert "Paris" in model.detokenize(ours)
 
 
@@ -92,7 +67,7 @@ def test_converted_powergguf_agrees(smollm, tmp_path, capsys):
     assert conv.main([str(path), "-o", str(out)]) == 0
     model = Model(out, n_ctx=512, kv_type="f32")
     tokens = model.tokenize(TEXT)
-    rate = _agreement(model.logits(tokens), _hf_logits(hf, tokens))
+    rate = top1_agreement(model.logits(tokens), hf_logits(hf, tokens))
     with capsys.disabled():
         print(f"\nSmolLM2-135M PowerGGUF (down_t Q8_0): top-1 agreement with transformers {rate:.3f}")
     assert rate >= 0.85

@@ -45,7 +45,7 @@ DEFAULT_SHARE = 0.1  # of GGUF cases mutate the real SmolLM2 file when it is ava
 @dataclass
 class Limits:
     timeout_s: float = 20.0
-    memory_mb: int = 4096
+    memory_mb: int = 4096  # address space a case may add to what the forked child starts with
 
 
 @dataclass
@@ -151,7 +151,11 @@ def _child(prepared: Prepared, workdir: str, limits: Limits) -> None:
     """Runs in the forked child: limits, output to files, the target, the result as JSON; never returns."""
     code = 0
     try:
-        memory = limits.memory_mb << 20
+        # on top of the parent's address space, which the fork inherits (a test process holding a 2 GB
+        # transformers model left a 2 GB absolute limit no room at all)
+        with open("/proc/self/statm") as f:
+            inherited = int(f.read().split()[0]) * resource.getpagesize()
+        memory = inherited + (limits.memory_mb << 20)
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         cpu = int(limits.timeout_s) + 5
