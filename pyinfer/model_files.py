@@ -39,5 +39,6 @@ def resolve_model(arg: str | os.PathLike[str] | None) -> str:
             convert(path, out, outtype="f16")
         return str(out)
     if not path.exists():
-        raise ModelFormatError(f"{path}: no such file or folder")
+        raise ModelFormatError(f"{path}: no such file or folder, nor a model `pyinfer pull` knows "
+                               f"({', '.join(sorted(REGISTRY))})")
     return str(path)

@@ -109,3 +109,5 @@ def test_model_argument_takes_a_pull_name(local_index, monkeypatch, tmp_path):
     assert resolve_model("fake") == str(model_path("fake", local_index))  # pulled on first use
     (tmp_path / "fake").write_bytes(b"GGUF")  # a file of that name is what the user means
     assert resolve_model("fake") == "fake"
+    with pytest.raises(PyInferError, match=r"no-such: no such file or folder, nor a model `pyinfer pull` knows \("):
+        resolve_model("no-such")
