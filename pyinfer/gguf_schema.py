@@ -234,6 +234,7 @@ ARCH_KEYS: dict[str, Kind] = {
     "attention.sliding_window": Int(0, MAX_SIZE),  # 0: none
     "attention.sliding_window_pattern": Int(0, MAX_LAYERS),
     "attention.scale": Float(positive=True),
+    "final_logit_softcapping": Float(lo=0.0),  # 0: none
 }
 
 # arrays whose length must equal another array's (the token array is the vocabulary)
