@@ -32,10 +32,11 @@ VARIANTS = {
     # Llama 3.1's long-context RoPE, shrunk: frequencies with wavelengths past 16 / 1 positions divided by 8
     "llama3_rope": ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}),
-    # layers 0 and 2 see the last 8 positions, layer 1 all; a softmax scale other than 1/sqrt(head_dim); linear
-    # RoPE scaling (as Gemma 3 4B+ have) on the global layer only
+    # layers 1 and 2 see the last 8 positions, layer 0 all (no every-n-th pattern: one flag per layer in the
+    # file); a softmax scale other than 1/sqrt(head_dim); linear RoPE scaling (as Gemma 3 4B+ have) on the
+    # global layer only
     "gemma3": ("gemma3", {"sliding_window": 8, "query_pre_attn_scalar": 24,
-                          "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                          "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
                           "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
     "opt": ("opt", {}),
     # Falcon-7B's layout (multi-query, one LayerNorm) and Falcon-40B's (grouped KV, two), GELU; ReLU-Falcon

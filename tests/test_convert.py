@@ -492,10 +492,12 @@ GEMMA_SIZES = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads
     {"num_hidden_layers": 7},  # nothing said: transformers' defaults (every 6th layer global, window 4096, ...)
     {"num_hidden_layers": 5, "sliding_window_pattern": 2, "sliding_window": 16},  # older configs: no layer_types
     {"num_hidden_layers": 4, "sliding_window_pattern": 1},  # every layer global
+    {"num_hidden_layers": 4, "layer_types": ["sliding_attention", "full_attention", "full_attention",
+                                             "sliding_attention"]},  # no every-n-th rule: one flag per layer
     {"num_hidden_layers": 4, "head_dim": 16, "query_pre_attn_scalar": 32, "sliding_window": 100,
      "rope_local_base_freq": 5000.0, "rope_theta": 20000.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
      "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]},
-], ids=["defaults", "pattern", "all-global", "explicit"])
+], ids=["defaults", "pattern", "all-global", "flags", "explicit"])
 def test_gemma3_config_read_as_transformers_reads_it(config):
     """A Gemma 3 config.json, through the converter's metadata into ModelConfig, against what transformers'
     Gemma3TextConfig makes of the same file: which layers are windowed, the window, each layer's RoPE base
@@ -523,9 +525,7 @@ def test_gemma3_config_read_as_transformers_reads_it(config):
 def test_gemma3_config_refusals(capsys):
     for extra, words in [({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
                          ({"rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0}}},
-                          "sliding-window layers"),
-                         ({"layer_types": ["sliding_attention", "full_attention", "full_attention"]},
-                          "every n-th layer global")]:
+                          "sliding-window layers")]:
         with pytest.raises(conv.UnsupportedError, match=words):
             conv._hparams({**GEMMA_SIZES, "num_hidden_layers": 3, **extra}, "gemma3")
 
@@ -547,3 +547,20 @@ def test_gemma3_gguf_scale_and_softcap_as_llama_cpp(n_layer):
     with pytest.raises(UnsupportedError, match="^gemma3.final_logit_softcapping is not supported$"):
         ModelConfig.from_metadata({**meta, "gemma3.final_logit_softcapping": 30.0})
     assert ModelConfig.from_metadata({**meta, "gemma3.final_logit_softcapping": 0.0})
+
+
+def test_gemma3_window_flags_are_checked():
+    """llama.cpp's per-layer form of attention.sliding_window_pattern: booleans, one per layer."""
+    from pyinfer.errors import ModelFormatError
+    from pyinfer.model_config import ModelConfig
+
+    hp = conv._hparams({**GEMMA_SIZES, "num_hidden_layers": 3}, "gemma3")
+    meta = {k: v for k, v, *_ in conv._arch_kv("gemma3", hp, "t", Q.F32)}
+    meta["general.architecture"] = "gemma3"
+    key = "gemma3.attention.sliding_window_pattern"
+    cfg = ModelConfig.from_metadata({**meta, key: [False, True, False]})
+    assert [cfg.windowed(i) for i in range(3)] == [False, True, False]
+    with pytest.raises(ModelFormatError, match="has 2 flags for 3 layers"):
+        ModelConfig.from_metadata({**meta, key: [True, False]})
+    with pytest.raises(ModelFormatError, match="expected an integer .* or an array"):
+        ModelConfig.from_metadata({**meta, key: [1, 0, 1]})

@@ -184,11 +184,9 @@ def _gemma3(config: dict[str, Any], head_dim: int) -> dict[str, Any]:
     if len(kinds) != n_layer or set(kinds) - {"sliding_attention", "full_attention"}:
         raise UnsupportedError("layer_types must name sliding_attention or full_attention for every layer")
     full = [k == "full_attention" for k in kinds]
-    # the pattern ModelConfig.windowed reads: every n-th layer global, or (0) none
+    # llama.cpp's short form when it fits (every n-th layer global, or 0: none), else one flag per layer
     pattern = next((n for n in range(1, n_layer + 1) if full == [i % n == n - 1 for i in range(n_layer)]),
-                   0 if not any(full) else None)
-    if pattern is None:
-        raise UnsupportedError(f"layer_types {kinds} are not every n-th layer global, as llama.cpp's Gemma 3 has")
+                   0 if not any(full) else [not f for f in full])
     local = (config.get("rope_parameters") or {}).get("sliding_attention") or {}
     if (local.get("rope_type") or "default") != "default":
         raise UnsupportedError(f"Gemma 3 with rope_type {local['rope_type']!r} on its sliding-window layers is not "
@@ -337,8 +335,11 @@ def _arch_kv(arch: str, hp: dict[str, Any], name: str, outtype: Q) -> list[KV]:
     if arch == "gemma3":
         kv += [(f"{arch}.attention.sliding_window", hp["sliding_window"], u32, None),
                (f"{arch}.rope.freq_base_swa", hp["rope_theta_swa"], f32, None)]
-        if hp["swa_pattern"] != 6:  # llama.cpp's rule for Gemma 3 files without the key
-            kv.append((f"{arch}.attention.sliding_window_pattern", hp["swa_pattern"], u32, None))
+        pattern = hp["swa_pattern"]
+        if isinstance(pattern, list):
+            kv.append((f"{arch}.attention.sliding_window_pattern", pattern, GGUFValueType.ARRAY, GGUFValueType.BOOL))
+        elif pattern != 6:  # llama.cpp's rule for Gemma 3 files without the key
+            kv.append((f"{arch}.attention.sliding_window_pattern", pattern, u32, None))
         # always: a reader's default depends on the layer count (llama.cpp's rule for the 27B)
         kv.append((f"{arch}.attention.scale", hp["attn_scale"], f32, None))
     return kv
