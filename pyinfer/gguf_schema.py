@@ -178,6 +178,20 @@ class Array(Kind):
         return value
 
 
+@dataclass(frozen=True)
+class Either(Kind):
+    """A value of one of `kinds` (llama.cpp reads some keys in two forms)."""
+
+    kinds: tuple[Kind, ...]
+
+    @property
+    def expected(self) -> str:
+        return " or ".join(k.expected for k in self.kinds)
+
+    def ok(self, v: Any) -> bool:
+        return any(k.ok(v) for k in self.kinds)
+
+
 SIZE = Int(1, MAX_SIZE)
 TOKEN_ID = Int(0, 2**32 - 1)  # below n_vocab: checked by check_metadata once the vocabulary is known
 
@@ -232,8 +246,10 @@ ARCH_KEYS: dict[str, Kind] = {
     "rope.freq_base_swa": Float(positive=True),
     "attention.value_length": SIZE,
     "attention.sliding_window": Int(0, MAX_SIZE),  # 0: none
-    "attention.sliding_window_pattern": Int(0, MAX_LAYERS),
+    # every n-th layer global (0: none), or llama.cpp's other form: one flag per layer, true = windowed
+    "attention.sliding_window_pattern": Either((Int(0, MAX_LAYERS), Array(Bool(), max_len=MAX_LAYERS))),
     "attention.scale": Float(positive=True),
+    "final_logit_softcapping": Float(lo=0.0),  # 0: none
 }
 
 # arrays whose length must equal another array's (the token array is the vocabulary)

@@ -33,8 +33,9 @@ class ModelConfig:
     geglu = gelu_tanh(gate)*up, relu = relu(up) and gelu = gelu_tanh(up) with no gate (OPT, Falcon).
     rope_scale: linear position scaling; positions are divided by it (1.0 = none).
     sliding_window: > 0: windowed layers see the last sliding_window positions only (Mistral, Gemma 3);
-    swa_pattern: > 0: every swa_pattern-th layer (il % swa_pattern == swa_pattern - 1) is global, the others
-    windowed (Gemma 3: 6); 0: all layers windowed. rope_base_swa: the windowed layers' RoPE base.
+    swa_layers: which layers are windowed (Gemma 3: all but every 6th; empty: all). rope_base_swa,
+    rope_scale_swa: the windowed layers' RoPE
+    base and linear scaling (Gemma 3's local layers are never scaled: llama.cpp's rope_freq_scale_train_swa).
     attn_scale: the softmax scale of q.k; embed_scale: token embeddings are multiplied by it (Gemma).
     """
 
@@ -62,22 +63,22 @@ class ModelConfig:
     qk_norm: bool = False  # RMSNorm of each head's q and k (Qwen3, Gemma 3)
     post_norms: bool = False  # norms after attention and after the FFN too (Gemma 3)
     sliding_window: int = 0
-    swa_pattern: int = 0
+    swa_layers: tuple[bool, ...] = ()
     rope_base_swa: float = 10000.0
+    rope_scale_swa: float = 1.0
     attn_scale: float = 0.0  # 0: 1 / sqrt(head_dim)
     embed_scale: float = 1.0
 
     def windowed(self, il: int) -> bool:
         """Whether layer il attends over the sliding window (else over the whole context)."""
-        if not self.sliding_window:
-            return False
-        return not self.swa_pattern or il % self.swa_pattern != self.swa_pattern - 1
+        return self.sliding_window > 0 and (not self.swa_layers or self.swa_layers[il])
 
     def layer_window(self, il: int) -> int:
         return self.sliding_window if self.windowed(il) else 0
 
-    def layer_rope_base(self, il: int) -> float:
-        return self.rope_base_swa if self.windowed(il) else self.rope_base
+    def layer_rope(self, il: int) -> tuple[float, float]:
+        """Layer il's RoPE base and linear scale (positions are divided by it)."""
+        return (self.rope_base_swa, self.rope_scale_swa) if self.windowed(il) else (self.rope_base, self.rope_scale)
 
     @property
     def softmax_scale(self) -> float:
@@ -129,6 +130,11 @@ class ModelConfig:
         scaling = key("rope.scaling.type", "none")
         if scaling not in ("none", "linear"):
             raise UnsupportedError(f"unsupported rope scaling {scaling!r}; supported: none, linear")
+        rope_scale = float(key("rope.scaling.factor", 1.0) or 1.0) if scaling == "linear" else 1.0
+        if key("final_logit_softcapping", 0.0):
+            raise UnsupportedError(f"{arch}.final_logit_softcapping is not supported")
+        n_layer_27b = 62  # llama.cpp's Gemma 3 27B (by its layer count) scales q by 1/sqrt(n_embd / n_head)
+        attn_scale = 1.0 / math.sqrt(n_embd / n_head) if arch == "gemma3" and n_layer == n_layer_27b else 0.0
         names = set(tensor_names) if tensor_names is not None else None
 
         def has(name: str, default: bool) -> bool:
@@ -148,7 +154,7 @@ class ModelConfig:
             norm_eps=float(key(eps_key)),
             rope_mode=rope_mode,
             rope_base=float(key("rope.freq_base", 10000.0)),
-            rope_scale=float(key("rope.scaling.factor", 1.0) or 1.0) if scaling == "linear" else 1.0,
+            rope_scale=rope_scale,
             n_rot=int(key("rope.dimension_count", head_dim)) if rope_mode else 0,
             ffn_kind=str(meta.get("pyinfer.ffn_kind", default_ffn)),
             tied_embeddings=not has("output.weight", arch != "opt"),
@@ -159,11 +165,13 @@ class ModelConfig:
             qk_norm=has("blk.0.attn_q_norm.weight", arch in ("qwen3", "gemma3")),
             post_norms=arch == "gemma3",
             sliding_window=int(key("attention.sliding_window", 0)),
-            swa_pattern=int(key("attention.sliding_window_pattern", 6 if arch == "gemma3" else 0)),
+            swa_layers=_swa_layers(key("attention.sliding_window_pattern", 6 if arch == "gemma3" else 0), n_layer,
+                                   f"{arch}.attention.sliding_window_pattern"),
             # llama.cpp's Gemma 3 files carry no local base: it is 10000 there
             rope_base_swa=float(key("rope.freq_base_swa", 10000.0 if arch == "gemma3" else
                                     key("rope.freq_base", 10000.0))),
-            attn_scale=float(key("attention.scale", 0.0)),
+            rope_scale_swa=1.0 if arch == "gemma3" else rope_scale,
+            attn_scale=float(key("attention.scale", attn_scale)),
             embed_scale=math.sqrt(n_embd) if arch == "gemma3" else 1.0,
         )
         cfg._check()
@@ -186,3 +194,13 @@ class ModelConfig:
             raise UnsupportedError(f"ffn kind {self.ffn_kind!r} does not fit architecture {self.arch}")
         if self.norm_eps <= 0:
             raise ModelFormatError(f"bad norm epsilon {self.norm_eps}")
+
+
+def _swa_layers(pattern: int | list[bool], n_layer: int, name: str) -> tuple[bool, ...]:
+    """Which layers are windowed, from llama.cpp's two forms of the key: every n-th layer global (as its
+    set_swa_pattern: layer il windowed where il % n < n - 1; 0: all windowed), or one flag per layer."""
+    if isinstance(pattern, list):
+        if len(pattern) != n_layer:
+            raise ModelFormatError(f"{name} has {len(pattern)} flags for {n_layer} layers")
+        return tuple(pattern)
+    return tuple(not pattern or il % pattern < pattern - 1 for il in range(n_layer))

@@ -27,14 +27,15 @@ def _norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, cfg: ModelConfig) 
     return y + b if b is not None else y
 
 
-def _rope(x: np.ndarray, pos: np.ndarray, cfg: ModelConfig, base: float, factors: np.ndarray | None) -> np.ndarray:
-    """Rotate the first n_rot dims of every head of x (n_tokens, n_heads, head_dim); factors: Llama 3's
-    per-frequency divisors (rope_freqs), or None."""
+def _rope(x: np.ndarray, pos: np.ndarray, cfg: ModelConfig, il: int, factors: np.ndarray | None) -> np.ndarray:
+    """Rotate the first n_rot dims of every head of x (n_tokens, n_heads, head_dim) as layer il does; factors:
+    Llama 3's per-frequency divisors (rope_freqs), or None."""
+    base, scale = cfg.layer_rope(il)
     half = cfg.n_rot // 2
     freq = base ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.n_rot)  # (half,)
     if factors is not None:
         freq = freq / factors[:half]
-    theta = (pos[:, None] / cfg.rope_scale) * freq[None, :]  # (n_tokens, half)
+    theta = (pos[:, None] / scale) * freq[None, :]  # (n_tokens, half)
     cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]  # (n_tokens, 1, half)
     out = x.copy()
     if cfg.rope_mode == "normal":
@@ -147,8 +148,7 @@ def reference_logits(gguf_file: GGUFFile, tokens: list[int],
             q = _norm(q, w(blk + "attn_q_norm.weight"), None, cfg)
             k = _norm(k, w(blk + "attn_k_norm.weight"), None, cfg)
         if cfg.rope_mode:
-            base = cfg.layer_rope_base(il)
-            q, k = _rope(q, pos, cfg, base, factors), _rope(k, pos, cfg, base, factors)
+            q, k = _rope(q, pos, cfg, il, factors), _rope(k, pos, cfg, il, factors)
         a = linear(_attention(q, k, v, cfg, cfg.layer_window(il)), blk + "attn_output")  # (T, n_embd)
         if cfg.post_norms:
             a = _norm(a, w(blk + "post_attention_norm.weight"), None, cfg)

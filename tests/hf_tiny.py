@@ -32,9 +32,12 @@ VARIANTS = {
     # Llama 3.1's long-context RoPE, shrunk: frequencies with wavelengths past 16 / 1 positions divided by 8
     "llama3_rope": ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}),
-    # layers 0 and 2 see the last 8 positions, layer 1 all; a softmax scale other than 1/sqrt(head_dim)
+    # layers 1 and 2 see the last 8 positions, layer 0 all (no every-n-th pattern: one flag per layer in the
+    # file); a softmax scale other than 1/sqrt(head_dim); linear RoPE scaling (as Gemma 3 4B+ have) on the
+    # global layer only
     "gemma3": ("gemma3", {"sliding_window": 8, "query_pre_attn_scalar": 24,
-                          "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}),
+                          "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+                          "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
     "opt": ("opt", {}),
     # Falcon-7B's layout (multi-query, one LayerNorm) and Falcon-40B's (grouped KV, two), GELU; ReLU-Falcon
     "falcon_7b": ("falcon", {"multi_query": True, "new_decoder_architecture": False,
@@ -134,9 +137,11 @@ def _rotary_f64(model: torch.nn.Module) -> None:
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
     def inv_freq(params: dict) -> torch.Tensor:
-        if params.get("rope_type", "default") != "default":  # scaled (Llama 3): transformers' own, float32-rounded
+        kind = params.get("rope_type", "default")
+        if kind not in ("default", "linear"):  # scaled (Llama 3): transformers' own, float32-rounded
             return rot.inv_freq.double()
-        return params["rope_theta"] ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (hd/2,)
+        freq = params["rope_theta"] ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (hd/2,)
+        return freq / params["factor"] if kind == "linear" else freq
 
     def forward(x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None):
         params = cfg.rope_parameters[layer_type] if layer_type else cfg.rope_parameters  # Gemma 3: per kind

@@ -482,3 +482,85 @@ def test_sentencepiece_vocab(tmp_path):
     types = meta["tokenizer.ggml.token_type"]
     assert types[sp.unk_id()] == 2 and types[sp.bos_id()] == 3 and types[sp.piece_to_id("<0x41>")] == 6
     assert meta["tokenizer.ggml.bos_token_id"] == sp.bos_id() and meta["tokenizer.ggml.eos_token_id"] == sp.eos_id()
+
+
+GEMMA_SIZES = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 300,
+               "max_position_embeddings": 64, "rms_norm_eps": 1e-6}
+
+
+@pytest.mark.parametrize("config", [
+    {"num_hidden_layers": 7},  # nothing said: transformers' defaults (every 6th layer global, window 4096, ...)
+    {"num_hidden_layers": 5, "sliding_window_pattern": 2, "sliding_window": 16},  # older configs: no layer_types
+    {"num_hidden_layers": 4, "sliding_window_pattern": 1},  # every layer global
+    {"num_hidden_layers": 4, "layer_types": ["sliding_attention", "full_attention", "full_attention",
+                                             "sliding_attention"]},  # no every-n-th rule: one flag per layer
+    {"num_hidden_layers": 4, "head_dim": 16, "query_pre_attn_scalar": 32, "sliding_window": 100,
+     "rope_local_base_freq": 5000.0, "rope_theta": 20000.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+     "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]},
+], ids=["defaults", "pattern", "all-global", "flags", "explicit"])
+def test_gemma3_config_read_as_transformers_reads_it(config):
+    """A Gemma 3 config.json, through the converter's metadata into ModelConfig, against what transformers'
+    Gemma3TextConfig makes of the same file: which layers are windowed, the window, each layer's RoPE base
+    and linear scale, the softmax scale, the head size."""
+    import transformers as T
+
+    from pyinfer.model_config import ModelConfig
+
+    config = {**GEMMA_SIZES, **config}
+    theirs = T.Gemma3TextConfig(**json.loads(json.dumps(config)))
+    hp = conv._hparams(config, "gemma3")
+    meta = {k: v for k, v, *_ in conv._arch_kv("gemma3", hp, "t", Q.F32)}
+    ours = ModelConfig.from_metadata({**meta, "general.architecture": "gemma3"})
+    assert ours.head_dim == theirs.head_dim
+    assert [ours.windowed(i) for i in range(ours.n_layer)] == [t == "sliding_attention" for t in theirs.layer_types]
+    if any(ours.windowed(i) for i in range(ours.n_layer)):
+        assert ours.sliding_window == theirs.sliding_window
+    for il, kind in enumerate(theirs.layer_types):
+        params = theirs.rope_parameters[kind]
+        want = (params["rope_theta"], params.get("factor", 1.0) if params["rope_type"] == "linear" else 1.0)
+        assert ours.layer_rope(il) == pytest.approx(want, rel=1e-7), il
+    assert ours.softmax_scale == pytest.approx(theirs.query_pre_attn_scalar ** -0.5, rel=1e-7)
+
+
+def test_gemma3_config_refusals(capsys):
+    for extra, words in [({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+                         ({"rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0}}},
+                          "sliding-window layers")]:
+        with pytest.raises(conv.UnsupportedError, match=words):
+            conv._hparams({**GEMMA_SIZES, "num_hidden_layers": 3, **extra}, "gemma3")
+
+
+@pytest.mark.parametrize("n_layer", [18, 62])
+def test_gemma3_gguf_scale_and_softcap_as_llama_cpp(n_layer):
+    """llama.cpp's Gemma 3 files carry no attention.scale: it is 1/sqrt(head_dim), but 1/sqrt(n_embd / n_head)
+    for the 27B (62 layers), as llama.cpp computes it; a final logit softcap (which llama.cpp reads) is refused
+    in one line rather than ignored."""
+    from pyinfer.errors import UnsupportedError
+    from pyinfer.model_config import ModelConfig
+
+    hp = conv._hparams({**GEMMA_SIZES, "num_hidden_layers": n_layer, "head_dim": 32}, "gemma3")
+    meta = {k: v for k, v, *_ in conv._arch_kv("gemma3", hp, "t", Q.F32) if k != "gemma3.attention.scale"}
+    meta["general.architecture"] = "gemma3"
+    want = 1 / np.sqrt(64 / 4) if n_layer == 62 else 1 / np.sqrt(32)
+    assert ModelConfig.from_metadata(meta).softmax_scale == pytest.approx(want)
+    assert ModelConfig.from_metadata({**meta, "gemma3.attention.scale": 0.5}).softmax_scale == 0.5
+    with pytest.raises(UnsupportedError, match="^gemma3.final_logit_softcapping is not supported$"):
+        ModelConfig.from_metadata({**meta, "gemma3.final_logit_softcapping": 30.0})
+    assert ModelConfig.from_metadata({**meta, "gemma3.final_logit_softcapping": 0.0})
+
+
+def test_gemma3_window_flags_are_checked():
+    """llama.cpp's per-layer form of attention.sliding_window_pattern: booleans, one per layer."""
+    from pyinfer.errors import ModelFormatError
+    from pyinfer.model_config import ModelConfig
+
+    hp = conv._hparams({**GEMMA_SIZES, "num_hidden_layers": 3}, "gemma3")
+    meta = {k: v for k, v, *_ in conv._arch_kv("gemma3", hp, "t", Q.F32)}
+    meta["general.architecture"] = "gemma3"
+    key = "gemma3.attention.sliding_window_pattern"
+    cfg = ModelConfig.from_metadata({**meta, key: [False, True, False]})
+    assert [cfg.windowed(i) for i in range(3)] == [False, True, False]
+    with pytest.raises(ModelFormatError, match="has 2 flags for 3 layers"):
+        ModelConfig.from_metadata({**meta, key: [True, False]})
+    with pytest.raises(ModelFormatError, match="expected an integer .* or an array"):
+        ModelConfig.from_metadata({**meta, key: [1, 0, 1]})

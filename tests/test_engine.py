@@ -112,13 +112,18 @@ def test_batches_and_cache_reuse_give_the_same_logits(tiny):
     np.testing.assert_allclose(last, whole[10:], rtol=0, atol=1e-5 * np.abs(whole).max())
 
 
-def test_plain_gguf_runs_like_powergguf(tiny):
-    """A llama.cpp GGUF (ffn_down, no pyinfer keys) runs directly; llama.cpp's format has no activation
-    key, so this holds for SwiGLU models."""
-    _, power, dense = tiny("llama_silu")
+@pytest.mark.parametrize("variant", ["llama_silu", "qwen3", "mistral", "gemma3"])
+def test_plain_gguf_runs_like_powergguf(tiny, tmp_path, variant):
+    """A llama.cpp GGUF (ffn_down, no pyinfer keys), as real files of these families come, runs directly and
+    converts (GGUF input) to a PowerGGUF that runs the same; llama.cpp's format has no activation key, so this
+    holds for the architectures' own FFNs (SwiGLU; Gemma's GeGLU)."""
+    _, power, dense = tiny(variant)
+    again = str(tmp_path / "again.gguf")
+    assert conv.main([dense, "-o", again]) == 0
     a = Model(power, n_ctx=64, kv_type="f32").logits(PROMPTS[2])
-    b = Model(dense, n_ctx=64, kv_type="f32").logits(PROMPTS[2])
-    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(a).max())
+    for path in (dense, again):
+        b = Model(path, n_ctx=64, kv_type="f32").logits(PROMPTS[2])
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(a).max())
 
 
 def test_f16_kv_cache_close_to_f32(tiny):

@@ -15,7 +15,7 @@ from pyinfer.gguf_file import GGUFFile
 from pyinfer.reference import reference_ffn_activations
 
 
-@pytest.fixture(scope="module", params=["llama_relu", "llama_silu"])
+@pytest.fixture(scope="module", params=["llama_relu", "llama_silu", "gemma3"])
 def tiny(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     build(request.param, str(folder / "hf"))

@@ -67,17 +67,18 @@ def _need(config: dict[str, Any], key: str) -> Any:
     return config[key]
 
 
-def _rope_params(config: dict[str, Any], layer_kind: str = "full_attention") -> dict[str, Any]:
-    """rope_parameters / rope_scaling (Gemma 3 keeps one set per layer_kind); {} for none."""
+def _rope_params(config: dict[str, Any]) -> dict[str, Any]:
+    """rope_parameters / rope_scaling (of Gemma 3's one set per kind of layer: the global layers'); {} for none."""
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    return params.get(layer_kind) or params
+    return params.get("full_attention") or params
 
 
-def _rope(config: dict[str, Any], layer_kind: str = "full_attention") -> tuple[float, float | None]:
-    """(rope base, linear scaling factor or None); Llama 3's scaling is frequency factors (_llama3_factors)."""
-    params = _rope_params(config, layer_kind)
+def _rope(config: dict[str, Any], theta: float = 10000.0) -> tuple[float, float | None]:
+    """(rope base, linear scaling factor or None), theta the base when config.json has none; Llama 3's scaling
+    is frequency factors (_llama3_factors)."""
+    params = _rope_params(config)
     kind = params.get("rope_type") or params.get("type") or "default"
-    theta = float(params.get("rope_theta") or config.get("rope_theta") or 10000.0)
+    theta = float(params.get("rope_theta") or config.get("rope_theta") or theta)
     if kind in ("default", "llama3"):
         return theta, None
     if kind == "linear":
@@ -130,8 +131,9 @@ def _hparams(config: dict[str, Any], arch: str) -> dict[str, Any]:
     if act not in acts:
         raise UnsupportedError(f"{arch} with hidden_act {act!r} is not supported; supported: {', '.join(acts)}")
     n_embd, n_head = int(_need(config, "hidden_size")), int(_need(config, "num_attention_heads"))
-    theta, factor = _rope(config)
-    head_dim = int(config.get("head_dim") or n_embd // max(n_head, 1))
+    gemma = arch == "gemma3"  # transformers' Gemma3TextConfig defaults: global base 1e6, head_dim 256
+    theta, factor = _rope(config, 1e6 if gemma else 10000.0)
+    head_dim = int(config.get("head_dim") or (256 if gemma else n_embd // max(n_head, 1)))
     return {"rope_freqs": _llama3_factors(config, head_dim, theta),
             "n_embd": n_embd, "n_ff": int(_need(config, "intermediate_size")),
             "n_layer": int(_need(config, "num_hidden_layers")), "n_head": n_head,
@@ -143,7 +145,7 @@ def _hparams(config: dict[str, Any], arch: str) -> dict[str, Any]:
             "qkv_bias": arch == "qwen2" or bool(config.get("attention_bias")),
             "out_bias": bool(config.get("attention_bias")), "ffn_bias": bool(config.get("mlp_bias")),
             "qk_norm": arch in ("qwen3", "gemma3"), "sliding_window": int(config.get("sliding_window") or 0),
-            **(_gemma3(config, n_head) if arch == "gemma3" else {})}
+            **(_gemma3(config, head_dim) if gemma else {})}
 
 
 def _falcon(config: dict[str, Any]) -> dict[str, Any]:
@@ -170,25 +172,29 @@ def _falcon(config: dict[str, Any]) -> dict[str, Any]:
             "out_bias": bias, "ffn_bias": bias, "qk_norm": False, "sliding_window": 0, "two_norms": new_arch}
 
 
-def _gemma3(config: dict[str, Any], n_head: int) -> dict[str, Any]:
-    """Gemma 3's extras: the sliding window and which layers have it, the local RoPE base, the softmax scale."""
+def _gemma3(config: dict[str, Any], head_dim: int) -> dict[str, Any]:
+    """Gemma 3's extras: the sliding window and which layers have it, the local RoPE base, the softmax scale
+    (defaults as transformers' Gemma3TextConfig has them)."""
+    if config.get("use_bidirectional_attention"):
+        raise UnsupportedError("Gemma 3 with use_bidirectional_attention (an embedding model) is not supported")
     n_layer = int(_need(config, "num_hidden_layers"))
-    kinds = config.get("layer_types") or ["sliding_attention"] * n_layer
+    every = int(config.get("sliding_window_pattern") or 6)  # older configs: every n-th layer global
+    kinds = config.get("layer_types") or ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
+                                          for i in range(n_layer)]
     if len(kinds) != n_layer or set(kinds) - {"sliding_attention", "full_attention"}:
         raise UnsupportedError("layer_types must name sliding_attention or full_attention for every layer")
     full = [k == "full_attention" for k in kinds]
-    # the pattern ModelConfig.windowed reads: every n-th layer global, or (0) none
+    # llama.cpp's short form when it fits (every n-th layer global, or 0: none), else one flag per layer
     pattern = next((n for n in range(1, n_layer + 1) if full == [i % n == n - 1 for i in range(n_layer)]),
-                   0 if not any(full) else None)
-    if pattern is None:
-        raise UnsupportedError(f"layer_types {kinds} are not every n-th layer global, as llama.cpp's Gemma 3 has")
-    head_dim = int(config.get("head_dim") or 256)
-    scalar = float(config.get("query_pre_attn_scalar") or head_dim)
-    local_theta = _rope(config, "sliding_attention")[0] if config.get("rope_parameters") else float(
-        config.get("rope_local_base_freq") or 10000.0)
-    return {"sliding_window": int(config.get("sliding_window") or 0) if any(not f for f in full) else 0,
-            "swa_pattern": pattern, "rope_theta_swa": local_theta,
-            "attn_scale": None if scalar == head_dim else scalar ** -0.5}
+                   0 if not any(full) else [not f for f in full])
+    local = (config.get("rope_parameters") or {}).get("sliding_attention") or {}
+    if (local.get("rope_type") or "default") != "default":
+        raise UnsupportedError(f"Gemma 3 with rope_type {local['rope_type']!r} on its sliding-window layers is not "
+                               "supported (only default)")
+    local_theta = float(local.get("rope_theta") or config.get("rope_local_base_freq") or 10000.0)
+    window = int(config.get("sliding_window") or 4096)
+    return {"sliding_window": window if any(not f for f in full) else 0, "swa_pattern": pattern,
+            "rope_theta_swa": local_theta, "attn_scale": float(config.get("query_pre_attn_scalar") or 256) ** -0.5}
 
 
 # ----------------------------------------------------------------------------
@@ -329,10 +335,13 @@ def _arch_kv(arch: str, hp: dict[str, Any], name: str, outtype: Q) -> list[KV]:
     if arch == "gemma3":
         kv += [(f"{arch}.attention.sliding_window", hp["sliding_window"], u32, None),
                (f"{arch}.rope.freq_base_swa", hp["rope_theta_swa"], f32, None)]
-        if hp["swa_pattern"] != 6:  # llama.cpp's rule for Gemma 3 files without the key
-            kv.append((f"{arch}.attention.sliding_window_pattern", hp["swa_pattern"], u32, None))
-        if hp["attn_scale"] is not None:
-            kv.append((f"{arch}.attention.scale", hp["attn_scale"], f32, None))
+        pattern = hp["swa_pattern"]
+        if isinstance(pattern, list):
+            kv.append((f"{arch}.attention.sliding_window_pattern", pattern, GGUFValueType.ARRAY, GGUFValueType.BOOL))
+        elif pattern != 6:  # llama.cpp's rule for Gemma 3 files without the key
+            kv.append((f"{arch}.attention.sliding_window_pattern", pattern, u32, None))
+        # always: a reader's default depends on the layer count (llama.cpp's rule for the 27B)
+        kv.append((f"{arch}.attention.scale", hp["attn_scale"], f32, None))
     return kv
 
 

@@ -130,6 +130,8 @@ CONFIG = Obj(tuple({
     "layer_norm_epsilon": Float(hi=1.0, positive=True),
     "sliding_window": SIZE,
     "layer_types": Array(Str(64), min_len=0),
+    "sliding_window_pattern": Int(1, MAX_LAYERS),
+    "use_bidirectional_attention": Bool(),
     "query_pre_attn_scalar": Float(positive=True),
     "hidden_activation": Str(64),
     "rope_local_base_freq": Float(positive=True),
