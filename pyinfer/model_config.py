@@ -31,7 +31,8 @@ class ModelConfig:
 
     ffn_kind: swiglu = silu(gate)*up, reglu = relu(gate)*up, drelu = relu(gate)*relu(up),
     geglu = gelu_tanh(gate)*up, relu = relu(up) and gelu = gelu_tanh(up) with no gate (OPT, Falcon).
-    rope_scale: linear position scaling; positions are divided by it (1.0 = none).
+    rope_scale: position scaling; positions are divided by it (1.0 = none); with yarn_ext_factor > 0 it is YaRN's
+    factor (see rope_args).
     sliding_window: > 0: windowed layers see the last sliding_window positions only (Mistral, Gemma 3);
     swa_pattern: > 0: every swa_pattern-th layer (il % swa_pattern == swa_pattern - 1) is global, the others
     windowed (Gemma 3: 6); 0: all layers windowed. rope_base_swa: the windowed layers' RoPE base.
@@ -66,6 +67,13 @@ class ModelConfig:
     rope_base_swa: float = 10000.0
     attn_scale: float = 0.0  # 0: 1 / sqrt(head_dim)
     embed_scale: float = 1.0
+    # YaRN (rope.scaling.type yarn): ext_factor > 0, the trained context, the ramp's betas, and attn_factor, the
+    # total multiplier of cos and sin (llama.cpp's rope.scaling.yarn_attn_factor, transformers' attention_factor)
+    yarn_ext_factor: float = 0.0
+    yarn_orig_ctx: int = 0
+    yarn_attn_factor: float = 1.0
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
 
     def windowed(self, il: int) -> bool:
         """Whether layer il attends over the sliding window (else over the whole context)."""
@@ -78,6 +86,16 @@ class ModelConfig:
 
     def layer_rope_base(self, il: int) -> float:
         return self.rope_base_swa if self.windowed(il) else self.rope_base
+
+    def rope_args(self) -> dict[str, Any]:
+        """The rope op's frequency scale and YaRN arguments (ggml.Context.rope's keywords)."""
+        args = {"freq_scale": 1.0 / self.rope_scale}
+        if self.yarn_ext_factor:
+            # ggml's YaRN multiplies attn_factor by 1 + 0.1 ln(factor); the file's attn_factor is the total
+            args.update(n_ctx_orig=self.yarn_orig_ctx, ext_factor=self.yarn_ext_factor,
+                        attn_factor=self.yarn_attn_factor / (1.0 + 0.1 * math.log(self.rope_scale)),
+                        beta_fast=self.yarn_beta_fast, beta_slow=self.yarn_beta_slow)
+        return args
 
     @property
     def softmax_scale(self) -> float:
@@ -127,8 +145,10 @@ class ModelConfig:
             n_vocab = len(tokens)
         eps_key = "attention.layer_norm_rms_epsilon" if norm_kind == "rms" else "attention.layer_norm_epsilon"
         scaling = key("rope.scaling.type", "none")
-        if scaling not in ("none", "linear"):
-            raise UnsupportedError(f"unsupported rope scaling {scaling!r}; supported: none, linear")
+        if scaling not in ("none", "linear", "yarn"):
+            raise UnsupportedError(f"unsupported rope scaling {scaling!r}; supported: none, linear, yarn")
+        scale = float(key("rope.scaling.factor", 1.0) or 1.0) if scaling != "none" else 1.0
+        yarn = scaling == "yarn"
         names = set(tensor_names) if tensor_names is not None else None
 
         def has(name: str, default: bool) -> bool:
@@ -148,7 +168,7 @@ class ModelConfig:
             norm_eps=float(key(eps_key)),
             rope_mode=rope_mode,
             rope_base=float(key("rope.freq_base", 10000.0)),
-            rope_scale=float(key("rope.scaling.factor", 1.0) or 1.0) if scaling == "linear" else 1.0,
+            rope_scale=scale,
             n_rot=int(key("rope.dimension_count", head_dim)) if rope_mode else 0,
             ffn_kind=str(meta.get("pyinfer.ffn_kind", default_ffn)),
             tied_embeddings=not has("output.weight", arch != "opt"),
@@ -165,6 +185,12 @@ class ModelConfig:
                                     key("rope.freq_base", 10000.0))),
             attn_scale=float(key("attention.scale", 0.0)),
             embed_scale=math.sqrt(n_embd) if arch == "gemma3" else 1.0,
+            yarn_ext_factor=float(key("rope.scaling.yarn_ext_factor", 1.0)) if yarn else 0.0,
+            yarn_orig_ctx=int(key("rope.scaling.original_context_length", key("context_length"))) if yarn else 0,
+            # transformers' default: 1 + 0.1 ln(factor) (1 for factors <= 1)
+            yarn_attn_factor=float(key("rope.scaling.yarn_attn_factor", 1.0 + 0.1 * math.log(max(scale, 1.0)))),
+            yarn_beta_fast=float(key("rope.scaling.yarn_beta_fast", 32.0)),
+            yarn_beta_slow=float(key("rope.scaling.yarn_beta_slow", 1.0)),
         )
         cfg._check()
         return cfg
@@ -179,6 +205,8 @@ class ModelConfig:
             raise ModelFormatError(f"head_count {self.n_head} is not a multiple of head_count_kv {self.n_head_kv}")
         if self.rope_mode and (self.n_rot % 2 or not 0 < self.n_rot <= self.head_dim):
             raise ModelFormatError(f"bad rope.dimension_count {self.n_rot} for head size {self.head_dim}")
+        if self.yarn_ext_factor and self.rope_scale < 1.0:
+            raise ModelFormatError(f"bad YaRN rope.scaling.factor {self.rope_scale:g} (below 1)")
         if self.ffn_kind not in FFN_KINDS:
             raise UnsupportedError(f"unsupported pyinfer.ffn_kind {self.ffn_kind!r}; supported: {', '.join(FFN_KINDS)}")
         if (self.ffn_kind in UNGATED_KINDS) != (self.arch in ("opt", "falcon")) or (

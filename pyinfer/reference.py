@@ -11,6 +11,7 @@ import numpy as np
 
 from pyinfer.gguf_file import GGUFFile
 from pyinfer.model_config import ModelConfig
+from pyinfer.reference_ops import rope_freqs
 
 # ----------------------------------------------------------------------------
 # building blocks
@@ -31,11 +32,10 @@ def _rope(x: np.ndarray, pos: np.ndarray, cfg: ModelConfig, base: float, factors
     """Rotate the first n_rot dims of every head of x (n_tokens, n_heads, head_dim); factors: Llama 3's
     per-frequency divisors (rope_freqs), or None."""
     half = cfg.n_rot // 2
-    freq = base ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.n_rot)  # (half,)
-    if factors is not None:
-        freq = freq / factors[:half]
-    theta = (pos[:, None] / cfg.rope_scale) * freq[None, :]  # (n_tokens, half)
-    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]  # (n_tokens, 1, half)
+    args = cfg.rope_args()
+    freq, mscale = rope_freqs(cfg.n_rot, base, args.pop("freq_scale"), factors, **args)  # (half,)
+    theta = pos[:, None] * freq[None, :]  # (n_tokens, half)
+    cos, sin = mscale * np.cos(theta)[:, None, :], mscale * np.sin(theta)[:, None, :]  # (n_tokens, 1, half)
     out = x.copy()
     if cfg.rope_mode == "normal":
         # llama.cpp "normal": adjacent pairs (2j, 2j+1)

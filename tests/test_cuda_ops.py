@@ -171,9 +171,12 @@ def test_norms(rows, cols, seed, layer, offset):
 
 @SETTINGS
 @given(n_tokens=st.integers(1, 5), n_head=st.integers(1, 4), half_hd=st.integers(1, 40), seed=st.integers(0, 2**31),
-       mode=st.sampled_from([ggml.ROPE_NORMAL, ggml.ROPE_NEOX]), partial=st.booleans(), scaled=st.booleans())
-def test_rope(n_tokens, n_head, half_hd, seed, mode, partial, scaled):
-    """scaled: Llama 3's per-frequency factors."""
+       mode=st.sampled_from([ggml.ROPE_NORMAL, ggml.ROPE_NEOX]), partial=st.booleans(), scaled=st.booleans(),
+       yarn=st.sampled_from([{}, {"n_ctx_orig": 1024, "ext_factor": 1.0, "attn_factor": 0.9},
+                             {"n_ctx_orig": 64, "ext_factor": 0.5, "beta_fast": 4.0, "beta_slow": 0.25}]))
+def test_rope(n_tokens, n_head, half_hd, seed, mode, partial, scaled, yarn):
+    """scaled: Llama 3's per-frequency factors; yarn: YaRN's arguments (positions interpolated 4x), or none."""
+    fscale = 0.25 if yarn else 1.0
     rng = np.random.default_rng(seed)
     hd = 2 * half_hd
     n_dims = 2 * max(1, half_hd // 2) if partial else hd
@@ -183,11 +186,11 @@ def test_rope(n_tokens, n_head, half_hd, seed, mode, partial, scaled):
 
     def build(ctx):
         tx = ctx.reshape(tensor(ctx, x.reshape(n_tokens * n_head, hd)), (n_tokens, n_head, hd))
-        return [ctx.rope(tx, tensor(ctx, pos), n_dims, mode, 10000.0, 1.0,
-                         tensor(ctx, factors) if scaled else None)]
+        return [ctx.rope(tx, tensor(ctx, pos), n_dims, mode, 10000.0, fscale,
+                         tensor(ctx, factors) if scaled else None, **yarn)]
 
     (got,), (cpu,) = both(build)
-    want = ref.rope(x, pos, n_dims, mode, 10000.0, 1.0, factors)
+    want = ref.rope(x, pos, n_dims, mode, 10000.0, fscale, factors, **yarn)
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(got, cpu, rtol=1e-5, atol=1e-5)
 

@@ -165,6 +165,10 @@ struct ggml_tensor *ggml_mul_mat_precise(struct ggml_context *ctx, struct ggml_t
 // freq_factors: NULL, or F32 [>= n_dims/2]: pair i's frequency is divided by freq_factors[i] (Llama 3's
 // long-context scaling, llama.cpp's rope_freqs tensor)
 struct ggml_tensor *ggml_rope(struct ggml_context *ctx, struct ggml_tensor *x, struct ggml_tensor *pos, int n_dims, int mode, float freq_base, float freq_scale, struct ggml_tensor *freq_factors);
+// ggml_rope with YaRN (llama.cpp's ggml_rope_ext): ext_factor > 0 keeps the pairs that turn more than beta_fast
+// times in n_ctx_orig positions at their trained angle, interpolates (freq_scale) those under beta_slow, ramps
+// between; cos and sin are multiplied by attn_factor, and by 1 + 0.1 ln(1/freq_scale) too when ext_factor != 0
+struct ggml_tensor *ggml_rope_ext(struct ggml_context *ctx, struct ggml_tensor *x, struct ggml_tensor *pos, int n_dims, int mode, float freq_base, float freq_scale, struct ggml_tensor *freq_factors, int n_ctx_orig, float ext_factor, float attn_factor, float beta_fast, float beta_slow);
 // a: [n_cols, n_rows] F32; row r of a is the scores of query r; with pos (I32 [n_rows]) columns j > pos[r] are masked
 struct ggml_tensor *ggml_soft_max(struct ggml_context *ctx, struct ggml_tensor *a, struct ggml_tensor *pos, float scale);
 // cache: [head_dim, n_kv_head, n_ctx] (F32 or F16); src: [head_dim, n_kv_head, n_tokens] F32; pos: [n_tokens] I32

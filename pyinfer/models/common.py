@@ -104,8 +104,8 @@ def attention_block(b: Builder, il: int, h: ggml.Tensor, inputs: GraphInputs) ->
     if cfg.rope_mode is not None:
         mode = ggml.ROPE_NEOX if cfg.rope_mode == "neox" else ggml.ROPE_NORMAL
         base, factors = cfg.layer_rope_base(il), b.get("rope_freqs.weight")  # factors: Llama 3's scaling
-        q = ctx.rope(q, inputs.pos, cfg.n_rot, mode, base, 1.0 / cfg.rope_scale, factors)
-        k = ctx.rope(k, inputs.pos, cfg.n_rot, mode, base, 1.0 / cfg.rope_scale, factors)
+        q = ctx.rope(q, inputs.pos, cfg.n_rot, mode, base, freq_factors=factors, **cfg.rope_args())
+        k = ctx.rope(k, inputs.pos, cfg.n_rot, mode, base, freq_factors=factors, **cfg.rope_args())
     k_cache = ctx.kv_store(b.kv_cache.k[il], k, inputs.pos)  # (n_ctx, n_head_kv, head_dim)
     v_cache = ctx.kv_store(b.kv_cache.v[il], v, inputs.pos)
     a = ctx.attention(q, k_cache, v_cache, inputs.pos, cfg.softmax_scale, cfg.layer_window(il))  # (n, q_dim)
