@@ -240,6 +240,9 @@ class Context:
     def gelu(self, a: Tensor) -> Tensor:
         return self._t(lib.ggml_gelu(self.ptr, a.ptr))
 
+    def gelu_erf(self, a: Tensor) -> Tensor:
+        return self._t(lib.ggml_gelu_erf(self.ptr, a.ptr))
+
     def relu(self, a: Tensor) -> Tensor:
         return self._t(lib.ggml_relu(self.ptr, a.ptr))
 

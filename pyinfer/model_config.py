@@ -10,8 +10,8 @@ from pyinfer import gguf_schema
 from pyinfer.errors import ModelFormatError, UnsupportedError
 
 SUPPORTED_ARCHS = ("falcon", "gemma3", "llama", "opt", "qwen2", "qwen3")
-FFN_KINDS = ("swiglu", "reglu", "drelu", "relu", "geglu", "gelu")
-UNGATED_KINDS = ("relu", "gelu")  # act(up), no gate: OPT, Falcon
+FFN_KINDS = ("swiglu", "reglu", "drelu", "relu", "geglu", "gelu", "gelu_erf")
+UNGATED_KINDS = ("relu", "gelu", "gelu_erf")  # act(up), no gate: OPT, Falcon
 
 # arch -> (norm kind, rope mode, default ffn kind, learned-position offset)
 _ARCH_TRAITS: dict[str, tuple[str, str | None, str, int]] = {
@@ -25,12 +25,18 @@ _ARCH_TRAITS: dict[str, tuple[str, str | None, str, int]] = {
 }
 
 
+def default_ffn_kind(arch: str) -> str:
+    """The FFN kind of `arch` when the file names none (llama.cpp's, whose files carry no activation key)."""
+    return _ARCH_TRAITS[arch][2]
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """What a forward pass needs to know besides the weights.
 
     ffn_kind: swiglu = silu(gate)*up, reglu = relu(gate)*up, drelu = relu(gate)*relu(up),
-    geglu = gelu_tanh(gate)*up, relu = relu(up) and gelu = gelu_tanh(up) with no gate (OPT, Falcon).
+    geglu = gelu_tanh(gate)*up, relu = relu(up), gelu = gelu_tanh(up) and gelu_erf = exact gelu(up) with no
+    gate (OPT, Falcon; llama.cpp computes Falcon's GELU in the tanh form, transformers exactly).
     rope_scale: position scaling; positions are divided by it (1.0 = none); with yarn_ext_factor > 0 it is YaRN's
     factor (see rope_args).
     sliding_window: > 0: windowed layers see the last sliding_window positions only (Mistral, Gemma 3);

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from scipy.special import erf
 
 from pyinfer.gguf_file import GGUFFile
 from pyinfer.model_config import ModelConfig
@@ -63,6 +64,8 @@ def _ffn_act(gate: np.ndarray | None, up: np.ndarray, kind: str) -> np.ndarray:
         return _gelu(gate) * up
     if kind == "gelu":
         return _gelu(up)
+    if kind == "gelu_erf":
+        return 0.5 * up * (1.0 + erf(up / np.sqrt(2.0)))  # x * Phi(x)
     return relu(up, 0.0)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy.special import erf
 
 ROPE_NORMAL, ROPE_NEOX = 0, 2
 
@@ -47,6 +48,12 @@ def silu(a) -> np.ndarray:
     a = _f64(a)
     with np.errstate(over="ignore"):
         return a / (1.0 + np.exp(-a))
+
+
+def gelu_erf(a) -> np.ndarray:
+    """Exact GELU, x * Phi(x)."""
+    a = _f64(a)
+    return 0.5 * a * (1.0 + erf(a / np.sqrt(2.0)))
 
 
 def gelu(a) -> np.ndarray:

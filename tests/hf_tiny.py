@@ -39,9 +39,9 @@ VARIANTS = {
     "gemma3": ("gemma3", {"sliding_window": 8, "query_pre_attn_scalar": 24,
                           "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}),
     "opt": ("opt", {}),
-    # Falcon-7B's layout (multi-query, one LayerNorm) and Falcon-40B's (grouped KV, two), GELU; ReLU-Falcon
-    "falcon_7b": ("falcon", {"multi_query": True, "new_decoder_architecture": False,
-                             "activation": "gelu_pytorch_tanh"}),
+    # Falcon-7B's layout (multi-query, one LayerNorm, exact GELU) and Falcon-40B's (grouped KV, two, GELU's tanh
+    # form); ReLU-Falcon
+    "falcon_7b": ("falcon", {"multi_query": True, "new_decoder_architecture": False, "activation": "gelu"}),
     "falcon_40b": ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2, "activation": "gelu_pytorch_tanh"}),
     "falcon_relu": ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2, "activation": "relu"}),
 }

@@ -372,6 +372,20 @@ def test_bad_input_fails_cleanly(models, tmp_path, capsys, case):
     assert sorted(os.listdir(folder)) == before
 
 
+@pytest.mark.parametrize("key,value,words", [
+    ("alibi", True, "Falcon with alibi = True is not supported (only False)"),
+    ("parallel_attn", False, "Falcon with parallel_attn = False is not supported"),
+    ("multi_query", False, "multi_query false) is not supported"),
+    ("activation", "silu", "Falcon with activation 'silu' is not supported; supported: gelu, gelu_pytorch_tanh"),
+])
+def test_unsupported_falcon_fails_in_one_line(models, tmp_path, capsys, key, value, words):
+    folder = str(tmp_path / "hf")
+    shutil.copytree(models("falcon_7b").folder, folder)
+    _set_config(key, value)(folder)
+    capsys.readouterr()
+    _check_failed(convert(folder, os.path.join(folder, "m.gguf")), capsys, words)
+
+
 def test_missing_dir(tmp_path, capsys):
     _check_failed(convert(str(tmp_path / "nope"), str(tmp_path / "m.gguf")), capsys, "no such file or directory")
     assert os.listdir(tmp_path) == []

@@ -410,6 +410,9 @@ struct ggml_tensor *ggml_scale(struct ggml_context *ctx, struct ggml_tensor *a, 
 struct ggml_tensor *ggml_silu(struct ggml_context *ctx, struct ggml_tensor *a) { return unary_op(ctx, GGML_OP_SILU, a); }
 struct ggml_tensor *ggml_gelu(struct ggml_context *ctx, struct ggml_tensor *a) { return unary_op(ctx, GGML_OP_GELU, a); }
 struct ggml_tensor *ggml_relu(struct ggml_context *ctx, struct ggml_tensor *a) { return unary_op(ctx, GGML_OP_RELU, a); }
+struct ggml_tensor *ggml_gelu_erf(struct ggml_context *ctx, struct ggml_tensor *a) {
+    return unary_op(ctx, GGML_OP_GELU_ERF, a);
+}
 
 static struct ggml_tensor *norm_op(struct ggml_context *ctx, enum ggml_op op, struct ggml_tensor *a, float eps) {
     CHECK_ARG(a && ggml_is_contiguous(a), "norms take a contiguous tensor");

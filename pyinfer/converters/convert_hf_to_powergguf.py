@@ -45,14 +45,15 @@ from pyinfer.converters.hf_vocab import KV, read_json, vocab_metadata
 from pyinfer.converters.safetensors_source import SafetensorsSource
 from pyinfer.errors import ModelFormatError, UnsupportedError
 from pyinfer.gguf_file import GGUFFile, expected_tensor_shapes
-from pyinfer.model_config import ModelConfig
+from pyinfer.model_config import ModelConfig, default_ffn_kind
 
 PROG = "convert-hf-to-powergguf"
 OUTTYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1}
 HF_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
             "MistralForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3", "FalconForCausalLM": "falcon",
             "OPTForCausalLM": "opt"}
-FALCON_ACTS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu", "gelu_new": "gelu", "relu": "relu"}
+# Falcon's "gelu" is exact (nn.GELU) in transformers; llama.cpp's files run it in the tanh form ("gelu")
+FALCON_ACTS = {"gelu": "gelu_erf", "gelu_pytorch_tanh": "gelu", "gelu_new": "gelu", "relu": "relu"}
 LLAMA_ACTS = {"silu": "swiglu", "relu": "reglu", "drelu": "drelu", "gelu_pytorch_tanh": "geglu", "gelu_new": "geglu"}
 FORMAT_VERSION = 1
 
@@ -428,9 +429,10 @@ def _plan_hf(folder: str, outtype: Q, out_path: str, dense_path: str | None) -> 
     if dense_path is not None:
         dense = plan(transposed=False)
         _check_plan(arch, base_kv, dense, "down", folder)
-        if hp["ffn_kind"] != "swiglu":
-            notes.append(f"{dense_path}: llama.cpp will run this {hp['ffn_kind']} model's FFN as SwiGLU "
-                         "(dense GGUFs carry no activation key): use it for speed comparisons only")
+        llama_cpp_kind = default_ffn_kind(arch)  # dense GGUFs carry no activation key
+        if hp["ffn_kind"] != llama_cpp_kind:
+            notes.append(f"{dense_path}: llama.cpp will run this {hp['ffn_kind']} model's FFN as {llama_cpp_kind}: "
+                         "use it for speed comparisons only")
         outputs.append(OutFile(dense_path, arch, base_kv, dense))
     return outputs, notes
 

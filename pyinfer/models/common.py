@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from pyinfer import ggml
 from pyinfer.errors import ModelFormatError
+from pyinfer.model_config import UNGATED_KINDS
 from pyinfer.placement import STREAM_ROWS
 
 
@@ -124,15 +125,18 @@ def fused_qkv(b: Builder, qkv: ggml.Tensor, n: int) -> tuple[ggml.Tensor, ggml.T
     return cols(0, q_dim), cols(q_dim, kv_dim), cols(q_dim + kv_dim, kv_dim)
 
 
+def ungated_act(ctx: ggml.Context, kind: str):
+    """The activation op of an FFN without a gate (model_config.UNGATED_KINDS)."""
+    return {"relu": ctx.relu, "gelu": ctx.gelu, "gelu_erf": ctx.gelu_erf}[kind]
+
+
 def ffn_activation(b: Builder, il: int, h: ggml.Tensor, part: str = "") -> ggml.Tensor:
     """The FFN's hidden activations (n_tokens, n_ff): act(gate) * up, or act(up) without a gate; part ".hot"
     or ".cold" takes that half of a split layer's neurons."""
     ctx, kind = b.ctx, b.cfg.ffn_kind
     up = b.linear(h, f"blk.{il}.ffn_up{part}")
-    if kind == "relu":
-        return ctx.relu(up)
-    if kind == "gelu":
-        return ctx.gelu(up)
+    if kind in UNGATED_KINDS:
+        return ungated_act(ctx, kind)(up)
     gate = b.linear(h, f"blk.{il}.ffn_gate{part}")
     if kind == "swiglu":
         return ctx.mul(ctx.silu(gate), up)
