@@ -240,6 +240,9 @@ class Context:
     def gelu(self, a: Tensor) -> Tensor:
         return self._t(lib.ggml_gelu(self.ptr, a.ptr))
 
+    def gelu_erf(self, a: Tensor) -> Tensor:
+        return self._t(lib.ggml_gelu_erf(self.ptr, a.ptr))
+
     def relu(self, a: Tensor) -> Tensor:
         return self._t(lib.ggml_relu(self.ptr, a.ptr))
 
@@ -254,10 +257,13 @@ class Context:
         return self._t((lib.ggml_mul_mat_precise if precise else lib.ggml_mul_mat)(self.ptr, w.ptr, x.ptr))
 
     def rope(self, x: Tensor, pos: Tensor, n_dims: int, mode: int, freq_base: float, freq_scale: float = 1.0,
-             freq_factors: Tensor | None = None):
-        """Rotary embedding; freq_factors (F32, n_dims/2): each pair's frequency divided by its factor."""
+             freq_factors: Tensor | None = None, n_ctx_orig: int = 0, ext_factor: float = 0.0,
+             attn_factor: float = 1.0, beta_fast: float = 32.0, beta_slow: float = 1.0):
+        """Rotary embedding; freq_factors (F32, n_dims/2): each pair's frequency divided by its factor;
+        ext_factor > 0: YaRN (see ggml_rope_ext in ggml.h)."""
         factors = freq_factors.ptr if freq_factors is not None else ffi.NULL
-        return self._t(lib.ggml_rope(self.ptr, x.ptr, pos.ptr, n_dims, mode, freq_base, freq_scale, factors))
+        return self._t(lib.ggml_rope_ext(self.ptr, x.ptr, pos.ptr, n_dims, mode, freq_base, freq_scale, factors,
+                                         n_ctx_orig, ext_factor, attn_factor, beta_fast, beta_slow))
 
     def soft_max(self, a: Tensor, pos: Tensor | None = None, scale: float = 1.0) -> Tensor:
         return self._t(lib.ggml_soft_max(self.ptr, a.ptr, pos.ptr if pos else ffi.NULL, scale))

@@ -243,6 +243,11 @@ ARCH_KEYS: dict[str, Kind] = {
     "rope.dimension_count": SIZE,
     "rope.scaling.type": Str(16),
     "rope.scaling.factor": Float(lo=0.0),  # 0: no scaling, as llama.cpp reads it
+    "rope.scaling.original_context_length": SIZE,  # YaRN's trained context
+    "rope.scaling.yarn_ext_factor": Float(0.0, 1.0),
+    "rope.scaling.yarn_attn_factor": Float(positive=True),  # cos and sin times this (transformers' attention_factor)
+    "rope.scaling.yarn_beta_fast": Float(positive=True),
+    "rope.scaling.yarn_beta_slow": Float(positive=True),
     "rope.freq_base_swa": Float(positive=True),
     "attention.value_length": SIZE,
     "attention.sliding_window": Int(0, MAX_SIZE),  # 0: none

@@ -10,8 +10,8 @@ from pyinfer import gguf_schema
 from pyinfer.errors import ModelFormatError, UnsupportedError
 
 SUPPORTED_ARCHS = ("falcon", "gemma3", "llama", "opt", "qwen2", "qwen3")
-FFN_KINDS = ("swiglu", "reglu", "drelu", "relu", "geglu", "gelu")
-UNGATED_KINDS = ("relu", "gelu")  # act(up), no gate: OPT, Falcon
+FFN_KINDS = ("swiglu", "reglu", "drelu", "relu", "geglu", "gelu", "gelu_erf")
+UNGATED_KINDS = ("relu", "gelu", "gelu_erf")  # act(up), no gate: OPT, Falcon
 
 # arch -> (norm kind, rope mode, default ffn kind, learned-position offset)
 _ARCH_TRAITS: dict[str, tuple[str, str | None, str, int]] = {
@@ -25,13 +25,20 @@ _ARCH_TRAITS: dict[str, tuple[str, str | None, str, int]] = {
 }
 
 
+def default_ffn_kind(arch: str) -> str:
+    """The FFN kind of `arch` when the file names none (llama.cpp's, whose files carry no activation key)."""
+    return _ARCH_TRAITS[arch][2]
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """What a forward pass needs to know besides the weights.
 
     ffn_kind: swiglu = silu(gate)*up, reglu = relu(gate)*up, drelu = relu(gate)*relu(up),
-    geglu = gelu_tanh(gate)*up, relu = relu(up) and gelu = gelu_tanh(up) with no gate (OPT, Falcon).
-    rope_scale: linear position scaling; positions are divided by it (1.0 = none).
+    geglu = gelu_tanh(gate)*up, relu = relu(up), gelu = gelu_tanh(up) and gelu_erf = exact gelu(up) with no
+    gate (OPT, Falcon; llama.cpp computes Falcon's GELU in the tanh form, transformers exactly).
+    rope_scale: position scaling; positions are divided by it (1.0 = none); with yarn_ext_factor > 0 it is YaRN's
+    factor (see rope_args).
     sliding_window: > 0: windowed layers see the last sliding_window positions only (Mistral, Gemma 3);
     swa_layers: which layers are windowed (Gemma 3: all but every 6th; empty: all). rope_base_swa,
     rope_scale_swa: the windowed layers' RoPE
@@ -68,6 +75,13 @@ class ModelConfig:
     rope_scale_swa: float = 1.0
     attn_scale: float = 0.0  # 0: 1 / sqrt(head_dim)
     embed_scale: float = 1.0
+    # YaRN (rope.scaling.type yarn): ext_factor > 0, the trained context, the ramp's betas, and attn_factor, the
+    # total multiplier of cos and sin (llama.cpp's rope.scaling.yarn_attn_factor, transformers' attention_factor)
+    yarn_ext_factor: float = 0.0
+    yarn_orig_ctx: int = 0
+    yarn_attn_factor: float = 1.0
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
 
     def windowed(self, il: int) -> bool:
         """Whether layer il attends over the sliding window (else over the whole context)."""
@@ -79,6 +93,17 @@ class ModelConfig:
     def layer_rope(self, il: int) -> tuple[float, float]:
         """Layer il's RoPE base and linear scale (positions are divided by it)."""
         return (self.rope_base_swa, self.rope_scale_swa) if self.windowed(il) else (self.rope_base, self.rope_scale)
+
+    def rope_args(self, il: int) -> dict[str, Any]:
+        """Layer il's rope op arguments: base, frequency scale and YaRN's (ggml.Context.rope's keywords)."""
+        base, scale = self.layer_rope(il)
+        args = {"freq_base": base, "freq_scale": 1.0 / scale}
+        if self.yarn_ext_factor and scale == self.rope_scale:
+            # ggml's YaRN multiplies attn_factor by 1 + 0.1 ln(factor); the file's attn_factor is the total
+            args.update(n_ctx_orig=self.yarn_orig_ctx, ext_factor=self.yarn_ext_factor,
+                        attn_factor=self.yarn_attn_factor / (1.0 + 0.1 * math.log(self.rope_scale)),
+                        beta_fast=self.yarn_beta_fast, beta_slow=self.yarn_beta_slow)
+        return args
 
     @property
     def softmax_scale(self) -> float:
@@ -128,9 +153,10 @@ class ModelConfig:
             n_vocab = len(tokens)
         eps_key = "attention.layer_norm_rms_epsilon" if norm_kind == "rms" else "attention.layer_norm_epsilon"
         scaling = key("rope.scaling.type", "none")
-        if scaling not in ("none", "linear"):
-            raise UnsupportedError(f"unsupported rope scaling {scaling!r}; supported: none, linear")
-        rope_scale = float(key("rope.scaling.factor", 1.0) or 1.0) if scaling == "linear" else 1.0
+        if scaling not in ("none", "linear", "yarn"):
+            raise UnsupportedError(f"unsupported rope scaling {scaling!r}; supported: none, linear, yarn")
+        rope_scale = float(key("rope.scaling.factor", 1.0) or 1.0) if scaling != "none" else 1.0
+        yarn = scaling == "yarn"
         if key("final_logit_softcapping", 0.0):
             raise UnsupportedError(f"{arch}.final_logit_softcapping is not supported")
         n_layer_27b = 62  # llama.cpp's Gemma 3 27B (by its layer count) scales q by 1/sqrt(n_embd / n_head)
@@ -173,6 +199,12 @@ class ModelConfig:
             rope_scale_swa=1.0 if arch == "gemma3" else rope_scale,
             attn_scale=float(key("attention.scale", attn_scale)),
             embed_scale=math.sqrt(n_embd) if arch == "gemma3" else 1.0,
+            yarn_ext_factor=float(key("rope.scaling.yarn_ext_factor", 1.0)) if yarn else 0.0,
+            yarn_orig_ctx=int(key("rope.scaling.original_context_length", key("context_length"))) if yarn else 0,
+            # transformers' default: 1 + 0.1 ln(factor) (1 for factors <= 1)
+            yarn_attn_factor=float(key("rope.scaling.yarn_attn_factor", 1.0 + 0.1 * math.log(max(rope_scale, 1.0)))),
+            yarn_beta_fast=float(key("rope.scaling.yarn_beta_fast", 32.0)),
+            yarn_beta_slow=float(key("rope.scaling.yarn_beta_slow", 1.0)),
         )
         cfg._check()
         return cfg
@@ -187,6 +219,8 @@ class ModelConfig:
             raise ModelFormatError(f"head_count {self.n_head} is not a multiple of head_count_kv {self.n_head_kv}")
         if self.rope_mode and (self.n_rot % 2 or not 0 < self.n_rot <= self.head_dim):
             raise ModelFormatError(f"bad rope.dimension_count {self.n_rot} for head size {self.head_dim}")
+        if self.yarn_ext_factor and self.rope_scale < 1.0:
+            raise ModelFormatError(f"bad YaRN rope.scaling.factor {self.rope_scale:g} (below 1)")
         if self.ffn_kind not in FFN_KINDS:
             raise UnsupportedError(f"unsupported pyinfer.ffn_kind {self.ffn_kind!r}; supported: {', '.join(FFN_KINDS)}")
         if (self.ffn_kind in UNGATED_KINDS) != (self.arch in ("opt", "falcon")) or (

@@ -8,9 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from scipy.special import erf
 
 from pyinfer.gguf_file import GGUFFile
 from pyinfer.model_config import ModelConfig
+from pyinfer.reference_ops import rope_freqs
 
 # ----------------------------------------------------------------------------
 # building blocks
@@ -30,13 +32,11 @@ def _norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, cfg: ModelConfig) 
 def _rope(x: np.ndarray, pos: np.ndarray, cfg: ModelConfig, il: int, factors: np.ndarray | None) -> np.ndarray:
     """Rotate the first n_rot dims of every head of x (n_tokens, n_heads, head_dim) as layer il does; factors:
     Llama 3's per-frequency divisors (rope_freqs), or None."""
-    base, scale = cfg.layer_rope(il)
     half = cfg.n_rot // 2
-    freq = base ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.n_rot)  # (half,)
-    if factors is not None:
-        freq = freq / factors[:half]
-    theta = (pos[:, None] / scale) * freq[None, :]  # (n_tokens, half)
-    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]  # (n_tokens, 1, half)
+    args = cfg.rope_args(il)
+    freq, mscale = rope_freqs(cfg.n_rot, args.pop("freq_base"), args.pop("freq_scale"), factors, **args)  # (half,)
+    theta = pos[:, None] * freq[None, :]  # (n_tokens, half)
+    cos, sin = mscale * np.cos(theta)[:, None, :], mscale * np.sin(theta)[:, None, :]  # (n_tokens, 1, half)
     out = x.copy()
     if cfg.rope_mode == "normal":
         # llama.cpp "normal": adjacent pairs (2j, 2j+1)
@@ -64,6 +64,8 @@ def _ffn_act(gate: np.ndarray | None, up: np.ndarray, kind: str) -> np.ndarray:
         return _gelu(gate) * up
     if kind == "gelu":
         return _gelu(up)
+    if kind == "gelu_erf":
+        return 0.5 * up * (1.0 + erf(up / np.sqrt(2.0)))  # x * Phi(x)
     return relu(up, 0.0)
 
 

@@ -6,7 +6,10 @@ array `(n, k)`, activations `[k, m]` are `(m, k)`. Quantized weights are passed 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+from scipy.special import erf
 
 ROPE_NORMAL, ROPE_NEOX = 0, 2
 
@@ -47,6 +50,12 @@ def silu(a) -> np.ndarray:
         return a / (1.0 + np.exp(-a))
 
 
+def gelu_erf(a) -> np.ndarray:
+    """Exact GELU, x * Phi(x)."""
+    a = _f64(a)
+    return 0.5 * a * (1.0 + erf(a / np.sqrt(2.0)))
+
+
 def gelu(a) -> np.ndarray:
     """The tanh approximation."""
     a = _f64(a)
@@ -80,17 +89,42 @@ def mul_mat(w, x) -> np.ndarray:
 
 # --- attention family ---
 
-def rope(x, pos, n_dims: int, mode: int, freq_base: float, freq_scale: float = 1.0, factors=None) -> np.ndarray:
-    """x (n_tokens, n_head, head_dim), pos (n_tokens,); theta_i = pos * freq_scale * base^(-2i / n_dims), divided
-    by factors[i] when given."""
+def rope_freqs(n_dims: int, freq_base: float, freq_scale: float = 1.0, factors=None, n_ctx_orig: int = 0,
+               ext_factor: float = 0.0, attn_factor: float = 1.0, beta_fast: float = 32.0,
+               beta_slow: float = 1.0) -> tuple[np.ndarray, float]:
+    """(each pair's angle per position (n_dims/2,), what cos and sin are multiplied by).
+
+    The trained angle is base^(-2i / n_dims) / factors[i]; it is interpolated (times freq_scale), except with
+    YaRN (ext_factor > 0, the paper's "NTK-by-parts"): pairs that turn more than beta_fast times in n_ctx_orig
+    positions keep the trained angle, pairs turning less than beta_slow times are interpolated, and a linear
+    ramp over the pair index blends between; cos and sin then grow by 1 + 0.1 ln(1 / freq_scale).
+    """
+    half = n_dims // 2
+    trained = float(freq_base) ** (-2.0 * np.arange(half) / n_dims)  # (half,)
+    if factors is not None:
+        trained = trained / _f64(factors)[:half]
+    if not ext_factor:
+        return trained * freq_scale, attn_factor
+
+    def pair_turning(turns: float) -> float:  # the (fractional) pair whose trained angle turns `turns` times
+        return n_dims * math.log(n_ctx_orig / (turns * 2 * math.pi)) / (2 * math.log(freq_base))
+
+    lo, hi = max(math.floor(pair_turning(beta_fast)), 0), min(math.ceil(pair_turning(beta_slow)), n_dims - 1)
+    ramp = np.clip((np.arange(half) - lo) / max(hi - lo, 0.001), 0.0, 1.0)  # (half,) 0: trained, 1: interpolated
+    keep = (1.0 - ramp) * ext_factor
+    return trained * (freq_scale * (1.0 - keep) + keep), attn_factor * (1.0 + 0.1 * math.log(1.0 / freq_scale))
+
+
+def rope(x, pos, n_dims: int, mode: int, freq_base: float, freq_scale: float = 1.0, factors=None,
+         **yarn: float) -> np.ndarray:
+    """x (n_tokens, n_head, head_dim), pos (n_tokens,); pair i turns by pos * rope_freqs(...)[i]; yarn: the
+    keywords of rope_freqs (YaRN)."""
     x = _f64(x)
     out = x.copy()
     half = n_dims // 2
-    inv = np.float64(np.float32(freq_base)) ** (-2.0 * np.arange(half) / n_dims)  # (half,)
-    if factors is not None:
-        inv = inv / _f64(factors)[:half]
-    theta = np.asarray(pos, np.float64)[:, None] * np.float64(np.float32(freq_scale)) * inv  # (n_tokens, half)
-    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]  # (n_tokens, 1, half)
+    freqs, mscale = rope_freqs(n_dims, float(np.float32(freq_base)), float(np.float32(freq_scale)), factors, **yarn)
+    theta = np.asarray(pos, np.float64)[:, None] * freqs  # (n_tokens, half)
+    c, s = mscale * np.cos(theta)[:, None, :], mscale * np.sin(theta)[:, None, :]  # (n_tokens, 1, half)
     if mode == ROPE_NEOX:
         i0, i1 = np.arange(half), np.arange(half) + half
     else:

@@ -32,6 +32,9 @@ VARIANTS = {
     # Llama 3.1's long-context RoPE, shrunk: frequencies with wavelengths past 16 / 1 positions divided by 8
     "llama3_rope": ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}),
+    # YaRN: trained on 1024 positions, extended 4x; pairs 0-1 keep their angles, 5-7 are interpolated, 2-4 blend
+    "llama_yarn": ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                              "original_max_position_embeddings": 1024}}),
     # layers 1 and 2 see the last 8 positions, layer 0 all (no every-n-th pattern: one flag per layer in the
     # file); a softmax scale other than 1/sqrt(head_dim); linear RoPE scaling (as Gemma 3 4B+ have) on the
     # global layer only
@@ -39,9 +42,9 @@ VARIANTS = {
                           "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
                           "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
     "opt": ("opt", {}),
-    # Falcon-7B's layout (multi-query, one LayerNorm) and Falcon-40B's (grouped KV, two), GELU; ReLU-Falcon
-    "falcon_7b": ("falcon", {"multi_query": True, "new_decoder_architecture": False,
-                             "activation": "gelu_pytorch_tanh"}),
+    # Falcon-7B's layout (multi-query, one LayerNorm, exact GELU) and Falcon-40B's (grouped KV, two, GELU's tanh
+    # form); ReLU-Falcon
+    "falcon_7b": ("falcon", {"multi_query": True, "new_decoder_architecture": False, "activation": "gelu"}),
     "falcon_40b": ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2, "activation": "gelu_pytorch_tanh"}),
     "falcon_relu": ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2, "activation": "relu"}),
 }
@@ -147,7 +150,9 @@ def _rotary_f64(model: torch.nn.Module) -> None:
         params = cfg.rope_parameters[layer_type] if layer_type else cfg.rope_parameters  # Gemma 3: per kind
         freqs = position_ids[..., None].double() * inv_freq(params)  # (batch, T, head_dim/2)
         emb = torch.cat((freqs, freqs), dim=-1)  # (batch, T, head_dim)
-        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        # YaRN's cos/sin multiplier (1 for the others); Gemma 3 keeps one per kind of layer
+        scale = getattr(rot, f"{layer_type}_attention_scaling" if layer_type else "attention_scaling")
+        return (emb.cos() * scale).to(x.dtype), (emb.sin() * scale).to(x.dtype)
 
     rot.forward = forward
 

@@ -25,8 +25,9 @@ from pyinfer.reference import reference_ffn_activations, reference_logits
 TOKENS = [1, 5, 77, 200, 3, 9, 250, 11, 299]
 EXACT = 1e-8  # float64 vs float64: only the float32-stored eps / rope base differ
 # Gemma's norms scale by 1 + w, which the file stores (as llama.cpp's do) as one float32: w's last bits go;
-# Llama 3's RoPE factors are float32 in the file, and transformers computes its scaled frequencies in float32
-EXACT_FLOAT32_STORED = {"gemma3": 1e-6, "llama3_rope": 1e-6}
+# Llama 3's RoPE factors are float32 in the file, and transformers computes its scaled frequencies (Llama 3's,
+# YaRN's) in float32
+EXACT_FLOAT32_STORED = {"gemma3": 1e-6, "llama3_rope": 1e-6, "llama_yarn": 1e-6}
 
 
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:
@@ -315,8 +316,11 @@ BAD_INPUTS = {
     "unknown dtype": (_int_dtype, "dtype"),
     "no tokenizer": (lambda d: os.remove(os.path.join(d, "tokenizer.json")), "tokenizer"),
     "bad activation": (_set_config("hidden_act", "tanh"), "hidden_act"),
-    "yarn rope": (_set_config("rope_parameters", {"rope_type": "yarn", "factor": 4.0, "rope_theta": 5e5}),
-                  "unsupported rope type 'yarn'; supported: default, linear, llama3"),
+    "longrope": (_set_config("rope_parameters", {"rope_type": "longrope", "factor": 4.0, "rope_theta": 5e5}),
+                 "unsupported rope type 'longrope'; supported: default, linear, llama3, yarn"),
+    "yarn untruncated": (_set_config("rope_parameters", {"rope_type": "yarn", "factor": 4.0, "truncate": False}),
+                         "YaRN with truncate false is not supported"),
+    "yarn factor below 1": (_set_config("rope_parameters", {"rope_type": "yarn", "factor": 0.5}), "below 1"),
     "llama3 rope incomplete": (_set_config("rope_parameters", {"rope_type": "llama3", "rope_theta": 5e5}),
                                "lacks factor"),
     # issue 14: each of these was a raw exception, a RecursionError or a MemoryError after 35-40 s
@@ -366,6 +370,20 @@ def test_bad_input_fails_cleanly(models, tmp_path, capsys, case):
     assert time.perf_counter() - t0 < 10  # no size is looped over or allocated before it is checked
     _check_failed(rc, capsys, words)
     assert sorted(os.listdir(folder)) == before
+
+
+@pytest.mark.parametrize("key,value,words", [
+    ("alibi", True, "Falcon with alibi = True is not supported (only False)"),
+    ("parallel_attn", False, "Falcon with parallel_attn = False is not supported"),
+    ("multi_query", False, "multi_query false) is not supported"),
+    ("activation", "silu", "Falcon with activation 'silu' is not supported; supported: gelu, gelu_pytorch_tanh"),
+])
+def test_unsupported_falcon_fails_in_one_line(models, tmp_path, capsys, key, value, words):
+    folder = str(tmp_path / "hf")
+    shutil.copytree(models("falcon_7b").folder, folder)
+    _set_config(key, value)(folder)
+    capsys.readouterr()
+    _check_failed(convert(folder, os.path.join(folder, "m.gguf")), capsys, words)
 
 
 def test_missing_dir(tmp_path, capsys):
@@ -564,3 +582,38 @@ def test_gemma3_window_flags_are_checked():
         ModelConfig.from_metadata({**meta, key: [True, False]})
     with pytest.raises(ModelFormatError, match="expected an integer .* or an array"):
         ModelConfig.from_metadata({**meta, key: [1, 0, 1]})
+
+
+@pytest.mark.parametrize("rope", [
+    {"factor": 4.0, "original_max_position_embeddings": 1024},
+    {"factor": 8.0, "original_max_position_embeddings": 4096, "beta_fast": 16.0, "beta_slow": 2.0, "rope_theta": 5e5},
+    {"factor": 2.0, "original_max_position_embeddings": 256, "attention_factor": 0.8},
+    {"factor": 40.0, "original_max_position_embeddings": 4096, "mscale": 1.0, "mscale_all_dim": 0.707},
+    {"factor": 3.0, "original_max_position_embeddings": 2048, "rope_theta": 1e6},
+])
+def test_yarn_metadata_gives_transformers_frequencies(rope):
+    """The converter's YaRN keys, read back by ModelConfig, give transformers' scaled frequencies and cos/sin
+    multiplier (through the float64 rope reference, which the rope op is tested against)."""
+    import transformers as T
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from pyinfer.model_config import ModelConfig
+    from pyinfer.reference_ops import rope_freqs
+
+    params = {"rope_type": "yarn", "rope_theta": 10000.0, **rope}
+    config = {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 256,
+              "num_hidden_layers": 1, "vocab_size": 300, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+              "rope_parameters": params}
+    hp = conv._hparams(config, "llama")
+    meta = {"general.architecture": "llama", **{k: v for k, v, *_ in conv._arch_kv("llama", hp, "t", Q.F32)}}
+    cfg = ModelConfig.from_metadata(meta)
+    args = cfg.rope_args(0)
+    got, mscale = rope_freqs(cfg.n_rot, args.pop("freq_base"), args.pop("freq_scale"), None, **args)
+    hf_config = T.LlamaConfig(**{k: v for k, v in config.items() if k != "rope_parameters"}, rope_parameters=params)
+    want, want_mscale = ROPE_INIT_FUNCTIONS["yarn"](hf_config, "cpu")
+    np.testing.assert_allclose(got, want.double().numpy(), rtol=2e-7)  # transformers': float32
+    assert mscale == pytest.approx(want_mscale, rel=1e-6)
+    if set(rope) <= {"factor", "original_max_position_embeddings", "rope_theta"}:
+        # llama.cpp's converter writes the yarn_* keys only when config.json has them: the defaults are the same
+        plain = ModelConfig.from_metadata({k: v for k, v in meta.items() if ".yarn_" not in k})
+        assert plain.rope_args(0) == pytest.approx(cfg.rope_args(0), rel=1e-6)

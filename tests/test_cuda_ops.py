@@ -96,7 +96,7 @@ def assert_dot_close(got, want, bound, type_):
 
 @SETTINGS
 @given(rows=st.integers(1, 9), cols=st.integers(1, 300), seed=st.integers(0, 2**31),
-       op=st.sampled_from(["add", "mul", "add_b", "mul_b", "scale", "silu", "gelu", "relu", "view_add"]))
+       op=st.sampled_from(["add", "mul", "add_b", "mul_b", "scale", "silu", "gelu", "gelu_erf", "relu", "view_add"]))
 def test_elementwise(rows, cols, seed, op):
     rng = np.random.default_rng(seed)
     a = (rng.standard_normal((rows, cols)) * 3).astype(np.float32)
@@ -119,7 +119,8 @@ def test_elementwise(rows, cols, seed, op):
     (got,), (cpu,) = both(build)
     want = {"add": lambda: ref.add(a, b), "mul": lambda: ref.mul(a, b), "add_b": lambda: ref.add(a, b),
             "mul_b": lambda: ref.mul(a, b), "scale": lambda: ref.scale(a, -1.75), "silu": lambda: ref.silu(a),
-            "gelu": lambda: ref.gelu(a), "relu": lambda: ref.relu(a), "view_add": lambda: 2.0 * a}[op]()
+            "gelu": lambda: ref.gelu(a), "gelu_erf": lambda: ref.gelu_erf(a), "relu": lambda: ref.relu(a),
+            "view_add": lambda: 2.0 * a}[op]()
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got, cpu, rtol=1e-5, atol=1e-6)
 
@@ -171,9 +172,12 @@ def test_norms(rows, cols, seed, layer, offset):
 
 @SETTINGS
 @given(n_tokens=st.integers(1, 5), n_head=st.integers(1, 4), half_hd=st.integers(1, 40), seed=st.integers(0, 2**31),
-       mode=st.sampled_from([ggml.ROPE_NORMAL, ggml.ROPE_NEOX]), partial=st.booleans(), scaled=st.booleans())
-def test_rope(n_tokens, n_head, half_hd, seed, mode, partial, scaled):
-    """scaled: Llama 3's per-frequency factors."""
+       mode=st.sampled_from([ggml.ROPE_NORMAL, ggml.ROPE_NEOX]), partial=st.booleans(), scaled=st.booleans(),
+       yarn=st.sampled_from([{}, {"n_ctx_orig": 1024, "ext_factor": 1.0, "attn_factor": 0.9},
+                             {"n_ctx_orig": 64, "ext_factor": 0.5, "beta_fast": 4.0, "beta_slow": 0.25}]))
+def test_rope(n_tokens, n_head, half_hd, seed, mode, partial, scaled, yarn):
+    """scaled: Llama 3's per-frequency factors; yarn: YaRN's arguments (positions interpolated 4x), or none."""
+    fscale = 0.25 if yarn else 1.0
     rng = np.random.default_rng(seed)
     hd = 2 * half_hd
     n_dims = 2 * max(1, half_hd // 2) if partial else hd
@@ -183,11 +187,11 @@ def test_rope(n_tokens, n_head, half_hd, seed, mode, partial, scaled):
 
     def build(ctx):
         tx = ctx.reshape(tensor(ctx, x.reshape(n_tokens * n_head, hd)), (n_tokens, n_head, hd))
-        return [ctx.rope(tx, tensor(ctx, pos), n_dims, mode, 10000.0, 1.0,
-                         tensor(ctx, factors) if scaled else None)]
+        return [ctx.rope(tx, tensor(ctx, pos), n_dims, mode, 10000.0, fscale,
+                         tensor(ctx, factors) if scaled else None, **yarn)]
 
     (got,), (cpu,) = both(build)
-    want = ref.rope(x, pos, n_dims, mode, 10000.0, 1.0, factors)
+    want = ref.rope(x, pos, n_dims, mode, 10000.0, fscale, factors, **yarn)
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(got, cpu, rtol=1e-5, atol=1e-5)
 

@@ -270,7 +270,7 @@ def test_binary_ops_on_views(data, shape, threads):
 
 @SETTINGS
 @given(data=st.data(), shape=st.tuples(st.integers(1, 5), st.integers(1, 90)),
-       op=st.sampled_from(["silu", "gelu", "relu", "scale"]), s=st.floats(-1e3, 1e3, width=32),
+       op=st.sampled_from(["silu", "gelu", "gelu_erf", "relu", "scale"]), s=st.floats(-1e3, 1e3, width=32),
        threads=st.integers(1, 3))
 def test_unary_ops(data, shape, op, s, threads):
     a = data.draw(float_arrays(shape))
@@ -313,6 +313,13 @@ def test_norms(shape, magnitude, eps, op, threads, seed):
 # rope, soft_max
 # ---------------------------------------------------------------------------------------------------
 
+# YaRN's arguments of the rope op, or none: trained contexts that put the ramp anywhere in the pairs
+YARN = st.one_of(st.just({}), st.fixed_dictionaries({
+    "n_ctx_orig": st.sampled_from([16, 1024, 4096, 131072]), "ext_factor": st.sampled_from([1.0, 0.5]),
+    "attn_factor": st.sampled_from([1.0, 0.7]), "beta_fast": st.sampled_from([32.0, 4.0]),
+    "beta_slow": st.sampled_from([1.0, 0.25])}))
+
+
 @SETTINGS
 @given(n_tokens=st.integers(1, 5), n_head=st.integers(1, 4), half_hd=st.integers(1, 40), data=st.data(),
        mode=st.sampled_from([ggml.ROPE_NORMAL, ggml.ROPE_NEOX]), base=st.sampled_from([10000.0, 1e6, 500.0]),
@@ -325,11 +332,12 @@ def test_rope(n_tokens, n_head, half_hd, data, mode, base, fscale, threads, seed
     pos = rng.integers(0, 40000, n_tokens).astype(np.int32)
     # Llama 3's per-frequency factors (1 to 8), or none
     factors = rng.uniform(1.0, 8.0, n_dims // 2).astype(np.float32) if data.draw(st.booleans()) else None
+    yarn = data.draw(YARN)
     ctx = ggml.Context(8 << 20)
     node = ctx.rope(tensor(ctx, x), tensor(ctx, pos), n_dims, mode, base, fscale,
-                    tensor(ctx, factors) if factors is not None else None)
+                    tensor(ctx, factors) if factors is not None else None, **yarn)
     (y,) = compute(ctx, [node], threads, ndim=3)
-    assert_close(y, ref.rope(x, pos, n_dims, mode, base, fscale, factors), rtol=0, atol=1e-5)
+    assert_close(y, ref.rope(x, pos, n_dims, mode, base, fscale, factors, **yarn), rtol=0, atol=1e-5)
 
 
 @SETTINGS

@@ -91,7 +91,8 @@ def _np_predictor_masks(path: str, acts: dict, threshold: float, kind: str) -> l
 
 
 @pytest.mark.parametrize("variant,threshold", [("llama_relu", 0.0), ("llama_silu", 0.05), ("opt", 0.0),
-                                               ("falcon_relu", 0.0), ("falcon_40b", 0.05), ("gemma3", 0.05)])
+                                               ("falcon_relu", 0.0), ("falcon_40b", 0.05), ("falcon_7b", 0.05),
+                                               ("gemma3", 0.05)])
 def test_predictor_path_density(synthetic, variant, threshold):
     """The realised density the runtime reports is the density of the predictor's mask recomputed in
     numpy from the captured FFN inputs, and batched prompts give the token-by-token logits."""

@@ -53,6 +53,7 @@ enum ggml_op {
     GGML_OP_SILU,
     GGML_OP_GELU,         // tanh approximation, as llama.cpp
     GGML_OP_RELU,
+    GGML_OP_GELU_ERF,     // exact GELU, x * Phi(x) (transformers' nn.GELU: Falcon)
     GGML_OP_RMS_NORM,     // x / sqrt(mean(x^2) + eps) per row
     GGML_OP_LAYER_NORM,   // (x - mean) / sqrt(var + eps) per row
     GGML_OP_MUL_MAT,      // y[n, m] = W[n, :] . x[:, m]
@@ -153,6 +154,7 @@ struct ggml_tensor *ggml_mul(struct ggml_context *ctx, struct ggml_tensor *a, st
 struct ggml_tensor *ggml_scale(struct ggml_context *ctx, struct ggml_tensor *a, float s);
 struct ggml_tensor *ggml_silu(struct ggml_context *ctx, struct ggml_tensor *a);
 struct ggml_tensor *ggml_gelu(struct ggml_context *ctx, struct ggml_tensor *a);
+struct ggml_tensor *ggml_gelu_erf(struct ggml_context *ctx, struct ggml_tensor *a);
 struct ggml_tensor *ggml_relu(struct ggml_context *ctx, struct ggml_tensor *a);
 struct ggml_tensor *ggml_rms_norm(struct ggml_context *ctx, struct ggml_tensor *a, float eps);
 struct ggml_tensor *ggml_layer_norm(struct ggml_context *ctx, struct ggml_tensor *a, float eps);
@@ -165,6 +167,10 @@ struct ggml_tensor *ggml_mul_mat_precise(struct ggml_context *ctx, struct ggml_t
 // freq_factors: NULL, or F32 [>= n_dims/2]: pair i's frequency is divided by freq_factors[i] (Llama 3's
 // long-context scaling, llama.cpp's rope_freqs tensor)
 struct ggml_tensor *ggml_rope(struct ggml_context *ctx, struct ggml_tensor *x, struct ggml_tensor *pos, int n_dims, int mode, float freq_base, float freq_scale, struct ggml_tensor *freq_factors);
+// ggml_rope with YaRN (llama.cpp's ggml_rope_ext): ext_factor > 0 keeps the pairs that turn more than beta_fast
+// times in n_ctx_orig positions at their trained angle, interpolates (freq_scale) those under beta_slow, ramps
+// between; cos and sin are multiplied by attn_factor, and by 1 + 0.1 ln(1/freq_scale) too when ext_factor != 0
+struct ggml_tensor *ggml_rope_ext(struct ggml_context *ctx, struct ggml_tensor *x, struct ggml_tensor *pos, int n_dims, int mode, float freq_base, float freq_scale, struct ggml_tensor *freq_factors, int n_ctx_orig, float ext_factor, float attn_factor, float beta_fast, float beta_slow);
 // a: [n_cols, n_rows] F32; row r of a is the scores of query r; with pos (I32 [n_rows]) columns j > pos[r] are masked
 struct ggml_tensor *ggml_soft_max(struct ggml_context *ctx, struct ggml_tensor *a, struct ggml_tensor *pos, float scale);
 // cache: [head_dim, n_kv_head, n_ctx] (F32 or F16); src: [head_dim, n_kv_head, n_tokens] F32; pos: [n_tokens] I32

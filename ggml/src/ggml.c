@@ -2,6 +2,7 @@
 #include "ggml-impl.h"
 #include "cuda/cuda.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -409,6 +410,9 @@ struct ggml_tensor *ggml_scale(struct ggml_context *ctx, struct ggml_tensor *a, 
 struct ggml_tensor *ggml_silu(struct ggml_context *ctx, struct ggml_tensor *a) { return unary_op(ctx, GGML_OP_SILU, a); }
 struct ggml_tensor *ggml_gelu(struct ggml_context *ctx, struct ggml_tensor *a) { return unary_op(ctx, GGML_OP_GELU, a); }
 struct ggml_tensor *ggml_relu(struct ggml_context *ctx, struct ggml_tensor *a) { return unary_op(ctx, GGML_OP_RELU, a); }
+struct ggml_tensor *ggml_gelu_erf(struct ggml_context *ctx, struct ggml_tensor *a) {
+    return unary_op(ctx, GGML_OP_GELU_ERF, a);
+}
 
 static struct ggml_tensor *norm_op(struct ggml_context *ctx, enum ggml_op op, struct ggml_tensor *a, float eps) {
     CHECK_ARG(a && ggml_is_contiguous(a), "norms take a contiguous tensor");
@@ -453,9 +457,25 @@ struct ggml_tensor *ggml_mul_mat_precise(struct ggml_context *ctx, struct ggml_t
     return t;
 }
 
+// the pair whose angle turns n_turns times in n_ctx_orig positions (fractional), YaRN's correction dim
+static double rope_yarn_corr_dim(int n_dims, int n_ctx_orig, double n_turns, double base) {
+    return n_dims * log(n_ctx_orig / (n_turns * 2 * 3.14159265358979323846)) / (2 * log(base));
+}
+
 struct ggml_tensor *ggml_rope(struct ggml_context *ctx, struct ggml_tensor *x, struct ggml_tensor *pos, int n_dims,
                               int mode, float freq_base, float freq_scale, struct ggml_tensor *freq_factors) {
+    return ggml_rope_ext(ctx, x, pos, n_dims, mode, freq_base, freq_scale, freq_factors, 0, 0.0f, 1.0f, 0.0f, 0.0f);
+}
+
+struct ggml_tensor *ggml_rope_ext(struct ggml_context *ctx, struct ggml_tensor *x, struct ggml_tensor *pos, int n_dims,
+                                  int mode, float freq_base, float freq_scale, struct ggml_tensor *freq_factors,
+                                  int n_ctx_orig, float ext_factor, float attn_factor, float beta_fast,
+                                  float beta_slow) {
     CHECK_ARG(x && pos, "null tensor");
+    CHECK_ARG(isfinite(attn_factor) && ext_factor >= 0.0f && ext_factor <= 1.0f,
+              "rope: ext_factor must be in [0, 1] and attn_factor finite");
+    CHECK_ARG(ext_factor == 0.0f || (n_ctx_orig > 0 && beta_fast > 0.0f && beta_slow > 0.0f),
+              "rope: YaRN needs a positive original context and positive betas");
     CHECK_ARG(!freq_factors || (freq_factors->type == GGML_TYPE_F32 && ggml_n_dims(freq_factors) == 1 &&
                                 freq_factors->ne[0] >= n_dims / 2),
               "rope frequency factors must be F32, at least n_dims/2 of them");
@@ -471,6 +491,16 @@ struct ggml_tensor *ggml_rope(struct ggml_context *ctx, struct ggml_tensor *x, s
     t->op_params[1] = mode;
     ggml_set_op_param_f32(t, 2, freq_base);
     ggml_set_op_param_f32(t, 3, freq_scale);
+    double lo = 0.0, hi = 0.0, mscale = attn_factor;
+    if (ext_factor != 0.0f) { // as llama.cpp's ggml_rope_yarn_corr_dims, in double (transformers' yarn)
+        lo = fmax(0.0, floor(rope_yarn_corr_dim(n_dims, n_ctx_orig, beta_fast, freq_base)));
+        hi = fmin(n_dims - 1, ceil(rope_yarn_corr_dim(n_dims, n_ctx_orig, beta_slow, freq_base)));
+        mscale *= 1.0 + 0.1 * log(1.0 / freq_scale);
+    }
+    ggml_set_op_param_f32(t, 4, ext_factor);
+    ggml_set_op_param_f32(t, 5, (float)mscale);
+    ggml_set_op_param_f32(t, 6, (float)lo);
+    ggml_set_op_param_f32(t, 7, (float)hi);
     t->src[2] = freq_factors;
     return t;
 }

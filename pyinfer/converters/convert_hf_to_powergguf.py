@@ -45,14 +45,15 @@ from pyinfer.converters.hf_vocab import KV, read_json, vocab_metadata
 from pyinfer.converters.safetensors_source import SafetensorsSource
 from pyinfer.errors import ModelFormatError, UnsupportedError
 from pyinfer.gguf_file import GGUFFile, expected_tensor_shapes
-from pyinfer.model_config import ModelConfig
+from pyinfer.model_config import ModelConfig, default_ffn_kind
 
 PROG = "convert-hf-to-powergguf"
 OUTTYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1}
 HF_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
             "MistralForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3", "FalconForCausalLM": "falcon",
             "OPTForCausalLM": "opt"}
-FALCON_ACTS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu", "gelu_new": "gelu", "relu": "relu"}
+# Falcon's "gelu" is exact (nn.GELU) in transformers; llama.cpp's files run it in the tanh form ("gelu")
+FALCON_ACTS = {"gelu": "gelu_erf", "gelu_pytorch_tanh": "gelu", "gelu_new": "gelu", "relu": "relu"}
 LLAMA_ACTS = {"silu": "swiglu", "relu": "reglu", "drelu": "drelu", "gelu_pytorch_tanh": "geglu", "gelu_new": "geglu"}
 FORMAT_VERSION = 1
 
@@ -73,17 +74,42 @@ def _rope_params(config: dict[str, Any]) -> dict[str, Any]:
     return params.get("full_attention") or params
 
 
-def _rope(config: dict[str, Any], theta: float = 10000.0) -> tuple[float, float | None]:
-    """(rope base, linear scaling factor or None), theta the base when config.json has none; Llama 3's scaling
-    is frequency factors (_llama3_factors)."""
+def _rope(config: dict[str, Any], theta: float = 10000.0) -> tuple[float, dict[str, Any]]:
+    """(rope base, the {arch}.rope.scaling.* metadata: {} for none), theta the base when config.json has none;
+    Llama 3's scaling is frequency factors instead (_llama3_factors)."""
     params = _rope_params(config)
     kind = params.get("rope_type") or params.get("type") or "default"
     theta = float(params.get("rope_theta") or config.get("rope_theta") or theta)
     if kind in ("default", "llama3"):
-        return theta, None
+        return theta, {}
     if kind == "linear":
-        return theta, float(_need(params, "factor"))
-    raise UnsupportedError(f"unsupported rope type {kind!r}; supported: default, linear, llama3")
+        return theta, {"type": "linear", "factor": float(_need(params, "factor"))}
+    if kind == "yarn":
+        return theta, _yarn(config, params)
+    raise UnsupportedError(f"unsupported rope type {kind!r}; supported: default, linear, llama3, yarn")
+
+
+def _yarn(config: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """YaRN in llama.cpp's keys, with transformers' defaults; yarn_attn_factor is what cos and sin are multiplied
+    by (transformers' attention_factor, from the factor and mscale / mscale_all_dim when not given)."""
+    if params.get("truncate", True) is not True:
+        raise UnsupportedError("YaRN with truncate false is not supported (the ramp's ends are whole pairs)")
+    orig = int(params.get("original_max_position_embeddings") or config.get("original_max_position_embeddings")
+               or _need(config, "max_position_embeddings"))
+    factor = float(params.get("factor") or _need(config, "max_position_embeddings") / orig)
+    if factor < 1.0:
+        raise ModelFormatError(f"rope_scaling: YaRN factor {factor:g} is below 1")
+
+    def mscale(m: float = 1.0) -> float:
+        return 0.1 * m * np.log(factor) + 1.0
+
+    attn = params.get("attention_factor")
+    if attn is None:
+        m, m_all = params.get("mscale"), params.get("mscale_all_dim")
+        attn = mscale(m) / mscale(m_all) if m and m_all else mscale()
+    return {"type": "yarn", "factor": factor, "original_context_length": orig, "yarn_attn_factor": float(attn),
+            "yarn_beta_fast": float(params.get("beta_fast") or 32.0),
+            "yarn_beta_slow": float(params.get("beta_slow") or 1.0)}
 
 
 def _llama3_factors(config: dict[str, Any], head_dim: int, theta: float) -> np.ndarray | None:
@@ -132,7 +158,7 @@ def _hparams(config: dict[str, Any], arch: str) -> dict[str, Any]:
         raise UnsupportedError(f"{arch} with hidden_act {act!r} is not supported; supported: {', '.join(acts)}")
     n_embd, n_head = int(_need(config, "hidden_size")), int(_need(config, "num_attention_heads"))
     gemma = arch == "gemma3"  # transformers' Gemma3TextConfig defaults: global base 1e6, head_dim 256
-    theta, factor = _rope(config, 1e6 if gemma else 10000.0)
+    theta, scaling = _rope(config, 1e6 if gemma else 10000.0)
     head_dim = int(config.get("head_dim") or (256 if gemma else n_embd // max(n_head, 1)))
     return {"rope_freqs": _llama3_factors(config, head_dim, theta),
             "n_embd": n_embd, "n_ff": int(_need(config, "intermediate_size")),
@@ -141,7 +167,7 @@ def _hparams(config: dict[str, Any], arch: str) -> dict[str, Any]:
             "head_dim": head_dim,
             "n_ctx": int(_need(config, "max_position_embeddings")), "n_vocab": int(_need(config, "vocab_size")),
             "eps": float(_need(config, "rms_norm_eps")), "tied": bool(config.get("tie_word_embeddings", False)),
-            "rope_theta": theta, "rope_factor": factor, "ffn_kind": acts[act],
+            "rope_theta": theta, "rope_scaling": scaling, "ffn_kind": acts[act],
             "qkv_bias": arch == "qwen2" or bool(config.get("attention_bias")),
             "out_bias": bool(config.get("attention_bias")), "ffn_bias": bool(config.get("mlp_bias")),
             "qk_norm": arch in ("qwen3", "gemma3"), "sliding_window": int(config.get("sliding_window") or 0),
@@ -161,14 +187,14 @@ def _falcon(config: dict[str, Any]) -> dict[str, Any]:
     if act not in FALCON_ACTS:
         raise UnsupportedError(f"Falcon with activation {act!r} is not supported; supported: {', '.join(FALCON_ACTS)}")
     n_embd, n_head = int(_need(config, "hidden_size")), int(_need(config, "num_attention_heads"))
-    bias = bool(config.get("bias"))
+    bias, (theta, scaling) = bool(config.get("bias")), _rope(config)
     return {"n_embd": n_embd, "n_ff": int(config.get("ffn_hidden_size") or 4 * n_embd),
             "n_layer": int(_need(config, "num_hidden_layers")), "n_head": n_head,
             "n_head_kv": int(config.get("num_kv_heads") or n_head) if new_arch else 1,
             "head_dim": n_embd // max(n_head, 1), "n_ctx": int(config.get("max_position_embeddings") or 2048),
             "n_vocab": int(_need(config, "vocab_size")), "eps": float(config.get("layer_norm_epsilon") or 1e-5),
-            "tied": bool(config.get("tie_word_embeddings", True)), "rope_theta": _rope(config)[0],
-            "rope_factor": None, "rope_freqs": None, "ffn_kind": FALCON_ACTS[act], "qkv_bias": bias,
+            "tied": bool(config.get("tie_word_embeddings", True)), "rope_theta": theta,
+            "rope_scaling": scaling, "rope_freqs": None, "ffn_kind": FALCON_ACTS[act], "qkv_bias": bias,
             "out_bias": bias, "ffn_bias": bias, "qk_norm": False, "sliding_window": 0, "two_norms": new_arch}
 
 
@@ -321,15 +347,14 @@ def _arch_kv(arch: str, hp: dict[str, Any], name: str, outtype: Q) -> list[KV]:
     if arch == "opt":
         kv.append((f"{arch}.attention.layer_norm_epsilon", hp["eps"], f32, None))
         return kv
+    kv.append((f"{arch}.rope.freq_base", hp["rope_theta"], f32, None))
+    for name, value in hp["rope_scaling"].items():  # type, factor; YaRN's trained context, betas, attn_factor
+        kind = s if name == "type" else u32 if name == "original_context_length" else f32
+        kv.append((f"{arch}.rope.scaling.{name}", value, kind, None))
     if arch == "falcon":
-        return kv + [(f"{arch}.attention.layer_norm_epsilon", hp["eps"], f32, None),
-                     (f"{arch}.rope.freq_base", hp["rope_theta"], f32, None)]
+        return kv + [(f"{arch}.attention.layer_norm_epsilon", hp["eps"], f32, None)]
     kv += [(f"{arch}.attention.layer_norm_rms_epsilon", hp["eps"], f32, None),
-           (f"{arch}.rope.freq_base", hp["rope_theta"], f32, None),
            (f"{arch}.rope.dimension_count", head_dim, u32, None)]
-    if hp["rope_factor"] is not None:
-        kv += [(f"{arch}.rope.scaling.type", "linear", s, None),
-               (f"{arch}.rope.scaling.factor", hp["rope_factor"], f32, None)]
     if arch == "llama" and hp["sliding_window"]:  # Mistral
         kv.append((f"{arch}.attention.sliding_window", hp["sliding_window"], u32, None))
     if arch == "gemma3":
@@ -412,9 +437,10 @@ def _plan_hf(folder: str, outtype: Q, out_path: str, dense_path: str | None) -> 
     if dense_path is not None:
         dense = plan(transposed=False)
         _check_plan(arch, base_kv, dense, "down", folder)
-        if hp["ffn_kind"] != "swiglu":
-            notes.append(f"{dense_path}: llama.cpp will run this {hp['ffn_kind']} model's FFN as SwiGLU "
-                         "(dense GGUFs carry no activation key): use it for speed comparisons only")
+        llama_cpp_kind = default_ffn_kind(arch)  # dense GGUFs carry no activation key
+        if hp["ffn_kind"] != llama_cpp_kind:
+            notes.append(f"{dense_path}: llama.cpp will run this {hp['ffn_kind']} model's FFN as {llama_cpp_kind}: "
+                         "use it for speed comparisons only")
         outputs.append(OutFile(dense_path, arch, base_kv, dense))
     return outputs, notes
 

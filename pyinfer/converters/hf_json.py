@@ -92,7 +92,10 @@ class Either(Kind):
 
 _ROPE_KEYS = (("rope_type", Str(32)), ("type", Str(32)), ("factor", Float(positive=True)),
               ("rope_theta", Float(positive=True)), ("low_freq_factor", Float(positive=True)),
-              ("high_freq_factor", Float(positive=True)), ("original_max_position_embeddings", SIZE))
+              ("high_freq_factor", Float(positive=True)), ("original_max_position_embeddings", SIZE),
+              ("attention_factor", Float(positive=True)), ("beta_fast", Float(positive=True)),
+              ("beta_slow", Float(positive=True)), ("mscale", Float()), ("mscale_all_dim", Float()),
+              ("truncate", Bool()))
 # Gemma 3 keeps one set per kind of layer
 ROPE = Obj((*_ROPE_KEYS, ("sliding_attention", Obj(_ROPE_KEYS)), ("full_attention", Obj(_ROPE_KEYS))))
 
@@ -107,6 +110,7 @@ CONFIG = Obj(tuple({
     "num_key_value_heads": SIZE,
     "head_dim": SIZE,
     "max_position_embeddings": SIZE,
+    "original_max_position_embeddings": SIZE,
     "vocab_size": SIZE,
     "word_embed_proj_dim": SIZE,
     "rms_norm_eps": Float(hi=1.0, positive=True),

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from pyinfer import ggml
 from pyinfer.errors import ModelFormatError
+from pyinfer.model_config import UNGATED_KINDS
 from pyinfer.placement import STREAM_ROWS
 
 
@@ -103,9 +104,9 @@ def attention_block(b: Builder, il: int, h: ggml.Tensor, inputs: GraphInputs) ->
         k = b.norm(k, f"blk.{il}.attn_k_norm")
     if cfg.rope_mode is not None:
         mode = ggml.ROPE_NEOX if cfg.rope_mode == "neox" else ggml.ROPE_NORMAL
-        (base, scale), factors = cfg.layer_rope(il), b.get("rope_freqs.weight")  # factors: Llama 3's scaling
-        q = ctx.rope(q, inputs.pos, cfg.n_rot, mode, base, 1.0 / scale, factors)
-        k = ctx.rope(k, inputs.pos, cfg.n_rot, mode, base, 1.0 / scale, factors)
+        factors = b.get("rope_freqs.weight")  # Llama 3's scaling
+        q = ctx.rope(q, inputs.pos, cfg.n_rot, mode, freq_factors=factors, **cfg.rope_args(il))
+        k = ctx.rope(k, inputs.pos, cfg.n_rot, mode, freq_factors=factors, **cfg.rope_args(il))
     k_cache = ctx.kv_store(b.kv_cache.k[il], k, inputs.pos)  # (n_ctx, n_head_kv, head_dim)
     v_cache = ctx.kv_store(b.kv_cache.v[il], v, inputs.pos)
     a = ctx.attention(q, k_cache, v_cache, inputs.pos, cfg.softmax_scale, cfg.layer_window(il))  # (n, q_dim)
@@ -124,15 +125,18 @@ def fused_qkv(b: Builder, qkv: ggml.Tensor, n: int) -> tuple[ggml.Tensor, ggml.T
     return cols(0, q_dim), cols(q_dim, kv_dim), cols(q_dim + kv_dim, kv_dim)
 
 
+def ungated_act(ctx: ggml.Context, kind: str):
+    """The activation op of an FFN without a gate (model_config.UNGATED_KINDS)."""
+    return {"relu": ctx.relu, "gelu": ctx.gelu, "gelu_erf": ctx.gelu_erf}[kind]
+
+
 def ffn_activation(b: Builder, il: int, h: ggml.Tensor, part: str = "") -> ggml.Tensor:
     """The FFN's hidden activations (n_tokens, n_ff): act(gate) * up, or act(up) without a gate; part ".hot"
     or ".cold" takes that half of a split layer's neurons."""
     ctx, kind = b.ctx, b.cfg.ffn_kind
     up = b.linear(h, f"blk.{il}.ffn_up{part}")
-    if kind == "relu":
-        return ctx.relu(up)
-    if kind == "gelu":
-        return ctx.gelu(up)
+    if kind in UNGATED_KINDS:
+        return ungated_act(ctx, kind)(up)
     gate = b.linear(h, f"blk.{il}.ffn_gate{part}")
     if kind == "swiglu":
         return ctx.mul(ctx.silu(gate), up)

@@ -18,6 +18,7 @@ import numpy as np
 
 from pyinfer import ggml
 from pyinfer.errors import ModelFormatError
+from pyinfer.model_config import UNGATED_KINDS
 
 KINDS = ("relu", "threshold")
 # prompts of more tokens than this compute up/gate densely under the same mask. pyinfer/tools/bench_sparse.py --pp
@@ -132,10 +133,10 @@ def rows_ffn(b, il: int, h: ggml.Tensor, pred: ggml.Tensor, part: str = "", dens
         return ctx.add(y, bias) if bias is not None else y
 
     computed = pred  # (n, rows) positive on the rows computed (when not dense)
-    if kind == "relu":
-        act = ctx.relu(proj("ffn_up", pred))
-    elif kind == "gelu":
-        act = ctx.gelu(proj("ffn_up", pred))
+    if kind in UNGATED_KINDS:
+        from pyinfer.models.common import ungated_act  # imports this module
+
+        act = ungated_act(ctx, kind)(proj("ffn_up", pred))
     else:
         gate = proj("ffn_gate", pred)
         if kind in ("reglu", "drelu"):

@@ -1,5 +1,6 @@
 // ops_attention.c: rope, soft_max, kv_store and attention over the KV cache.
 #include "ops_kernels.h"
+#include "../rope.h"
 
 #include <math.h>
 #include <string.h>
@@ -21,7 +22,7 @@ static int check_positions(const struct ggml_tensor *pos, int64_t lo, int64_t hi
 
 // ---------------------------------------------------------------------------------------------------
 // ROPE: x [head_dim, n_head, n_tokens]; pairs rotated by theta_i = pos * freq_scale * base^(-2i/n_dims)
-// (divided by freq_factors[i] when src[2] holds them)
+// (divided by freq_factors[i] when src[2] holds them; YaRN's blend, see rope.h), cos and sin times mscale
 // ---------------------------------------------------------------------------------------------------
 
 size_t ggml_cpu_rope_wsize(const struct ggml_tensor *dst, int n_threads) {
@@ -34,6 +35,8 @@ int ggml_cpu_op_rope(const struct ggml_compute_params *p, struct ggml_tensor *ds
     const float *factors = dst->src[2] ? (const float *)dst->src[2]->data : NULL; // (n_dims/2) or none
     const int n_dims = dst->op_params[0], mode = dst->op_params[1];
     const double base = ggml_op_param_f32(dst, 2), fscale = ggml_op_param_f32(dst, 3);
+    const double ext = ggml_op_param_f32(dst, 4), mscale = ggml_op_param_f32(dst, 5);
+    const double lo = ggml_op_param_f32(dst, 6), hi = ggml_op_param_f32(dst, 7);
     const int64_t hd = x->ne[0], n_head = x->ne[1], nrows = ggml_nrows(x);
     if (n_dims <= 0 || n_dims % 2 || n_dims > hd || x->type != GGML_TYPE_F32)
         return ggml_set_error(GGML_STATUS_INVALID_ARG, "rope: bad n_dims %d for head size %lld", n_dims, (long long)hd);
@@ -46,11 +49,12 @@ int ggml_cpu_op_rope(const struct ggml_compute_params *p, struct ggml_tensor *ds
         const int64_t t = (r / n_head) % x->ne[2];
         if (t != cached_token) {
             // angles in double: positions reach thousands of radians, where float loses digits
-            const double pt = (double)pos_at(pos, t) * fscale;
+            const double pt = (double)pos_at(pos, t);
             for (int i = 0; i < half; i++) {
-                double theta = pt * pow(base, -2.0 * i / n_dims) / (factors ? (double)factors[i] : 1.0);
-                cs[i] = (float)cos(theta);
-                cs[half + i] = (float)sin(theta);
+                const double theta =
+                    pt * ggml_rope_pair_freq(i, n_dims, base, fscale, factors ? factors[i] : 1.0, ext, lo, hi);
+                cs[i] = (float)(cos(theta) * mscale);
+                cs[half + i] = (float)(sin(theta) * mscale);
             }
             cached_token = t;
         }

@@ -1,4 +1,4 @@
-// ops_elementwise.c: copy/convert, get_rows, add, mul, scale, silu, gelu, relu.
+// ops_elementwise.c: copy/convert, get_rows, add, mul, scale, silu, gelu (tanh, erf), relu.
 // Sources may be views: rows are found through nb[1..3]; rows split evenly over the threads.
 #include "ops_kernels.h"
 
@@ -112,7 +112,7 @@ int ggml_cpu_op_binary(const struct ggml_compute_params *p, struct ggml_tensor *
 }
 
 // ---------------------------------------------------------------------------------------------------
-// SCALE, SILU, GELU, RELU
+// SCALE, SILU, GELU, RELU, GELU_ERF
 // ---------------------------------------------------------------------------------------------------
 
 static void unary_row(enum ggml_op op, float s, const float *x, float *y, int64_t n) {
@@ -125,6 +125,9 @@ static void unary_row(enum ggml_op op, float s, const float *x, float *y, int64_
         break;
     case GGML_OP_GELU:
         for (int64_t i = 0; i < n; i++) y[i] = ggml_gelu_f32(x[i]);
+        break;
+    case GGML_OP_GELU_ERF:
+        for (int64_t i = 0; i < n; i++) y[i] = ggml_gelu_erf_f32(x[i]);
         break;
     default: // RELU; NaN stays NaN
         for (int64_t i = 0; i < n; i++) y[i] = x[i] < 0.0f ? 0.0f : x[i];

@@ -82,7 +82,7 @@ int cuda_op_get_rows(struct ggml_tensor *dst, cudaStream_t st) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// ADD, MUL (b is a's shape or one row broadcast over a's rows); SCALE, SILU, GELU, RELU
+// ADD, MUL (b is a's shape or one row broadcast over a's rows); SCALE, SILU, GELU, GELU_ERF, RELU
 // ---------------------------------------------------------------------------------------------------
 
 __global__ void binary_kernel(cuda_view a, cuda_view b, cuda_view dst, bool broadcast, bool is_add, int64_t nrows) {

@@ -1,8 +1,9 @@
 // rope.cu: rotary embedding, normal (pairs 2i, 2i+1) and neox (pairs i, i + n_dims/2) modes; one thread
 // per pair, angles in double as the CPU kernel (positions reach thousands of radians), each frequency divided
-// by its factor where the model has them (Llama 3's rope_freqs). Fused with a
+// by its factor where the model has them (Llama 3's rope_freqs), YaRN's blend (rope.h). Fused with a
 // following kv_store, the rotated rows go straight into their cache slots.
 #include "common.cuh"
+#include "../rope.h"
 
 // where rope writes: dst's rows, or (store) the slot of the row's head and token in the cache dst
 struct rope_out {
@@ -28,7 +29,8 @@ static __device__ __forceinline__ void rope_put(const rope_out &o, char *row, in
 }
 
 __global__ void rope_kernel(cuda_view x, const char *pos, int64_t pos_nb0, rope_out o, int n_dims, bool neox,
-                            double base, double fscale, const float *factors, int64_t nrows) {
+                            double base, double fscale, double ext, double mscale, double lo, double hi,
+                            const float *factors, int64_t nrows) {
     const int64_t hd = x.ne[0], half = n_dims / 2;
     const int64_t per_row = half + (hd - n_dims); // pairs, then the values passed through
     const int64_t n = per_row * nrows;
@@ -43,9 +45,10 @@ __global__ void rope_kernel(cuda_view x, const char *pos, int64_t pos_nb0, rope_
             continue;
         }
         const int64_t t = (r / x.ne[1]) % x.ne[2];
-        const double pt = (double)*(const int32_t *)(pos + t * pos_nb0) * fscale;
-        const double theta = pt * pow(base, -2.0 * (double)i / n_dims) / (factors ? (double)factors[i] : 1.0);
-        const float c = (float)cos(theta), s = (float)sin(theta);
+        const double pt = (double)*(const int32_t *)(pos + t * pos_nb0);
+        const double theta =
+            pt * ggml_rope_pair_freq((int)i, n_dims, base, fscale, factors ? factors[i] : 1.0, ext, lo, hi);
+        const float c = (float)(cos(theta) * mscale), s = (float)(sin(theta) * mscale);
         const int64_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
         const float a = src[i0], b = src[i1];
         rope_put(o, out, i0, a * c - b * s);
@@ -63,7 +66,8 @@ static int rope_launch(const struct ggml_tensor *rope, const rope_out &o, cudaSt
     int64_t blocks = (n + CUDA_BLOCK - 1) / CUDA_BLOCK;
     rope_kernel<<<(unsigned)(blocks < 65536 ? (blocks ? blocks : 1) : 65536), CUDA_BLOCK, 0, st>>>(
         cuda_view_of(x), (const char *)pos->data, (int64_t)pos->nb[0], o, n_dims, mode == GGML_ROPE_NEOX,
-        (double)ggml_op_param_f32(rope, 2), (double)ggml_op_param_f32(rope, 3),
+        (double)ggml_op_param_f32(rope, 2), (double)ggml_op_param_f32(rope, 3), (double)ggml_op_param_f32(rope, 4),
+        (double)ggml_op_param_f32(rope, 5), (double)ggml_op_param_f32(rope, 6), (double)ggml_op_param_f32(rope, 7),
         rope->src[2] ? (const float *)rope->src[2]->data : NULL, nrows);
     return cuda_launch_status("rope");
 }
