@@ -617,6 +617,40 @@ VNNI_TARGET static void q4_0_gemm_tile_vnni(int64_t n, float *s, int64_t ss, con
     vnni_store_tile(s, ss, acc[0], acc[1]);
 }
 
+// Q5_0 . Q8_0: as Q4_0's tile, the fifth bit joining the nibble (levels 0..31) and the offset -16
+VNNI_TARGET static void q5_0_gemm_tile_vnni(int64_t n, float *s, int64_t ss, const void *w, size_t bw,
+                                            const void *x, size_t bx) {
+    const block_q5_0 *wr[4]; // (4, n / 32) weight rows
+    const block_q8_0 *xc[4]; // (4, n / 32) activation columns
+    for (int i = 0; i < 4; i++) {
+        wr[i] = (const block_q5_0 *)((const char *)w + i * bw);
+        xc[i] = (const block_q8_0 *)((const char *)x + i * bx);
+    }
+    const __m256i sixteen = _mm256_set1_epi8(16), zero = _mm256_setzero_si256();
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < n / QK5_0; b++) {
+        __m256i wq[4], xq[4], seed[4];
+        for (int r = 0; r < 4; r++)
+            wq[r] = _mm256_or_si256(avx2_unpack_nibbles(wr[r][b].qs),
+                                    _mm256_and_si256(avx2_bits_to_bytes(wr[r][b].qh), sixteen));
+        for (int j = 0; j < 4; j++) {
+            xq[j] = _mm256_loadu_si256((const __m256i *)xc[j][b].qs);
+            seed[j] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, sixteen, xq[j]));
+        }
+        const __m128 dw = avx2_f16x4(wr[0][b].d, wr[1][b].d, wr[2][b].d, wr[3][b].d);
+        for (int h = 0; h < 2; h++) {
+            __m256i p[8];
+            for (int r = 0; r < 4; r++) {
+                p[r] = _mm256_dpbusd_epi32(seed[2 * h], wq[r], xq[2 * h]);
+                p[r + 4] = _mm256_dpbusd_epi32(seed[2 * h + 1], wq[r], xq[2 * h + 1]);
+            }
+            const __m256 sc = vnni_pair_scales(dw, xc[2 * h][b].d, xc[2 * h + 1][b].d);
+            acc[h] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(vnni_sum8_epi32(p)), acc[h]);
+        }
+    }
+    vnni_store_tile(s, ss, acc[0], acc[1]);
+}
+
 static bool cpu_has_avx512_vnni(void) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512vnni");
@@ -641,6 +675,7 @@ void ggml_quants_install_avx2(struct ggml_type_traits *traits) {
     traits[GGML_TYPE_Q8_K].quantize_act = q8_K_quantize_act_avx2;
     if (cpu_has_avx512_vnni()) {
         traits[GGML_TYPE_Q4_0].gemm_tile = q4_0_gemm_tile_vnni;
+        traits[GGML_TYPE_Q5_0].gemm_tile = q5_0_gemm_tile_vnni;
         traits[GGML_TYPE_Q8_0].gemm_tile = q8_0_gemm_tile_vnni;
     }
 }
