@@ -617,6 +617,37 @@ VNNI_TARGET static void q4_0_gemm_tile_vnni(int64_t n, float *s, int64_t ss, con
     vnni_store_tile(s, ss, acc[0], acc[1]);
 }
 
+// Q4_1 . Q8_1: levels 0..15 unsigned; each row's minimum m times the column block's sum s (Q8_1 keeps d * sum(q))
+VNNI_TARGET static void q4_1_gemm_tile_vnni(int64_t n, float *s, int64_t ss, const void *w, size_t bw,
+                                            const void *x, size_t bx) {
+    const block_q4_1 *wr[4]; // (4, n / 32) weight rows
+    const block_q8_1 *xc[4]; // (4, n / 32) activation columns
+    for (int i = 0; i < 4; i++) {
+        wr[i] = (const block_q4_1 *)((const char *)w + i * bw);
+        xc[i] = (const block_q8_1 *)((const char *)x + i * bx);
+    }
+    const __m256i zero = _mm256_setzero_si256();
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < n / QK4_1; b++) {
+        __m256i wq[4], xq[4];
+        for (int r = 0; r < 4; r++) wq[r] = avx2_unpack_nibbles(wr[r][b].qs);
+        for (int j = 0; j < 4; j++) xq[j] = _mm256_loadu_si256((const __m256i *)xc[j][b].qs);
+        const __m128 dw = avx2_f16x4(wr[0][b].d, wr[1][b].d, wr[2][b].d, wr[3][b].d);
+        const __m128 mw = avx2_f16x4(wr[0][b].m, wr[1][b].m, wr[2][b].m, wr[3][b].m);
+        for (int h = 0; h < 2; h++) {
+            __m256i p[8];
+            for (int r = 0; r < 4; r++) {
+                p[r] = _mm256_dpbusd_epi32(zero, wq[r], xq[2 * h]);
+                p[r + 4] = _mm256_dpbusd_epi32(zero, wq[r], xq[2 * h + 1]);
+            }
+            const __m256 sc = vnni_pair_scales(dw, xc[2 * h][b].d, xc[2 * h + 1][b].d);
+            acc[h] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(vnni_sum8_epi32(p)), acc[h]);
+            acc[h] = _mm256_add_ps(acc[h], vnni_pair_scales(mw, xc[2 * h][b].s, xc[2 * h + 1][b].s));
+        }
+    }
+    vnni_store_tile(s, ss, acc[0], acc[1]);
+}
+
 // Q5_0 . Q8_0: as Q4_0's tile, the fifth bit joining the nibble (levels 0..31) and the offset -16
 VNNI_TARGET static void q5_0_gemm_tile_vnni(int64_t n, float *s, int64_t ss, const void *w, size_t bw,
                                             const void *x, size_t bx) {
@@ -675,6 +706,7 @@ void ggml_quants_install_avx2(struct ggml_type_traits *traits) {
     traits[GGML_TYPE_Q8_K].quantize_act = q8_K_quantize_act_avx2;
     if (cpu_has_avx512_vnni()) {
         traits[GGML_TYPE_Q4_0].gemm_tile = q4_0_gemm_tile_vnni;
+        traits[GGML_TYPE_Q4_1].gemm_tile = q4_1_gemm_tile_vnni;
         traits[GGML_TYPE_Q5_0].gemm_tile = q5_0_gemm_tile_vnni;
         traits[GGML_TYPE_Q8_0].gemm_tile = q8_0_gemm_tile_vnni;
     }
