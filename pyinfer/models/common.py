@@ -93,12 +93,9 @@ def attention_block(b: Builder, il: int, h: ggml.Tensor, inputs: GraphInputs) ->
     if b.has(f"blk.{il}.attn_qkv"):  # Falcon: one matrix, q then k then v
         q, k, v = fused_qkv(b, b.linear(h, f"blk.{il}.attn_qkv"), n)
     else:
-        q = b.linear(h, f"blk.{il}.attn_q")
-        k = b.linear(h, f"blk.{il}.attn_k")
-        v = b.linear(h, f"blk.{il}.attn_v")
-    q = ctx.reshape(q, (n, cfg.n_head, cfg.head_dim))  # (n, n_head, head_dim)
-    k = ctx.reshape(k, (n, cfg.n_head_kv, cfg.head_dim))  # (n, n_head_kv, head_dim)
-    v = ctx.reshape(v, (n, cfg.n_head_kv, cfg.head_dim))  # (n, n_head_kv, head_dim)
+        q = ctx.reshape(b.linear(h, f"blk.{il}.attn_q"), (n, cfg.n_head, cfg.head_dim))  # (n, n_head, head_dim)
+        k = ctx.reshape(b.linear(h, f"blk.{il}.attn_k"), (n, cfg.n_head_kv, cfg.head_dim))  # (n, n_kv, head_dim)
+        v = ctx.reshape(b.linear(h, f"blk.{il}.attn_v"), (n, cfg.n_head_kv, cfg.head_dim))  # (n, n_kv, head_dim)
     if b.has(f"blk.{il}.attn_q_norm"):  # Qwen3, Gemma 3: RMSNorm of every head's q and k
         q = b.norm(q, f"blk.{il}.attn_q_norm")
         k = b.norm(k, f"blk.{il}.attn_k_norm")
@@ -114,15 +111,16 @@ def attention_block(b: Builder, il: int, h: ggml.Tensor, inputs: GraphInputs) ->
 
 
 def fused_qkv(b: Builder, qkv: ggml.Tensor, n: int) -> tuple[ggml.Tensor, ggml.Tensor, ggml.Tensor]:
-    """q (n, q_dim), k and v (n, kv_dim), contiguous, from the output of a fused projection (n, q_dim + 2 kv_dim)."""
+    """q (n, n_head, head_dim), k and v (n, n_head_kv, head_dim) as views into the output of a fused projection
+    (n, q_dim + 2 kv_dim): rope, kv_store and attention read rows through their strides, so nothing is copied."""
     cfg, ctx = b.cfg, b.ctx
-    q_dim, kv_dim = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+    hd, q_dim, kv_dim = cfg.head_dim, cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
     row = 4 * (q_dim + 2 * kv_dim)
 
-    def cols(c0: int, width: int) -> ggml.Tensor:
-        return ctx.cpy(ctx.view(qkv, (n, width), (row, 4), offset=4 * c0), ggml.F32)
+    def heads(c0: int, n_heads: int) -> ggml.Tensor:
+        return ctx.view(qkv, (n, n_heads, hd), (row, 4 * hd, 4), offset=4 * c0)
 
-    return cols(0, q_dim), cols(q_dim, kv_dim), cols(q_dim + kv_dim, kv_dim)
+    return heads(0, cfg.n_head), heads(q_dim, cfg.n_head_kv), heads(q_dim + kv_dim, cfg.n_head_kv)
 
 
 def ungated_act(ctx: ggml.Context, kind: str):
