@@ -585,25 +585,36 @@ VNNI_TARGET static void q8_0_gemm_tile_vnni(int64_t n, float *s, int64_t ss, con
     vnni_store_tile(s, ss, acc[0], acc[1]);
 }
 
-// Q4_0 . Q8_0: levels 0..15 are unsigned already; the -8 offset, -8 sum(x), seeds each column's dot
-VNNI_TARGET static void q4_0_gemm_tile_vnni(int64_t n, float *s, int64_t ss, const void *w, size_t bw,
-                                            const void *x, size_t bx) {
-    const block_q4_0 *wr[4]; // (4, n / 32) weight rows
+// 32 unsigned weight levels of one block
+typedef __m256i (*tile_levels_fn)(const void *block);
+
+// a tile of weights whose blocks hold an f16 scale d first and 32 unsigned levels u, worth (u - offset) * d,
+// times Q8_0 columns: x . (u - offset) = u . x - offset sum(x), so -offset sum(x) seeds each column's dot.
+// Inlined into each type's tile with its constants, so `levels` is a direct call
+VNNI_TARGET static inline __attribute__((always_inline)) void offset_gemm_tile(
+    int64_t n, float *s, int64_t ss, const void *w, size_t bw, const void *x, size_t bx, size_t block_bytes,
+    tile_levels_fn levels, char offset) {
+    const char *wr[4];       // (4, n / 32) weight rows
     const block_q8_0 *xc[4]; // (4, n / 32) activation columns
     for (int i = 0; i < 4; i++) {
-        wr[i] = (const block_q4_0 *)((const char *)w + i * bw);
+        wr[i] = (const char *)w + i * bw;
         xc[i] = (const block_q8_0 *)((const char *)x + i * bx);
     }
-    const __m256i eight = _mm256_set1_epi8(8), zero = _mm256_setzero_si256();
+    const __m256i off = _mm256_set1_epi8(offset), zero = _mm256_setzero_si256();
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t b = 0; b < n / QK4_0; b++) {
+    for (int64_t b = 0; b < n / 32; b++) {
         __m256i wq[4], xq[4], seed[4];
-        for (int r = 0; r < 4; r++) wq[r] = avx2_unpack_nibbles(wr[r][b].qs);
+        uint16_t d[4];
+        for (int r = 0; r < 4; r++) {
+            const char *blk = wr[r] + b * block_bytes;
+            memcpy(&d[r], blk, sizeof d[r]);
+            wq[r] = levels(blk);
+        }
         for (int j = 0; j < 4; j++) {
             xq[j] = _mm256_loadu_si256((const __m256i *)xc[j][b].qs);
-            seed[j] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, eight, xq[j]));
+            seed[j] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, off, xq[j]));
         }
-        const __m128 dw = avx2_f16x4(wr[0][b].d, wr[1][b].d, wr[2][b].d, wr[3][b].d);
+        const __m128 dw = avx2_f16x4(d[0], d[1], d[2], d[3]);
         for (int h = 0; h < 2; h++) {
             __m256i p[8];
             for (int r = 0; r < 4; r++) {
@@ -615,6 +626,27 @@ VNNI_TARGET static void q4_0_gemm_tile_vnni(int64_t n, float *s, int64_t ss, con
         }
     }
     vnni_store_tile(s, ss, acc[0], acc[1]);
+}
+
+VNNI_TARGET static inline __m256i q4_0_levels(const void *block) {
+    return avx2_unpack_nibbles(((const block_q4_0 *)block)->qs);
+}
+
+// the fifth bit joins the nibble: levels 0..31
+VNNI_TARGET static inline __m256i q5_0_levels(const void *block) {
+    const block_q5_0 *blk = block;
+    return _mm256_or_si256(avx2_unpack_nibbles(blk->qs),
+                           _mm256_and_si256(avx2_bits_to_bytes(blk->qh), _mm256_set1_epi8(16)));
+}
+
+VNNI_TARGET static void q4_0_gemm_tile_vnni(int64_t n, float *s, int64_t ss, const void *w, size_t bw,
+                                            const void *x, size_t bx) {
+    offset_gemm_tile(n, s, ss, w, bw, x, bx, sizeof(block_q4_0), q4_0_levels, 8);
+}
+
+VNNI_TARGET static void q5_0_gemm_tile_vnni(int64_t n, float *s, int64_t ss, const void *w, size_t bw,
+                                            const void *x, size_t bx) {
+    offset_gemm_tile(n, s, ss, w, bw, x, bx, sizeof(block_q5_0), q5_0_levels, 16);
 }
 
 // Q4_1 . Q8_1: levels 0..15 unsigned; each row's minimum m times the column block's sum s (Q8_1 keeps d * sum(q))
@@ -643,40 +675,6 @@ VNNI_TARGET static void q4_1_gemm_tile_vnni(int64_t n, float *s, int64_t ss, con
             const __m256 sc = vnni_pair_scales(dw, xc[2 * h][b].d, xc[2 * h + 1][b].d);
             acc[h] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(vnni_sum8_epi32(p)), acc[h]);
             acc[h] = _mm256_add_ps(acc[h], vnni_pair_scales(mw, xc[2 * h][b].s, xc[2 * h + 1][b].s));
-        }
-    }
-    vnni_store_tile(s, ss, acc[0], acc[1]);
-}
-
-// Q5_0 . Q8_0: as Q4_0's tile, the fifth bit joining the nibble (levels 0..31) and the offset -16
-VNNI_TARGET static void q5_0_gemm_tile_vnni(int64_t n, float *s, int64_t ss, const void *w, size_t bw,
-                                            const void *x, size_t bx) {
-    const block_q5_0 *wr[4]; // (4, n / 32) weight rows
-    const block_q8_0 *xc[4]; // (4, n / 32) activation columns
-    for (int i = 0; i < 4; i++) {
-        wr[i] = (const block_q5_0 *)((const char *)w + i * bw);
-        xc[i] = (const block_q8_0 *)((const char *)x + i * bx);
-    }
-    const __m256i sixteen = _mm256_set1_epi8(16), zero = _mm256_setzero_si256();
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t b = 0; b < n / QK5_0; b++) {
-        __m256i wq[4], xq[4], seed[4];
-        for (int r = 0; r < 4; r++)
-            wq[r] = _mm256_or_si256(avx2_unpack_nibbles(wr[r][b].qs),
-                                    _mm256_and_si256(avx2_bits_to_bytes(wr[r][b].qh), sixteen));
-        for (int j = 0; j < 4; j++) {
-            xq[j] = _mm256_loadu_si256((const __m256i *)xc[j][b].qs);
-            seed[j] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, sixteen, xq[j]));
-        }
-        const __m128 dw = avx2_f16x4(wr[0][b].d, wr[1][b].d, wr[2][b].d, wr[3][b].d);
-        for (int h = 0; h < 2; h++) {
-            __m256i p[8];
-            for (int r = 0; r < 4; r++) {
-                p[r] = _mm256_dpbusd_epi32(seed[2 * h], wq[r], xq[2 * h]);
-                p[r + 4] = _mm256_dpbusd_epi32(seed[2 * h + 1], wq[r], xq[2 * h + 1]);
-            }
-            const __m256 sc = vnni_pair_scales(dw, xc[2 * h][b].d, xc[2 * h + 1][b].d);
-            acc[h] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(vnni_sum8_epi32(p)), acc[h]);
         }
     }
     vnni_store_tile(s, ss, acc[0], acc[1]);

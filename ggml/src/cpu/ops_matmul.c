@@ -30,7 +30,8 @@ size_t ggml_cpu_xcols_wsize(const struct ggml_tensor *w, const struct ggml_tenso
 // xc's columns in wdata (the caller sized wdata twice), and this thread does the blocks it converted there
 static void xcols_residual(const struct ggml_compute_params *p, const struct ggml_tensor *w,
                            const struct ggml_tensor *x, struct ggml_cpu_xcols *xc) {
-    const struct ggml_type_traits *tv = ggml_get_type_traits(ggml_get_type_traits(w->type)->vec_dot_type);
+    const enum ggml_type vdt = ggml_get_type_traits(w->type)->vec_dot_type;
+    const struct ggml_type_traits *tv = ggml_get_type_traits(vdt);
     const int64_t k = x->ne[0], m = ggml_nrows(x), bpr = k / tv->blck_size;
     xc->residual = xc->base + ggml_cpu_xcols_wsize(w, x);
     float back[256]; // one block dequantized (Q8_K's 256 values are the largest)
@@ -43,7 +44,7 @@ static void xcols_residual(const struct ggml_compute_params *p, const struct ggm
         tv->to_float(xc->base + at, back, tv->blck_size);
         for (int64_t i = 0; i < tv->blck_size; i++) back[i] = xj[i] - back[i];
         tv->quantize_act(back, (char *)xc->residual + at, tv->blck_size);
-        if (tv == ggml_get_type_traits(GGML_TYPE_Q8_1)) {
+        if (vdt == GGML_TYPE_Q8_1) {
             // Q4_1's minimum multiplies the block sum s, which Q8_1 keeps in f16: the residual's s takes
             // what that rounding lost too, so the two sums add up to x's own
             const block_q8_1 *q = (const block_q8_1 *)(xc->base + at);
