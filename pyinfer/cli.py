@@ -316,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
                          ("cpu_sparse_gbps", "CPU GB/s reading predicted neurons"),
                          ("gpu_dense_gbps", "GPU GB/s reading whole matrices"),
                          ("gpu_sparse_gbps", "GPU GB/s reading predicted neurons"),
-                         ("xfer_us", "microseconds a split layer's round trip adds"),
+                         ("xfer_us", "microseconds a split layer's CPU half costs beyond its rows"),
                          ("gpu_layer_us", "fixed GPU microseconds per layer"),
                          ("cpu_layer_us", "fixed CPU microseconds per layer run on the CPU")):
         p.add_argument(f"--{figure_flag(figure)}", dest=figure, type=float, default=None, help=text)

@@ -22,6 +22,8 @@ from pyinfer.placement import MachineProfile
 PRESETS_FILE = Path(__file__).with_name("machine_presets.json")
 WORKING_SET = 256 << 20  # weight bytes read per measurement: far larger than any cache
 SPARSE_DENSITY = 0.10  # share of neurons a sparse measurement selects, scattered at random (cold neurons)
+SPARSE_MASKS = 8  # masks per sparse measurement
+SPLIT_DENSITY = 0.02  # share of a split layer's CPU neurons that fire per token (the coldest ones)
 CHAIN = 16  # tiny nodes per graph when timing fixed costs
 KERNELS_PER_LAYER = 12  # GPU launches of a decode layer after fusion (docs/BENCHMARKS.md)
 CPU_NODES_PER_LAYER = 14  # CPU nodes of a decode layer whose attention runs on the CPU
@@ -163,15 +165,16 @@ def _cpu_figures(type_: int, n_threads: int, rng) -> tuple[float, float, float]:
     x = ctx.tensor_from_numpy(rng.standard_normal(k).astype(np.float32))
     dense_ms = ggml.Graph(ctx, [ctx.mul_mat(w, x)]).plan().median_ms(pool, 7)
     # the same bytes as a bundle of rows / 3 neurons (gate, up, down_t side by side), a scattered tenth selected
-    picked = rng.random(rows // 3) < SPARSE_DENSITY
-    mask = ctx.tensor_from_numpy(np.where(picked, 1.0, -1.0).astype(np.float32))
-    sparse_ms = ggml.Graph(ctx, [ctx.sparse_ffn(w, x, mask, "reglu")]).plan().median_ms(pool, 7)
+    # by each of several masks: together they read more than any cache holds, as one tenth alone might not
+    picks = [rng.random(rows // 3) < SPARSE_DENSITY for _ in range(SPARSE_MASKS)]
+    masks = [ctx.tensor_from_numpy(np.where(p, 1.0, -1.0).astype(np.float32)) for p in picks]
+    sparse_ms = ggml.Graph(ctx, [ctx.sparse_ffn(w, x, m, "reglu") for m in masks]).plan().median_ms(pool, 7)
     node_us = _per_link_us(ctx, pool, lambda y: ctx.scale(y, 1.0), x)
-    return _gbps(w.nbytes, dense_ms), _gbps(int(picked.sum()) * 3 * row, sparse_ms), node_us
+    return _gbps(w.nbytes, dense_ms), _gbps(sum(int(p.sum()) for p in picks) * 3 * row, sparse_ms), node_us
 
 
-def _gpu_figures(type_: int, cpu_node_us: float, rng) -> tuple[float, float, float, float]:
-    """(dense GB/s, sparse GB/s, fixed us per layer, what a split layer's round trip adds in us) on the GPU."""
+def _gpu_figures(type_: int, rng) -> tuple[float, float, float]:
+    """(dense GB/s, sparse GB/s, fixed us per layer) on the GPU."""
     from pyinfer import ggml
 
     pool = ggml.ThreadPool(1)
@@ -199,13 +202,37 @@ def _gpu_figures(type_: int, cpu_node_us: float, rng) -> tuple[float, float, flo
         up = ctx.mul_mat_rows(rows(r0 + third, third), x, mask)
         outs.append(ctx.axpy_rows(rows(r0 + 2 * third, third), ctx.mul(ctx.relu(gate), up), mask))
     sparse_ms = ggml.Graph(ctx, outs).plan().median_ms(pool, 15)
-    # fixed costs on small vectors: a GPU kernel; and a CPU node (a matrix on the host) between two of them
     small = ctx.tensor_from_numpy(rng.standard_normal(64).astype(np.float32)).to_device()
-    on_host = ctx.tensor_from_numpy(np.eye(64, dtype=np.float32))
     kernel_us = _per_link_us(ctx, pool, lambda y: ctx.scale(y, 1.0), small)
-    split_us = _per_link_us(ctx, pool, lambda y: ctx.add(ctx.mul_mat(on_host, y), ctx.scale(y, 0.5)), small)
-    return (_gbps(w.nbytes, dense_ms), _gbps(picked * 3 * row, sparse_ms), KERNELS_PER_LAYER * kernel_us,
-            max(0.0, split_us - 2 * kernel_us - cpu_node_us))
+    return _gbps(w.nbytes, dense_ms), _gbps(picked * 3 * row, sparse_ms), kernel_us
+
+
+def _split_us(type_: int, n_threads: int, cpu_sparse_gbps: float, kernel_us: float, rng) -> float:
+    """What a split layer's CPU half costs beyond reading its rows: x and the mask copied out, the pool
+    woken, the sparse FFN's barriers and sums, the result copied back and waited for. Timed as a chain of
+    split links (the GPU's part a kernel, the CPU's a sparse FFN over its own SPLIT_DENSITY of a host
+    bundle's neurons, as cold neurons fire), less the link's add and the rows' bytes at the sparse rate."""
+    from pyinfer import ggml
+
+    pool = ggml.ThreadPool(n_threads)
+    k = 4096
+    row = ggml.row_size(type_, k)
+    n = max(64, WORKING_SET // (3 * row))
+    ctx = ggml.Context(3 * n * row + (64 << 20))
+    bundle = _random_weight(ctx, type_, 3 * n, k, rng)  # on the host: the CPU's neurons
+    picked = []
+
+    def link(y):
+        sel = rng.random(n) < SPLIT_DENSITY
+        picked.append(int(sel.sum()))
+        mask = ctx.tensor_from_numpy(np.where(sel, 1.0, -1.0).astype(np.float32)).to_device()
+        cold = ctx.view(ctx.sparse_ffn(bundle, y, mask, "reglu"), (k,))
+        return ctx.add(cold, ctx.scale(y, 0.5))
+
+    start = ctx.tensor_from_numpy(rng.standard_normal(k).astype(np.float32)).to_device()
+    link_us = _per_link_us(ctx, pool, link, start)
+    rows_us = float(np.mean(picked)) * 3 * row / (cpu_sparse_gbps * 1e3)
+    return max(0.0, link_us - kernel_us - rows_us)
 
 
 def measure(weight_type: int, n_threads: int) -> MachineProfile:
@@ -218,10 +245,11 @@ def measure(weight_type: int, n_threads: int) -> MachineProfile:
         raise UnsupportedError(f"cannot measure weights of type {ggml.type_name(weight_type)}")
     rng = np.random.default_rng(0)
     cpu_dense, cpu_sparse, cpu_node_us = _cpu_figures(weight_type, n_threads, rng)
-    gpu_dense, gpu_sparse, gpu_layer_us, xfer_us = _gpu_figures(weight_type, cpu_node_us, rng)
+    gpu_dense, gpu_sparse, kernel_us = _gpu_figures(weight_type, rng)
+    xfer_us = _split_us(weight_type, n_threads, cpu_sparse, kernel_us, rng)
     profile = MachineProfile(name=host_key(ggml.type_name(weight_type), n_threads), cpu_dense_gbps=cpu_dense,
                              cpu_sparse_gbps=cpu_sparse, gpu_dense_gbps=gpu_dense, gpu_sparse_gbps=gpu_sparse,
-                             xfer_us=xfer_us, gpu_layer_us=gpu_layer_us,
+                             xfer_us=xfer_us, gpu_layer_us=KERNELS_PER_LAYER * kernel_us,
                              cpu_layer_us=CPU_NODES_PER_LAYER * cpu_node_us)
     if not all(math.isfinite(v) for v in dataclasses.astuple(profile)[1:]):
         raise UnsupportedError(f"machine measurement gave non-finite figures: {profile}")

@@ -37,8 +37,9 @@ class MachineProfile:
     """Measured speeds of one machine for one weight type (pyinfer/machine.py measures and caches them).
 
     Bandwidths are GB/s of weight bytes read: dense for whole matrices (GEMV), sparse for the predicted
-    rows of an FFN. xfer_us: what a split layer adds for the CPU's half (copies both ways, the signal, the
-    next launch). *_layer_us: fixed costs of a layer's kernels or of a CPU node's barriers."""
+    rows of an FFN. xfer_us: what a split layer's CPU half costs beyond reading its rows (copies both ways,
+    waking the pool, the sparse FFN's barriers and sums, the wait). *_layer_us: fixed costs of a layer's
+    kernels or of a CPU node's barriers."""
 
     name: str
     cpu_dense_gbps: float
