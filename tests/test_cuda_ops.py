@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(lib.ggml_cuda_device_count() == 0, reason="no CU
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 QUANT_TYPES = (ggml.Q8_0, ggml.Q4_0, ggml.Q4_1, ggml.Q5_0, ggml.Q4_K, ggml.Q6_K)
 # error of a dot product relative to sum |w| |x|: activations quantized to 8 bits (quants), x as F16
-# in the GEMM, TF32 for F32 weights in the GEMM
+# in the GEMM
 DOT_TOL = {ggml.F32: 2e-3, ggml.F16: 2e-3, ggml.BF16: 1e-2, **{t: 0.02 for t in QUANT_TYPES}}
 _POOL: list[ggml.ThreadPool] = []
 
@@ -249,6 +249,28 @@ def test_kv_store_and_attention(cache_type, n_kv, group, hd, n_ctx, n_tokens, se
     want = ref.attention(q, kc, vc, pos, scale, window)
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-3, atol=1e-4)
     np.testing.assert_allclose(got, cpu, rtol=1e-3, atol=1e-4)
+
+
+@SETTINGS
+@given(n_tokens=st.integers(1, 5), n_head=st.integers(1, 4), hd=st.sampled_from([4, 8, 40]), part=st.integers(0, 2),
+       seed=st.integers(0, 2**31))
+def test_heads_of_a_fused_projection_cross_devices(n_tokens, n_head, hd, part, seed):
+    """q, k or v as a view (tokens, heads, head dim) into a fused projection made on the GPU, its token rows
+    spaced by the fused row, stored into a KV cache on the host (Falcon's layers whose attention is on the
+    CPU while a prompt's projections run on the GPU): the view crosses as one packed copy."""
+    rng = np.random.default_rng(seed)
+    fused = rng.standard_normal((n_tokens, 3 * n_head * hd)).astype(np.float32)
+    cache0 = rng.standard_normal((8, n_head, hd)).astype(np.float32)
+    pos = np.arange(1, n_tokens + 1, dtype=np.int32)
+    ctx = ggml.Context(16 << 20)
+    made_on_gpu = ctx.scale(tensor(ctx, fused).to_device(), 2.0)
+    row = 4 * 3 * n_head * hd
+    heads = ctx.view(made_on_gpu, (n_tokens, n_head, hd), (row, 4 * hd, 4), offset=4 * part * n_head * hd)
+    cache = ctx.kv_store(tensor(ctx, cache0), heads, tensor(ctx, pos))
+    ggml.Graph(ctx, [cache]).plan().compute(pool())
+    want = cache0.copy()
+    want[pos] = 2 * fused.reshape(n_tokens, 3, n_head, hd)[:, part]
+    np.testing.assert_array_equal(read(cache).reshape(want.shape), want)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -504,6 +504,34 @@ int ggml_graph_run_cuda_node(struct ggml_cgraph *g, int i) {
     return ggml_cuda_forward_group(&g->groups[i], &g->nodes[i], g->dev_wdata, g->stream);
 }
 
+// a view's values as rows of width bytes: dimensions that continue a row make it longer, dimensions that
+// continue the spacing of the rows before them add rows, and up to three sets of evenly spaced rows remain
+// (one 2-D copy each of the innermost). false: the values within a row are not contiguous.
+struct ggml_strided_rows {
+    size_t width;
+    int64_t ne[3];
+    size_t nb[3];
+};
+
+static bool ggml_strided_rows_of(const struct ggml_tensor *t, struct ggml_strided_rows *r) {
+    if (t->nb[0] != ggml_type_size(t->type)) return false;
+    *r = (struct ggml_strided_rows){.width = ggml_row_size(t->type, t->ne[0]), .ne = {1, 1, 1}};
+    int n = 0;
+    for (int k = 1; k < GGML_MAX_DIMS; k++) {
+        if (t->ne[k] == 1) continue;
+        if (n == 0 && t->nb[k] == r->width) {
+            r->width *= (size_t)t->ne[k];
+        } else if (n > 0 && t->nb[k] == r->nb[n - 1] * (size_t)r->ne[n - 1]) {
+            r->ne[n - 1] *= t->ne[k];
+        } else {
+            r->ne[n] = t->ne[k];
+            r->nb[n++] = t->nb[k];
+        }
+    }
+    if (n == 0) r->nb[0] = r->width;
+    return true;
+}
+
 int ggml_graph_run_transfer(struct ggml_cgraph *g, struct ggml_tensor *node) {
     const struct ggml_tensor *src = node->src[0];
     const bool up = node->backend == GGML_BACKEND_CUDA;
@@ -514,13 +542,18 @@ int ggml_graph_run_transfer(struct ggml_cgraph *g, struct ggml_tensor *node) {
     if (ggml_is_contiguous(src))
         return up ? ggml_cuda_memcpy_h2d(node->data, src->data, ggml_nbytes(src), g->stream)
                   : ggml_cuda_memcpy_d2h(node->data, src->data, ggml_nbytes(src), g->stream);
-    // a strided window (a column slice of a matrix): rows of ne[0] values, evenly spaced, arrive packed
-    const size_t width = ggml_row_size(src->type, src->ne[0]);
-    const bool even = src->nb[0] == ggml_type_size(src->type) && src->ne[3] == 1 &&
-                      (src->ne[2] == 1 || src->nb[2] == src->nb[1] * (size_t)src->ne[1]);
-    if (!even)
-        return ggml_set_error(GGML_STATUS_UNSUPPORTED, "cannot copy '%s' between devices: its rows are not evenly "
-                                                       "spaced", src->name);
-    return ggml_cuda_memcpy_2d(node->data, width, src->data, src->nb[1], width, (size_t)(src->ne[1] * src->ne[2]),
-                               g->stream);
+    // a strided window (a column slice of a matrix, heads of a fused projection): it arrives packed
+    struct ggml_strided_rows r;
+    if (!ggml_strided_rows_of(src, &r))
+        return ggml_set_error(GGML_STATUS_UNSUPPORTED, "cannot copy '%s' between devices: its values are not "
+                                                       "contiguous within a row", src->name);
+    int st = GGML_STATUS_OK;
+    uint8_t *dst = node->data;
+    for (int64_t i2 = 0; i2 < r.ne[2] && !st; i2++)
+        for (int64_t i1 = 0; i1 < r.ne[1] && !st; i1++) {
+            const uint8_t *from = (const uint8_t *)src->data + i1 * r.nb[1] + i2 * r.nb[2];
+            st = ggml_cuda_memcpy_2d(dst, r.width, from, r.nb[0], r.width, (size_t)r.ne[0], g->stream);
+            dst += r.width * (size_t)r.ne[0];
+        }
+    return st;
 }

@@ -93,7 +93,9 @@ static void sel_compact(const struct sparse_sel *s, int ith, int nth) {
 // ---------------------------------------------------------------------------------------------------
 
 #define SPARSE_PREFETCH_AHEAD 4
-#define SEL_CHUNK_ROWS 64
+#define SEL_CHUNK_ROWS 64 // most listed rows in one unit of work
+#define SEL_MIN_CHUNK 4   // fewest, so that a unit's fixed costs (its sums zeroed and added) stay small
+#define SEL_UNITS 64      // units a selection of up to SEL_UNITS * SEL_CHUNK_ROWS rows is cut into
 
 struct sel_walk {
     void (*visit)(void *ctx, int64_t row, int64_t col); // col < 0: every column whose selector picks row
@@ -102,10 +104,19 @@ struct sel_walk {
     void *ctx;
 };
 
+// listed rows per unit of work: a few hundred selected rows (a split layer's cold neurons) still make
+// SEL_UNITS units, enough for every thread of a large pool; depends on the selection only, not on the
+// thread count, so the sums are added in the same order whatever the pool
+static int64_t sel_chunk_rows(int64_t total) {
+    const int64_t c = (total + SEL_UNITS - 1) / SEL_UNITS;
+    return c < SEL_MIN_CHUNK ? SEL_MIN_CHUNK : c > SEL_CHUNK_ROWS ? SEL_CHUNK_ROWS : c;
+}
+
 // units of work a walk of nth threads may hand out: a thread's share, or a chunk of a mask's listed rows
 static int64_t sel_max_units(int64_t n_rows, int nth) {
     const int64_t chunks = (n_rows + SEL_CHUNK_ROWS - 1) / SEL_CHUNK_ROWS;
-    return chunks > nth ? chunks : nth;
+    const int64_t most = chunks > SEL_UNITS ? chunks : SEL_UNITS;
+    return most > nth ? most : nth;
 }
 
 static int64_t sel_total(const struct sparse_sel *s, int nth) {
@@ -116,8 +127,9 @@ static int64_t sel_total(const struct sparse_sel *s, int nth) {
 
 // units handed out by a walk that is not whole (after sel_compact's barrier)
 static int64_t sel_units(const struct sparse_sel *s, int nth) {
-    if (s->sel && s->sel->type == GGML_TYPE_F32) return (sel_total(s, nth) + SEL_CHUNK_ROWS - 1) / SEL_CHUNK_ROWS;
-    return nth;
+    if (!s->sel || s->sel->type != GGML_TYPE_F32) return nth;
+    const int64_t total = sel_total(s, nth), chunk = sel_chunk_rows(total);
+    return (total + chunk - 1) / chunk;
 }
 
 // visits the listed rows [t0, t1) of the whole list (the segments of all threads, in order)
@@ -138,8 +150,8 @@ static void sel_visit_listed(const struct sparse_sel *s, int nth, int64_t t0, in
 }
 
 // visits this thread's share of the selected rows after sel_compact's barrier, announcing each unit of
-// work first: with a mask, chunks of SEL_CHUNK_ROWS listed rows (unit k = listed rows [k * SEL_CHUNK_ROWS,
-// ...), whatever the thread count) taken first come, first served from *next (a thread the shared machine
+// work first: with a mask, chunks of sel_chunk_rows listed rows (unit k = listed rows [k * chunk, ...),
+// whatever the thread count) taken first come, first served from *next (a thread the shared machine
 // slows holds the other up by one chunk, not by half the rows); else a fixed share, unit ith. whole: all
 // the rows, in one unit
 static void sel_walk(const struct sparse_sel *s, int ith, int nth, bool whole, atomic_int *next,
@@ -162,8 +174,9 @@ static void sel_walk(const struct sparse_sel *s, int ith, int nth, bool whole, a
             sel_visit_listed(s, nth, 0, total, w);
             return;
         }
-        while (ggml_next_chunk(next, total, SEL_CHUNK_ROWS, &t0, &t1)) {
-            if (w->unit) w->unit(w->ctx, t0 / SEL_CHUNK_ROWS);
+        const int64_t chunk = sel_chunk_rows(total);
+        while (ggml_next_chunk(next, total, chunk, &t0, &t1)) {
+            if (w->unit) w->unit(w->ctx, t0 / chunk);
             sel_visit_listed(s, nth, t0, t1, w);
         }
         return;
