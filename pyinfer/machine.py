@@ -23,6 +23,7 @@ PRESETS_FILE = Path(__file__).with_name("machine_presets.json")
 WORKING_SET = 256 << 20  # weight bytes read per measurement: far larger than any cache
 SPARSE_DENSITY = 0.10  # share of neurons a sparse measurement selects, scattered at random (cold neurons)
 SPARSE_MASKS = 8  # masks per sparse measurement
+ROUNDS = 3  # alternating rounds of the dense and sparse CPU measurements
 SPLIT_DENSITY = 0.02  # share of a split layer's CPU neurons that fire per token (the coldest ones)
 CHAIN = 16  # tiny nodes per graph when timing fixed costs
 KERNELS_PER_LAYER = 12  # GPU launches of a decode layer after fusion (docs/BENCHMARKS.md)
@@ -134,6 +135,14 @@ def _random_weight(ctx, type_: int, rows: int, k: int, rng):
     return ctx.tensor_from_numpy(rng.standard_normal((rows, k), dtype=np.float32) * 0.02, type_)
 
 
+def _bundle(ctx, type_: int, n: int, k: int, rng):
+    """n neurons' gate, up and down_t rows side by side, every gate row positive: with x >= 0 each selected
+    neuron fires and all three of its rows are read, as a predicted neuron's are."""
+    w = rng.standard_normal((n, 3, k), dtype=np.float32) * 0.02
+    w[:, 0] = np.abs(w[:, 0])
+    return ctx.tensor_from_numpy(w.reshape(3 * n, k), type_)
+
+
 def _gbps(nbytes: float, ms: float) -> float:
     return nbytes / (ms * 1e6)
 
@@ -153,24 +162,30 @@ def _per_link_us(ctx, pool, link, start) -> float:
 
 
 def _cpu_figures(type_: int, n_threads: int, rng) -> tuple[float, float, float]:
-    """(dense GB/s, sparse GB/s, fixed us per CPU node) on the CPU."""
+    """(dense GB/s, sparse GB/s, fixed us per CPU node) on the CPU. Dense and sparse reads of the same bytes
+    are timed in alternating rounds, medians kept: the shared host's speed drifts between seconds."""
     from pyinfer import ggml
 
     pool = ggml.ThreadPool(n_threads)
     k = 4096
     row = ggml.row_size(type_, k)
-    rows = max(3 * 64, WORKING_SET // row // 3 * 3)
-    ctx = ggml.Context(rows * row + (64 << 20))
-    w = _random_weight(ctx, type_, rows, k, rng)  # (rows, k)
-    x = ctx.tensor_from_numpy(rng.standard_normal(k).astype(np.float32))
-    dense_ms = ggml.Graph(ctx, [ctx.mul_mat(w, x)]).plan().median_ms(pool, 7)
-    # the same bytes as a bundle of rows / 3 neurons (gate, up, down_t side by side), a scattered tenth selected
-    # by each of several masks: together they read more than any cache holds, as one tenth alone might not
-    picks = [rng.random(rows // 3) < SPARSE_DENSITY for _ in range(SPARSE_MASKS)]
+    n = max(64, WORKING_SET // (3 * row))
+    ctx = ggml.Context(3 * n * row + (64 << 20))
+    w = _bundle(ctx, type_, n, k, rng)  # (3 n, k): as a matrix for the dense reads
+    x = ctx.tensor_from_numpy(np.abs(rng.standard_normal(k)).astype(np.float32))
+    dense = ggml.Graph(ctx, [ctx.mul_mat(w, x)]).plan()
+    # a scattered tenth of the neurons selected by each of several masks: together they read more than any
+    # cache holds, as one tenth alone might not
+    picks = [rng.random(n) < SPARSE_DENSITY for _ in range(SPARSE_MASKS)]
     masks = [ctx.tensor_from_numpy(np.where(p, 1.0, -1.0).astype(np.float32)) for p in picks]
-    sparse_ms = ggml.Graph(ctx, [ctx.sparse_ffn(w, x, m, "reglu") for m in masks]).plan().median_ms(pool, 7)
+    sparse = ggml.Graph(ctx, [ctx.sparse_ffn(w, x, m, "reglu") for m in masks]).plan()
+    dense_ms, sparse_ms = [], []
+    for _ in range(ROUNDS):
+        dense_ms.append(dense.median_ms(pool, 5))
+        sparse_ms.append(sparse.median_ms(pool, 5))
     node_us = _per_link_us(ctx, pool, lambda y: ctx.scale(y, 1.0), x)
-    return _gbps(w.nbytes, dense_ms), _gbps(sum(int(p.sum()) for p in picks) * 3 * row, sparse_ms), node_us
+    return (_gbps(w.nbytes, float(np.median(dense_ms))),
+            _gbps(sum(int(p.sum()) for p in picks) * 3 * row, float(np.median(sparse_ms))), node_us)
 
 
 def _gpu_figures(type_: int, rng) -> tuple[float, float, float]:
@@ -211,7 +226,7 @@ def _split_us(type_: int, n_threads: int, cpu_sparse_gbps: float, kernel_us: flo
     """What a split layer's CPU half costs beyond reading its rows: x and the mask copied out, the pool
     woken, the sparse FFN's barriers and sums, the result copied back and waited for. Timed as a chain of
     split links (the GPU's part a kernel, the CPU's a sparse FFN over its own SPLIT_DENSITY of a host
-    bundle's neurons, as cold neurons fire), less the link's add and the rows' bytes at the sparse rate."""
+    bundle's neurons, as cold neurons fire), less the link's add and relu and the rows at the sparse rate."""
     from pyinfer import ggml
 
     pool = ggml.ThreadPool(n_threads)
@@ -219,20 +234,20 @@ def _split_us(type_: int, n_threads: int, cpu_sparse_gbps: float, kernel_us: flo
     row = ggml.row_size(type_, k)
     n = max(64, WORKING_SET // (3 * row))
     ctx = ggml.Context(3 * n * row + (64 << 20))
-    bundle = _random_weight(ctx, type_, 3 * n, k, rng)  # on the host: the CPU's neurons
+    bundle = _bundle(ctx, type_, n, k, rng)  # on the host: the CPU's neurons
     picked = []
 
-    def link(y):
+    def link(y):  # y >= 0: the selected neurons fire
         sel = rng.random(n) < SPLIT_DENSITY
         picked.append(int(sel.sum()))
         mask = ctx.tensor_from_numpy(np.where(sel, 1.0, -1.0).astype(np.float32)).to_device()
         cold = ctx.view(ctx.sparse_ffn(bundle, y, mask, "reglu"), (k,))
-        return ctx.add(cold, ctx.scale(y, 0.5))
+        return ctx.relu(ctx.add(cold, ctx.scale(y, 0.5)))
 
-    start = ctx.tensor_from_numpy(rng.standard_normal(k).astype(np.float32)).to_device()
+    start = ctx.tensor_from_numpy(np.abs(rng.standard_normal(k)).astype(np.float32)).to_device()
     link_us = _per_link_us(ctx, pool, link, start)
     rows_us = float(np.mean(picked)) * 3 * row / (cpu_sparse_gbps * 1e3)
-    return max(0.0, link_us - kernel_us - rows_us)
+    return max(0.0, link_us - 2 * kernel_us - rows_us)
 
 
 def measure(weight_type: int, n_threads: int) -> MachineProfile:

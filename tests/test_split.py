@@ -119,7 +119,7 @@ def streamed_on_cpu(host_only, monkeypatch):
     monkeypatch.setattr(Model, "pin_host_weights", lambda self: None)
 
 
-@pytest.mark.parametrize("variant", ["llama_relu", "llama_silu", "opt"])
+@pytest.mark.parametrize("variant", ["llama_relu", "llama_silu", "opt", "llama3_rope"])
 @pytest.mark.parametrize("sparse", [False, True])
 def test_streamed_prompt_graph_equals_the_unsplit_model(tiny_files, streamed_on_cpu, variant, sparse):
     path = tiny_files(variant, sparse)
