@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(lib.ggml_cuda_device_count() == 0, reason="no CU
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 QUANT_TYPES = (ggml.Q8_0, ggml.Q4_0, ggml.Q4_1, ggml.Q5_0, ggml.Q4_K, ggml.Q6_K)
 # error of a dot product relative to sum |w| |x|: activations quantized to 8 bits (quants), x as F16
-# in the GEMM
+# in the GEMM, TF32 for F32 weights in the GEMM
 DOT_TOL = {ggml.F32: 2e-3, ggml.F16: 2e-3, ggml.BF16: 1e-2, **{t: 0.02 for t in QUANT_TYPES}}
 _POOL: list[ggml.ThreadPool] = []
 

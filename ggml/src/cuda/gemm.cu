@@ -1,7 +1,6 @@
 // gemm.cu: mul_mat with many columns on tensor cores. cuBLAS is loaded at run time (dlopen, no build-time
-// dependency): F16, BF16 and F32 weights go in as they are (F32 in full F32, not TF32, so that a
-// predictor's logits near 0 do not flip), quantized weights are dequantized to F16 in row chunks in wdata;
-// x is converted to the weights' 16-bit type; F32 accumulate.
+// dependency): F16 and BF16 weights go in as they are, F32 weights as TF32, quantized weights are
+// dequantized to F16 in row chunks in wdata; x is converted to the weights' 16-bit type; F32 accumulate.
 // Without cuBLAS, the same F16 operands go through our WMMA kernel (every weight type dequantized to F16).
 #include <dlfcn.h>
 #include <mma.h>
@@ -18,7 +17,7 @@ typedef int (*cublas_gemm_ex_fn)(cublas_handle, int transa, int transb, int m, i
                                  const void *beta, void *C, int Ctype, int ldc, int compute, int algo);
 enum { BLAS_OP_N = 0, BLAS_OP_T = 1 };
 enum { BLAS_R_32F = 0, BLAS_R_16F = 2, BLAS_R_16BF = 14 };
-enum { BLAS_COMPUTE_32F = 68 };
+enum { BLAS_COMPUTE_32F = 68, BLAS_COMPUTE_32F_FAST_TF32 = 77 };
 enum { BLAS_GEMM_DEFAULT = -1 };
 
 #define GEMM_CHUNK_BYTES ((size_t)64 << 20) // F16 scratch for dequantized weight rows
@@ -132,7 +131,7 @@ int cuda_gemm(const struct ggml_tensor *w, const struct ggml_tensor *x, struct g
         if (g_blas.set_stream(g_blas.handle, st) ||
             g_blas.gemm_ex(g_blas.handle, BLAS_OP_T, BLAS_OP_N, (int)n, (int)m, (int)k, &one, w->data, BLAS_R_32F,
                            (int)k, x->data, BLAS_R_32F, (int)x_ld, &zero, y->data, BLAS_R_32F, (int)ldy,
-                           BLAS_COMPUTE_32F, BLAS_GEMM_DEFAULT))
+                           BLAS_COMPUTE_32F_FAST_TF32, BLAS_GEMM_DEFAULT))
             return ggml_set_error(GGML_STATUS_BACKEND_ERROR, "cublasGemmEx (F32) failed");
         return GGML_STATUS_OK;
     }
