@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 // ---------------------------------------------------------------------------------------------------
 // errors: one message per thread, so a failing call never aborts and threads do not race on it
@@ -46,6 +47,19 @@ struct ggml_context {
     int n_device_buffers, cap_device_buffers;
 };
 
+// large contexts (weights, FFN bundles) on 2 MiB pages where the kernel has them: sparse reads jump between
+// rows all over gigabytes, and 4 KiB pages cost a TLB miss every few rows
+#define HUGE_PAGE ((size_t)2 << 20)
+
+static void *context_memory(size_t size) {
+    if (size < HUGE_PAGE) return aligned_alloc(GGML_MEM_ALIGN, size);
+    void *mem = aligned_alloc(HUGE_PAGE, (size + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE);
+#ifdef MADV_HUGEPAGE
+    if (mem) madvise(mem, size, MADV_HUGEPAGE); // advice only: without huge pages the memory still works
+#endif
+    return mem;
+}
+
 struct ggml_context *ggml_init(size_t mem_size, bool no_alloc) {
     ggml_quants_init();
     struct ggml_context *ctx = calloc(1, sizeof *ctx);
@@ -54,7 +68,7 @@ struct ggml_context *ggml_init(size_t mem_size, bool no_alloc) {
         return NULL;
     }
     mem_size = (mem_size + GGML_MEM_ALIGN - 1) / GGML_MEM_ALIGN * GGML_MEM_ALIGN;
-    ctx->mem = aligned_alloc(GGML_MEM_ALIGN, mem_size ? mem_size : GGML_MEM_ALIGN);
+    ctx->mem = context_memory(mem_size ? mem_size : GGML_MEM_ALIGN);
     if (!ctx->mem) {
         free(ctx);
         ggml_set_error(GGML_STATUS_ALLOC_FAILED, "cannot allocate a context of %zu bytes", mem_size);
