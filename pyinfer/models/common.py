@@ -227,7 +227,7 @@ def streamed_ffn(b: Builder, il: int, h: ggml.Tensor, pred: ggml.Tensor | None =
             y = ctx.add(y, ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t.hot"), ffn_activation(b, il, h, ".hot")))
         else:
             hot_sel = ctx.view(pred, (n, first), (4 * cfg.n_ff, 4))
-            y = ctx.add(y, sparse_ffn.rows_ffn(b, il, h, hot_sel, ".hot")[0])
+            y = ctx.add(y, sparse_ffn.rows_ffn(b, il, h, hot_sel, ".hot", dense=True)[0])
     bias = b.get(f"blk.{il}.ffn_down_t.bias")
     return ctx.add(y, bias) if bias is not None else y
 

@@ -4,8 +4,9 @@
 A mask is an F32 tensor (n_tokens, n_ff) whose positive entries select a neuron for that token, so the
 predictor's logits are a mask as they are. Neurons outside the mask contribute nothing, which makes the
 result independent of whether up/gate were computed row by row (`mul_mat_rows`) or densely (`mul_mat`):
-batches larger than `SparseSpec.dense_above` take the dense up/gate (faster there, see docs) and the
-same down-projection mask, so perplexity measured in batches is the perplexity of the sparse decoder.
+batches larger than `SparseSpec.dense_above` on the CPU, or than GPU_DENSE_ABOVE on the GPU, take the
+dense up/gate (faster there, see docs) and the same down-projection mask, so perplexity measured in batches
+is the perplexity of the sparse decoder.
 
 Shapes in comments are numpy order, (outer, ..., inner).
 """
@@ -26,6 +27,9 @@ KINDS = ("relu", "threshold")
 # density, docs/BENCHMARKS.md), so by default no prompt takes the dense path; re-measure when mul_mat
 # gets a tiled GEMM.
 DENSE_ABOVE = 1 << 30
+# on the GPU, beyond GEMV_MAX_COLS (8) columns mul_mat is a GEMM that reads each row once, while mul_mat_rows
+# reads the rows that any of a group of 8 columns selects once per group (a 512-token prompt: 64 times)
+GPU_DENSE_ABOVE = 8
 
 
 @dataclass
@@ -171,14 +175,16 @@ def ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
     bundled = b.capture is None and b.has(f"blk.{il}.ffn_bundle")
     k = b.hot_rows.get(il)
     if k:  # split: the GPU's rows [0, k) and the CPU's rest at the same time, each under its part of pred
-        hot, _, _ = rows_ffn(b, il, h, ctx.view(pred, (n, k), (4 * cfg.n_ff, 4)), ".hot")
+        hot, _, _ = rows_ffn(b, il, h, ctx.view(pred, (n, k), (4 * cfg.n_ff, 4)), ".hot", dense=n > GPU_DENSE_ABOVE)
         cold_pred = ctx.view(pred, (n, cfg.n_ff - k), (4 * cfg.n_ff, 4), offset=4 * k)
         cold, spec.masks[il] = fused_ffn(b, il, h, cold_pred) if bundled else rows_ffn(b, il, h, cold_pred, ".cold")[:2]
         y = ctx.add(hot, cold)
     elif n <= spec.dense_above and bundled:
         y, spec.masks[il] = fused_ffn(b, il, h, pred)
     else:
-        y, spec.masks[il], act = rows_ffn(b, il, h, pred, dense=n > spec.dense_above)
+        up = b.weights.get(f"blk.{il}.ffn_up.weight")
+        on_gpu = up is not None and up.on_device
+        y, spec.masks[il], act = rows_ffn(b, il, h, pred, dense=n > (GPU_DENSE_ABOVE if on_gpu else spec.dense_above))
         if b.capture is not None:
             b.capture[f"ffn_inp.{il}"] = h  # (n, n_embd)
             b.capture[f"ffn_act.{il}"] = act  # (n, n_ff), before the down mask

@@ -185,7 +185,8 @@ int cuda_op_attention(struct ggml_tensor *dst, cudaStream_t st);
 int cuda_op_mul_mat(struct ggml_tensor *dst, void *wdata, cudaStream_t st);
 size_t cuda_mul_mat_wsize(const struct ggml_tensor *dst);
 size_t cuda_mul_mat_rows_wsize(const struct ggml_tensor *dst);
-int cuda_op_axpy_rows(struct ggml_tensor *dst, cudaStream_t st);
+int cuda_op_axpy_rows(struct ggml_tensor *dst, void *wdata, cudaStream_t st);
+size_t cuda_axpy_rows_wsize(const struct ggml_tensor *dst);
 
 // --- shared between gemv.cu, sparse.cu and gemm.cu ---
 #define GEMV_MAX_COLS 8 // mul_mat with at most this many columns runs as a GEMV, beyond as a GEMM
@@ -237,6 +238,12 @@ int cuda_op_mul_mat_rows(struct ggml_tensor *dst, void *wdata, cudaStream_t st, 
 int cuda_gemm(const struct ggml_tensor *w, const struct ggml_tensor *x, struct ggml_tensor *y, void *wdata,
               cudaStream_t st);
 size_t cuda_gemm_wsize(const struct ggml_tensor *w, const struct ggml_tensor *x);
+// AXPY_ROWS of many columns as GEMMs (every row read once): whether it applies (cuBLAS, a mask or no
+// selector, contiguous rows), its scratch, the product y[m, d] = h[m, n] (selected entries) . wt[n, d]
+bool cuda_gemm_t_takes(const struct ggml_tensor *wt, const struct ggml_tensor *h, int sel_mode);
+size_t cuda_gemm_t_wsize(const struct ggml_tensor *wt, const struct ggml_tensor *h);
+int cuda_gemm_t(const struct ggml_tensor *wt, const struct ggml_tensor *h, const cuda_rows_sel &s, struct ggml_tensor *y,
+                void *wdata, cudaStream_t st);
 // loads cuBLAS at run time (once); false when it cannot be loaded
 bool cuda_blas_load(void);
 // device memory counted in ggml_cuda_allocated, without initialising the device (for init's own buffers)

@@ -5,6 +5,7 @@ extern "C" size_t ggml_cuda_op_wsize(const struct ggml_tensor *node) {
     switch (node->op) {
     case GGML_OP_MUL_MAT: return cuda_mul_mat_wsize(node);
     case GGML_OP_MUL_MAT_ROWS: return cuda_mul_mat_rows_wsize(node);
+    case GGML_OP_AXPY_ROWS: return cuda_axpy_rows_wsize(node);
     default: return 0;
     }
 }
@@ -37,7 +38,7 @@ extern "C" int ggml_cuda_forward(struct ggml_tensor *node, void *wdata, void *st
     case GGML_OP_KV_STORE: return cuda_op_kv_store(node, st);
     case GGML_OP_ATTENTION: return cuda_op_attention(node, st);
     case GGML_OP_MUL_MAT_ROWS: return cuda_op_mul_mat_rows(node, wdata, st);
-    case GGML_OP_AXPY_ROWS: return cuda_op_axpy_rows(node, st);
+    case GGML_OP_AXPY_ROWS: return cuda_op_axpy_rows(node, wdata, st);
     default: break; // TRANSFER and other executor-level ops are run by the executor itself
     }
     return ggml_set_error(GGML_STATUS_UNSUPPORTED, "op %d has no CUDA kernel", (int)node->op);

@@ -172,3 +172,71 @@ int cuda_gemm(const struct ggml_tensor *w, const struct ggml_tensor *x, struct g
     }
     return GGML_STATUS_OK;
 }
+
+// ---------------------------------------------------------------------------------------------------
+// AXPY_ROWS with many columns: y[m, d] = h[m, n] (unselected entries zeroed) . wt[n, d] as one GEMM per row
+// chunk, so that each weight row is read once for all the columns, not once per column
+// ---------------------------------------------------------------------------------------------------
+
+// h's selected entries into out[j * n + i] (16-bit, or F32 for F32 weights), zeros elsewhere
+__global__ void h_selected_kernel(const char *h, int64_t h_nb0, int64_t h_nb1, cuda_rows_sel s, int64_t n, int64_t m,
+                                  void *out, int type) {
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n * m; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t i = e % n, j = e / n;
+        const bool on = i >= s.begin && i < s.end &&
+                        (s.mode == CUDA_SEL_ALL || *(const float *)(s.sel + i * s.nb0 + j * s.nb1) > 0.0f);
+        const float v = on ? *(const float *)(h + i * h_nb0 + j * h_nb1) : 0.0f;
+        if (type == GGML_TYPE_F32) ((float *)out)[e] = v;
+        else ((uint16_t *)out)[e] = type == GGML_TYPE_BF16 ? ggml_fp32_to_bf16(v) : __half_as_ushort(__float2half_rn(v));
+    }
+}
+
+static int gemm_t_h_type(enum ggml_type wt) { return wt == GGML_TYPE_F32 || wt == GGML_TYPE_BF16 ? wt : GGML_TYPE_F16; }
+
+bool cuda_gemm_t_takes(const struct ggml_tensor *wt, const struct ggml_tensor *h, int sel_mode) {
+    return h->ne[1] > GEMV_MAX_COLS && sel_mode != CUDA_SEL_LIST && wt->ne[0] <= INT32_MAX && wt->ne[1] <= INT32_MAX &&
+           h->ne[1] <= INT32_MAX && (int64_t)wt->nb[1] == (int64_t)ggml_row_size(wt->type, wt->ne[0]) && cuda_blas_load();
+}
+
+size_t cuda_gemm_t_wsize(const struct ggml_tensor *wt, const struct ggml_tensor *h) {
+    const int64_t n = wt->ne[1], m = h->ne[1];
+    const enum ggml_type ht = (enum ggml_type)gemm_t_h_type(wt->type);
+    size_t bytes = align256((size_t)(n * m) * (ht == GGML_TYPE_F32 ? 4 : 2));
+    if (ht == GGML_TYPE_F16 && wt->type != GGML_TYPE_F16) bytes += align256((size_t)gemm_chunk_rows(wt) * (size_t)wt->ne[0] * 2);
+    return bytes;
+}
+
+int cuda_gemm_t(const struct ggml_tensor *wt, const struct ggml_tensor *h, const cuda_rows_sel &s, struct ggml_tensor *y,
+                void *wdata, cudaStream_t st) {
+    const int64_t d = wt->ne[0], n = wt->ne[1], m = h->ne[1];
+    const int ht = gemm_t_h_type(wt->type);
+    const int64_t ldy = (int64_t)y->nb[1] / 4;
+    const int64_t blocks = (n * m + CUDA_BLOCK - 1) / CUDA_BLOCK;
+    h_selected_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), CUDA_BLOCK, 0, st>>>(
+        (const char *)h->data, (int64_t)h->nb[0], (int64_t)h->nb[1], s, n, m, wdata, ht);
+    int rc = cuda_launch_status("select h");
+    if (rc) return rc;
+    const float one = 1.0f, zero = 0.0f;
+    if (g_blas.set_stream(g_blas.handle, st)) return ggml_set_error(GGML_STATUS_BACKEND_ERROR, "cublasSetStream failed");
+    if (ht != GGML_TYPE_F16 || wt->type == GGML_TYPE_F16) { // the weights as they are: one GEMM
+        const int t = ht == GGML_TYPE_F32 ? BLAS_R_32F : ht == GGML_TYPE_BF16 ? BLAS_R_16BF : BLAS_R_16F;
+        if (g_blas.gemm_ex(g_blas.handle, BLAS_OP_N, BLAS_OP_N, (int)d, (int)m, (int)n, &one, wt->data, t, (int)d, wdata,
+                           t, (int)n, &zero, y->data, BLAS_R_32F, (int)ldy,
+                           ht == GGML_TYPE_F32 ? BLAS_COMPUTE_32F_FAST_TF32 : BLAS_COMPUTE_32F, BLAS_GEMM_DEFAULT))
+            return ggml_set_error(GGML_STATUS_BACKEND_ERROR, "cublasGemmEx (axpy rows) failed");
+        return GGML_STATUS_OK;
+    }
+    // quantized rows: dequantized chunk by chunk, each chunk's product added to y
+    const __half *h16 = (const __half *)wdata;
+    __half *wchunk = (__half *)((char *)wdata + align256((size_t)(n * m) * 2));
+    const int64_t chunk = gemm_chunk_rows(wt);
+    for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+        const int64_t nr = n - r0 < chunk ? n - r0 : chunk;
+        if ((rc = cuda_dequant_rows_f16(wt, r0, nr, wchunk, st))) return rc;
+        if (g_blas.gemm_ex(g_blas.handle, BLAS_OP_N, BLAS_OP_N, (int)d, (int)m, (int)nr, &one, wchunk, BLAS_R_16F, (int)d,
+                           h16 + r0, BLAS_R_16F, (int)n, r0 ? &one : &zero, y->data, BLAS_R_32F, (int)ldy,
+                           BLAS_COMPUTE_32F, BLAS_GEMM_DEFAULT))
+            return ggml_set_error(GGML_STATUS_BACKEND_ERROR, "cublasGemmEx (axpy rows, dequantized) failed");
+    }
+    return GGML_STATUS_OK;
+}

@@ -1,7 +1,8 @@
 // sparse.cu: the neuron-aware sparse ops.
 //  - mul_mat_rows: the row kernel of gemv.cu with a selector (mask: each block compacts its selected
 //    rows in shared memory and spends no thread on the others; index list: one grid row per column).
-//  - axpy_rows: y[:, j] = sum over selected rows i of h[i, j] * Wt[i, :]. The grid splits d into slices of
+//  - axpy_rows: y[:, j] = sum over selected rows i of h[i, j] * Wt[i, :]; more than GEMV_MAX_COLS columns
+//    (prompt batches) as GEMMs in gemm.cu, fewer with the kernel here. The grid splits d into slices of
 //    1024 values (32 lanes x 32 values), the rows into chunks of AXPY_ROWS candidates and has one grid
 //    layer per column; a block compacts the selected rows of its chunk, its 8 warps take the listed rows
 //    round-robin (each lane dequantizes its 32 values of a row: coalesced, 16-byte loads where aligned),
@@ -203,7 +204,17 @@ static void axpy_launch(const axpy_params &p, dim3 grid, cudaStream_t st) {
     axpy_kernel<TYPE><<<grid, CUDA_BLOCK, 0, st>>>(p);
 }
 
-int cuda_op_axpy_rows(struct ggml_tensor *dst, cudaStream_t st) {
+static int sel_mode_of(const struct ggml_tensor *dst) {
+    const struct ggml_tensor *sel = dst->src[2];
+    return !sel ? CUDA_SEL_ALL : sel->type == GGML_TYPE_F32 ? CUDA_SEL_MASK : CUDA_SEL_LIST;
+}
+
+size_t cuda_axpy_rows_wsize(const struct ggml_tensor *dst) {
+    const struct ggml_tensor *wt = dst->src[0], *h = dst->src[1];
+    return cuda_gemm_t_takes(wt, h, sel_mode_of(dst)) ? cuda_gemm_t_wsize(wt, h) : 0;
+}
+
+int cuda_op_axpy_rows(struct ggml_tensor *dst, void *wdata, cudaStream_t st) {
     const struct ggml_tensor *wt = dst->src[0], *h = dst->src[1];
     if (!cuda_type_is_weight(wt->type) || h->type != GGML_TYPE_F32)
         return ggml_set_error(GGML_STATUS_UNSUPPORTED, "axpy_rows on CUDA cannot read %s", ggml_type_name(wt->type));
@@ -211,6 +222,8 @@ int cuda_op_axpy_rows(struct ggml_tensor *dst, cudaStream_t st) {
     cuda_rows_sel s = {};
     int rc = sel_check(dst, n_rows, m, &s);
     if (rc) return rc;
+    // a prompt batch: every selected row read once for all columns (the kernel below reads it per column)
+    if (cuda_gemm_t_takes(wt, h, s.mode)) return cuda_gemm_t(wt, h, s, dst, wdata, st);
     if (m > 65535) return ggml_set_error(GGML_STATUS_UNSUPPORTED, "axpy_rows on CUDA: too many columns");
     rc = cuda_status(cudaMemsetAsync(dst->data, 0, ggml_nbytes(dst), st), "memset");
     if (rc) return rc;
