@@ -680,6 +680,76 @@ VNNI_TARGET static void q4_1_gemm_tile_vnni(int64_t n, float *s, int64_t ss, con
     vnni_store_tile(s, ss, acc[0], acc[1]);
 }
 
+// Q4_K . Q8_K: per sub-block of 32, levels (0..15) times x as int16 pairs (maddubs), scaled by the six-bit
+// scale into int32 (vpdpwssd), so one float fma per super-block applies d; the mins times the columns'
+// per-32 sums come off at the end of each super-block
+VNNI_TARGET static void q4_K_gemm_tile_vnni(int64_t n, float *s, int64_t ss, const void *w, size_t bw,
+                                            const void *x, size_t bx) {
+    const block_q4_K *wr[4]; // (4, n / 256) weight rows
+    const block_q8_K *xc[4]; // (4, n / 256) activation columns
+    for (int i = 0; i < 4; i++) {
+        wr[i] = (const block_q4_K *)((const char *)w + i * bw);
+        xc[i] = (const block_q8_K *)((const char *)x + i * bx);
+    }
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        uint8_t sc[4][8];
+        __m128i mins[4]; // (8,) int16 per row
+        for (int r = 0; r < 4; r++) {
+            uint32_t u[3];
+            memcpy(u, wr[r][b].scales, sizeof u);
+            const uint32_t sc_lo = u[0] & 0x3F3F3F3F, sc_hi = (u[2] & 0x0F0F0F0F) | ((u[0] >> 2) & 0x30303030);
+            const uint32_t m_lo = u[1] & 0x3F3F3F3F, m_hi = ((u[2] >> 4) & 0x0F0F0F0F) | ((u[1] >> 2) & 0x30303030);
+            memcpy(sc[r], &sc_lo, 4);
+            memcpy(sc[r] + 4, &sc_hi, 4);
+            mins[r] = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo));
+        }
+        __m256i p[4][4]; // (row, column) int32 lanes
+        for (int r = 0; r < 4; r++)
+            for (int j = 0; j < 4; j++) p[r][j] = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) { // sub-blocks 2c (low nibbles) and 2c + 1 (high)
+            __m256i xl[4], xh[4];
+            for (int j = 0; j < 4; j++) {
+                xl[j] = _mm256_loadu_si256((const __m256i *)(xc[j][b].qs + 64 * c));
+                xh[j] = _mm256_loadu_si256((const __m256i *)(xc[j][b].qs + 64 * c + 32));
+            }
+            for (int r = 0; r < 4; r++) {
+                const __m256i q4 = _mm256_loadu_si256((const __m256i *)(wr[r][b].qs + 32 * c));
+                const __m256i lo = _mm256_and_si256(q4, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), low4);
+                const __m256i s0 = _mm256_set1_epi16(sc[r][2 * c]), s1 = _mm256_set1_epi16(sc[r][2 * c + 1]);
+                for (int j = 0; j < 4; j++) {
+                    p[r][j] = _mm256_dpwssd_epi32(p[r][j], _mm256_maddubs_epi16(lo, xl[j]), s0);
+                    p[r][j] = _mm256_dpwssd_epi32(p[r][j], _mm256_maddubs_epi16(hi, xh[j]), s1);
+                }
+            }
+        }
+        const __m128 dw = avx2_f16x4(wr[0][b].d, wr[1][b].d, wr[2][b].d, wr[3][b].d);
+        const __m128 mw = avx2_f16x4(wr[0][b].dmin, wr[1][b].dmin, wr[2][b].dmin, wr[3][b].dmin);
+        __m128 msum[4]; // per column: each row's sum over sub-blocks of m * sum(x), as floats
+        for (int j = 0; j < 4; j++) {
+            const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)xc[j][b].bsums),
+                                              _mm_loadu_si128((const __m128i *)(xc[j][b].bsums + 8))); // (8,) per 32
+            __m128i v[4];
+            for (int r = 0; r < 4; r++) v[r] = _mm_madd_epi16(bs, mins[r]);
+            msum[j] = _mm_cvtepi32_ps(_mm_hadd_epi32(_mm_hadd_epi32(v[0], v[1]), _mm_hadd_epi32(v[2], v[3])));
+        }
+        for (int h = 0; h < 2; h++) {
+            __m256i q[8];
+            for (int r = 0; r < 4; r++) {
+                q[r] = p[r][2 * h];
+                q[r + 4] = p[r][2 * h + 1];
+            }
+            const __m128 dx0 = _mm_set1_ps(xc[2 * h][b].d), dx1 = _mm_set1_ps(xc[2 * h + 1][b].d);
+            const __m256 sc = _mm256_set_m128(_mm_mul_ps(dw, dx1), _mm_mul_ps(dw, dx0));
+            const __m256 mc = _mm256_set_m128(_mm_mul_ps(mw, dx1), _mm_mul_ps(mw, dx0));
+            acc[h] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(vnni_sum8_epi32(q)), acc[h]);
+            acc[h] = _mm256_fnmadd_ps(mc, _mm256_set_m128(msum[2 * h + 1], msum[2 * h]), acc[h]);
+        }
+    }
+    vnni_store_tile(s, ss, acc[0], acc[1]);
+}
+
 static bool cpu_has_avx512_vnni(void) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512vnni");
@@ -707,5 +777,6 @@ void ggml_quants_install_avx2(struct ggml_type_traits *traits) {
         traits[GGML_TYPE_Q4_1].gemm_tile = q4_1_gemm_tile_vnni;
         traits[GGML_TYPE_Q5_0].gemm_tile = q5_0_gemm_tile_vnni;
         traits[GGML_TYPE_Q8_0].gemm_tile = q8_0_gemm_tile_vnni;
+        traits[GGML_TYPE_Q4_K].gemm_tile = q4_K_gemm_tile_vnni;
     }
 }
