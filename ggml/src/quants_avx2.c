@@ -750,6 +750,62 @@ VNNI_TARGET static void q4_K_gemm_tile_vnni(int64_t n, float *s, int64_t ss, con
     vnni_store_tile(s, ss, acc[0], acc[1]);
 }
 
+// Q6_K . Q8_K: per group of 32 values (two sub-blocks of 16), levels (0..63) times x as int16 pairs
+// (maddubs), each half scaled by its sub-block's scale into int32 (vpdpwssd); the offset 32 comes off
+// through the columns' per-16 sums, seeded into the same int32 lanes, so one fma per super-block remains
+VNNI_TARGET static void q6_K_gemm_tile_vnni(int64_t n, float *s, int64_t ss, const void *w, size_t bw,
+                                            const void *x, size_t bx) {
+    const block_q6_K *wr[4]; // (4, n / 256) weight rows
+    const block_q8_K *xc[4]; // (4, n / 256) activation columns
+    for (int i = 0; i < 4; i++) {
+        wr[i] = (const block_q6_K *)((const char *)w + i * bw);
+        xc[i] = (const block_q8_K *)((const char *)x + i * bx);
+    }
+    const __m256i low4 = _mm256_set1_epi8(0x0F), high2 = _mm256_set1_epi8(0x30), zero = _mm256_setzero_si256();
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        __m256i p[4][4]; // (row, column) int32 lanes, seeded with -32 sum over sub-blocks of scale * sum(x)
+        for (int r = 0; r < 4; r++) {
+            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)wr[r][b].scales));
+            for (int j = 0; j < 4; j++) {
+                const __m256i bs = _mm256_loadu_si256((const __m256i *)xc[j][b].bsums);
+                p[r][j] = _mm256_sub_epi32(zero, _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5));
+            }
+        }
+        for (int g = 0; g < 8; g++) { // values [32 g, 32 g + 32): half g / 4, quarter t
+            const int hh = g / 4, t = g % 4;
+            __m256i xq[4];
+            for (int j = 0; j < 4; j++) xq[j] = _mm256_loadu_si256((const __m256i *)(xc[j][b].qs + 32 * g));
+            for (int r = 0; r < 4; r++) {
+                const block_q6_K *blk = &wr[r][b];
+                const __m256i ql = _mm256_loadu_si256((const __m256i *)(blk->ql + 64 * hh + 32 * (t & 1)));
+                const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk->qh + 32 * hh));
+                const __m256i lo = _mm256_and_si256(t < 2 ? ql : _mm256_srli_epi16(ql, 4), low4);
+                const __m256i hi = _mm256_and_si256(t == 0   ? _mm256_slli_epi16(qh, 4)
+                                                    : t == 1 ? _mm256_slli_epi16(qh, 2)
+                                                    : t == 2 ? qh
+                                                             : _mm256_srli_epi16(qh, 2),
+                                                    high2);
+                const __m256i u = _mm256_or_si256(lo, hi);
+                const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(blk->scales[2 * g + 1]), _mm_set1_epi16(blk->scales[2 * g]));
+                for (int j = 0; j < 4; j++) p[r][j] = _mm256_dpwssd_epi32(p[r][j], _mm256_maddubs_epi16(u, xq[j]), scv);
+            }
+        }
+        const __m128 dw = avx2_f16x4(wr[0][b].d, wr[1][b].d, wr[2][b].d, wr[3][b].d);
+        for (int h = 0; h < 2; h++) {
+            __m256i q[8];
+            for (int r = 0; r < 4; r++) {
+                q[r] = p[r][2 * h];
+                q[r + 4] = p[r][2 * h + 1];
+            }
+            const __m256 sc = _mm256_set_m128(_mm_mul_ps(dw, _mm_set1_ps(xc[2 * h + 1][b].d)),
+                                              _mm_mul_ps(dw, _mm_set1_ps(xc[2 * h][b].d)));
+            acc[h] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(vnni_sum8_epi32(q)), acc[h]);
+        }
+    }
+    vnni_store_tile(s, ss, acc[0], acc[1]);
+}
+
 static bool cpu_has_avx512_vnni(void) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512vnni");
@@ -778,5 +834,6 @@ void ggml_quants_install_avx2(struct ggml_type_traits *traits) {
         traits[GGML_TYPE_Q5_0].gemm_tile = q5_0_gemm_tile_vnni;
         traits[GGML_TYPE_Q8_0].gemm_tile = q8_0_gemm_tile_vnni;
         traits[GGML_TYPE_Q4_K].gemm_tile = q4_K_gemm_tile_vnni;
+        traits[GGML_TYPE_Q6_K].gemm_tile = q6_K_gemm_tile_vnni;
     }
 }
