@@ -12,6 +12,7 @@ import math
 import os
 import platform
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,8 @@ WORKING_SET = 256 << 20  # weight bytes read per measurement: far larger than an
 SPARSE_DENSITY = 0.10  # share of neurons a sparse measurement selects, scattered at random (cold neurons)
 SPARSE_MASKS = 8  # masks per sparse measurement
 ROUNDS = 3  # alternating rounds of the dense and sparse CPU measurements
+UNSTEADY = 1.25  # slowest / fastest round above which the figures are not cached
+BUSY_LOAD = 0.25  # load average per core above which the host is too busy to be measured for the cache
 SPLIT_DENSITY = 0.02  # share of a split layer's CPU neurons that fire per token (the coldest ones)
 CHAIN = 16  # tiny nodes per graph when timing fixed costs
 KERNELS_PER_LAYER = 12  # GPU launches of a decode layer after fusion (docs/BENCHMARKS.md)
@@ -83,16 +86,34 @@ def cache_path(type_name: str, n_threads: int) -> Path:
     return cache_dir() / "machines" / f"{host_key(type_name, n_threads)}.json"
 
 
+def _busy() -> str | None:
+    """Why the host is too busy to measure it now (a build, another benchmark), or None."""
+    try:
+        load_1min = os.getloadavg()[0]
+    except OSError:
+        return None
+    cores = os.cpu_count() or 1
+    return f"load average {load_1min:.1f} on {cores} cores" if load_1min > BUSY_LOAD * cores else None
+
+
 def profile_for(weight_type: int, n_threads: int) -> MachineProfile:
-    """This machine's profile for a weight type: from the cache, else measured now and cached."""
+    """This machine's profile for a weight type: from the cache, else measured now and cached, unless the host
+    was busy or the timing rounds disagreed: such figures serve this run only (a warning says so), since a
+    cached profile decides every later placement on this machine."""
     from pyinfer import ggml
 
     name = ggml.type_name(weight_type)
     path = cache_path(name, n_threads)
     if path.is_file():
         return load(path)
-    profile = measure(weight_type, n_threads)
-    save(profile, path)
+    busy = _busy()
+    profile, spread = measure(weight_type, n_threads)
+    why = busy or (f"its timing rounds differed by {100 * (spread - 1):.0f} %" if spread > UNSTEADY else None)
+    if why:
+        print(f"pyinfer: machine figures measured while the host was unsteady ({why}): used for this run, "
+              "not cached", file=sys.stderr)
+    else:
+        save(profile, path)
     return profile
 
 
@@ -161,9 +182,9 @@ def _per_link_us(ctx, pool, link, start) -> float:
     return max(0.0, 1e3 * (times[1] - times[0]) / (2 * CHAIN))
 
 
-def _cpu_figures(type_: int, n_threads: int, rng) -> tuple[float, float, float]:
-    """(dense GB/s, sparse GB/s, fixed us per CPU node) on the CPU. Dense and sparse reads of the same bytes
-    are timed in alternating rounds, medians kept: the shared host's speed drifts between seconds."""
+def _cpu_figures(type_: int, n_threads: int, rng) -> tuple[float, float, float, float]:
+    """(dense GB/s, sparse GB/s, fixed us per CPU node, slowest / fastest round) on the CPU. Dense and sparse
+    reads of the same bytes are timed in alternating rounds, medians kept: the shared host's speed drifts."""
     from pyinfer import ggml
 
     pool = ggml.ThreadPool(n_threads)
@@ -184,8 +205,9 @@ def _cpu_figures(type_: int, n_threads: int, rng) -> tuple[float, float, float]:
         dense_ms.append(dense.median_ms(pool, 5))
         sparse_ms.append(sparse.median_ms(pool, 5))
     node_us = _per_link_us(ctx, pool, lambda y: ctx.scale(y, 1.0), x)
+    spread = max(max(dense_ms) / min(dense_ms), max(sparse_ms) / min(sparse_ms))
     return (_gbps(w.nbytes, float(np.median(dense_ms))),
-            _gbps(sum(int(p.sum()) for p in picks) * 3 * row, float(np.median(sparse_ms))), node_us)
+            _gbps(sum(int(p.sum()) for p in picks) * 3 * row, float(np.median(sparse_ms))), node_us, spread)
 
 
 def _gpu_figures(type_: int, rng) -> tuple[float, float, float]:
@@ -250,8 +272,9 @@ def _split_us(type_: int, n_threads: int, cpu_sparse_gbps: float, kernel_us: flo
     return max(0.0, link_us - 2 * kernel_us - rows_us)
 
 
-def measure(weight_type: int, n_threads: int) -> MachineProfile:
-    """This machine's figures for weight_type with n_threads CPU threads (a few seconds)."""
+def measure(weight_type: int, n_threads: int) -> tuple[MachineProfile, float]:
+    """This machine's figures for weight_type with n_threads CPU threads (a few seconds), and how much the
+    CPU's timing rounds disagreed (slowest / fastest)."""
     from pyinfer import ggml
 
     if not ggml.cuda_available():
@@ -259,7 +282,7 @@ def measure(weight_type: int, n_threads: int) -> MachineProfile:
     if weight_type not in ggml.WEIGHT_TYPES:
         raise UnsupportedError(f"cannot measure weights of type {ggml.type_name(weight_type)}")
     rng = np.random.default_rng(0)
-    cpu_dense, cpu_sparse, cpu_node_us = _cpu_figures(weight_type, n_threads, rng)
+    cpu_dense, cpu_sparse, cpu_node_us, spread = _cpu_figures(weight_type, n_threads, rng)
     gpu_dense, gpu_sparse, kernel_us = _gpu_figures(weight_type, rng)
     xfer_us = _split_us(weight_type, n_threads, cpu_sparse, kernel_us, rng)
     profile = MachineProfile(name=host_key(ggml.type_name(weight_type), n_threads), cpu_dense_gbps=cpu_dense,
@@ -268,4 +291,4 @@ def measure(weight_type: int, n_threads: int) -> MachineProfile:
                              cpu_layer_us=CPU_NODES_PER_LAYER * cpu_node_us)
     if not all(math.isfinite(v) for v in dataclasses.astuple(profile)[1:]):
         raise UnsupportedError(f"machine measurement gave non-finite figures: {profile}")
-    return profile
+    return profile, spread

@@ -203,3 +203,17 @@ def test_plan_command_bad_input_is_one_line(tiny_sparse, args, message):
 def test_plan_command_without_gpu_asks_for_a_target(tiny_sparse):
     res = _plan_cli("-m", tiny_sparse, "--vram-budget", "1GiB")
     assert res.returncode == 1 and "--machine" in res.stderr and "--gpu-dense-bw" in res.stderr
+
+
+@pytest.mark.parametrize("load, spread, cached", [(0.0, 1.05, True), (100.0, 1.05, False), (0.0, 1.6, False)])
+def test_machine_figures_from_a_busy_host_are_not_cached(tmp_path, monkeypatch, capsys, load, spread, cached):
+    # a profile measured while llama.cpp compiled (load 9 on 16 cores) planned every later run of the machine
+    from pyinfer import ggml, machine
+
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    figures = MachineProfile("here", 50.0, 40.0, 2000.0, 500.0, 20.0, 22.0, 45.0)
+    monkeypatch.setattr(machine, "measure", lambda weight_type, n_threads: (figures, spread))
+    monkeypatch.setattr(machine.os, "getloadavg", lambda: (load, load, load))
+    assert machine.profile_for(ggml.F16, 4) == figures
+    assert machine.cache_path("f16", 4).is_file() == cached
+    assert ("not cached" in capsys.readouterr().err) != cached

@@ -47,9 +47,16 @@ import dataclasses, json
 print(json.dumps(dataclasses.asdict(machine.profile_for(ggml.$t, 16))))"; done | tee "$OUT/profiles.jsonl"
 }
 
+idle() {  # until the 1-minute load average is below 2, at most 300 s: builds and model writes skew timings
+    local t=0
+    while awk '{exit !($1 >= 2)}' /proc/loadavg && [ $t -lt 300 ]; do sleep 5; t=$((t + 5)); done
+    echo "load $(cut -d' ' -f1-3 /proc/loadavg) after ${t} s"
+}
+
 compare() {  # NAME LABEL [bench_hybrid flags...]: ours under budgets against llama.cpp's best
     local name=$1 label=$2; shift 2
     wait_for "$W/$name.done" && wait_for "$W/llama-src/build/bin/llama-bench" || return 1
+    idle
     python3 -m pyinfer.tools.bench_hybrid --ours "$W/$name.gguf" --dense "$W/$name-dense.gguf" \
         --llama-bench "$W/llama-src/build/bin/llama-bench" --label "$label" --json "$OUT/$name.json" -t 16 "$@" \
         2> "$OUT/$name.log" | tee "$OUT/$name.md"
