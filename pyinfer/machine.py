@@ -211,7 +211,7 @@ def _cpu_figures(type_: int, n_threads: int, rng) -> tuple[float, float, float, 
 
 
 def _gpu_figures(type_: int, rng) -> tuple[float, float, float]:
-    """(dense GB/s, sparse GB/s, fixed us per layer) on the GPU."""
+    """(dense GB/s, sparse GB/s, fixed us per kernel) on the GPU."""
     from pyinfer import ggml
 
     pool = ggml.ThreadPool(1)
