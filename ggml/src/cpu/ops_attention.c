@@ -1,4 +1,5 @@
 // ops_attention.c: rope, soft_max, kv_store and attention over the KV cache.
+#include "exp_avx2.h"
 #include "ops_kernels.h"
 #include "../rope.h"
 
@@ -156,27 +157,12 @@ static float attn_exp_scalar(float *y, int64_t n, float mx) {
 }
 
 #if defined(__x86_64__)
-#include <immintrin.h>
-
-// exp for x <= 0 (Cephes' expf): x = n ln2 + r, |r| <= ln2 / 2, exp(r) by a degree-7 polynomial, times 2^n
 __attribute__((target("avx2,fma"))) static float attn_exp_avx2(float *y, int64_t n, float mx) {
-    const __m256 vmx = _mm256_set1_ps(mx), lo = _mm256_set1_ps(-87.3f), log2e = _mm256_set1_ps(1.44269504f);
-    const __m256 c1 = _mm256_set1_ps(0.693359375f), c2 = _mm256_set1_ps(-2.12194440e-4f), one = _mm256_set1_ps(1.0f);
+    const __m256 vmx = _mm256_set1_ps(mx);
     __m256 acc = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        const __m256 x = _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(y + i), vmx), lo);
-        const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        const __m256 r = _mm256_fnmadd_ps(k, c2, _mm256_fnmadd_ps(k, c1, x));
-        __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-        p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, one));
-        const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-        const __m256 v = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+        const __m256 v = ggml_exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(y + i), vmx));
         _mm256_storeu_ps(y + i, v);
         acc = _mm256_add_ps(acc, v);
     }
@@ -189,7 +175,7 @@ __attribute__((target("avx2,fma"))) static float attn_exp_avx2(float *y, int64_t
 
 static attn_exp_fn attn_exp_pick(void) {
 #if defined(__x86_64__)
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return attn_exp_avx2;
+    if (ggml_cpu_has_avx2_fma()) return attn_exp_avx2;
 #endif
     return attn_exp_scalar;
 }

@@ -27,14 +27,15 @@ static inline void *ggml_cpu_thread_scratch(const struct ggml_compute_params *p,
 
 static inline float ggml_silu_f32(float x) { return x / (1.0f + expf(-x)); }
 
-// tanh approximation, as llama.cpp
 static inline float ggml_gelu_erf_f32(float x) {
     return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f)); // x * Phi(x)
 }
 
+#define GGML_GELU_C 0.7978845608028654f // sqrt(2 / pi)
+
+// tanh approximation, as llama.cpp
 static inline float ggml_gelu_f32(float x) {
-    const float c = 0.7978845608028654f; // sqrt(2 / pi)
-    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+    return 0.5f * x * (1.0f + tanhf(GGML_GELU_C * (x + 0.044715f * x * x * x)));
 }
 
 // --- ops_elementwise.c ---
