@@ -47,8 +47,9 @@ struct ggml_context {
     int n_device_buffers, cap_device_buffers;
 };
 
-// large contexts (weights, FFN bundles) on 2 MiB pages where the kernel has them: sparse reads jump between
-// rows all over gigabytes, and 4 KiB pages cost a TLB miss every few rows
+// large contexts on 2 MiB pages where the kernel has them, as numpy gives the FFN bundles: sparse reads jump
+// between rows all over gigabytes, and 4 KiB pages cost a TLB miss every few rows (the machine profile
+// measures the CPU's sparse rate on weights in a context, so it reads memory as the bundles do)
 #define HUGE_PAGE ((size_t)2 << 20)
 
 static void *context_memory(size_t size) {

@@ -541,9 +541,13 @@ VNNI_TARGET static inline __m256i vnni_sum8_epi32(const __m256i p[8]) {
 }
 
 // the 8 pair scales: weight scales of rows 0..3 times the scale of column j (lanes 0..3) and j + 1 (4..7)
+VNNI_TARGET static inline __m256 vnni_pair_scales_f32(__m128 dw, float dx0, float dx1) {
+    return _mm256_set_m128(_mm_mul_ps(dw, _mm_set1_ps(dx1)), _mm_mul_ps(dw, _mm_set1_ps(dx0)));
+}
+
+// the same for columns whose scales are f16
 VNNI_TARGET static inline __m256 vnni_pair_scales(__m128 dw, uint16_t dx0, uint16_t dx1) {
-    const __m256 w = _mm256_set_m128(dw, dw);
-    return _mm256_mul_ps(w, _mm256_set_m128(_mm_set1_ps(avx2_f16(dx1)), _mm_set1_ps(avx2_f16(dx0))));
+    return vnni_pair_scales_f32(dw, avx2_f16(dx0), avx2_f16(dx1));
 }
 
 // acc01 lanes r + 4 j for columns 0, 1; acc23 for 2, 3 -> s[j * ss + r]
@@ -680,6 +684,16 @@ VNNI_TARGET static void q4_1_gemm_tile_vnni(int64_t n, float *s, int64_t ss, con
     vnni_store_tile(s, ss, acc[0], acc[1]);
 }
 
+// p[r][j]: int32 lanes of the pair (row r, column j); lane r + 4 j' of the result = the sum of p[r][2 h + j']
+VNNI_TARGET static inline __m256 vnni_pair_sums(__m256i p[4][4], int h) {
+    __m256i q[8];
+    for (int r = 0; r < 4; r++) {
+        q[r] = p[r][2 * h];
+        q[r + 4] = p[r][2 * h + 1];
+    }
+    return _mm256_cvtepi32_ps(vnni_sum8_epi32(q));
+}
+
 // Q4_K . Q8_K: per sub-block of 32, levels (0..15) times x as int16 pairs (maddubs), scaled by the six-bit
 // scale into int32 (vpdpwssd), so one float fma per super-block applies d; the mins times the columns'
 // per-32 sums come off at the end of each super-block
@@ -735,16 +749,10 @@ VNNI_TARGET static void q4_K_gemm_tile_vnni(int64_t n, float *s, int64_t ss, con
             msum[j] = _mm_cvtepi32_ps(_mm_hadd_epi32(_mm_hadd_epi32(v[0], v[1]), _mm_hadd_epi32(v[2], v[3])));
         }
         for (int h = 0; h < 2; h++) {
-            __m256i q[8];
-            for (int r = 0; r < 4; r++) {
-                q[r] = p[r][2 * h];
-                q[r + 4] = p[r][2 * h + 1];
-            }
-            const __m128 dx0 = _mm_set1_ps(xc[2 * h][b].d), dx1 = _mm_set1_ps(xc[2 * h + 1][b].d);
-            const __m256 sc = _mm256_set_m128(_mm_mul_ps(dw, dx1), _mm_mul_ps(dw, dx0));
-            const __m256 mc = _mm256_set_m128(_mm_mul_ps(mw, dx1), _mm_mul_ps(mw, dx0));
-            acc[h] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(vnni_sum8_epi32(q)), acc[h]);
-            acc[h] = _mm256_fnmadd_ps(mc, _mm256_set_m128(msum[2 * h + 1], msum[2 * h]), acc[h]);
+            const float dx0 = xc[2 * h][b].d, dx1 = xc[2 * h + 1][b].d;
+            acc[h] = _mm256_fmadd_ps(vnni_pair_scales_f32(dw, dx0, dx1), vnni_pair_sums(p, h), acc[h]);
+            acc[h] = _mm256_fnmadd_ps(vnni_pair_scales_f32(mw, dx0, dx1), _mm256_set_m128(msum[2 * h + 1], msum[2 * h]),
+                                      acc[h]);
         }
     }
     vnni_store_tile(s, ss, acc[0], acc[1]);
@@ -792,16 +800,9 @@ VNNI_TARGET static void q6_K_gemm_tile_vnni(int64_t n, float *s, int64_t ss, con
             }
         }
         const __m128 dw = avx2_f16x4(wr[0][b].d, wr[1][b].d, wr[2][b].d, wr[3][b].d);
-        for (int h = 0; h < 2; h++) {
-            __m256i q[8];
-            for (int r = 0; r < 4; r++) {
-                q[r] = p[r][2 * h];
-                q[r + 4] = p[r][2 * h + 1];
-            }
-            const __m256 sc = _mm256_set_m128(_mm_mul_ps(dw, _mm_set1_ps(xc[2 * h + 1][b].d)),
-                                              _mm_mul_ps(dw, _mm_set1_ps(xc[2 * h][b].d)));
-            acc[h] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(vnni_sum8_epi32(q)), acc[h]);
-        }
+        for (int h = 0; h < 2; h++)
+            acc[h] = _mm256_fmadd_ps(vnni_pair_scales_f32(dw, xc[2 * h][b].d, xc[2 * h + 1][b].d), vnni_pair_sums(p, h),
+                                     acc[h]);
     }
     vnni_store_tile(s, ss, acc[0], acc[1]);
 }
