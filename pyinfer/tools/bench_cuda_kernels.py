@@ -21,12 +21,14 @@ import numpy as np
 
 from pyinfer import _pyinfer_native, ggml
 from pyinfer._native import check
+from pyinfer.tools.make_synthetic_model import power_law_freqs
 
 ROOT = Path(__file__).resolve().parents[2]  # reads the C headers of the checkout
 
 SHAPES = [(4096, 11008), (5120, 13824), (576, 1536)]  # (k, n): LLaMA-13B/7B FFN and SmolLM2-135M
 DENSITIES = [0.01, 0.05, 0.10, 0.25, 0.50, 1.00]
 SPARSE_TYPES = (ggml.F16, ggml.Q4_0, ggml.Q8_0, ggml.Q4_K)
+L2_COPIES = 8  # weight copies the sparse ops rotate through: 10 % of 8 x 25-141 MB is more than the 50 MB L2
 
 
 
@@ -87,13 +89,23 @@ class Cuda:
         self.lib.ggml_cuda_graph_free(exec_)
         return dt / (replays * n_calls)
 
-    def forward_timer(self, out: ggml.Tensor, n_calls: int, replays: int) -> float:
-        """Gives the op node `out` device memory for its result and scratch, then times it."""
-        node = self.node(out)
-        node.data = self.malloc(out.nbytes)
-        wsize = self.lib.ggml_cuda_op_wsize(node)
-        wdata = self.malloc(wsize) if wsize else self.ffi.NULL
-        return self.time_calls(lambda: self.lib.ggml_cuda_forward(node, wdata, self.stream), n_calls, replays)
+    def forward_timer(self, outs, n_calls: int, replays: int) -> float:
+        """Gives each op node of `outs` (one, or copies of an op over different weights, taken in turn so
+        that their rows come from device memory rather than L2) device memory for its result and scratch,
+        then times it."""
+        nodes = []
+        for out in outs if isinstance(outs, list) else [outs]:
+            node = self.node(out)
+            node.data = self.malloc(out.nbytes)
+            wsize = self.lib.ggml_cuda_op_wsize(node)
+            nodes.append((node, self.malloc(wsize) if wsize else self.ffi.NULL))
+        turn = iter(range(1 << 30))
+
+        def call():
+            node, wdata = nodes[next(turn) % len(nodes)]
+            return self.lib.ggml_cuda_forward(node, wdata, self.stream)
+
+        return self.time_calls(call, n_calls, replays)
 
 
 def copy_bandwidth(cu: Cuda, calls: int, replays: int) -> float:
@@ -111,8 +123,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=50, help="forward calls captured per CUDA graph")
     ap.add_argument("--replays", type=int, default=20, help="replays of the graph timed")
-    ap.add_argument("--only", help="one weight type (e.g. q4_0) and no sparse table: for profiling")
+    ap.add_argument("--only", help="one weight type (e.g. q4_0), and no sparse table unless --shapes is given")
+    ap.add_argument("--masks", choices=("random", "power-law"), default="random",
+                    help="sparse table: uniform random masks, or hot-first power-law ones as a PowerGGUF's "
+                         "neurons fire (make_synthetic_model's frequencies, 17 %% of neurons carrying 80 %%)")
+    ap.add_argument("--shapes", help="k x n shapes to time, e.g. 5120x13824 (default: all)")
     args = ap.parse_args()
+    shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")] if args.shapes else SHAPES
     cu = Cuda()
     rng = np.random.default_rng(0)
     bw = copy_bandwidth(cu, args.calls, args.replays)
@@ -123,7 +140,7 @@ def main() -> None:
     print("| type | k x n | weight MB | us | GB/s | % of copy |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     dense_us = {}
-    for k, n in SHAPES:
+    for k, n in shapes:
         for type_ in ggml.WEIGHT_TYPES:
             if k % ggml.block_size(type_) or (args.only and ggml.type_name(type_) != args.only):
                 continue
@@ -135,25 +152,29 @@ def main() -> None:
             print(f"| {ggml.type_name(type_)} | {k} x {n} | {w.nbytes / 1e6:.1f} | {sec * 1e6:.1f} | "
                   f"{w.nbytes / sec / 1e9:.0f} | {100 * w.nbytes / sec / bw:.0f} |")
 
-    if args.only:
+    if args.only and not args.shapes:
         return
-    print("\n## Sparse ops vs the dense GEMV of the same matrix (random F32 masks, m = 1)\n")
+    print(f"\n## Sparse ops vs the dense GEMV of the same matrix ({args.masks} F32 masks, m = 1)\n")
     print("| type | k x n | density | mul_mat_rows us | speed-up | axpy_rows us | speed-up |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
-    for k, n in SHAPES[:2]:
+    for k, n in shapes if args.shapes else SHAPES[:2]:
         for type_ in SPARSE_TYPES:
-            ctx = ggml.Context(ggml.row_size(type_, k) * n + (16 << 20))
-            w = weight(ctx, type_, n, k, rng)  # mul_mat_rows: n rows of k; axpy_rows: n rows of d = k
+            if args.only and ggml.type_name(type_) != args.only:
+                continue
+            ctx = ggml.Context(L2_COPIES * ggml.row_size(type_, k) * n + (16 << 20))
+            # mul_mat_rows: n rows of k; axpy_rows: n rows of d = k. Copies: a selection's rows would stay in
+            # L2 from one call to the next, unlike a decode step's, which reads every layer in between
+            ws = [weight(ctx, type_, n, k, rng) for _ in range(L2_COPIES)]
             x = ctx.tensor_from_numpy(rng.standard_normal(k).astype(np.float32)).to_device()
             h = ctx.tensor_from_numpy(rng.standard_normal(n).astype(np.float32)).to_device()
             for dens in DENSITIES:
-                mask = ctx.tensor_from_numpy(np.where(rng.random(n) < dens, 1.0, -1.0).astype(np.float32)).to_device()
-                t_mmr = cu.forward_timer(ctx.mul_mat_rows(w, x, mask), args.calls, args.replays) * 1e6
-                t_axpy = cu.forward_timer(ctx.axpy_rows(w, h, mask), args.calls, args.replays) * 1e6
+                p = power_law_freqs(n, dens) if args.masks == "power-law" and dens < 1 else np.full(n, dens)
+                mask = ctx.tensor_from_numpy(np.where(rng.random(n) < p, 1.0, -1.0).astype(np.float32)).to_device()
+                t_mmr = cu.forward_timer([ctx.mul_mat_rows(w, x, mask) for w in ws], args.calls, args.replays) * 1e6
+                t_axpy = cu.forward_timer([ctx.axpy_rows(w, h, mask) for w in ws], args.calls, args.replays) * 1e6
                 base = dense_us[(type_, k, n)]
                 print(f"| {ggml.type_name(type_)} | {k} x {n} | {dens:.0%} | {t_mmr:.1f} | {base / t_mmr:.1f}x | "
                       f"{t_axpy:.1f} | {base / t_axpy:.1f}x |")
-
 
 if __name__ == "__main__":
     main()
