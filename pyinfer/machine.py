@@ -228,8 +228,10 @@ def _gpu_figures(type_: int, rng) -> tuple[float, float, float]:
 
     dense = [ctx.mul_mat(rows(i * per, per), x) for i in range(slices)]
     dense_ms = ggml.Graph(ctx, dense).plan().median_ms(pool, 15)
-    # a split layer's hot half: selected rows of gate and up, the activation, the same rows of down_t; each
-    # matrix as large as a big model's (tens of MB), or the fixed costs of the launches would dominate
+    # a split layer's hot half as sparse_ffn.rows_ffn builds it (one fused group on CUDA): selected rows of
+    # gate and up, the activation, the same rows of down_t; each matrix as large as a big model's (tens of
+    # MB), or the fixed costs of the launches would dominate. silu keeps every selected row (relu would
+    # drop those whose gate is negative from up and down), so the bytes below are the bytes read.
     third, outs, picked = slices * per // 6, [], 0
     for r0 in (0, 3 * third):
         sel = rng.random(third) < SPARSE_DENSITY
@@ -237,7 +239,7 @@ def _gpu_figures(type_: int, rng) -> tuple[float, float, float]:
         mask = ctx.tensor_from_numpy(np.where(sel, 1.0, -1.0).astype(np.float32)).to_device()
         gate = ctx.mul_mat_rows(rows(r0, third), x, mask)
         up = ctx.mul_mat_rows(rows(r0 + third, third), x, mask)
-        outs.append(ctx.axpy_rows(rows(r0 + 2 * third, third), ctx.mul(ctx.relu(gate), up), mask))
+        outs.append(ctx.axpy_rows(rows(r0 + 2 * third, third), ctx.mul(ctx.silu(gate), up), mask))
     sparse_ms = ggml.Graph(ctx, outs).plan().median_ms(pool, 15)
     small = ctx.tensor_from_numpy(rng.standard_normal(64).astype(np.float32)).to_device()
     kernel_us = _per_link_us(ctx, pool, lambda y: ctx.scale(y, 1.0), small)

@@ -127,8 +127,8 @@ class _StepGraph:
                           hot_rows=model.hot_rows, stream=stream, precise=model.precise)
         self.logits = models.builder_for(cfg.arch)(builder, self.inputs)  # (n_out, n_vocab)
         # the masks the host can count for free: per layer (n_tokens, rows) of the neurons the CPU computes
-        # (reading the GPU's would cost a copy and a wait per layer and token)
-        masks = [m for m in spec.masks.values() if not m.on_device] if spec else []
+        # (the builder records no GPU layer's: reading one would cost a copy and a wait per layer and token)
+        masks = list(spec.masks.values()) if spec else []
         if stream:
             model.pin_host_weights()
         self.graph = ggml.Graph(self.ctx, [self.logits, *self.captured.values(), *masks],

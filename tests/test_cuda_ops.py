@@ -427,6 +427,53 @@ def test_fused_decode_chains(type_, data, seed, act, layer):
             assert not bad.any(), f"{name}: {bad.sum()} of {bad.size} off, got {result[bad][:3]} want {want[bad][:3]}"
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(type_=st.sampled_from(ggml.WEIGHT_TYPES), data=st.data(), seed=st.integers(0, 2**31),
+       act=st.sampled_from(["silu", "gelu", "relu"]), hot_first=st.booleans())
+def test_fused_sparse_ffn(type_, data, seed, act, hot_first):
+    """One token's sparse FFN as sparse_ffn.rows_ffn builds it (gate rows under the predictor's mask, act,
+    up rows under the same mask or, for relu, under relu(gate), mul, axpy of down_t) runs on CUDA as one
+    fused group: against float64 and the unfused CPU graph, for masks of any density, hot-first or not."""
+    rng = np.random.default_rng(seed)
+    k = row_len(type_, data.draw)
+    n = data.draw(st.integers(1, 2000))
+    density = data.draw(st.sampled_from([0.0, 0.02, 0.1, 0.5, 1.0]))
+    on = rng.random(n) < density
+    if hot_first:  # a dense head (the hot neurons stored first), a sparser tail
+        head = int(n * density / 2)
+        on = np.concatenate([np.ones(head, bool), rng.random(n - head) < density / 4])
+    pred = np.where(on, rng.uniform(0.1, 2.0, n), -rng.uniform(0.0, 2.0, n)).astype(np.float32)
+    pred[~on & (rng.random(n) < 0.1)] = 0.0  # zero logits select nothing
+    x = rng.standard_normal(k).astype(np.float32)
+    wg, wu, wdt = (rng.standard_normal((n, k)).astype(np.float32) for _ in range(3))
+
+    def build(ctx):
+        h, p = tensor(ctx, x), tensor(ctx, pred)
+        a = getattr(ctx, act)(ctx.mul_mat_rows(tensor(ctx, wg, type_), h, p))
+        sel = a if act == "relu" else p
+        up = ctx.mul_mat_rows(tensor(ctx, wu, type_), h, sel)
+        return [ctx.axpy_rows(tensor(ctx, wdt, type_), ctx.mul(a, up), sel)]
+
+    graphs = []
+    (got,), (cpu,) = (run(build, b, graphs) for b in ("cuda", "cpu"))
+    fuses = type_ in QUANT_TYPES or k % (4 if type_ == ggml.F32 else 8) == 0  # float rows: 16-byte aligned
+    assert graphs == [4 if fuses else 0, 0], graphs
+
+    wg64, wu64, wd64 = (weight_values(type_, w) for w in (wg, wu, wdt))
+    g, u = wg64 @ x, wu64 @ x
+    tol_g, tol_u = (DOT_TOL[type_] * (np.abs(w) @ np.abs(x)) + 1e-4 for w in (wg64, wu64))
+    a = getattr(ref, act)(g)
+    computed = on & (g > 0) if act == "relu" else on
+    want_act = np.where(computed, a * u, 0.0)
+    # |d act| <= 1.13 |d g|; a relu row with |g| within its error may go either way
+    tol_act = on * (1.13 * tol_g * (np.abs(u) + tol_u) + np.abs(a) * tol_u + 1e-4)
+    want = want_act @ wd64
+    tol = tol_act @ np.abs(wd64) + DOT_TOL[type_] * (np.abs(want_act) @ np.abs(wd64)) + 1e-4
+    for name, result in (("cuda", got.reshape(-1)), ("cpu", cpu.reshape(-1))):
+        bad = ~(np.abs(result - want) <= tol)
+        assert not bad.any(), f"{name}: {bad.sum()} of {bad.size} off, got {result[bad][:3]} want {want[bad][:3]}"
+
+
 def test_gemm_large_quantized_and_f16():
     """A GEMM big enough for several cuBLAS tiles (and, for Q4_0, the dequantize-to-F16 path)."""
     rng = np.random.default_rng(7)

@@ -40,8 +40,8 @@ class SparseSpec:
     pred_bias: per layer the predictor's output bias minus the run-time logit threshold, (n_ff,) F32.
     neg_thresholds: per layer (n_ff,) F32 filled with -t_l, for layers whose t_l > 0.
     oracle: the mask is the true active set, computed densely (tests: sparse == dense).
-    masks: filled while building a graph, layer -> (n_tokens, n_ff) down-projection mask, which the
-    runtime keeps as a graph output to count the realised density.
+    masks: filled while building a graph, layer -> (n_tokens, rows) down-projection mask of the neurons the
+    CPU computes, which the runtime keeps as a graph output to count the realised density.
     """
 
     kind: str
@@ -184,7 +184,9 @@ def ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
     else:
         up = b.weights.get(f"blk.{il}.ffn_up.weight")
         on_gpu = up is not None and up.on_device
-        y, spec.masks[il], act = rows_ffn(b, il, h, pred, dense=n > (GPU_DENSE_ABOVE if on_gpu else spec.dense_above))
+        y, mask, act = rows_ffn(b, il, h, pred, dense=n > (GPU_DENSE_ABOVE if on_gpu else spec.dense_above))
+        if not on_gpu:  # a GPU layer's mask would cost a copy to the host a token (and block the FFN's fusion)
+            spec.masks[il] = mask
         if b.capture is not None:
             b.capture[f"ffn_inp.{il}"] = h  # (n, n_embd)
             b.capture[f"ffn_act.{il}"] = act  # (n, n_ff), before the down mask

@@ -1,5 +1,7 @@
 """CUDA kernel benchmark: dense GEMV per weight type against the device copy bandwidth, and the sparse
-ops (mul_mat_rows, axpy_rows) at several densities against the dense GEMV of the same matrix.
+ops (mul_mat_rows, axpy_rows) at several densities against the dense GEMV of the same matrix, and one
+token's whole sparse FFN (the fused group of sparse_ffn.cu: gate and up rows, act, down_t rows) against
+the three dense GEMVs of the same FFN.
 
 Kernels are timed without the graph executor: each op's node gets device buffers directly and N calls
 of ggml_cuda_forward are captured into one CUDA graph, which is replayed; time per call = wall time of
@@ -107,6 +109,24 @@ class Cuda:
 
         return self.time_calls(call, n_calls, replays)
 
+    def sparse_ffn_timer(self, runs, n_calls: int, replays: int) -> float:
+        """Times fused sparse FFN groups: each run is its five nodes (gate rows, act, up rows, mul, axpy of
+        down_t), the runs over different weights taken in turn, as forward_timer's copies are."""
+        groups = []
+        for run in runs:
+            nodes = self.ffi.new("struct ggml_tensor *[]", [self.node(t) for t in run])
+            for t, node in zip(run, nodes, strict=True):
+                node.data = self.malloc(t.nbytes)
+            group = self.ffi.new("struct ggml_cuda_group *", {"kind": self.lib.GGML_CUDA_FUSE_SPARSE_FFN, "len": 5})
+            groups.append((group, nodes, self.malloc(max(self.lib.ggml_cuda_op_wsize(n) for n in nodes))))
+        turn = iter(range(1 << 30))
+
+        def call():
+            group, nodes, wdata = groups[next(turn) % len(groups)]
+            return self.lib.ggml_cuda_forward_group(group, nodes, wdata, self.stream)
+
+        return self.time_calls(call, n_calls, replays)
+
 
 def copy_bandwidth(cu: Cuda, calls: int, replays: int) -> float:
     n = 1 << 30
@@ -155,16 +175,18 @@ def main() -> None:
     if args.only and not args.shapes:
         return
     print(f"\n## Sparse ops vs the dense GEMV of the same matrix ({args.masks} F32 masks, m = 1)\n")
-    print("| type | k x n | density | mul_mat_rows us | speed-up | axpy_rows us | speed-up |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| type | k x n | density | mul_mat_rows us | speed-up | axpy_rows us | speed-up | sparse FFN us "
+          "| vs 3 dense GEMVs |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for k, n in shapes if args.shapes else SHAPES[:2]:
         for type_ in SPARSE_TYPES:
             if args.only and ggml.type_name(type_) != args.only:
                 continue
-            ctx = ggml.Context(L2_COPIES * ggml.row_size(type_, k) * n + (16 << 20))
+            ctx = ggml.Context(3 * L2_COPIES * ggml.row_size(type_, k) * n + (16 << 20))
             # mul_mat_rows: n rows of k; axpy_rows: n rows of d = k. Copies: a selection's rows would stay in
             # L2 from one call to the next, unlike a decode step's, which reads every layer in between
             ws = [weight(ctx, type_, n, k, rng) for _ in range(L2_COPIES)]
+            ffns = [(ws[i], weight(ctx, type_, n, k, rng), weight(ctx, type_, n, k, rng)) for i in range(L2_COPIES)]
             x = ctx.tensor_from_numpy(rng.standard_normal(k).astype(np.float32)).to_device()
             h = ctx.tensor_from_numpy(rng.standard_normal(n).astype(np.float32)).to_device()
             for dens in DENSITIES:
@@ -172,9 +194,17 @@ def main() -> None:
                 mask = ctx.tensor_from_numpy(np.where(rng.random(n) < p, 1.0, -1.0).astype(np.float32)).to_device()
                 t_mmr = cu.forward_timer([ctx.mul_mat_rows(w, x, mask) for w in ws], args.calls, args.replays) * 1e6
                 t_axpy = cu.forward_timer([ctx.axpy_rows(w, h, mask) for w in ws], args.calls, args.replays) * 1e6
+                runs = []
+                for wg, wu, wd in ffns:
+                    gate = ctx.mul_mat_rows(wg, x, mask)
+                    act = ctx.silu(gate)
+                    up = ctx.mul_mat_rows(wu, x, mask)
+                    mul = ctx.mul(act, up)
+                    runs.append([gate, act, up, mul, ctx.axpy_rows(wd, mul, mask)])
+                t_ffn = cu.sparse_ffn_timer(runs, args.calls, args.replays) * 1e6
                 base = dense_us[(type_, k, n)]
                 print(f"| {ggml.type_name(type_)} | {k} x {n} | {dens:.0%} | {t_mmr:.1f} | {base / t_mmr:.1f}x | "
-                      f"{t_axpy:.1f} | {base / t_axpy:.1f}x |")
+                      f"{t_axpy:.1f} | {base / t_axpy:.1f}x | {t_ffn:.1f} | {3 * base / t_ffn:.1f}x |")
 
 if __name__ == "__main__":
     main()

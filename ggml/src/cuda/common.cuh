@@ -248,6 +248,13 @@ int cuda_gemm_t(const struct ggml_tensor *wt, const struct ggml_tensor *h, const
 bool cuda_blas_load(void);
 // device memory counted in ggml_cuda_allocated, without initialising the device (for init's own buffers)
 int cuda_device_alloc(void **ptr, size_t size);
+// the sparse FFN of one token, nodes[0..5) = gate rows, act, up rows, mul, axpy of down_t (sparse_ffn.cu;
+// fusion.cu matches them); xq_ready: wdata already holds x as Q8_1
+int cuda_sparse_ffn(struct ggml_tensor *const *nodes, bool xq_ready, void *wdata, cudaStream_t st);
+// its scratch, from down_t [d, n] (d is also x's length)
+size_t cuda_sparse_ffn_wsize(const struct ggml_tensor *wd);
+// multiprocessors of the current device (asked once)
+int64_t cuda_sm_count(void);
 // rows [r0, r0 + nr) of w (k values each) dequantized to F16 [nr, k]
 int cuda_dequant_rows_f16(const struct ggml_tensor *w, int64_t r0, int64_t nr, __half *out, cudaStream_t st);
 

@@ -48,6 +48,7 @@ enum ggml_cuda_fusion {
     GGML_CUDA_FUSE_GEMV_ADD, // one-column mul_mat, then add of a vector (bias or residual)
     GGML_CUDA_FUSE_GLU,      // mul_mat (gate), silu/gelu/relu, mul_mat (up) of the same x, mul
     GGML_CUDA_FUSE_ROPE_STORE, // rope, then kv_store of its rows
+    GGML_CUDA_FUSE_SPARSE_FFN, // one token's mul_mat_rows gate, act, mul_mat_rows up, mul, axpy_rows down
 };
 struct ggml_cuda_group {
     int kind;      // ggml_cuda_fusion

@@ -29,6 +29,16 @@ extern "C" const char *ggml_cuda_device_name(void) {
     return g_device_name;
 }
 
+int64_t cuda_sm_count(void) {
+    static const int64_t n = [] {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            (void)cudaGetLastError(); // not fatal: assume one
+        return (int64_t)(v > 0 ? v : 1);
+    }();
+    return n;
+}
+
 extern "C" int ggml_cuda_init(void) {
     if (g_ready) return GGML_STATUS_OK;
     if (ggml_cuda_device_count() == 0) return ggml_set_error(GGML_STATUS_BACKEND_ERROR, "no CUDA device found");

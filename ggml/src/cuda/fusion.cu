@@ -5,6 +5,7 @@
 //   GEMV -> add of a bias or the residual          (the GEMV adds it when it writes a row)
 //   GEMV gate, act, GEMV up of the same x -> mul   (one GEMV over both matrices, act(gate) * up per row)
 //   rope -> kv_store                               (rotated rows written into their cache slots)
+//   one token's gate rows, act, up rows, mul -> axpy of down_t under the predictor's mask (sparse_ffn.cu)
 // and quantized GEMVs of the same x (q, k, v) quantize it once, or not at all when the norm that made x
 // left it quantized.
 #include "common.cuh"
@@ -61,6 +62,39 @@ static int match_rope_store(struct ggml_tensor *const *nd, const int *readers, i
     return private_run(nd, readers, 2) ? 2 : 0;
 }
 
+// a mul_mat_rows or axpy_rows over all rows of w [k, n] with the F32 mask sel [n] of one token
+static bool full_rows_under(const struct ggml_tensor *op, const struct ggml_tensor *sel) {
+    const int64_t n = op->src[0]->ne[1];
+    return op->src[2] == sel && op->op_params[0] == 0 && op->op_params[1] == n && sel->type == GGML_TYPE_F32 &&
+           sel->ne[0] == n && ggml_nrows(sel) == 1;
+}
+
+// rows_ffn's graph (pyinfer/models/sparse_ffn.py) for one token: gate = mul_mat_rows(wg, x, pred), act,
+// up = mul_mat_rows(wu, x, sel), mul(act, up), axpy_rows(wd, mul, sel); sel is relu(gate) for relu (a finer
+// mask, which up and down also read), else pred
+static int match_sparse_ffn(struct ggml_tensor *const *nd, const int *readers, int n) {
+    if (n < 5) return 0;
+    const struct ggml_tensor *gate = nd[0], *act = nd[1], *up = nd[2], *mul = nd[3], *down = nd[4];
+    if (gate->op != GGML_OP_MUL_MAT_ROWS || up->op != GGML_OP_MUL_MAT_ROWS || mul->op != GGML_OP_MUL ||
+        down->op != GGML_OP_AXPY_ROWS)
+        return 0;
+    if (act->op != GGML_OP_SILU && act->op != GGML_OP_GELU && act->op != GGML_OP_RELU) return 0;
+    const bool relu = act->op == GGML_OP_RELU;
+    const struct ggml_tensor *x = gate->src[1], *pred = gate->src[2], *sel = relu ? act : pred;
+    if (!pred || act->src[0] != gate || up->src[1] != x || other_src(mul, act) != up || down->src[1] != mul) return 0;
+    if (!full_rows_under(gate, pred) || !full_rows_under(up, sel) || !full_rows_under(down, sel)) return 0;
+    const struct ggml_tensor *wg = gate->src[0], *wu = up->src[0], *wd = down->src[0];
+    if (wg->type != wu->type || wg->ne[0] != wu->ne[0] || wg->ne[1] != wu->ne[1] || wg->nb[1] != wu->nb[1]) return 0;
+    if (wd->type != wg->type || wd->ne[0] != wg->ne[0] || wd->ne[1] != wg->ne[1] || ggml_nrows(mul) != 1) return 0;
+    if (!cuda_gemv_takes_extra(wg, x) || !cuda_gemv_takes_extra(wu, x)) return 0;
+    for (int j = 0; j < 5; j++)
+        if (!on_cuda(nd[j])) return 0;
+    const int inside[4] = {1, relu ? 3 : 1, 1, 1}; // readers of nodes 0..3, all within the run
+    for (int j = 0; j < 4; j++)
+        if (readers[j] != inside[j]) return 0;
+    return 5;
+}
+
 // the x that node's GEMV (alone or heading a run) quantizes into the scratch; NULL if it leaves none there
 static const struct ggml_tensor *quantized_x(const struct ggml_tensor *node) {
     const struct ggml_tensor *w = node->src[0], *x = node->src[1];
@@ -75,7 +109,9 @@ extern "C" void ggml_cuda_plan_groups(struct ggml_tensor *const *nodes, int n, c
     for (int i = 0; i < n;) {
         struct ggml_cuda_group g = {GGML_CUDA_FUSE_NONE, 1, false, false};
         int len;
-        if ((len = match_glu(nodes + i, readers + i, n - i)))
+        if ((len = match_sparse_ffn(nodes + i, readers + i, n - i)))
+            g.kind = GGML_CUDA_FUSE_SPARSE_FFN;
+        else if ((len = match_glu(nodes + i, readers + i, n - i)))
             g.kind = GGML_CUDA_FUSE_GLU;
         else if ((len = match_gemv_add(nodes + i, readers + i, n - i)))
             g.kind = GGML_CUDA_FUSE_GEMV_ADD;
@@ -94,8 +130,8 @@ extern "C" void ggml_cuda_plan_groups(struct ggml_tensor *const *nodes, int n, c
                 if (g.xq_ready && xq_norm >= 0) groups[xq_norm].writes_xq = true;
                 if (!g.xq_ready) xq_norm = -1;
                 xq_of = x;
-            } else if (ggml_cuda_op_wsize(nodes[i])) {
-                xq_of = NULL; // e.g. a GEMM's dequantized tiles overwrite it
+            } else if (ggml_cuda_op_wsize(nodes[i]) || g.kind == GGML_CUDA_FUSE_SPARSE_FFN) {
+                xq_of = NULL; // e.g. a GEMM's dequantized tiles, or a float sparse FFN's row list, overwrite it
                 xq_norm = -1;
             }
         }
@@ -116,6 +152,7 @@ extern "C" int ggml_cuda_forward_group(const struct ggml_cuda_group *group, stru
     case GGML_CUDA_FUSE_NORM_MUL:
         return cuda_norm_mul(node, other_src(last, node), last, group->writes_xq ? wdata : NULL, st);
     case GGML_CUDA_FUSE_ROPE_STORE: return cuda_rope_store(node, last, st);
+    case GGML_CUDA_FUSE_SPARSE_FFN: return cuda_sparse_ffn(nodes, group->xq_ready, wdata, st);
     case GGML_CUDA_FUSE_GEMV_ADD:
         e.add = (const float *)other_src(last, node)->data;
         return cuda_rows_dot(node->src[0], node->src[1], last, all, wdata, st, e);

@@ -48,21 +48,6 @@ static __device__ __forceinline__ bool mask_on(const cuda_rows_sel &s, int64_t i
 // F32/F16/BF16: per-thread part of one row's dot products
 // ---------------------------------------------------------------------------------------------------
 
-// 8 consecutive weights of a float type from one 16-byte chunk (F32: 4, the rest zero)
-template <int TYPE>
-static __device__ __forceinline__ void chunk_vals(const int4 v, float *f) {
-    if (TYPE == GGML_TYPE_F32) {
-        f[0] = __int_as_float(v.x); f[1] = __int_as_float(v.y); f[2] = __int_as_float(v.z); f[3] = __int_as_float(v.w);
-    } else {
-        const uint32_t a[4] = {(uint32_t)v.x, (uint32_t)v.y, (uint32_t)v.z, (uint32_t)v.w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            f[2 * i] = TYPE == GGML_TYPE_F16 ? h2f(a[i] & 0xFFFF) : bf2f(a[i] & 0xFFFF);
-            f[2 * i + 1] = TYPE == GGML_TYPE_F16 ? h2f(a[i] >> 16) : bf2f(a[i] >> 16);
-        }
-    }
-}
-
 #define GEMV_FLOAT_UNROLL 4 // 16-byte chunks in flight per thread
 
 template <int TYPE, bool ALIGNED>
@@ -294,37 +279,6 @@ constexpr int qrows_nr = NC == 1 ? qrow<TYPE>::NR : 1;
 template <int TYPE>
 constexpr int qrows_min_blocks = TYPE == GGML_TYPE_Q6_K ? 5 : TYPE == GGML_TYPE_Q8_0 ? 6 : 8;
 
-// acc[r][j] += row r of wr . column j of x (j < mm), over the lane's items of the rows
-template <int TYPE, bool A16, int NC, int NR>
-static __device__ __forceinline__ void qrow_dots(const uint8_t *const *wr, const int8_t *xq, const float2 *xds,
-                                                 int64_t k, int mm, int lane, float (*acc)[NC]) {
-    using Q = qrow<TYPE>;
-    constexpr int U = NC == 1 ? Q::U : 1;
-    const int64_t nit = Q::items(k), kb = k / 32;
-    for (int64_t i0 = lane; i0 < nit; i0 += 32 * U) {
-        typename Q::W w[U][NR];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int64_t it = i0 + 32 * u < nit ? i0 + 32 * u : i0; // past the end: item i0 again, unused
-#pragma unroll
-            for (int r = 0; r < NR; r++) Q::template load<A16>(wr[r], it, w[u][r]);
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int64_t it = i0 + 32 * u;
-            if (it >= nit) break;
-#pragma unroll
-            for (int j = 0; j < NC; j++) {
-                if (j >= mm) break;
-                typename Q::X x;
-                Q::xload(xq + j * k, xds + j * kb, it, x);
-#pragma unroll
-                for (int r = 0; r < NR; r++) acc[r][j] += Q::dot(w[u][r], x, it);
-            }
-        }
-    }
-}
-
 // Grid (blocks, 1) or, for index lists, (blocks, columns). Each round a block takes R candidates,
 // lists the selected rows (zeros for the others), and its warps take NR listed rows at a time.
 template <int TYPE, bool A16, int NC>
@@ -475,17 +429,6 @@ static void rows_launch(const rows_params &p, dim3 grid, bool aligned, cudaStrea
 static int64_t row_units(enum ggml_type t, int64_t k, bool aligned) {
     if (!aligned) return k;
     return k / (t == GGML_TYPE_F32 ? 4 : 8) / GEMV_FLOAT_UNROLL;
-}
-
-// multiprocessors of the current device (asked once)
-static int64_t cuda_sm_count(void) {
-    static const int64_t n = [] {
-        int dev = 0, v = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-            (void)cudaGetLastError(); // not fatal: assume one
-        return (int64_t)(v > 0 ? v : 1);
-    }();
-    return n;
 }
 
 // blocks of one qrows_kernel instance the whole device holds at once (asked once per instance)

@@ -313,3 +313,147 @@ template <> struct qrow<GGML_TYPE_Q6_K> {
         return h2f(w.tail[4] & 0xFFFF) * (sca * x.da * (float)(sa - x.za) + scb * x.db * (float)(sb - x.zb));
     }
 };
+
+// ---------------------------------------------------------------------------------------------------
+// whole rows: float chunks, quantized row dot products, 32-value slices (gemv.cu, sparse.cu, sparse_ffn.cu)
+// ---------------------------------------------------------------------------------------------------
+
+// 8 consecutive weights of a float type from one 16-byte chunk (F32: 4, the rest zero)
+template <int TYPE>
+static __device__ __forceinline__ void chunk_vals(const int4 v, float *f) {
+    if (TYPE == GGML_TYPE_F32) {
+        f[0] = __int_as_float(v.x); f[1] = __int_as_float(v.y); f[2] = __int_as_float(v.z); f[3] = __int_as_float(v.w);
+    } else {
+        const uint32_t a[4] = {(uint32_t)v.x, (uint32_t)v.y, (uint32_t)v.z, (uint32_t)v.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            f[2 * i] = TYPE == GGML_TYPE_F16 ? h2f(a[i] & 0xFFFF) : bf2f(a[i] & 0xFFFF);
+            f[2 * i + 1] = TYPE == GGML_TYPE_F16 ? h2f(a[i] >> 16) : bf2f(a[i] >> 16);
+        }
+    }
+}
+
+// acc[r][j] += row r of wr . column j of x (j < mm), over the lane's items of the rows
+template <int TYPE, bool A16, int NC, int NR>
+static __device__ __forceinline__ void qrow_dots(const uint8_t *const *wr, const int8_t *xq, const float2 *xds,
+                                                 int64_t k, int mm, int lane, float (*acc)[NC]) {
+    using Q = qrow<TYPE>;
+    constexpr int U = NC == 1 ? Q::U : 1;
+    const int64_t nit = Q::items(k), kb = k / 32;
+    for (int64_t i0 = lane; i0 < nit; i0 += 32 * U) {
+        typename Q::W w[U][NR];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t it = i0 + 32 * u < nit ? i0 + 32 * u : i0; // past the end: item i0 again, unused
+#pragma unroll
+            for (int r = 0; r < NR; r++) Q::template load<A16>(wr[r], it, w[u][r]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t it = i0 + 32 * u;
+            if (it >= nit) break;
+#pragma unroll
+            for (int j = 0; j < NC; j++) {
+                if (j >= mm) break;
+                typename Q::X x;
+                Q::xload(xq + j * k, xds + j * kb, it, x);
+#pragma unroll
+                for (int r = 0; r < NR; r++) acc[r][j] += Q::dot(w[u][r], x, it);
+            }
+        }
+    }
+}
+
+// values [32 sl, 32 sl + 32) of a row of d values (fewer at the end of a float row: the rest are 0)
+template <int TYPE>
+static __device__ __forceinline__ void slice32(const uint8_t *row, int64_t sl, int64_t d, float *f) {
+    if constexpr (TYPE == GGML_TYPE_F32 || TYPE == GGML_TYPE_F16 || TYPE == GGML_TYPE_BF16) {
+        constexpr int ES = TYPE == GGML_TYPE_F32 ? 4 : 2;
+        const uint8_t *p = row + sl * 32 * ES;
+        if (sl * 32 + 32 <= d && ((uintptr_t)p & 15) == 0) {
+            uint32_t u[8 * ES];
+            load_bytes<32 * ES>(p, u);
+#pragma unroll
+            for (int i = 0; i < 32; i++)
+                f[i] = TYPE == GGML_TYPE_F32 ? __uint_as_float(u[i])
+                       : TYPE == GGML_TYPE_F16 ? h2f(hw(u, 2 * i)) : bf2f(hw(u, 2 * i));
+        } else {
+#pragma unroll
+            for (int i = 0; i < 32; i++) f[i] = sl * 32 + i < d ? cuda_dequant1(TYPE, row, sl * 32 + i) : 0.0f;
+        }
+    } else if constexpr (TYPE == GGML_TYPE_Q4_0 || TYPE == GGML_TYPE_Q4_1 || TYPE == GGML_TYPE_Q5_0) {
+        constexpr int TS = TYPE == GGML_TYPE_Q4_0 ? 18 : TYPE == GGML_TYPE_Q4_1 ? 20 : 22;
+        constexpr int QS = TYPE == GGML_TYPE_Q4_0 ? 2 : TYPE == GGML_TYPE_Q4_1 ? 4 : 6; // offset of the nibbles
+        uint32_t u[(TS + 3) / 4];
+        load_bytes<TS>(row + sl * TS, u);
+        const float dd = h2f(hw(u, 0));
+        const float mn = TYPE == GGML_TYPE_Q4_1 ? h2f(hw(u, 2)) : 0.0f;
+        const uint32_t qh = TYPE == GGML_TYPE_Q5_0 ? wd(u, 2) : 0;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const int b = (int)((wd(u, QS + 4 * (i / 4)) >> (8 * (i % 4))) & 0xFF);
+            int lo = b & 15, hi = b >> 4;
+            if (TYPE == GGML_TYPE_Q5_0) {
+                lo = (lo | (int)((qh >> i) & 1) << 4) - 16;
+                hi = (hi | (int)((qh >> (i + 16)) & 1) << 4) - 16;
+            } else if (TYPE == GGML_TYPE_Q4_0) {
+                lo -= 8;
+                hi -= 8;
+            }
+            f[i] = dd * (float)lo + mn;
+            f[i + 16] = dd * (float)hi + mn;
+        }
+    } else if constexpr (TYPE == GGML_TYPE_Q8_0) {
+        uint32_t u[9];
+        load_bytes<34>(row + sl * 34, u);
+        const float dd = h2f(hw(u, 0));
+#pragma unroll
+        for (int i = 0; i < 32; i++) f[i] = dd * (float)(int8_t)((wd(u, 2 + 4 * (i / 4)) >> (8 * (i % 4))) & 0xFF);
+    } else if constexpr (TYPE == GGML_TYPE_Q4_K) {
+        const uint8_t *blk = row + (sl / 8) * 144;
+        const int s = (int)(sl % 8);
+        uint32_t hd[4], q[8];
+        load_bytes<16>(blk, hd);
+        load_bytes<32>(blk + 16 + 32 * (s / 2), q);
+        float sc, mn;
+        q4k_scale_min(hd, 0, s, sc, mn);
+        const float a = h2f(hw(hd, 0)) * sc, c = h2f(hw(hd, 2)) * mn;
+        const int sh = (s & 1) * 4;
+#pragma unroll
+        for (int i = 0; i < 32; i++) f[i] = a * (float)((q[i / 4] >> (8 * (i % 4) + sh)) & 15) - c;
+    } else { // Q6_K
+        const uint8_t *blk = row + (sl / 8) * 210;
+        const int s = (int)(sl % 8), h = s / 4, qq = s % 4;
+        uint32_t ql[8], qh[8];
+        load_bytes<32>(blk + 64 * h + 32 * (qq & 1), ql);
+        load_bytes<32>(blk + 128 + 32 * h, qh);
+        const uint32_t scw = __ldg((const uint16_t *)(blk + 192 + 8 * h + 2 * qq));
+        const float dd = h2f(__ldg((const uint16_t *)(blk + 208)));
+        const float s0 = dd * (float)(int8_t)(scw & 0xFF), s1 = dd * (float)(int8_t)(scw >> 8);
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            const int lo = (ql[i / 4] >> (8 * (i % 4) + (qq >= 2 ? 4 : 0))) & 15;
+            const int hi = (qh[i / 4] >> (8 * (i % 4) + 2 * qq)) & 3;
+            f[i] = (i < 16 ? s0 : s1) * (float)((lo | hi << 4) - 32);
+        }
+    }
+}
+
+// y[d] += the block's sums of its warps' slices (lane l of each warp holds acc[32] for values
+// [32 (32 blockIdx.x + l), + 32)): added across warps in shared memory, then atomically into y
+template <int WARPS>
+static __device__ __forceinline__ void add_slices(const float *acc, float (*s_acc)[32 * 32], float *y, int64_t d) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+    for (int i = 0; i < 32; i++) s_acc[warp][i * 32 + lane] = acc[i];
+    __syncthreads();
+    for (int e = threadIdx.x; e < 32 * 32; e += WARPS * 32) {
+        const int ln = e % 32, v = e / 32;
+        const int64_t di = ((int64_t)blockIdx.x * 32 + ln) * 32 + v;
+        if (di >= d) continue;
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; w++) sum += s_acc[w][e];
+        atomicAdd(y + di, sum);
+    }
+}

@@ -63,81 +63,6 @@ int cuda_op_mul_mat_rows(struct ggml_tensor *dst, void *wdata, cudaStream_t st, 
 // AXPY_ROWS
 // ---------------------------------------------------------------------------------------------------
 
-// values [32 sl, 32 sl + 32) of a row of d values (fewer at the end of a float row: the rest are 0)
-template <int TYPE>
-static __device__ __forceinline__ void slice32(const uint8_t *row, int64_t sl, int64_t d, float *f) {
-    if constexpr (TYPE == GGML_TYPE_F32 || TYPE == GGML_TYPE_F16 || TYPE == GGML_TYPE_BF16) {
-        constexpr int ES = TYPE == GGML_TYPE_F32 ? 4 : 2;
-        const uint8_t *p = row + sl * 32 * ES;
-        if (sl * 32 + 32 <= d && ((uintptr_t)p & 15) == 0) {
-            uint32_t u[8 * ES];
-            load_bytes<32 * ES>(p, u);
-#pragma unroll
-            for (int i = 0; i < 32; i++)
-                f[i] = TYPE == GGML_TYPE_F32 ? __uint_as_float(u[i])
-                       : TYPE == GGML_TYPE_F16 ? h2f(hw(u, 2 * i)) : bf2f(hw(u, 2 * i));
-        } else {
-#pragma unroll
-            for (int i = 0; i < 32; i++) f[i] = sl * 32 + i < d ? cuda_dequant1(TYPE, row, sl * 32 + i) : 0.0f;
-        }
-    } else if constexpr (TYPE == GGML_TYPE_Q4_0 || TYPE == GGML_TYPE_Q4_1 || TYPE == GGML_TYPE_Q5_0) {
-        constexpr int TS = TYPE == GGML_TYPE_Q4_0 ? 18 : TYPE == GGML_TYPE_Q4_1 ? 20 : 22;
-        constexpr int QS = TYPE == GGML_TYPE_Q4_0 ? 2 : TYPE == GGML_TYPE_Q4_1 ? 4 : 6; // offset of the nibbles
-        uint32_t u[(TS + 3) / 4];
-        load_bytes<TS>(row + sl * TS, u);
-        const float dd = h2f(hw(u, 0));
-        const float mn = TYPE == GGML_TYPE_Q4_1 ? h2f(hw(u, 2)) : 0.0f;
-        const uint32_t qh = TYPE == GGML_TYPE_Q5_0 ? wd(u, 2) : 0;
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-            const int b = (int)((wd(u, QS + 4 * (i / 4)) >> (8 * (i % 4))) & 0xFF);
-            int lo = b & 15, hi = b >> 4;
-            if (TYPE == GGML_TYPE_Q5_0) {
-                lo = (lo | (int)((qh >> i) & 1) << 4) - 16;
-                hi = (hi | (int)((qh >> (i + 16)) & 1) << 4) - 16;
-            } else if (TYPE == GGML_TYPE_Q4_0) {
-                lo -= 8;
-                hi -= 8;
-            }
-            f[i] = dd * (float)lo + mn;
-            f[i + 16] = dd * (float)hi + mn;
-        }
-    } else if constexpr (TYPE == GGML_TYPE_Q8_0) {
-        uint32_t u[9];
-        load_bytes<34>(row + sl * 34, u);
-        const float dd = h2f(hw(u, 0));
-#pragma unroll
-        for (int i = 0; i < 32; i++) f[i] = dd * (float)(int8_t)((wd(u, 2 + 4 * (i / 4)) >> (8 * (i % 4))) & 0xFF);
-    } else if constexpr (TYPE == GGML_TYPE_Q4_K) {
-        const uint8_t *blk = row + (sl / 8) * 144;
-        const int s = (int)(sl % 8);
-        uint32_t hd[4], q[8];
-        load_bytes<16>(blk, hd);
-        load_bytes<32>(blk + 16 + 32 * (s / 2), q);
-        float sc, mn;
-        q4k_scale_min(hd, 0, s, sc, mn);
-        const float a = h2f(hw(hd, 0)) * sc, c = h2f(hw(hd, 2)) * mn;
-        const int sh = (s & 1) * 4;
-#pragma unroll
-        for (int i = 0; i < 32; i++) f[i] = a * (float)((q[i / 4] >> (8 * (i % 4) + sh)) & 15) - c;
-    } else { // Q6_K
-        const uint8_t *blk = row + (sl / 8) * 210;
-        const int s = (int)(sl % 8), h = s / 4, qq = s % 4;
-        uint32_t ql[8], qh[8];
-        load_bytes<32>(blk + 64 * h + 32 * (qq & 1), ql);
-        load_bytes<32>(blk + 128 + 32 * h, qh);
-        const uint32_t scw = __ldg((const uint16_t *)(blk + 192 + 8 * h + 2 * qq));
-        const float dd = h2f(__ldg((const uint16_t *)(blk + 208)));
-        const float s0 = dd * (float)(int8_t)(scw & 0xFF), s1 = dd * (float)(int8_t)(scw >> 8);
-#pragma unroll
-        for (int i = 0; i < 32; i++) {
-            const int lo = (ql[i / 4] >> (8 * (i % 4) + (qq >= 2 ? 4 : 0))) & 15;
-            const int hi = (qh[i / 4] >> (8 * (i % 4) + 2 * qq)) & 3;
-            f[i] = (i < 16 ? s0 : s1) * (float)((lo | hi << 4) - 32);
-        }
-    }
-}
-
 struct axpy_params {
     const uint8_t *w;
     int64_t w_nb1, d, n_rows;
@@ -186,17 +111,7 @@ __global__ void __launch_bounds__(CUDA_BLOCK) axpy_kernel(axpy_params p) {
 #pragma unroll
         for (int i = 0; i < 32; i++) acc[i] += hv * f[i];
     }
-#pragma unroll
-    for (int i = 0; i < 32; i++) s_acc[warp][i * 32 + lane] = acc[i];
-    __syncthreads();
-    for (int e = tid; e < 32 * 32; e += CUDA_BLOCK) {
-        const int ln = e % 32, v = e / 32;
-        const int64_t di = ((int64_t)blockIdx.x * 32 + ln) * 32 + v;
-        if (di >= p.d) continue;
-        float sum = 0.0f;
-        for (int w = 0; w < CUDA_BLOCK / 32; w++) sum += s_acc[w][e];
-        atomicAdd(p.y + j * p.y_ld + di, sum);
-    }
+    add_slices<CUDA_BLOCK / 32>(acc, s_acc, p.y + j * p.y_ld, p.d);
 }
 
 template <int TYPE>
@@ -211,6 +126,7 @@ static int sel_mode_of(const struct ggml_tensor *dst) {
 
 size_t cuda_axpy_rows_wsize(const struct ggml_tensor *dst) {
     const struct ggml_tensor *wt = dst->src[0], *h = dst->src[1];
+    if (h->ne[1] == 1) return cuda_sparse_ffn_wsize(wt); // one token: it may end a fused sparse FFN
     return cuda_gemm_t_takes(wt, h, sel_mode_of(dst)) ? cuda_gemm_t_wsize(wt, h) : 0;
 }
 

@@ -1,0 +1,212 @@
+// sparse_ffn.cu: the sparse FFN of one token as two kernels (fusion.cu's GGML_CUDA_FUSE_SPARSE_FFN).
+// The graph spells it gate rows -> act -> up rows -> mul -> axpy of down_t under the predictor's mask;
+// run node by node, each op rescans the mask, the activations go through memory and, with hot-first
+// neurons, the blocks that hold the dense head of the mask do all the work while the rest idle. Here:
+//  - rows kernel: warp w takes the candidates w, w + W, w + 2 W, ... (W warps in the grid), so the hot
+//    head spreads over every SM; the warp ballots its 32 candidates' mask bits, computes gate and up of
+//    each selected row together (they share the x loads), and appends the rows whose act(gate) * up is
+//    nonzero to a compact list (row, value) with one atomic per warp;
+//  - down kernel: the list against down_t as axpy_rows does it (lanes take 32-value slices of a row,
+//    warps take list entries), with as many blocks as the list's length needs.
+// Scratch: [x as Q8_1 (the size of a quantized GEMV's)][count][list n ints][values n floats]; the Q8_1
+// part is left alone for float weights, so a copy of x that a quantized GEMV made stays valid.
+#include "rowdot.cuh"
+
+#define FFN_WARPS 4       // warps per block of the rows kernel
+#define FFN_PER_WARP 8    // candidates per warp of the rows kernel (at 10 % density, about one selected)
+#define FFN_UNROLL 4      // float rows: 16-byte chunks of each of the two rows in flight per lane
+#define DOWN_WARPS 8      // warps per block of the down kernel
+#define DOWN_PER_WARP 4   // list entries per warp the down kernel aims for (fewer blocks, fewer atomics)
+
+struct ffn_params {
+    const uint8_t *wg, *wu; // gate and up [n, k], rows w_nb1 bytes apart
+    int64_t w_nb1, k, n;
+    const float *x;         // [k]
+    const int8_t *xq;       // x as Q8_1 (quantized weights)
+    const float2 *xds;
+    const char *pred;       // F32 mask [n], pred_nb0 bytes apart: positive = computed
+    int64_t pred_nb0;
+    int act;                // GGML_OP_SILU, GGML_OP_GELU or GGML_OP_RELU (relu also drops rows with gate <= 0)
+    int64_t W;              // warps in the rows kernel's grid
+    int *count;             // list length (zeroed before the rows kernel)
+    int *list;              // [n] rows whose activation is nonzero
+    float *vals;            // [n] their activations
+    const uint8_t *wd;      // down_t [n, d]
+    int64_t wd_nb1, d;
+    float *y;               // [d]
+};
+
+static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+size_t cuda_sparse_ffn_wsize(const struct ggml_tensor *wd) {
+    const int64_t d = wd->ne[0], n = wd->ne[1];
+    return cuda_xq_wsize(GGML_TYPE_Q8_0, d, 1) + 256 + 2 * align256((size_t)n * 4);
+}
+
+// the float rows' dot products with x, gate and up at once (every lane gets both sums)
+template <int TYPE>
+static __device__ __forceinline__ void pair_dot_f(const int4 *g, const int4 *u, const float *x, int64_t k, int lane,
+                                                  float *sg, float *su) {
+    constexpr int VE = TYPE == GGML_TYPE_F32 ? 4 : 8; // values per 16-byte chunk
+    const int64_t nch = k / VE;
+    float ag = 0.0f, au = 0.0f;
+    for (int64_t c0 = lane; c0 < nch; c0 += 32 * FFN_UNROLL) {
+        int4 vg[FFN_UNROLL], vu[FFN_UNROLL];
+#pragma unroll
+        for (int i = 0; i < FFN_UNROLL; i++) {
+            const int64_t c = c0 + 32 * i;
+            vg[i] = c < nch ? __ldg(g + c) : make_int4(0, 0, 0, 0);
+            vu[i] = c < nch ? __ldg(u + c) : make_int4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int i = 0; i < FFN_UNROLL; i++) {
+            const int64_t c = c0 + 32 * i;
+            if (c >= nch) break;
+            float fg[8], fu[8], xv[8];
+            chunk_vals<TYPE>(vg[i], fg);
+            chunk_vals<TYPE>(vu[i], fu);
+            const float4 *xp = (const float4 *)(x + c * VE);
+            const float4 xa = __ldg(xp), xb = VE == 8 ? __ldg(xp + 1) : xa;
+            xv[0] = xa.x; xv[1] = xa.y; xv[2] = xa.z; xv[3] = xa.w;
+            xv[4] = xb.x; xv[5] = xb.y; xv[6] = xb.z; xv[7] = xb.w;
+#pragma unroll
+            for (int j = 0; j < VE; j++) {
+                ag += fg[j] * xv[j];
+                au += fu[j] * xv[j];
+            }
+        }
+    }
+    *sg = warp_sum(ag);
+    *su = warp_sum(au);
+}
+
+template <int TYPE, bool A16>
+__global__ void __launch_bounds__(FFN_WARPS * 32) ffn_rows_kernel(ffn_params p) {
+    const int lane = threadIdx.x % 32;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < p.d; i += (int64_t)gridDim.x * blockDim.x)
+        p.y[i] = 0.0f; // the down kernel adds into y
+    for (int64_t base = (int64_t)blockIdx.x * FFN_WARPS + threadIdx.x / 32; base < p.n; base += 32 * p.W) {
+        const int64_t c = base + p.W * lane; // this lane's candidate
+        const bool cand = c < p.n && *(const float *)(p.pred + c * p.pred_nb0) > 0.0f;
+        float mine = 0.0f;                   // the activation of this lane's candidate
+        for (unsigned todo = __ballot_sync(0xffffffffu, cand); todo; todo &= todo - 1) {
+            const int b = __ffs(todo) - 1;
+            const int64_t r = base + p.W * b;
+            float g, u;
+            if constexpr (TYPE == GGML_TYPE_F32 || TYPE == GGML_TYPE_F16 || TYPE == GGML_TYPE_BF16) {
+                const int64_t rs = p.w_nb1 / 16;
+                pair_dot_f<TYPE>((const int4 *)p.wg + r * rs, (const int4 *)p.wu + r * rs, p.x, p.k, lane, &g, &u);
+            } else {
+                const uint8_t *wr[2] = {p.wg + r * p.w_nb1, p.wu + r * p.w_nb1};
+                float acc[2][1] = {{0.0f}, {0.0f}};
+                qrow_dots<TYPE, A16, 1, 2>(wr, p.xq, p.xds, p.k, 1, lane, acc);
+                g = warp_sum(acc[0][0]);
+                u = warp_sum(acc[1][0]);
+            }
+            if (lane == b) mine = p.act != GGML_OP_RELU || g > 0.0f ? cuda_act(p.act, g) * u : 0.0f;
+        }
+        const bool keep = mine != 0.0f; // NaN is kept, as the unfused ops would add it
+        const unsigned kept = __ballot_sync(0xffffffffu, keep);
+        if (!kept) continue;
+        int at = 0;
+        if (lane == 0) at = atomicAdd(p.count, __popc(kept));
+        at = __shfl_sync(0xffffffffu, at, 0) + __popc(kept & ((1u << lane) - 1));
+        if (keep) {
+            p.list[at] = (int)c;
+            p.vals[at] = mine;
+        }
+    }
+}
+
+// grid (d slices of 1024 values, list groups): group blockIdx.y takes entries blockIdx.y * DOWN_WARPS + warp,
+// strided by the groups the list's length needs (the grid's layers beyond those return at once)
+template <int TYPE>
+__global__ void __launch_bounds__(DOWN_WARPS * 32) ffn_down_kernel(ffn_params p) {
+    __shared__ float s_acc[DOWN_WARPS][32 * 32]; // (warp, value * 32 + lane)
+    const int count = *p.count;
+    int64_t groups = (count + DOWN_WARPS * DOWN_PER_WARP - 1) / (DOWN_WARPS * DOWN_PER_WARP);
+    if (groups > gridDim.y) groups = gridDim.y;
+    if (blockIdx.y >= groups) return; // block-uniform
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int64_t sl = (int64_t)blockIdx.x * 32 + lane; // this lane's 32-value slice of d
+    float acc[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) acc[i] = 0.0f;
+    if (sl * 32 < p.d)
+        for (int64_t e = (int64_t)blockIdx.y * DOWN_WARPS + warp; e < count; e += groups * DOWN_WARPS) {
+            const float a = p.vals[e];
+            float f[32];
+            slice32<TYPE>(p.wd + (int64_t)p.list[e] * p.wd_nb1, sl, p.d, f);
+#pragma unroll
+            for (int i = 0; i < 32; i++) acc[i] += a * f[i];
+        }
+    add_slices<DOWN_WARPS>(acc, s_acc, p.y, p.d);
+}
+
+template <int TYPE>
+static void ffn_launch(const ffn_params &p, bool a16, cudaStream_t st) {
+    const unsigned row_blocks = (unsigned)(p.W / FFN_WARPS);
+    if (a16) // only Q4_K loads differently from 16-byte aligned rows
+        ffn_rows_kernel<TYPE, true><<<row_blocks, FFN_WARPS * 32, 0, st>>>(p);
+    else
+        ffn_rows_kernel<TYPE, false><<<row_blocks, FFN_WARPS * 32, 0, st>>>(p);
+    const int64_t slices = ((p.d + 31) / 32 + 31) / 32;
+    int64_t groups = 4 * cuda_sm_count() / slices; // about a wave of blocks (a few per SM)
+    const int64_t most = (p.n + DOWN_WARPS * DOWN_PER_WARP - 1) / (DOWN_WARPS * DOWN_PER_WARP);
+    groups = groups < 1 ? 1 : groups > most ? most : groups;
+    ffn_down_kernel<TYPE><<<dim3((unsigned)slices, (unsigned)(groups < 65535 ? groups : 65535)), DOWN_WARPS * 32, 0, st>>>(p);
+}
+
+int cuda_sparse_ffn(struct ggml_tensor *const *nodes, bool xq_ready, void *wdata, cudaStream_t st) {
+    const struct ggml_tensor *gate = nodes[0], *wg = gate->src[0], *x = gate->src[1], *pred = gate->src[2];
+    const struct ggml_tensor *wu = nodes[2]->src[0], *wd = nodes[4]->src[0];
+    struct ggml_tensor *y = nodes[4];
+    const enum ggml_type type = wg->type;
+    ffn_params p;
+    p.wg = (const uint8_t *)wg->data;
+    p.wu = (const uint8_t *)wu->data;
+    p.w_nb1 = (int64_t)wg->nb[1];
+    p.k = wg->ne[0];
+    p.n = wg->ne[1];
+    p.x = (const float *)x->data;
+    p.xq = NULL;
+    p.xds = NULL;
+    p.pred = (const char *)pred->data;
+    p.pred_nb0 = (int64_t)pred->nb[0];
+    p.act = nodes[1]->op;
+    int64_t warps = (p.n + FFN_PER_WARP - 1) / FFN_PER_WARP;
+    if (warps > 32 * cuda_sm_count()) warps = 32 * cuda_sm_count(); // 8 blocks per SM at most
+    p.W = (warps + FFN_WARPS - 1) / FFN_WARPS * FFN_WARPS;
+    char *after_xq = (char *)wdata + cuda_xq_wsize(GGML_TYPE_Q8_0, p.k, 1);
+    p.count = (int *)after_xq;
+    p.list = (int *)(after_xq + 256);
+    p.vals = (float *)(after_xq + 256 + align256((size_t)p.n * 4));
+    p.wd = (const uint8_t *)wd->data;
+    p.wd_nb1 = (int64_t)wd->nb[1];
+    p.d = wd->ne[0];
+    p.y = (float *)y->data;
+    if (!cuda_type_is_float(type)) {
+        int rc = xq_ready ? GGML_STATUS_OK : cuda_quantize_q8_1(p.x, (int64_t)x->nb[1] / 4, p.k, 1, wdata, st);
+        if (rc) return rc;
+        int8_t *xq;
+        float2 *xds;
+        cuda_xq_at(wdata, p.k, 1, &xq, &xds);
+        p.xq = xq;
+        p.xds = xds;
+    }
+    int rc = cuda_status(cudaMemsetAsync(p.count, 0, sizeof(int), st), "memset");
+    if (rc) return rc;
+    const bool a16 = type == GGML_TYPE_Q4_K && (uintptr_t)p.wg % 16 == 0 && (uintptr_t)p.wu % 16 == 0 && p.w_nb1 % 16 == 0;
+    switch (type) {
+    case GGML_TYPE_F32: ffn_launch<GGML_TYPE_F32>(p, false, st); break;
+    case GGML_TYPE_F16: ffn_launch<GGML_TYPE_F16>(p, false, st); break;
+    case GGML_TYPE_BF16: ffn_launch<GGML_TYPE_BF16>(p, false, st); break;
+    case GGML_TYPE_Q4_0: ffn_launch<GGML_TYPE_Q4_0>(p, false, st); break;
+    case GGML_TYPE_Q4_1: ffn_launch<GGML_TYPE_Q4_1>(p, false, st); break;
+    case GGML_TYPE_Q5_0: ffn_launch<GGML_TYPE_Q5_0>(p, false, st); break;
+    case GGML_TYPE_Q8_0: ffn_launch<GGML_TYPE_Q8_0>(p, false, st); break;
+    case GGML_TYPE_Q4_K: ffn_launch<GGML_TYPE_Q4_K>(p, a16, st); break;
+    default: ffn_launch<GGML_TYPE_Q6_K>(p, false, st); break;
+    }
+    return cuda_launch_status("sparse FFN");
+}
