@@ -1,22 +1,21 @@
-// sparse_ffn.cu: the sparse FFN of one token as two kernels (fusion.cu's GGML_CUDA_FUSE_SPARSE_FFN).
+// sparse_ffn.cu: the sparse FFN of one token as three kernels (fusion.cu's GGML_CUDA_FUSE_SPARSE_FFN).
 // The graph spells it gate rows -> act -> up rows -> mul -> axpy of down_t under the predictor's mask;
 // run node by node, each op rescans the mask, the activations go through memory and, with hot-first
 // neurons, the blocks that hold the dense head of the mask do all the work while the rest idle. Here:
-//  - rows kernel: warp w takes the candidates w, w + W, w + 2 W, ... (W warps in the grid), so the hot
-//    head spreads over every SM; the warp ballots its 32 candidates' mask bits, computes gate and up of
-//    each selected row together (they share the x loads), and appends the rows whose act(gate) * up is
-//    nonzero to a compact list (row, value) with one atomic per warp;
-//  - down kernel: the list against down_t as axpy_rows does it (lanes take 32-value slices of a row,
-//    warps take list entries), with as many blocks as the list's length needs.
+//  - select: the mask's positive rows into a list (each block compacts its candidates, one atomic a block);
+//  - rows: warp w takes list entries w, w + W, ... (every warp about the same work however the selection
+//    clusters), computes gate and up of the row together (they share the x loads) and stores
+//    act(gate) * up, or 0 for a relu row whose gate is not positive;
+//  - down: the listed rows with a nonzero value against down_t as axpy_rows does it (lanes take 32-value
+//    slices of a row, warps take entries, two at a time), with as many blocks as the list's length needs.
 // Scratch: [x as Q8_1 (the size of a quantized GEMV's)][count][list n ints][values n floats]; the Q8_1
 // part is left alone for float weights, so a copy of x that a quantized GEMV made stays valid.
 #include "rowdot.cuh"
 
 #define FFN_WARPS 4       // warps per block of the rows kernel
-#define FFN_PER_WARP 8    // candidates per warp of the rows kernel (at 10 % density, about one selected)
-#define FFN_UNROLL 4      // float rows: 16-byte chunks of each of the two rows in flight per lane
 #define DOWN_WARPS 8      // warps per block of the down kernel
 #define DOWN_PER_WARP 4   // list entries per warp the down kernel aims for (fewer blocks, fewer atomics)
+#define FFN_UNROLL 4      // float rows: 16-byte chunks of each of the two rows in flight per lane
 
 struct ffn_params {
     const uint8_t *wg, *wu; // gate and up [n, k], rows w_nb1 bytes apart
@@ -28,9 +27,9 @@ struct ffn_params {
     int64_t pred_nb0;
     int act;                // GGML_OP_SILU, GGML_OP_GELU or GGML_OP_RELU (relu also drops rows with gate <= 0)
     int64_t W;              // warps in the rows kernel's grid
-    int *count;             // list length (zeroed before the rows kernel)
-    int *list;              // [n] rows whose activation is nonzero
-    float *vals;            // [n] their activations
+    int *count;             // list length (zeroed before the select kernel)
+    int *list;              // [n] the selected rows
+    float *vals;            // [n] their activations (0: nothing to add)
     const uint8_t *wd;      // down_t [n, d]
     int64_t wd_nb1, d;
     float *y;               // [d]
@@ -80,41 +79,37 @@ static __device__ __forceinline__ void pair_dot_f(const int4 *g, const int4 *u, 
     *su = warp_sum(au);
 }
 
+__global__ void __launch_bounds__(CUDA_BLOCK) ffn_select_kernel(ffn_params p) {
+    __shared__ int s_rows[CUDA_BLOCK], s_wcnt[CUDA_BLOCK / 32], s_base;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < p.d; i += (int64_t)gridDim.x * blockDim.x)
+        p.y[i] = 0.0f; // the down kernel adds into y
+    const int64_t row = (int64_t)blockIdx.x * CUDA_BLOCK + threadIdx.x;
+    const bool sel = row < p.n && *(const float *)(p.pred + row * p.pred_nb0) > 0.0f;
+    const int total = block_compact_rows(sel, row, s_rows, s_wcnt);
+    if (total == 0) return; // block-uniform
+    if (threadIdx.x == 0) s_base = atomicAdd(p.count, total);
+    __syncthreads();
+    if (threadIdx.x < total) p.list[s_base + threadIdx.x] = s_rows[threadIdx.x];
+}
+
 template <int TYPE, bool A16>
 __global__ void __launch_bounds__(FFN_WARPS * 32) ffn_rows_kernel(ffn_params p) {
     const int lane = threadIdx.x % 32;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < p.d; i += (int64_t)gridDim.x * blockDim.x)
-        p.y[i] = 0.0f; // the down kernel adds into y
-    for (int64_t base = (int64_t)blockIdx.x * FFN_WARPS + threadIdx.x / 32; base < p.n; base += 32 * p.W) {
-        const int64_t c = base + p.W * lane; // this lane's candidate
-        const bool cand = c < p.n && *(const float *)(p.pred + c * p.pred_nb0) > 0.0f;
-        float mine = 0.0f;                   // the activation of this lane's candidate
-        for (unsigned todo = __ballot_sync(0xffffffffu, cand); todo; todo &= todo - 1) {
-            const int b = __ffs(todo) - 1;
-            const int64_t r = base + p.W * b;
-            float g, u;
-            if constexpr (TYPE == GGML_TYPE_F32 || TYPE == GGML_TYPE_F16 || TYPE == GGML_TYPE_BF16) {
-                const int64_t rs = p.w_nb1 / 16;
-                pair_dot_f<TYPE>((const int4 *)p.wg + r * rs, (const int4 *)p.wu + r * rs, p.x, p.k, lane, &g, &u);
-            } else {
-                const uint8_t *wr[2] = {p.wg + r * p.w_nb1, p.wu + r * p.w_nb1};
-                float acc[2][1] = {{0.0f}, {0.0f}};
-                qrow_dots<TYPE, A16, 1, 2>(wr, p.xq, p.xds, p.k, 1, lane, acc);
-                g = warp_sum(acc[0][0]);
-                u = warp_sum(acc[1][0]);
-            }
-            if (lane == b) mine = p.act != GGML_OP_RELU || g > 0.0f ? cuda_act(p.act, g) * u : 0.0f;
+    const int count = *p.count;
+    for (int64_t e = (int64_t)blockIdx.x * FFN_WARPS + threadIdx.x / 32; e < count; e += p.W) {
+        const int64_t r = p.list[e];
+        float g, u;
+        if constexpr (TYPE == GGML_TYPE_F32 || TYPE == GGML_TYPE_F16 || TYPE == GGML_TYPE_BF16) {
+            const int64_t rs = p.w_nb1 / 16;
+            pair_dot_f<TYPE>((const int4 *)p.wg + r * rs, (const int4 *)p.wu + r * rs, p.x, p.k, lane, &g, &u);
+        } else {
+            const uint8_t *wr[2] = {p.wg + r * p.w_nb1, p.wu + r * p.w_nb1};
+            float acc[2][1] = {{0.0f}, {0.0f}};
+            qrow_dots<TYPE, A16, 1, 2>(wr, p.xq, p.xds, p.k, 1, lane, acc);
+            g = warp_sum(acc[0][0]);
+            u = warp_sum(acc[1][0]);
         }
-        const bool keep = mine != 0.0f; // NaN is kept, as the unfused ops would add it
-        const unsigned kept = __ballot_sync(0xffffffffu, keep);
-        if (!kept) continue;
-        int at = 0;
-        if (lane == 0) at = atomicAdd(p.count, __popc(kept));
-        at = __shfl_sync(0xffffffffu, at, 0) + __popc(kept & ((1u << lane) - 1));
-        if (keep) {
-            p.list[at] = (int)c;
-            p.vals[at] = mine;
-        }
+        if (lane == 0) p.vals[e] = p.act != GGML_OP_RELU || g > 0.0f ? cuda_act(p.act, g) * u : 0.0f;
     }
 }
 
@@ -129,22 +124,26 @@ __global__ void __launch_bounds__(DOWN_WARPS * 32) ffn_down_kernel(ffn_params p)
     if (blockIdx.y >= groups) return; // block-uniform
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int64_t sl = (int64_t)blockIdx.x * 32 + lane; // this lane's 32-value slice of d
+    const int64_t stride = groups * DOWN_WARPS;
     float acc[32];
 #pragma unroll
     for (int i = 0; i < 32; i++) acc[i] = 0.0f;
     if (sl * 32 < p.d)
-        for (int64_t e = (int64_t)blockIdx.y * DOWN_WARPS + warp; e < count; e += groups * DOWN_WARPS) {
-            const float a = p.vals[e];
-            float f[32];
-            slice32<TYPE>(p.wd + (int64_t)p.list[e] * p.wd_nb1, sl, p.d, f);
+        for (int64_t e = (int64_t)blockIdx.y * DOWN_WARPS + warp; e < count; e += 2 * stride) {
+            // two entries at once: their loads overlap (a zero value, a relu row that did not fire, adds nothing)
+            const float a0 = p.vals[e], a1 = e + stride < count ? p.vals[e + stride] : 0.0f;
+            float f0[32], f1[32];
+            if (a0 != 0.0f) slice32<TYPE>(p.wd + (int64_t)p.list[e] * p.wd_nb1, sl, p.d, f0);
+            if (a1 != 0.0f) slice32<TYPE>(p.wd + (int64_t)p.list[e + stride] * p.wd_nb1, sl, p.d, f1);
 #pragma unroll
-            for (int i = 0; i < 32; i++) acc[i] += a * f[i];
+            for (int i = 0; i < 32; i++) acc[i] += (a0 != 0.0f ? a0 * f0[i] : 0.0f) + (a1 != 0.0f ? a1 * f1[i] : 0.0f);
         }
     add_slices<DOWN_WARPS>(acc, s_acc, p.y, p.d);
 }
 
 template <int TYPE>
 static void ffn_launch(const ffn_params &p, bool a16, cudaStream_t st) {
+    ffn_select_kernel<<<(unsigned)((p.n + CUDA_BLOCK - 1) / CUDA_BLOCK), CUDA_BLOCK, 0, st>>>(p);
     const unsigned row_blocks = (unsigned)(p.W / FFN_WARPS);
     if (a16) // only Q4_K loads differently from 16-byte aligned rows
         ffn_rows_kernel<TYPE, true><<<row_blocks, FFN_WARPS * 32, 0, st>>>(p);
@@ -174,8 +173,8 @@ int cuda_sparse_ffn(struct ggml_tensor *const *nodes, bool xq_ready, void *wdata
     p.pred = (const char *)pred->data;
     p.pred_nb0 = (int64_t)pred->nb[0];
     p.act = nodes[1]->op;
-    int64_t warps = (p.n + FFN_PER_WARP - 1) / FFN_PER_WARP;
-    if (warps > 32 * cuda_sm_count()) warps = 32 * cuda_sm_count(); // 8 blocks per SM at most
+    // a warp per listed row up to 8 blocks per SM (the list's length is known on the device only)
+    const int64_t warps = p.n < 32 * cuda_sm_count() ? p.n : 32 * cuda_sm_count();
     p.W = (warps + FFN_WARPS - 1) / FFN_WARPS * FFN_WARPS;
     char *after_xq = (char *)wdata + cuda_xq_wsize(GGML_TYPE_Q8_0, p.k, 1);
     p.count = (int *)after_xq;
