@@ -210,6 +210,25 @@ def _cpu_figures(type_: int, n_threads: int, rng) -> tuple[float, float, float, 
             _gbps(sum(int(p.sum()) for p in picks) * 3 * row, float(np.median(sparse_ms))), node_us, spread)
 
 
+def hot_halves(ctx, type_: int, x, rows: int, n: int, rng) -> tuple[list, int]:
+    """n split layers' hot halves (rows neurons each) as sparse_ffn.rows_ffn builds them, one fused group each on
+    CUDA: the rows of gate and up a scattered SPARSE_DENSITY of neurons select, the activation, the same rows of
+    down_t. Each matrix is a tensor of its own, as a model's weights are (views of one would put view nodes
+    between the group's ops, which then run unfused), and silu keeps every selected row (relu would drop those
+    whose gate is negative from up and down). -> (outputs, neurons selected)."""
+    outs, picked = [], 0
+    k = x.shape[-1]
+    for _ in range(n):
+        gate_w, up_w, down_w = (_random_weight(ctx, type_, rows, k, rng).to_device() for _ in range(3))
+        sel = rng.random(rows) < SPARSE_DENSITY
+        picked += int(sel.sum())
+        mask = ctx.tensor_from_numpy(np.where(sel, 1.0, -1.0).astype(np.float32)).to_device()
+        gate = ctx.mul_mat_rows(gate_w, x, mask)
+        up = ctx.mul_mat_rows(up_w, x, mask)
+        outs.append(ctx.axpy_rows(down_w, ctx.mul(ctx.silu(gate), up), mask))
+    return outs, picked
+
+
 def _gpu_figures(type_: int, rng) -> tuple[float, float, float]:
     """(dense GB/s, sparse GB/s, fixed us per kernel) on the GPU."""
     from pyinfer import ggml
@@ -219,7 +238,8 @@ def _gpu_figures(type_: int, rng) -> tuple[float, float, float]:
     row = ggml.row_size(type_, k)
     slices = 8  # GEMVs over different slices of one weight in one graph: nothing is read from a cache
     per = max(3, WORKING_SET // row // (3 * slices) * 3)
-    ctx = ggml.Context(slices * per * row + (64 << 20))
+    third = slices * per // 6
+    ctx = ggml.Context((slices * per + 6 * third) * row + (64 << 20))
     w = _random_weight(ctx, type_, slices * per, k, rng).to_device()
     x = ctx.tensor_from_numpy(rng.standard_normal(k).astype(np.float32)).to_device()
 
@@ -228,18 +248,8 @@ def _gpu_figures(type_: int, rng) -> tuple[float, float, float]:
 
     dense = [ctx.mul_mat(rows(i * per, per), x) for i in range(slices)]
     dense_ms = ggml.Graph(ctx, dense).plan().median_ms(pool, 15)
-    # a split layer's hot half as sparse_ffn.rows_ffn builds it (one fused group on CUDA): selected rows of
-    # gate and up, the activation, the same rows of down_t; each matrix as large as a big model's (tens of
-    # MB), or the fixed costs of the launches would dominate. silu keeps every selected row (relu would
-    # drop those whose gate is negative from up and down), so the bytes below are the bytes read.
-    third, outs, picked = slices * per // 6, [], 0
-    for r0 in (0, 3 * third):
-        sel = rng.random(third) < SPARSE_DENSITY
-        picked += int(sel.sum())
-        mask = ctx.tensor_from_numpy(np.where(sel, 1.0, -1.0).astype(np.float32)).to_device()
-        gate = ctx.mul_mat_rows(rows(r0, third), x, mask)
-        up = ctx.mul_mat_rows(rows(r0 + third, third), x, mask)
-        outs.append(ctx.axpy_rows(rows(r0 + 2 * third, third), ctx.mul(ctx.silu(gate), up), mask))
+    # each matrix as large as a big model's (tens of MB), or the fixed costs of the launches would dominate
+    outs, picked = hot_halves(ctx, type_, x, third, 2, rng)
     sparse_ms = ggml.Graph(ctx, outs).plan().median_ms(pool, 15)
     small = ctx.tensor_from_numpy(rng.standard_normal(64).astype(np.float32)).to_device()
     kernel_us = _per_link_us(ctx, pool, lambda y: ctx.scale(y, 1.0), small)

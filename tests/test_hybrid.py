@@ -133,6 +133,17 @@ def test_machine_measurement(tmp_path, monkeypatch):
     assert machine.cache_path("f16", 4).is_file() and machine.profile_for(ggml.F16, 4) == p  # cached
 
 
+def test_machine_times_the_fused_sparse_ffn():
+    """The machine profile times the GPU's sparse FFN as a model runs it: each hot half one fused group (it had
+    built them from views of one weight, whose view nodes split the groups, and timed the unfused row ops)."""
+    ctx = ggml.Context(64 << 20)
+    rng = np.random.default_rng(0)
+    x = ctx.tensor_from_numpy(rng.standard_normal(256).astype(np.float32)).to_device()
+    outs, picked = machine.hot_halves(ctx, ggml.F16, x, 512, 2, rng)
+    assert 0 < picked < 2 * 512
+    assert ggml.Graph(ctx, outs).plan().n_fused == 2 * 4
+
+
 def test_cpu_node_reading_device_leaves():
     """A CPU node whose input is a weight on the GPU downloads it like any output (not as an upload)."""
     rng = np.random.default_rng(1)

@@ -217,3 +217,28 @@ def test_machine_figures_from_a_busy_host_are_not_cached(tmp_path, monkeypatch, 
     assert machine.profile_for(ggml.F16, 4) == figures
     assert machine.cache_path("f16", 4).is_file() == cached
     assert ("not cached" in capsys.readouterr().err) != cached
+
+
+def test_bench_hybrid_runs_ours_with_the_profile_it_modelled(tiny_sparse, tmp_path, monkeypatch):
+    # a host too unsteady for the profile cache measured a new profile for every run of ours: one run planned
+    # with a split layer's fixed cost at 0 and ran at 220 t/s beside a 269 t/s round (docs/BENCHMARKS.md)
+    import pyinfer.bench
+    import pyinfer.tools.bench_hybrid as bench_hybrid
+    from pyinfer import machine
+
+    measured = iter(MachineProfile(f"measurement {i}", 50.0, 40.0, 2000.0, 500.0, 20.0 - i, 22.0, 45.0)
+                    for i in range(20))
+    monkeypatch.setattr(machine, "resolve", lambda spec, weight_type, n_threads: next(measured))
+    used = []
+
+    def bench(path, pp, tg, reps, output, options):
+        used.append(options["machine"])
+        return json.dumps([{"test": "tg8", "median_ts": 1.0, "modelled_ts": 1.0, "device_bytes": 0}])
+
+    monkeypatch.setattr(pyinfer.bench, "bench", bench)
+    monkeypatch.setattr(bench_hybrid, "run_llama", lambda *args: {"tg": 1.0})
+    out = tmp_path / "run.json"
+    assert bench_hybrid.main(["--ours", tiny_sparse, "--dense", tiny_sparse, "--llama-bench", "unused", "--budgets",
+                              "1000,2000", "--rounds", "2", "--pp", "0", "--tg", "8", "--json", str(out)]) == 0
+    assert len(used) == 4 and all(m is used[0] for m in used)
+    assert json.loads(out.read_text())["machine"]["name"] == used[0].name == "measurement 0"

@@ -2,14 +2,15 @@
 budget, on the same shapes, in alternating rounds (docs/BENCHMARKS.md, "Hybrid executor").
 
     python -m pyinfer.tools.bench_hybrid --ours MODEL.gguf --dense DENSE.gguf --llama-bench BIN \\
-        --budgets 0.333,0.667,0.9 [-t 16] [--tg 32] [--pp 512] [--rounds 2] [--json OUT.json]
+        --budgets 0.333,0.667,0.9 [-t 16] [--tg 32] [--pp 512] [--rounds 2] [--machine NAME|FILE] [--json OUT.json]
 
 A budget is a fraction of the model's bytes (our PowerGGUF's tensors). llama.cpp gets the same bytes two
 ways and the faster one counts: -ngl N (the most whole layers that fit) and -ngl 99 with the FFN weights of
 the first K layers kept on the CPU (-ot, the fewest K that fits). Both sides keep the same reserve for
 buffers. Every row: t/s of each side (median over rounds, with the range), the ratio, our plan's modelled
 t/s, the bytes bound at the measured bandwidths, our device bytes against the budget, and how the CPU and
-GPU shared a token.
+GPU shared a token. Every run of ours places the model with one machine profile, the one the modelled
+column used (a host too unsteady for the profile cache would otherwise measure a new one per run).
 """
 from __future__ import annotations
 
@@ -69,11 +70,11 @@ def run_llama(bin_path: str, model: str, flags: list[str], threads: int, pp: int
     return out
 
 
-def run_ours(model_path: str, budget: int, threads: int, pp: int, tg: int, reps: int) -> dict:
+def run_ours(model_path: str, budget: int, machine, threads: int, pp: int, tg: int, reps: int) -> dict:
     from pyinfer.bench import bench
 
     rows = json.loads(bench(model_path, [pp] if pp else [], [tg], reps, "json",
-                            {"n_threads": threads, "vram_budget": budget}))
+                            {"n_threads": threads, "vram_budget": budget, "machine": machine}))
     out = {}
     for r in rows:
         out[r["test"][:2]] = r["median_ts"]
@@ -105,17 +106,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--label", default="", help="what the model is (e.g. 'SYNTHETIC 13B, 8 of 40 layers')")
+    p.add_argument("--machine", default=None, metavar="NAME|FILE",
+                   help="the placement's figures: a preset or a profile file (default: this machine's, measured once)")
     p.add_argument("--json", default=None, help="write every measurement here")
     return p
 
 
 def measure_all(a: argparse.Namespace) -> int:
-    from pyinfer.machine import profile_for
+    from pyinfer.machine import resolve
     from pyinfer.placement import model_costs, solve
 
     ours, dense = GGUFFile(a.ours), GGUFFile(a.dense)
     total = sum(t.data.nbytes for t in ours.tensors.values())
-    machine = profile_for(ours.tensors["blk.0.ffn_up.weight"].type, a.threads)
+    machine = resolve(a.machine, ours.tensors["blk.0.ffn_up.weight"].type, a.threads)
     results = []
     for fraction in (float(f) for f in a.budgets.split(",")):
         budget = int(fraction * total)
@@ -127,7 +130,7 @@ def measure_all(a: argparse.Namespace) -> int:
                "plan": {"attn_gpu": sum(plan.attn_gpu), "hot_rows": sum(plan.hot_rows),
                         "n_ff_total": sum(la.n_ff for la in costs.layers)}}
         for _ in range(a.rounds):  # alternating: ours, then each llama.cpp configuration
-            row["ours"].append(run_ours(a.ours, budget, a.threads, a.pp, a.tg, a.reps))
+            row["ours"].append(run_ours(a.ours, budget, machine, a.threads, a.pp, a.tg, a.reps))
             for label, flags in configs:
                 row["llama"][label].append(run_llama(a.llama_bench, a.dense, flags, a.threads, a.pp, a.tg, a.reps))
         results.append(row)
