@@ -47,10 +47,10 @@ def read(t: ggml.Tensor) -> np.ndarray:
     return raw.view(np.float32).reshape(tuple(reversed(t.ne))).copy()
 
 
-def run(build, backend: str, n_fused: list | None = None) -> list[np.ndarray]:
+def run(build, backend: str, n_fused: list | None = None, mem: int = 64 << 20) -> list[np.ndarray]:
     """build(ctx) -> outputs; planned, poisoned with NaN, computed on `backend`; appends the graph's
     count of fused nodes to n_fused if given."""
-    ctx = ggml.Context(64 << 20)
+    ctx = ggml.Context(mem)
     outputs = build(ctx)
     g = ggml.Graph(ctx, outputs, backend=backend).plan()
     for t in outputs:
@@ -427,39 +427,75 @@ def test_fused_decode_chains(type_, data, seed, act, layer):
             assert not bad.any(), f"{name}: {bad.sum()} of {bad.size} off, got {result[bad][:3]} want {want[bad][:3]}"
 
 
+def sparse_ffn_mask(n: int, density: float, hot_first: bool, rng) -> tuple[np.ndarray, np.ndarray]:
+    """(selected, predictor logits): a dense head and a sparser tail when hot_first (the hot neurons stored
+    first), else scattered; some unselected logits exactly 0 (they select nothing)."""
+    on = rng.random(n) < density
+    if hot_first:
+        head = int(n * density / 2)
+        on = np.concatenate([np.ones(head, bool), rng.random(n - head) < density / 4])
+    pred = np.where(on, rng.uniform(0.1, 2.0, n), -rng.uniform(0.0, 2.0, n)).astype(np.float32)
+    pred[~on & (rng.random(n) < 0.1)] = 0.0
+    return on, pred
+
+
+def sparse_ffn_graph(x, pred, weights, type_: int, act: str, fuse: bool = True, quantize_first=None):
+    """build(ctx) for one token's sparse FFN as sparse_ffn.rows_ffn builds it: gate rows under pred, act, up
+    rows under pred or, for relu, under relu(gate), mul, axpy of down_t. fuse=False also outputs the mul,
+    which keeps the run from fusing (its activations, as the GPU computed them, come second);
+    quantize_first: a weight whose quantized GEMV of x comes first (the group then finds x's Q8_1 copy)."""
+    wg, wu, wdt = weights
+
+    def build(ctx):
+        h, p = tensor(ctx, x), tensor(ctx, pred)
+        first = [ctx.mul_mat(tensor(ctx, quantize_first, type_), h)] if quantize_first is not None else []
+        a = getattr(ctx, act)(ctx.mul_mat_rows(tensor(ctx, wg, type_), h, p))
+        sel = a if act == "relu" else p
+        mul = ctx.mul(a, ctx.mul_mat_rows(tensor(ctx, wu, type_), h, sel))
+        return [*first, ctx.axpy_rows(tensor(ctx, wdt, type_), mul, sel), *([] if fuse else [mul])]
+
+    return build
+
+
+def assert_fused_equals_unfused(x, pred, weights, type_, act, expect_fused: int, mem: int = 64 << 20,
+                                quantize_first=None) -> np.ndarray:
+    """The fused group on CUDA against the same ops unfused on CUDA: the same activations, down_t rows summed
+    in another order, so a tolerance of float32 sums (a row dropped or added shows); returns the fused y."""
+    graphs = []
+    fused = run(sparse_ffn_graph(x, pred, weights, type_, act, quantize_first=quantize_first), "cuda", graphs, mem)
+    unfused = run(sparse_ffn_graph(x, pred, weights, type_, act, False, quantize_first), "cuda", graphs, mem)
+    assert graphs == [expect_fused, 0], graphs
+    got, want, act_gpu = fused[-1].reshape(-1), unfused[-2].reshape(-1), unfused[-1].reshape(-1)
+    wg64, wu64, wd64 = (weight_values(type_, w) for w in weights)
+    # fused, float gate rows sum in another order: a relu gate within rounding of 0 may flip, adding |g| |u| at
+    # most (quantized rows sum the same way in both)
+    gmag = np.abs(wg64) @ np.abs(x)
+    flippable = (pred > 0) & (np.abs(wg64 @ x) < 1e-5 * gmag) & (type_ in (ggml.F32, ggml.F16, ggml.BF16))
+    flip = flippable * 1e-5 * gmag * (np.abs(wu64) @ np.abs(x))
+    # float32 sums of up to thousands of rows in two orders
+    tol = 1e-4 * (np.abs(act_gpu) @ np.abs(wd64)) + flip @ np.abs(wd64) + 1e-6
+    bad = ~(np.abs(got - want) <= tol)
+    assert not bad.any(), f"{bad.sum()} of {bad.size} off, got {got[bad][:3]} want {want[bad][:3]}"
+    return got
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(type_=st.sampled_from(ggml.WEIGHT_TYPES), data=st.data(), seed=st.integers(0, 2**31),
        act=st.sampled_from(["silu", "gelu", "relu"]), hot_first=st.booleans())
 def test_fused_sparse_ffn(type_, data, seed, act, hot_first):
-    """One token's sparse FFN as sparse_ffn.rows_ffn builds it (gate rows under the predictor's mask, act,
-    up rows under the same mask or, for relu, under relu(gate), mul, axpy of down_t) runs on CUDA as one
-    fused group: against float64 and the unfused CPU graph, for masks of any density, hot-first or not."""
+    """One token's sparse FFN runs on CUDA as one fused group: against the same ops unfused on CUDA (tight),
+    float64 and the CPU graph (within the quantization's error), for masks of any density, hot-first or not."""
     rng = np.random.default_rng(seed)
     k = row_len(type_, data.draw)
     n = data.draw(st.integers(1, 2000))
-    density = data.draw(st.sampled_from([0.0, 0.02, 0.1, 0.5, 1.0]))
-    on = rng.random(n) < density
-    if hot_first:  # a dense head (the hot neurons stored first), a sparser tail
-        head = int(n * density / 2)
-        on = np.concatenate([np.ones(head, bool), rng.random(n - head) < density / 4])
-    pred = np.where(on, rng.uniform(0.1, 2.0, n), -rng.uniform(0.0, 2.0, n)).astype(np.float32)
-    pred[~on & (rng.random(n) < 0.1)] = 0.0  # zero logits select nothing
+    on, pred = sparse_ffn_mask(n, data.draw(st.sampled_from([0.0, 0.02, 0.1, 0.5, 1.0])), hot_first, rng)
     x = rng.standard_normal(k).astype(np.float32)
-    wg, wu, wdt = (rng.standard_normal((n, k)).astype(np.float32) for _ in range(3))
-
-    def build(ctx):
-        h, p = tensor(ctx, x), tensor(ctx, pred)
-        a = getattr(ctx, act)(ctx.mul_mat_rows(tensor(ctx, wg, type_), h, p))
-        sel = a if act == "relu" else p
-        up = ctx.mul_mat_rows(tensor(ctx, wu, type_), h, sel)
-        return [ctx.axpy_rows(tensor(ctx, wdt, type_), ctx.mul(a, up), sel)]
-
-    graphs = []
-    (got,), (cpu,) = (run(build, b, graphs) for b in ("cuda", "cpu"))
+    weights = tuple(rng.standard_normal((n, k)).astype(np.float32) for _ in range(3))
     fuses = type_ in QUANT_TYPES or k % (4 if type_ == ggml.F32 else 8) == 0  # float rows: 16-byte aligned
-    assert graphs == [4 if fuses else 0, 0], graphs
+    got = assert_fused_equals_unfused(x, pred, weights, type_, act, 4 if fuses else 0)
+    (cpu,) = run(sparse_ffn_graph(x, pred, weights, type_, act), "cpu")
 
-    wg64, wu64, wd64 = (weight_values(type_, w) for w in (wg, wu, wdt))
+    wg64, wu64, wd64 = (weight_values(type_, w) for w in weights)
     g, u = wg64 @ x, wu64 @ x
     tol_g, tol_u = (DOT_TOL[type_] * (np.abs(w) @ np.abs(x)) + 1e-4 for w in (wg64, wu64))
     a = getattr(ref, act)(g)
@@ -469,9 +505,25 @@ def test_fused_sparse_ffn(type_, data, seed, act, hot_first):
     tol_act = on * (1.13 * tol_g * (np.abs(u) + tol_u) + np.abs(a) * tol_u + 1e-4)
     want = want_act @ wd64
     tol = tol_act @ np.abs(wd64) + DOT_TOL[type_] * (np.abs(want_act) @ np.abs(wd64)) + 1e-4
-    for name, result in (("cuda", got.reshape(-1)), ("cpu", cpu.reshape(-1))):
+    for name, result in (("cuda", got), ("cpu", cpu.reshape(-1))):
         bad = ~(np.abs(result - want) <= tol)
         assert not bad.any(), f"{name}: {bad.sum()} of {bad.size} off, got {result[bad][:3]} want {want[bad][:3]}"
+
+
+@pytest.mark.parametrize("type_", [ggml.F16, ggml.Q4_0, ggml.Q4_K])
+@pytest.mark.parametrize("density, hot_first", [(1.0, False), (0.1, True)])
+def test_fused_sparse_ffn_at_size(type_, density, hot_first):
+    """A layer large enough for every path of the group's kernels: more listed rows than the rows kernel has
+    warps (6000 > 32 x the SMs of an H100), several 1024-value slices of down_t with a partial last one
+    (2304 values), more list groups than the down kernel's grid (its stride); for quantized weights x's Q8_1
+    copy comes from the GEMV before the group."""
+    rng = np.random.default_rng(int(density * 10) + hot_first)
+    n, k = 6000, 2304
+    _, pred = sparse_ffn_mask(n, density, hot_first, rng)
+    x = rng.standard_normal(k).astype(np.float32)
+    weights = tuple(rng.standard_normal((n, k)).astype(np.float32) for _ in range(3))
+    first = rng.standard_normal((64, k)).astype(np.float32) if type_ in QUANT_TYPES else None
+    assert_fused_equals_unfused(x, pred, weights, type_, "relu", 4, 160 << 20, first)
 
 
 def test_gemm_large_quantized_and_f16():

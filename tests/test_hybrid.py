@@ -83,11 +83,13 @@ def test_budgets_from_minimum_to_everything_equal_the_cpu(tiny_files, variant, s
 @pytest.mark.parametrize("variant", ["llama_relu", "llama_silu", "gemma3"])
 def test_sparse_ffn_is_one_fused_group_on_the_gpu(tiny_files, variant):
     """A sparse model wholly on the GPU runs each layer's FFN (gate rows, act, up rows, mul, down_t rows) as one
-    fused group, and copies no mask back to the host (the host counts the masks of its own neurons only)."""
+    fused group, copies no mask back to the host (the host counts the masks of its own neurons only), and
+    decodes what the CPU decodes."""
     sparse = Model(tiny_files(variant, True), n_ctx=64, kv_type="f32", n_gpu_layers=99)
     dense = Model(tiny_files(variant, False), n_ctx=64, kv_type="f32", n_gpu_layers=99)
-    for model in (sparse, dense):
-        model.eval([TOKENS[0]])
+    cpu = Model(tiny_files(variant, True), n_ctx=64, kv_type="f32")
+    dense.eval([TOKENS[0]])
+    assert rel_err(_decode(sparse, TOKENS[:8]), _decode(cpu, TOKENS[:8])) < 1e-4
     graph = sparse._graphs[(1, 1, False)]
     assert graph.mask_tensors == []
     # per layer, dense: the GLU fuses 3 nodes into its first; sparse: the FFN 4, the predictor's fc2 + bias 1

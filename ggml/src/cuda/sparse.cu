@@ -126,7 +126,8 @@ static int sel_mode_of(const struct ggml_tensor *dst) {
 
 size_t cuda_axpy_rows_wsize(const struct ggml_tensor *dst) {
     const struct ggml_tensor *wt = dst->src[0], *h = dst->src[1];
-    if (h->ne[1] == 1) return cuda_sparse_ffn_wsize(wt); // one token: it may end a fused sparse FFN
+    // one token's act * up under a selector: it may end a fused sparse FFN (fusion.cu), whose scratch it holds
+    if (h->ne[1] == 1 && dst->src[2] && h->op == GGML_OP_MUL) return cuda_sparse_ffn_wsize(wt);
     return cuda_gemm_t_takes(wt, h, sel_mode_of(dst)) ? cuda_gemm_t_wsize(wt, h) : 0;
 }
 
