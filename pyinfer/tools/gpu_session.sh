@@ -61,3 +61,14 @@ compare() {  # NAME LABEL [bench_hybrid flags...]: ours under budgets against ll
         --llama-bench "$W/llama-src/build/bin/llama-bench" --label "$label" --json "$OUT/$name.json" -t 16 "$@" \
         2> "$OUT/$name.log" | tee "$OUT/$name.md"
 }
+
+sparse_vs_dense() {  # NAME [ROUNDS]: the whole model on the GPU, its PowerGGUF (sparse) and dense GGUF alternating
+    local name=$1 rounds=${2:-2}
+    wait_for "$W/$name.done" || return 1
+    for r in $(seq "$rounds"); do
+        for f in "$name" "$name-dense"; do
+            echo "$f round $r: $(python3 -m pyinfer.cli bench -m "$W/$f.gguf" -ngl 99 -p 0 -n 128 -r 3 -t 16 2>/dev/null |
+                grep tg128)"
+        done
+    done | tee "$OUT/$name-sparse-vs-dense.md"
+}
