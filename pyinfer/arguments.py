@@ -77,3 +77,14 @@ def _bad_bytes(value: str, exc: UnicodeEncodeError) -> str:
     if 0xDC80 <= ord(char) <= 0xDCFF:  # surrogateescape's stand-in for an undecodable byte
         return f"byte 0x{ord(char) - 0xDC00:02x} at character {exc.start}"
     return f"lone surrogate U+{ord(char):04X} at character {exc.start}"
+
+
+def shapes(name: str, value: str) -> list[tuple[int, int]]:
+    """Comma-separated AxB pairs of positive integers (a benchmark's matrix shapes, e.g. 5120x13824)."""
+    out = []
+    for part in value.split(","):
+        dims = part.strip().split("x")
+        if len(dims) != 2 or not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise InvalidArgumentError(f"{name} {value!r}: want pairs of positive integers such as 5120x13824")
+        out.append((int(dims[0]), int(dims[1])))
+    return out

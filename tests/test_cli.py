@@ -101,3 +101,18 @@ def test_vram_budget_without_gpu_is_one_line(budget, message, tmp_path):
     result = _cli("run", "-m", "no-such.gguf", "--vram-budget", budget, cwd=tmp_path)
     assert result.returncode == 1 and message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("tool, args, message", [
+    ("bench_kernels", ["--types", "bogus"], "unknown bogus"),
+    ("bench_kernels", ["--sizes", "4096x"], "--sizes '4096x'"),
+    ("bench_kernels", ["--threads", "0"], "--threads must be >= 1"),
+    ("bench_cuda_kernels", ["--shapes", "12xab"], "--shapes '12xab'"),
+    ("profile_decode", ["-m", "missing.gguf", "-ngl", "99"], "missing.gguf"),
+])
+def test_benchmark_tools_bad_input_is_one_line(tool, args, message, tmp_path):
+    # the kernel benchmarks had printed a KeyError or ValueError traceback for a bad flag
+    result = subprocess.run([sys.executable, "-m", f"pyinfer.tools.{tool}", *args], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and message in lines[0], result.stderr

@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 import time
 from pathlib import Path
 
 import cffi
 import numpy as np
 
-from pyinfer import _pyinfer_native, ggml
+from pyinfer import _pyinfer_native, arguments, ggml
 from pyinfer._native import check
+from pyinfer.console import run_cli
+from pyinfer.errors import UnsupportedError
 from pyinfer.tools.make_synthetic_model import power_law_freqs
 
 ROOT = Path(__file__).resolve().parents[2]  # reads the C headers of the checkout
@@ -139,8 +142,8 @@ def weight(ctx: ggml.Context, type_: int, n: int, k: int, rng) -> ggml.Tensor:
     return ctx.tensor_from_numpy(rng.standard_normal((n, k)).astype(np.float32), type_).to_device()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="bench_cuda_kernels", description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=50, help="forward calls captured per CUDA graph")
     ap.add_argument("--replays", type=int, default=20, help="replays of the graph timed")
     ap.add_argument("--only", help="one weight type (e.g. q4_0), and no sparse table unless --shapes is given")
@@ -148,8 +151,13 @@ def main() -> None:
                     help="sparse table: uniform random masks, or hot-first power-law ones as a PowerGGUF's "
                          "neurons fire (make_synthetic_model's frequencies, 17 %% of neurons carrying 80 %%)")
     ap.add_argument("--shapes", help="k x n shapes to time, e.g. 5120x13824 (default: all)")
-    args = ap.parse_args()
-    shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")] if args.shapes else SHAPES
+    return ap
+
+
+def measure(args: argparse.Namespace) -> int:
+    shapes = arguments.shapes("--shapes", args.shapes) if args.shapes else SHAPES
+    if not ggml.cuda_available():
+        raise UnsupportedError("no CUDA device here: this benchmark times the GPU's kernels")
     cu = Cuda()
     rng = np.random.default_rng(0)
     bw = copy_bandwidth(cu, args.calls, args.replays)
@@ -173,7 +181,7 @@ def main() -> None:
                   f"{w.nbytes / sec / 1e9:.0f} | {100 * w.nbytes / sec / bw:.0f} |")
 
     if args.only and not args.shapes:
-        return
+        return 0
     print(f"\n## Sparse ops vs the dense GEMV of the same matrix ({args.masks} F32 masks, m = 1)\n")
     print("| type | k x n | density | mul_mat_rows us | speed-up | axpy_rows us | speed-up | sparse FFN us "
           "| vs 3 dense GEMVs |")
@@ -205,6 +213,11 @@ def main() -> None:
                 base = dense_us[(type_, k, n)]
                 print(f"| {ggml.type_name(type_)} | {k} x {n} | {dens:.0%} | {t_mmr:.1f} | {base / t_mmr:.1f}x | "
                       f"{t_axpy:.1f} | {base / t_axpy:.1f}x | {t_ffn:.1f} | {3 * base / t_ffn:.1f}x |")
+    return 0
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli("bench_cuda_kernels", parser(), measure, argv)
+
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

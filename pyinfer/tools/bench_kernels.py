@@ -21,7 +21,9 @@ import time
 
 import numpy as np
 
-from pyinfer import ggml
+from pyinfer import arguments, ggml
+from pyinfer.console import run_cli
+from pyinfer.errors import InvalidArgumentError
 
 TYPES = {"f16": ggml.F16, "q8_0": ggml.Q8_0, "q4_0": ggml.Q4_0, "q4_1": ggml.Q4_1, "q5_0": ggml.Q5_0,
          "q4_K": ggml.Q4_K, "q6_K": ggml.Q6_K}
@@ -110,14 +112,22 @@ def bench_case(timer: Timer, type_: int, d: int, n_ff: int, working_set: int, rn
     return res
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="bench_kernels", description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--types", default=",".join(TYPES), help="comma-separated: " + ",".join(TYPES))
     ap.add_argument("--working-set-mb", type=int, default=1024, help="weight bytes cycled through per graph")
     ap.add_argument("--min-seconds", type=float, default=0.5, help="timing per measurement")
     ap.add_argument("--sizes", default=",".join(f"{d}x{n}" for d, n in SIZES), help="d x n_ff pairs")
-    args = ap.parse_args()
+    return ap
+
+
+def measure(args: argparse.Namespace) -> int:
+    sizes = arguments.shapes("--sizes", args.sizes)
+    unknown = [t for t in args.types.split(",") if t not in TYPES]
+    if unknown:
+        raise InvalidArgumentError(f"--types: unknown {', '.join(unknown)}; known: {', '.join(TYPES)}")
+    arguments.integer("--threads", args.threads, 1)
     rng = np.random.default_rng(0)
     pool = ggml.ThreadPool(args.threads)
     timer = Timer(pool, args.min_seconds)
@@ -128,8 +138,7 @@ def main() -> None:
     print("Dense: one token (GEMV), weights streamed from memory. Sparse: time relative to the dense GEMV "
           "over the same bytes, at mask density rho (target <= 1.3 rho for rho >= 5%).\n")
     rho_cols = " | ".join(f"{int(r * 100)}%" for r in DENSITIES)
-    for size in args.sizes.split(","):
-        d, n_ff = (int(v) for v in size.split("x"))
+    for d, n_ff in sizes:
         print(f"## {d} x {n_ff}\n")
         print(f"| type | op | dense us | GB/s | % copy | {rho_cols} |")
         print("|---|---|---|---|---|" + "---|" * len(DENSITIES))
@@ -146,7 +155,12 @@ def main() -> None:
                 print(f"| {name} | {label} | {t * 1e6:.0f} | {gbs:.1f} | {100 * gbs / copy_gbs:.0f} | {ratios} |")
             sys.stdout.flush()
         print()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli("bench_kernels", parser(), measure, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
