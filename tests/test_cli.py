@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -109,6 +110,7 @@ def test_vram_budget_without_gpu_is_one_line(budget, message, tmp_path):
     ("bench_kernels", ["--threads", "0"], "--threads must be >= 1"),
     ("bench_cuda_kernels", ["--shapes", "12xab"], "--shapes '12xab'"),
     ("profile_decode", ["-m", "missing.gguf", "-ngl", "99"], "missing.gguf"),
+    ("compare_bench", ["--ours", "missing.json", "--llamacpp", "missing.json"], "missing.json"),
 ])
 def test_benchmark_tools_bad_input_is_one_line(tool, args, message, tmp_path):
     # the kernel benchmarks had printed a KeyError or ValueError traceback for a bad flag
@@ -116,3 +118,16 @@ def test_benchmark_tools_bad_input_is_one_line(tool, args, message, tmp_path):
                             capture_output=True, text=True, timeout=120)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1 and message in lines[0], result.stderr
+
+
+# every runnable module of pyinfer.tools (python -m pyinfer.tools.NAME)
+TOOLS = sorted(p.stem for p in (Path(__file__).parents[1] / "pyinfer" / "tools").glob("*.py")
+               if 'if __name__ == "__main__":' in p.read_text())
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_tools_answer_help(tool, tmp_path):
+    # compare_bench's --help had died on a bare % in a help string
+    result = subprocess.run([sys.executable, "-m", f"pyinfer.tools.{tool}", "--help"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "usage:" in result.stdout, result.stderr

@@ -10,12 +10,22 @@ import json
 import statistics
 import sys
 
+from pyinfer.console import run_cli
+from pyinfer.errors import InvalidArgumentError
 
-def _load(paths: list[str]) -> list[dict]:
+
+def _load(paths: list[str], keys: tuple[str, ...]) -> list[dict]:
+    """The rows of bench JSON files, each a list of objects with `keys`."""
     rows = []
     for p in paths:
         with open(p) as f:
-            rows += json.load(f)
+            try:
+                data = json.load(f)
+            except ValueError as exc:
+                raise InvalidArgumentError(f"{p}: not JSON ({exc})") from None
+        if not isinstance(data, list) or not all(isinstance(r, dict) and all(k in r for k in keys) for r in data):
+            raise InvalidArgumentError(f"{p}: not a bench result (a JSON list of rows with {', '.join(keys)})")
+        rows += data
     return rows
 
 
@@ -25,16 +35,20 @@ def _test(row: dict) -> str:
     return f"pp{row['n_prompt']}" if row.get("n_prompt") else f"tg{row['n_gen']}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--ours", nargs="+", required=True)
-    p.add_argument("--llamacpp", nargs="+", required=True)
-    p.add_argument("--bandwidth", type=float, default=0.0, help="measured copy bandwidth, GB/s (for the % column)")
-    a = p.parse_args(argv)
-    theirs = {(r["model_type"].split()[-1].lower(), _test(r)): r for r in _load(a.llamacpp)}
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="compare_bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ours", nargs="+", required=True, help="pyinfer bench -o json outputs")
+    p.add_argument("--llamacpp", nargs="+", required=True, help="llama-bench -o json outputs")
+    p.add_argument("--bandwidth", type=float, default=0.0, help="measured copy bandwidth, GB/s (for the %% column)")
+    return p
+
+
+def compare(a: argparse.Namespace) -> int:
+    theirs = {(r["model_type"].split()[-1].lower(), _test(r)): r
+              for r in _load(a.llamacpp, ("model_type", "samples_ts", "n_gen"))}
     print("| model | test | pyinfer t/s | llama.cpp t/s | ratio | pyinfer GB/s | % of copy bw |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
-    for r in _load(a.ours):
+    for r in _load(a.ours, ("model", "test", "median_ts", "size_gib")):
         ftype = r["model"].split()[-1].lower()
         other = theirs.get((ftype, r["test"]))
         ours = r["median_ts"]
@@ -44,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r['model']} | {r['test']} | {ours:.1f} | {ref:.1f} | {ours / ref:.2f} | "
               f"{'' if gbs != gbs else f'{gbs:.0f}'} | {pct} |")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli("compare_bench", parser(), compare, argv)
 
 
 if __name__ == "__main__":
