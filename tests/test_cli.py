@@ -111,9 +111,11 @@ def test_vram_budget_without_gpu_is_one_line(budget, message, tmp_path):
     ("bench_cuda_kernels", ["--shapes", "12xab"], "--shapes '12xab'"),
     ("profile_decode", ["-m", "missing.gguf", "-ngl", "99"], "missing.gguf"),
     ("compare_bench", ["--ours", "missing.json", "--llamacpp", "missing.json"], "missing.json"),
+    ("factual_eval", ["-m", "missing.gguf"], "missing.gguf"),
 ])
-def test_benchmark_tools_bad_input_is_one_line(tool, args, message, tmp_path):
-    # the kernel benchmarks had printed a KeyError or ValueError traceback for a bad flag
+def test_tools_bad_input_is_one_line(tool, args, message, tmp_path):
+    # the kernel benchmarks had printed a KeyError or ValueError traceback for a bad flag, factual_eval one for a
+    # missing model
     result = subprocess.run([sys.executable, "-m", f"pyinfer.tools.{tool}", *args], cwd=tmp_path,
                             capture_output=True, text=True, timeout=120)
     lines = result.stderr.strip().splitlines()

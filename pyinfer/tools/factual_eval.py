@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
+from pyinfer.console import run_cli
+
 # (question, what a right answer says, what a wrong one says instead)
 QUESTIONS: tuple[tuple[str, str, str | None], ...] = (
     ("What is the capital of France?", r"\bparis\b", r"\b(lyon|lille|marseille|nice)\b"),
@@ -79,10 +81,7 @@ def evaluate(model, name: str, seeds: int = 10, progress: bool = True, system: s
     return score
 
 
-def main(argv: list[str] | None = None) -> int:
-    from pyinfer.model_files import resolve_model
-    from pyinfer.runtime import Model
-
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m pyinfer.tools.factual_eval", description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", action="append", help="model file or pull name (repeatable; default: the "
                     "three models pyinfer pull knows)")
@@ -91,8 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--show-wrong", action="store_true", help="print the wrong answers")
     ap.add_argument("--temp", type=float, default=None, help="temperature (default: SamplerParams')")
     ap.add_argument("-sys", "--system-prompt", default=None, help="system prompt (default: the template's own)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def run(args: argparse.Namespace) -> int:
+    from pyinfer.model_files import resolve_model
     from pyinfer.pull import REGISTRY
+    from pyinfer.runtime import Model
 
     for name in args.model or sorted(REGISTRY):
         model = Model(resolve_model(name), n_threads=args.threads, n_ctx=512)
@@ -104,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  q{qi} seed {seed}: {answer!r}")
         sys.stdout.flush()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli("factual_eval", parser(), run, argv)
 
 
 if __name__ == "__main__":
