@@ -30,7 +30,7 @@ def stats_text(session: ChatSession) -> str:
            if ngl else "")
     lines.append(f"device: {gpu}CPU with {model.n_threads} threads")
     if total := t.extra.get("ffn_rows_total"):
-        lines.append(f"sparse FFN: {100 * t.extra['ffn_rows_active'] / total:.1f}% of neuron rows computed")
+        lines.append(f"sparse FFN: {100 * t.extra['ffn_rows_active'] / total:.1f}% of the CPU's neuron rows computed")
     return "\n".join(lines)
 
 

@@ -101,11 +101,13 @@ class Timings:
         if "ffn_rows_total" not in self.extra:
             return []
         x = self.extra
-        density = x["ffn_rows_active"] / x["ffn_rows_total"] if x["ffn_rows_total"] else 0.0
+        # only the CPU's neurons are counted: the GPU's masks stay on the device
+        density = (f"{100.0 * x['ffn_rows_active'] / x['ffn_rows_total']:6.2f} % of the CPU's neurons"
+                   if x["ffn_rows_total"] else "not counted (every neuron on the GPU)")
         pred_ms = x.get("predictor_ms", 0.0)
         per_token = self.eval_ms / self.eval_tokens if self.eval_tokens else 0.0
         share = 100.0 * pred_ms / per_token if per_token > 0 else 0.0
-        return [f"{prefix}:   sparse FFN density = {100.0 * density:6.2f} % of neurons, predictors "
+        return [f"{prefix}:   sparse FFN density = {density}, predictors "
                 f"{pred_ms:.2f} ms per token ({share:.1f} % of eval time)"]
 
 

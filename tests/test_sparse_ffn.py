@@ -201,3 +201,13 @@ def test_block_threshold_matches_numpy(kind, bias_up, n, t):
     mask = spec.masks[0].numpy().reshape(n, n_ff) > 0
     # the down mask holds every kept neuron, only predicted ones, and beyond the kept ones only zeros
     assert np.all(mask[keep]) and not np.any(mask[logit <= 0]) and np.all(act[mask & ~keep] == 0)
+
+
+def test_density_line_says_whose_neurons_it_counts():
+    # a model wholly on the GPU counts no neurons (its masks stay on the device): its density line had read 0 %
+    from pyinfer.runtime import Timings
+
+    t = Timings(eval_ms=10.0, eval_tokens=5, extra={"ffn_rows_active": 0, "ffn_rows_total": 0, "predictor_ms": 0.1})
+    assert "sparse FFN density = not counted (every neuron on the GPU)" in t.report()
+    t.extra.update(ffn_rows_active=25, ffn_rows_total=100)
+    assert "sparse FFN density =  25.00 % of the CPU's neurons" in t.report()
