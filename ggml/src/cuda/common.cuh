@@ -20,6 +20,9 @@ static inline int cuda_status(cudaError_t err, const char *what) {
 // after a launch: configuration errors show up here (asynchronous faults at the next sync)
 static inline int cuda_launch_status(const char *what) { return cuda_status(cudaGetLastError(), what); }
 
+// scratch parts start on 256-byte boundaries (what cudaMalloc gives the whole)
+static inline size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
 // a tensor as the kernels see it: data on the device, shape and byte strides
 struct cuda_view {
     char *data;

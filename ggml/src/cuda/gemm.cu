@@ -51,8 +51,6 @@ bool cuda_blas_load(void) {
     return true;
 }
 
-static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-
 // weight rows dequantized per chunk
 static int64_t gemm_chunk_rows(const struct ggml_tensor *w) {
     const int64_t k = w->ne[0], n = w->ne[1];

@@ -48,8 +48,6 @@ static __device__ __forceinline__ bool mask_on(const cuda_rows_sel &s, int64_t i
 // F32/F16/BF16: per-thread part of one row's dot products
 // ---------------------------------------------------------------------------------------------------
 
-#define GEMV_FLOAT_UNROLL 4 // 16-byte chunks in flight per thread
-
 template <int TYPE, bool ALIGNED>
 static __device__ __forceinline__ void row_dot_f(const rows_params &p, const uint8_t *wr, int64_t xoff, int mm, int sl,
                                                  float *acc) {
@@ -174,36 +172,9 @@ __global__ void __launch_bounds__(CUDA_BLOCK, 4) rows_kernel(rows_params p) {
 // every x load
 template <int TYPE>
 static __device__ __forceinline__ void pair_dot(const rows_params &p, const int4 *w0, const int4 *w1, float *s0, float *s1) {
-    constexpr int VE = TYPE == GGML_TYPE_F32 ? 4 : 8; // values per 16-byte chunk
     __shared__ float sh[GEMV_F_THREADS / 32][2];
-    const int64_t nch = p.k / VE;
-    float a0 = 0.0f, a1 = 0.0f;
-    for (int64_t c0 = threadIdx.x; c0 < nch; c0 += GEMV_FLOAT_UNROLL * GEMV_F_THREADS) {
-        int4 v0[GEMV_FLOAT_UNROLL], v1[GEMV_FLOAT_UNROLL];
-#pragma unroll
-        for (int u = 0; u < GEMV_FLOAT_UNROLL; u++) {
-            const int64_t c = c0 + u * GEMV_F_THREADS;
-            v0[u] = c < nch ? __ldg(w0 + c) : make_int4(0, 0, 0, 0);
-            v1[u] = c < nch ? __ldg(w1 + c) : make_int4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < GEMV_FLOAT_UNROLL; u++) {
-            const int64_t c = c0 + u * GEMV_F_THREADS;
-            if (c >= nch) break;
-            float f0[8], f1[8], xv[8];
-            chunk_vals<TYPE>(v0[u], f0);
-            chunk_vals<TYPE>(v1[u], f1);
-            const float4 *xp = (const float4 *)(p.xf + c * VE);
-            const float4 xa = __ldg(xp), xb = VE == 8 ? __ldg(xp + 1) : xa;
-            xv[0] = xa.x; xv[1] = xa.y; xv[2] = xa.z; xv[3] = xa.w;
-            xv[4] = xb.x; xv[5] = xb.y; xv[6] = xb.z; xv[7] = xb.w;
-#pragma unroll
-            for (int i = 0; i < VE; i++) {
-                a0 += f0[i] * xv[i];
-                a1 += f1[i] * xv[i];
-            }
-        }
-    }
+    float a0, a1;
+    pair_partial_f<TYPE, GEMV_F_THREADS>(w0, w1, p.xf, p.k, threadIdx.x, &a0, &a1);
     a0 = warp_sum(a0);
     a1 = warp_sum(a1);
     const int warp = threadIdx.x / 32;
@@ -394,8 +365,6 @@ __global__ void quantize_q8_1_kernel(const float *x, int64_t x_ld, int64_t k, in
 // ---------------------------------------------------------------------------------------------------
 // host side
 // ---------------------------------------------------------------------------------------------------
-
-static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 size_t cuda_xq_wsize(enum ggml_type wtype, int64_t k, int64_t m) {
     if (cuda_type_is_float(wtype)) return 0;

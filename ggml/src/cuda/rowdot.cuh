@@ -333,6 +333,47 @@ static __device__ __forceinline__ void chunk_vals(const int4 v, float *f) {
     }
 }
 
+#define GEMV_FLOAT_UNROLL 4 // 16-byte chunks in flight per thread
+
+// this thread's share of two float rows' dot products with x [k] (chunks first, first + STRIDE, ... of 16
+// bytes, GEMV_FLOAT_UNROLL of each row in flight; the two rows share every x load): partial sums, for the
+// caller to add up over the threads that share the rows
+template <int TYPE, int STRIDE>
+static __device__ __forceinline__ void pair_partial_f(const int4 *w0, const int4 *w1, const float *x, int64_t k,
+                                                      unsigned first, float *s0, float *s1) {
+    constexpr int VE = TYPE == GGML_TYPE_F32 ? 4 : 8; // values per 16-byte chunk
+    const int64_t nch = k / VE;
+    float a0 = 0.0f, a1 = 0.0f;
+    for (int64_t c0 = first; c0 < nch; c0 += GEMV_FLOAT_UNROLL * STRIDE) {
+        int4 v0[GEMV_FLOAT_UNROLL], v1[GEMV_FLOAT_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GEMV_FLOAT_UNROLL; u++) {
+            const int64_t c = c0 + u * STRIDE;
+            v0[u] = c < nch ? __ldg(w0 + c) : make_int4(0, 0, 0, 0);
+            v1[u] = c < nch ? __ldg(w1 + c) : make_int4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_FLOAT_UNROLL; u++) {
+            const int64_t c = c0 + u * STRIDE;
+            if (c >= nch) break;
+            float f0[8], f1[8], xv[8];
+            chunk_vals<TYPE>(v0[u], f0);
+            chunk_vals<TYPE>(v1[u], f1);
+            const float4 *xp = (const float4 *)(x + c * VE);
+            const float4 xa = __ldg(xp), xb = VE == 8 ? __ldg(xp + 1) : xa;
+            xv[0] = xa.x; xv[1] = xa.y; xv[2] = xa.z; xv[3] = xa.w;
+            xv[4] = xb.x; xv[5] = xb.y; xv[6] = xb.z; xv[7] = xb.w;
+#pragma unroll
+            for (int i = 0; i < VE; i++) {
+                a0 += f0[i] * xv[i];
+                a1 += f1[i] * xv[i];
+            }
+        }
+    }
+    *s0 = a0;
+    *s1 = a1;
+}
+
 // acc[r][j] += row r of wr . column j of x (j < mm), over the lane's items of the rows
 template <int TYPE, bool A16, int NC, int NR>
 static __device__ __forceinline__ void qrow_dots(const uint8_t *const *wr, const int8_t *xq, const float2 *xds,

@@ -15,7 +15,6 @@
 #define FFN_WARPS 4       // warps per block of the rows kernel
 #define DOWN_WARPS 8      // warps per block of the down kernel
 #define DOWN_PER_WARP 4   // list entries per warp the down kernel aims for (fewer blocks, fewer atomics)
-#define FFN_UNROLL 4      // float rows: 16-byte chunks of each of the two rows in flight per lane
 
 struct ffn_params {
     const uint8_t *wg, *wu; // gate and up [n, k], rows w_nb1 bytes apart
@@ -35,48 +34,9 @@ struct ffn_params {
     float *y;               // [d]
 };
 
-static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-
 size_t cuda_sparse_ffn_wsize(const struct ggml_tensor *wd) {
     const int64_t d = wd->ne[0], n = wd->ne[1];
     return cuda_xq_wsize(GGML_TYPE_Q8_0, d, 1) + 256 + 2 * align256((size_t)n * 4);
-}
-
-// the float rows' dot products with x, gate and up at once (every lane gets both sums)
-template <int TYPE>
-static __device__ __forceinline__ void pair_dot_f(const int4 *g, const int4 *u, const float *x, int64_t k, int lane,
-                                                  float *sg, float *su) {
-    constexpr int VE = TYPE == GGML_TYPE_F32 ? 4 : 8; // values per 16-byte chunk
-    const int64_t nch = k / VE;
-    float ag = 0.0f, au = 0.0f;
-    for (int64_t c0 = lane; c0 < nch; c0 += 32 * FFN_UNROLL) {
-        int4 vg[FFN_UNROLL], vu[FFN_UNROLL];
-#pragma unroll
-        for (int i = 0; i < FFN_UNROLL; i++) {
-            const int64_t c = c0 + 32 * i;
-            vg[i] = c < nch ? __ldg(g + c) : make_int4(0, 0, 0, 0);
-            vu[i] = c < nch ? __ldg(u + c) : make_int4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int i = 0; i < FFN_UNROLL; i++) {
-            const int64_t c = c0 + 32 * i;
-            if (c >= nch) break;
-            float fg[8], fu[8], xv[8];
-            chunk_vals<TYPE>(vg[i], fg);
-            chunk_vals<TYPE>(vu[i], fu);
-            const float4 *xp = (const float4 *)(x + c * VE);
-            const float4 xa = __ldg(xp), xb = VE == 8 ? __ldg(xp + 1) : xa;
-            xv[0] = xa.x; xv[1] = xa.y; xv[2] = xa.z; xv[3] = xa.w;
-            xv[4] = xb.x; xv[5] = xb.y; xv[6] = xb.z; xv[7] = xb.w;
-#pragma unroll
-            for (int j = 0; j < VE; j++) {
-                ag += fg[j] * xv[j];
-                au += fu[j] * xv[j];
-            }
-        }
-    }
-    *sg = warp_sum(ag);
-    *su = warp_sum(au);
 }
 
 __global__ void __launch_bounds__(CUDA_BLOCK) ffn_select_kernel(ffn_params p) {
@@ -101,7 +61,9 @@ __global__ void __launch_bounds__(FFN_WARPS * 32) ffn_rows_kernel(ffn_params p) 
         float g, u;
         if constexpr (TYPE == GGML_TYPE_F32 || TYPE == GGML_TYPE_F16 || TYPE == GGML_TYPE_BF16) {
             const int64_t rs = p.w_nb1 / 16;
-            pair_dot_f<TYPE>((const int4 *)p.wg + r * rs, (const int4 *)p.wu + r * rs, p.x, p.k, lane, &g, &u);
+            pair_partial_f<TYPE, 32>((const int4 *)p.wg + r * rs, (const int4 *)p.wu + r * rs, p.x, p.k, lane, &g, &u);
+            g = warp_sum(g);
+            u = warp_sum(u);
         } else {
             const uint8_t *wr[2] = {p.wg + r * p.w_nb1, p.wu + r * p.w_nb1};
             float acc[2][1] = {{0.0f}, {0.0f}};
