@@ -316,9 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
                          ("cpu_sparse_gbps", "CPU GB/s reading predicted neurons"),
                          ("gpu_dense_gbps", "GPU GB/s reading whole matrices"),
                          ("gpu_sparse_gbps", "GPU GB/s reading predicted neurons"),
-                         ("xfer_us", "microseconds a split layer's CPU half costs beyond its rows"),
-                         ("gpu_layer_us", "fixed GPU microseconds per layer"),
-                         ("cpu_layer_us", "fixed CPU microseconds per layer run on the CPU")):
+                         ("xfer_us", "microseconds splitting a GPU layer's FFN adds beyond the CPU's rows"),
+                         ("gpu_layer_us", "GPU microseconds a decode layer costs beyond its bytes"),
+                         ("cpu_layer_us", "CPU microseconds a decode layer costs beyond its bytes")):
         p.add_argument(f"--{figure_flag(figure)}", dest=figure, type=float, default=None, help=text)
     p.add_argument("--json", action="store_true", help="the plan as one JSON object")
     p.set_defaults(func=cmd_plan)

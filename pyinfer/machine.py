@@ -1,6 +1,7 @@
 """What this machine does per second, for the placement solver (pyinfer.placement.MachineProfile): dense and
-sparse weight reads on the CPU and on the GPU for one weight type, and the fixed costs of a layer split
-between them. Measured once per machine, weight type and thread count (a few seconds) and cached in
+sparse weight reads on the CPU and on the GPU for one weight type, and what a decode layer costs beyond its
+bytes on the GPU, split between the two, and on the CPU (timed on small synthetic models). Measured once per
+machine, weight type and thread count (a few seconds) and cached in
 <cache>/machines/; named presets (machine_presets.json, measured on other machines) let `pyinfer plan`
 plan for a machine it does not run on.
 """
@@ -13,6 +14,8 @@ import os
 import platform
 import re
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -27,10 +30,9 @@ SPARSE_MASKS = 8  # masks per sparse measurement
 ROUNDS = 3  # alternating rounds of the dense and sparse CPU measurements
 UNSTEADY = 1.25  # slowest / fastest round above which the figures are not cached
 BUSY_LOAD = 0.25  # load average per core above which the host is too busy to be measured for the cache
-SPLIT_DENSITY = 0.02  # share of a split layer's CPU neurons that fire per token (the coldest ones)
-CHAIN = 16  # tiny nodes per graph when timing fixed costs
-KERNELS_PER_LAYER = 12  # GPU launches of a decode layer after fusion (docs/BENCHMARKS.md)
-CPU_NODES_PER_LAYER = 14  # CPU nodes of a decode layer whose attention runs on the CPU
+LAYER_SHAPE = "small"  # synthetic.SHAPES: a real layer's ops (d 1024, n_ff 4096, 16 heads) over a few MB
+FEW_LAYERS, MANY_LAYERS = 2, 6  # the fixed costs of a layer: decode time of MANY less FEW, per layer added
+DECODE_STEPS = 32  # tokens timed per round
 
 
 def cpu_name() -> str:
@@ -168,22 +170,8 @@ def _gbps(nbytes: float, ms: float) -> float:
     return nbytes / (ms * 1e6)
 
 
-def _per_link_us(ctx, pool, link, start) -> float:
-    """Microseconds one more link of a chain costs: two chain lengths timed, their difference (the fixed
-    cost of a compute, its launch and its sync, cancels)."""
-    from pyinfer import ggml
-
-    times = []
-    for n in (CHAIN, 3 * CHAIN):
-        y = start
-        for _ in range(n):
-            y = link(y)
-        times.append(ggml.Graph(ctx, [y]).plan().median_ms(pool, 21))
-    return max(0.0, 1e3 * (times[1] - times[0]) / (2 * CHAIN))
-
-
-def _cpu_figures(type_: int, n_threads: int, rng) -> tuple[float, float, float, float]:
-    """(dense GB/s, sparse GB/s, fixed us per CPU node, slowest / fastest round) on the CPU. Dense and sparse
+def _cpu_figures(type_: int, n_threads: int, rng) -> tuple[float, float, float]:
+    """(dense GB/s, sparse GB/s, slowest / fastest round) on the CPU. Dense and sparse
     reads of the same bytes are timed in alternating rounds, medians kept: the shared host's speed drifts."""
     from pyinfer import ggml
 
@@ -204,10 +192,9 @@ def _cpu_figures(type_: int, n_threads: int, rng) -> tuple[float, float, float, 
     for _ in range(ROUNDS):
         dense_ms.append(dense.median_ms(pool, 5))
         sparse_ms.append(sparse.median_ms(pool, 5))
-    node_us = _per_link_us(ctx, pool, lambda y: ctx.scale(y, 1.0), x)
     spread = max(max(dense_ms) / min(dense_ms), max(sparse_ms) / min(sparse_ms))
     return (_gbps(w.nbytes, float(np.median(dense_ms))),
-            _gbps(sum(int(p.sum()) for p in picks) * 3 * row, float(np.median(sparse_ms))), node_us, spread)
+            _gbps(sum(int(p.sum()) for p in picks) * 3 * row, float(np.median(sparse_ms))), spread)
 
 
 def hot_halves(ctx, type_: int, x, rows: int, n: int, rng) -> tuple[list, int]:
@@ -229,8 +216,8 @@ def hot_halves(ctx, type_: int, x, rows: int, n: int, rng) -> tuple[list, int]:
     return outs, picked
 
 
-def _gpu_figures(type_: int, rng) -> tuple[float, float, float]:
-    """(dense GB/s, sparse GB/s, fixed us per kernel) on the GPU."""
+def _gpu_figures(type_: int, rng) -> tuple[float, float]:
+    """(dense GB/s, sparse GB/s) on the GPU."""
     from pyinfer import ggml
 
     pool = ggml.ThreadPool(1)
@@ -251,37 +238,61 @@ def _gpu_figures(type_: int, rng) -> tuple[float, float, float]:
     # each matrix as large as a big model's (tens of MB), or the fixed costs of the launches would dominate
     outs, picked = hot_halves(ctx, type_, x, third, 2, rng)
     sparse_ms = ggml.Graph(ctx, outs).plan().median_ms(pool, 15)
-    small = ctx.tensor_from_numpy(rng.standard_normal(64).astype(np.float32)).to_device()
-    kernel_us = _per_link_us(ctx, pool, lambda y: ctx.scale(y, 1.0), small)
-    return _gbps(w.nbytes, dense_ms), _gbps(picked * 3 * row, sparse_ms), kernel_us
+    return _gbps(w.nbytes, dense_ms), _gbps(picked * 3 * row, sparse_ms)
 
 
-def _split_us(type_: int, n_threads: int, cpu_sparse_gbps: float, kernel_us: float, rng) -> float:
-    """What a split layer's CPU half costs beyond reading its rows: x and the mask copied out, the pool
-    woken, the sparse FFN's barriers and sums, the result copied back and waited for. Timed as a chain of
-    split links (the GPU's part a kernel, the CPU's a sparse FFN over its own SPLIT_DENSITY of a host
-    bundle's neurons, as cold neurons fire), less the link's add and relu and the rows at the sparse rate."""
-    from pyinfer import ggml
+def _decode_ms(path: str, plan, n_threads: int) -> float:
+    """Milliseconds per decoded token of the model at path under plan: the median of ROUNDS rounds."""
+    from pyinfer.runtime import Model
 
-    pool = ggml.ThreadPool(n_threads)
-    k = 4096
-    row = ggml.row_size(type_, k)
-    n = max(64, WORKING_SET // (3 * row))
-    ctx = ggml.Context(3 * n * row + (64 << 20))
-    bundle = _bundle(ctx, type_, n, k, rng)  # on the host: the CPU's neurons
-    picked = []
+    model = Model(path, n_ctx=2 * DECODE_STEPS, plan=plan, n_threads=n_threads)
+    for tok in range(DECODE_STEPS // 4):  # warm-up: graphs built, captured and replayed
+        model.eval([tok])
+    times = []
+    for _ in range(ROUNDS):
+        model.truncate(DECODE_STEPS // 4)
+        t0 = time.perf_counter()
+        for tok in range(DECODE_STEPS):
+            model.eval([tok])
+        times.append(1e3 * (time.perf_counter() - t0) / DECODE_STEPS)
+    return float(np.median(times))
 
-    def link(y):  # y >= 0: the selected neurons fire
-        sel = rng.random(n) < SPLIT_DENSITY
-        picked.append(int(sel.sum()))
-        mask = ctx.tensor_from_numpy(np.where(sel, 1.0, -1.0).astype(np.float32)).to_device()
-        cold = ctx.view(ctx.sparse_ffn(bundle, y, mask, "reglu"), (k,))
-        return ctx.relu(ctx.add(cold, ctx.scale(y, 0.5)))
 
-    start = ctx.tensor_from_numpy(np.abs(rng.standard_normal(k)).astype(np.float32)).to_device()
-    link_us = _per_link_us(ctx, pool, link, start)
-    rows_us = float(np.mean(picked)) * 3 * row / (cpu_sparse_gbps * 1e3)
-    return max(0.0, link_us - 2 * kernel_us - rows_us)
+PLACEMENTS = {"gpu": (True, 1.0), "split": (True, 0.5), "cpu": (False, 0.0)}  # attention on the GPU, FFN share
+
+
+def excess_per_layer(type_: int, n_threads: int, rates: MachineProfile, modes=tuple(PLACEMENTS)) -> dict[str, float]:
+    """Microseconds a real decode layer costs beyond its bytes, per placement mode (PLACEMENTS: every layer on
+    the GPU; split, its attention and half its FFN neurons on the GPU; on the CPU). Synthetic models of
+    FEW_LAYERS and MANY_LAYERS layers are decoded under each; a layer's cost is the difference per layer added,
+    less what the placement charges for the bytes at the measured rates (`rates`, whose fixed costs are 0).
+    What remains is launch gaps, small kernels, copies, waking the pool, barriers and waits."""
+    from pyinfer import synthetic
+    from pyinfer.gguf_file import GGUFFile
+    from pyinfer.placement import evaluate, model_costs
+
+    excess: dict[str, list[float]] = {mode: [] for mode in modes}  # ms per token beyond the bytes, per model
+    with tempfile.TemporaryDirectory() as tmp:
+        for n_layer in (FEW_LAYERS, MANY_LAYERS):
+            path = os.path.join(tmp, f"{n_layer}.gguf")
+            synthetic.make_llama(path, LAYER_SHAPE, synthetic.Q(type_), ffn_kind="reglu", n_layer=n_layer,
+                                 share_weights=True)
+            costs = model_costs(GGUFFile(path), 2 * DECODE_STEPS, 2, True, 1)
+            n_groups = len(costs.layers[0].groups())
+            for mode in modes:
+                on_gpu, share = PLACEMENTS[mode]
+                plan = evaluate(costs, rates, [on_gpu] * n_layer, [round(share * n_groups)] * n_layer, on_gpu,
+                                1 << 62)
+                excess[mode].append(_decode_ms(path, plan, n_threads) - plan.token_us / 1e3)
+    return {mode: 1e3 * (ms[1] - ms[0]) / (MANY_LAYERS - FEW_LAYERS) for mode, ms in excess.items()}
+
+
+def _layer_costs(type_: int, n_threads: int, rates: MachineProfile) -> tuple[float, float, float]:
+    """(gpu_layer_us, xfer_us, cpu_layer_us) from real decode layers (excess_per_layer). Guessed from a chain of
+    tiny kernels and one of split links, they had come out at a third to a half of this (docs/BENCHMARKS.md)."""
+    per_layer = excess_per_layer(type_, n_threads, rates)
+    gpu_layer_us = max(0.0, per_layer["gpu"])
+    return gpu_layer_us, max(0.0, per_layer["split"] - gpu_layer_us), max(0.0, per_layer["cpu"])
 
 
 def measure(weight_type: int, n_threads: int) -> tuple[MachineProfile, float]:
@@ -294,13 +305,13 @@ def measure(weight_type: int, n_threads: int) -> tuple[MachineProfile, float]:
     if weight_type not in ggml.WEIGHT_TYPES:
         raise UnsupportedError(f"cannot measure weights of type {ggml.type_name(weight_type)}")
     rng = np.random.default_rng(0)
-    cpu_dense, cpu_sparse, cpu_node_us, spread = _cpu_figures(weight_type, n_threads, rng)
-    gpu_dense, gpu_sparse, kernel_us = _gpu_figures(weight_type, rng)
-    xfer_us = _split_us(weight_type, n_threads, cpu_sparse, kernel_us, rng)
-    profile = MachineProfile(name=host_key(ggml.type_name(weight_type), n_threads), cpu_dense_gbps=cpu_dense,
-                             cpu_sparse_gbps=cpu_sparse, gpu_dense_gbps=gpu_dense, gpu_sparse_gbps=gpu_sparse,
-                             xfer_us=xfer_us, gpu_layer_us=KERNELS_PER_LAYER * kernel_us,
-                             cpu_layer_us=CPU_NODES_PER_LAYER * cpu_node_us)
+    cpu_dense, cpu_sparse, spread = _cpu_figures(weight_type, n_threads, rng)
+    gpu_dense, gpu_sparse = _gpu_figures(weight_type, rng)
+    rates = MachineProfile(name=host_key(ggml.type_name(weight_type), n_threads), cpu_dense_gbps=cpu_dense,
+                           cpu_sparse_gbps=cpu_sparse, gpu_dense_gbps=gpu_dense, gpu_sparse_gbps=gpu_sparse,
+                           xfer_us=0.0, gpu_layer_us=0.0, cpu_layer_us=0.0)
+    gpu_layer_us, xfer_us, cpu_layer_us = _layer_costs(weight_type, n_threads, rates)
+    profile = dataclasses.replace(rates, xfer_us=xfer_us, gpu_layer_us=gpu_layer_us, cpu_layer_us=cpu_layer_us)
     if not all(math.isfinite(v) for v in dataclasses.astuple(profile)[1:]):
         raise UnsupportedError(f"machine measurement gave non-finite figures: {profile}")
     return profile, spread

@@ -37,9 +37,9 @@ class MachineProfile:
     """Measured speeds of one machine for one weight type (pyinfer/machine.py measures and caches them).
 
     Bandwidths are GB/s of weight bytes read: dense for whole matrices (GEMV), sparse for the predicted
-    rows of an FFN. xfer_us: what a split layer's CPU half costs beyond reading its rows (copies both ways,
-    waking the pool, the sparse FFN's barriers and sums, the wait). *_layer_us: fixed costs of a layer's
-    kernels or of a CPU node's barriers."""
+    rows of an FFN. *_layer_us: what a decode layer costs beyond its bytes on the GPU (launch gaps, small
+    kernels) or on the CPU (the pool's barriers); xfer_us: what splitting a GPU layer's FFN adds (copies both
+    ways, waking the pool, the sparse FFN's sums, the wait)."""
 
     name: str
     cpu_dense_gbps: float

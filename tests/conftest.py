@@ -21,7 +21,7 @@ def tiny_files(tmp_path_factory):
     from hf_tiny import build
 
     import pyinfer.converters.convert_hf_to_powergguf as conv
-    import pyinfer.tools.make_synthetic_model as syn
+    import pyinfer.synthetic as syn
 
     cache = {}
 

@@ -8,7 +8,7 @@ import gc
 import numpy as np
 import pytest
 
-import pyinfer.tools.make_synthetic_model as syn
+import pyinfer.synthetic as syn
 from pyinfer import ggml, machine
 from pyinfer.gguf_file import GGUFFile
 from pyinfer.placement import BudgetTooSmallError, MachineProfile, minimum_budget, model_costs
@@ -132,6 +132,8 @@ def test_machine_measurement(tmp_path, monkeypatch):
     p = machine.profile_for(ggml.F16, 4)
     print(f"\nmeasured: {p}")
     assert p.gpu_dense_gbps > p.cpu_dense_gbps > 0 and p.gpu_sparse_gbps > 0 and p.cpu_sparse_gbps > 0
+    # a decode layer's launches and small kernels, and a CPU layer's barriers, cost microseconds beyond the bytes
+    assert p.gpu_layer_us > 1 and p.cpu_layer_us > 1 and p.xfer_us >= 0
     assert machine.cache_path("f16", 4).is_file() and machine.profile_for(ggml.F16, 4) == p  # cached
 
 

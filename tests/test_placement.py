@@ -157,7 +157,7 @@ def tiny_sparse(tmp_path_factory) -> str:
     from hf_tiny import build
 
     import pyinfer.converters.convert_hf_to_powergguf as conv
-    import pyinfer.tools.make_synthetic_model as syn
+    import pyinfer.synthetic as syn
 
     folder = tmp_path_factory.mktemp("plan")
     build("llama_relu", str(folder / "hf"))
@@ -217,6 +217,33 @@ def test_machine_figures_from_a_busy_host_are_not_cached(tmp_path, monkeypatch, 
     assert machine.profile_for(ggml.F16, 4) == figures
     assert machine.cache_path("f16", 4).is_file() == cached
     assert ("not cached" in capsys.readouterr().err) != cached
+
+
+def test_layer_costs_are_what_decoding_takes_beyond_the_modelled_bytes(monkeypatch):
+    """machine.excess_per_layer: a CPU layer's time per token beyond what the placement charges for its bytes. With
+    rates at which the bytes cost 20 ms a layer, the excess falls by those 20 ms against rates at which they are
+    free (units, the per-layer division and the subtraction), leaving the same fixed cost."""
+    from pyinfer import ggml, machine, synthetic
+    from pyinfer.gguf_file import GGUFFile
+    from pyinfer.placement import evaluate, model_costs
+
+    monkeypatch.setattr(machine, "DECODE_STEPS", 8)
+    one_gbps = MachineProfile("1 GB/s", 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0)
+    bytes_us = []  # each decoded model's bytes per token at 1 GB/s, on the CPU
+    make_llama = synthetic.make_llama
+
+    def make_and_cost(path, *args, n_layer, **kwargs):
+        make_llama(path, *args, n_layer=n_layer, **kwargs)
+        costs = model_costs(GGUFFile(path), 16, 2, True, 1)
+        bytes_us.append(evaluate(costs, one_gbps, [False] * n_layer, [0] * n_layer, False, 0).token_us)
+
+    monkeypatch.setattr(synthetic, "make_llama", make_and_cost)
+    free = machine.excess_per_layer(ggml.Q4_0, 1, MachineProfile("free", 1e9, 1e9, 1e9, 1e9, 0, 0, 0), ("cpu",))
+    layer_us = (bytes_us[1] - bytes_us[0]) / (machine.MANY_LAYERS - machine.FEW_LAYERS)  # a layer at 1 GB/s
+    slow = layer_us / 20e3  # GB/s at which a layer's bytes take 20 ms
+    paid = machine.excess_per_layer(ggml.Q4_0, 1, MachineProfile("slow", slow, slow, 1e9, 1e9, 0, 0, 0), ("cpu",))
+    assert free["cpu"] > 0
+    assert paid["cpu"] == pytest.approx(free["cpu"] - 20e3, abs=0.3 * free["cpu"] + 2e3)
 
 
 def test_bench_hybrid_runs_ours_with_the_profile_it_modelled(tiny_sparse, tmp_path, monkeypatch):

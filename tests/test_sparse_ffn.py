@@ -13,7 +13,7 @@ import pytest
 from hf_tiny import build
 
 import pyinfer.converters.convert_hf_to_powergguf as conv
-import pyinfer.tools.make_synthetic_model as syn
+import pyinfer.synthetic as syn
 from pyinfer import ggml
 from pyinfer.errors import InvalidArgumentError
 from pyinfer.gguf_file import GGUFFile

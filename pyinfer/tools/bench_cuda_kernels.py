@@ -26,7 +26,7 @@ from pyinfer import _pyinfer_native, arguments, ggml
 from pyinfer._native import check
 from pyinfer.console import run_cli
 from pyinfer.errors import UnsupportedError
-from pyinfer.tools.make_synthetic_model import power_law_freqs
+from pyinfer.synthetic import power_law_freqs
 
 ROOT = Path(__file__).resolve().parents[2]  # reads the C headers of the checkout
 

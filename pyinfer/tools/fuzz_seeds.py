@@ -15,10 +15,10 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType as V
 
+from pyinfer import synthetic
 from pyinfer.converters.convert_hf_to_powergguf import convert
 from pyinfer.converters.gguf_out import OutFile, OutTensor, write_atomically
 from pyinfer.gguf_file import GGUFFile
-from pyinfer.tools import make_synthetic_model
 
 
 @dataclass(frozen=True)
@@ -209,7 +209,7 @@ def make_seeds(folder: str, default_model: str | None) -> dict[str, str]:
     seeds["llama-spm"] = os.path.join(folder, "llama-spm.gguf")
     with_spm_vocab(seeds["llama-bpe"], seeds["llama-spm"])
     seeds["sparse"] = os.path.join(folder, "sparse.gguf")
-    make_synthetic_model.make_llama(seeds["sparse"], "tiny", Q.Q4_0, rank=32)
+    synthetic.make_llama(seeds["sparse"], "tiny", Q.Q4_0, rank=32)
     if default_model and os.path.isfile(default_model):
         seeds["default"] = default_model
     return seeds
