@@ -250,7 +250,7 @@ def test_q8_K_block_and_bsums(x):
     assert_bits_equal(c_dequantize(QT.Q8_K, q, x.size), (qs.astype(np.float32) * d).ravel())
 
 
-ACT_TYPES = [QT.Q8_0, QT.Q8_1, QT.Q8_K]  # what mul_mat converts activations to
+ACT_TYPES = [QT.F16, QT.Q8_0, QT.Q8_1, QT.Q8_K]  # what mul_mat converts activations to
 
 
 def c_quantize_act(qtype, x: np.ndarray) -> np.ndarray:

@@ -818,7 +818,9 @@ void ggml_quants_install_avx2(struct ggml_type_traits *traits) {
     traits[GGML_TYPE_F16].vec_dot = f16_vec_dot_avx2;
     traits[GGML_TYPE_F16].axpy = f16_axpy_avx2;
     traits[GGML_TYPE_F16].to_float = f16_to_float_avx2;
-    traits[GGML_TYPE_F16].from_float = f16_from_float_avx2;
+    // F16 weights dot F16 activations: converting them is the same conversion (it had stayed scalar, ~20 % of a
+    // small sparse FFN's time on one thread)
+    traits[GGML_TYPE_F16].from_float = traits[GGML_TYPE_F16].quantize_act = f16_from_float_avx2;
     traits[GGML_TYPE_Q4_0].vec_dot = q4_0_vec_dot_avx2;
     traits[GGML_TYPE_Q4_1].vec_dot = q4_1_vec_dot_avx2;
     traits[GGML_TYPE_Q5_0].vec_dot = q5_0_vec_dot_avx2;
