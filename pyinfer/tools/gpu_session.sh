@@ -72,3 +72,20 @@ sparse_vs_dense() {  # NAME [ROUNDS]: the whole model on the GPU, its PowerGGUF 
         done
     done | tee "$OUT/$name-sparse-vs-dense.md"
 }
+
+steadiness() {  # NAME [ROUNDS]: CPU-only decode of the dense GGUF, ours and llama.cpp alternating, quiet and beside
+    # one busy process (issue 13, item 5: ours fell to half with a model being written beside it, llama.cpp held)
+    local name=$1 rounds=${2:-3} f=$W/$1-dense.gguf busy
+    wait_for "$W/$name.done" && wait_for "$W/llama-src/build/bin/llama-bench" || return 1
+    idle
+    samples() { python3 -c 'import json, sys; print(*[round(x, 1) for x in json.load(sys.stdin)[0]["samples_ts"]])'; }
+    for load in quiet busy; do
+        [ $load = busy ] && { python3 -c 'while True: pass' & busy=$!; }
+        for r in $(seq "$rounds"); do
+            echo "$load round $r: ours $(python3 -m pyinfer.cli bench -m "$f" -ngl 0 -p 0 -n 32 -r 3 -t "${T:-16}" -o json \
+                2>/dev/null | samples); llama.cpp $("$W/llama-src/build/bin/llama-bench" -m "$f" -ngl 0 -p 0 -n 32 -r 3 \
+                -t "${T:-16}" -o json 2>/dev/null | samples)"
+        done
+        [ $load = busy ] && kill "$busy"
+    done | tee "$OUT/$name-steadiness.md"
+}
