@@ -439,11 +439,13 @@ def sparse_ffn_mask(n: int, density: float, hot_first: bool, rng) -> tuple[np.nd
     return on, pred
 
 
-def sparse_ffn_graph(x, pred, weights, type_: int, act: str, fuse: bool = True, quantize_first=None):
+def sparse_ffn_graph(x, pred, weights, type_: int, act: str, fuse: bool = True, quantize_first=None,
+                     down_type: int | None = None):
     """build(ctx) for one token's sparse FFN as sparse_ffn.rows_ffn builds it: gate rows under pred, act, up
-    rows under pred or, for relu, under relu(gate), mul, axpy of down_t. fuse=False also outputs the mul,
-    which keeps the run from fusing (its activations, as the GPU computed them, come second);
-    quantize_first: a weight whose quantized GEMV of x comes first (the group then finds x's Q8_1 copy)."""
+    rows under pred or, for relu, under relu(gate), mul, axpy of down_t (of down_type, default type_).
+    fuse=False also outputs the mul, which keeps the run from fusing (its activations, as the GPU computed
+    them, come second); quantize_first: a weight whose quantized GEMV of x comes first (the group then finds
+    x's Q8_1 copy)."""
     wg, wu, wdt = weights
 
     def build(ctx):
@@ -452,21 +454,24 @@ def sparse_ffn_graph(x, pred, weights, type_: int, act: str, fuse: bool = True, 
         a = getattr(ctx, act)(ctx.mul_mat_rows(tensor(ctx, wg, type_), h, p))
         sel = a if act == "relu" else p
         mul = ctx.mul(a, ctx.mul_mat_rows(tensor(ctx, wu, type_), h, sel))
-        return [*first, ctx.axpy_rows(tensor(ctx, wdt, type_), mul, sel), *([] if fuse else [mul])]
+        down = tensor(ctx, wdt, type_ if down_type is None else down_type)
+        return [*first, ctx.axpy_rows(down, mul, sel), *([] if fuse else [mul])]
 
     return build
 
 
 def assert_fused_equals_unfused(x, pred, weights, type_, act, expect_fused: int, mem: int = 64 << 20,
-                                quantize_first=None) -> np.ndarray:
+                                quantize_first=None, down_type: int | None = None) -> np.ndarray:
     """The fused group on CUDA against the same ops unfused on CUDA: the same activations, down_t rows summed
     in another order, so a tolerance of float32 sums (a row dropped or added shows); returns the fused y."""
     graphs = []
-    fused = run(sparse_ffn_graph(x, pred, weights, type_, act, quantize_first=quantize_first), "cuda", graphs, mem)
-    unfused = run(sparse_ffn_graph(x, pred, weights, type_, act, False, quantize_first), "cuda", graphs, mem)
+    fused = run(sparse_ffn_graph(x, pred, weights, type_, act, True, quantize_first, down_type), "cuda", graphs, mem)
+    unfused = run(sparse_ffn_graph(x, pred, weights, type_, act, False, quantize_first, down_type), "cuda", graphs,
+                  mem)
     assert graphs == [expect_fused, 0], graphs
     got, want, act_gpu = fused[-1].reshape(-1), unfused[-2].reshape(-1), unfused[-1].reshape(-1)
-    wg64, wu64, wd64 = (weight_values(type_, w) for w in weights)
+    types = (type_, type_, type_ if down_type is None else down_type)
+    wg64, wu64, wd64 = (weight_values(t, w) for t, w in zip(types, weights, strict=True))
     # fused, float gate rows sum in another order: a relu gate within rounding of 0 may flip, adding |g| |u| at
     # most (quantized rows sum the same way in both)
     gmag = np.abs(wg64) @ np.abs(x)
@@ -484,18 +489,22 @@ def assert_fused_equals_unfused(x, pred, weights, type_, act, expect_fused: int,
        act=st.sampled_from(["silu", "gelu", "relu"]), hot_first=st.booleans())
 def test_fused_sparse_ffn(type_, data, seed, act, hot_first):
     """One token's sparse FFN runs on CUDA as one fused group: against the same ops unfused on CUDA (tight),
-    float64 and the CPU graph (within the quantization's error), for masks of any density, hot-first or not."""
+    float64 and the CPU graph (within the quantization's error), for masks of any density, hot-first or not,
+    down_t of gate's type or of its own (llama.cpp's Q4_K_M keeps ffn_down in Q6_K: the group had not fused)."""
     rng = np.random.default_rng(seed)
-    k = row_len(type_, data.draw)
+    down_type = data.draw(st.sampled_from([type_, *ggml.WEIGHT_TYPES]))
+    # rows of both types: k a multiple of the larger block
+    k = row_len(max(type_, down_type, key=ggml.block_size), data.draw)
     n = data.draw(st.integers(1, 2000))
     on, pred = sparse_ffn_mask(n, data.draw(st.sampled_from([0.0, 0.02, 0.1, 0.5, 1.0])), hot_first, rng)
     x = rng.standard_normal(k).astype(np.float32)
     weights = tuple(rng.standard_normal((n, k)).astype(np.float32) for _ in range(3))
     fuses = type_ in QUANT_TYPES or k % (4 if type_ == ggml.F32 else 8) == 0  # float rows: 16-byte aligned
-    got = assert_fused_equals_unfused(x, pred, weights, type_, act, 4 if fuses else 0)
-    (cpu,) = run(sparse_ffn_graph(x, pred, weights, type_, act), "cpu")
+    got = assert_fused_equals_unfused(x, pred, weights, type_, act, 4 if fuses else 0, down_type=down_type)
+    (cpu,) = run(sparse_ffn_graph(x, pred, weights, type_, act, down_type=down_type), "cpu")
 
-    wg64, wu64, wd64 = (weight_values(type_, w) for w in weights)
+    wg64, wu64 = (weight_values(type_, w) for w in weights[:2])
+    wd64 = weight_values(down_type, weights[2])
     g, u = wg64 @ x, wu64 @ x
     tol_g, tol_u = (DOT_TOL[type_] * (np.abs(w) @ np.abs(x)) + 1e-4 for w in (wg64, wu64))
     a = getattr(ref, act)(g)
@@ -504,15 +513,16 @@ def test_fused_sparse_ffn(type_, data, seed, act, hot_first):
     # |d act| <= 1.13 |d g|; a relu row with |g| within its error may go either way
     tol_act = on * (1.13 * tol_g * (np.abs(u) + tol_u) + np.abs(a) * tol_u + 1e-4)
     want = want_act @ wd64
-    tol = tol_act @ np.abs(wd64) + DOT_TOL[type_] * (np.abs(want_act) @ np.abs(wd64)) + 1e-4
+    tol = tol_act @ np.abs(wd64) + DOT_TOL[down_type] * (np.abs(want_act) @ np.abs(wd64)) + 1e-4
     for name, result in (("cuda", got), ("cpu", cpu.reshape(-1))):
         bad = ~(np.abs(result - want) <= tol)
         assert not bad.any(), f"{name}: {bad.sum()} of {bad.size} off, got {result[bad][:3]} want {want[bad][:3]}"
 
 
-@pytest.mark.parametrize("type_", [ggml.F16, ggml.Q4_0, ggml.Q4_K])
+@pytest.mark.parametrize("type_, down_type", [(ggml.F16, ggml.F16), (ggml.Q4_0, ggml.Q4_0), (ggml.Q4_K, ggml.Q4_K),
+                                              (ggml.Q4_K, ggml.Q6_K)])
 @pytest.mark.parametrize("density, hot_first", [(1.0, False), (0.1, True)])
-def test_fused_sparse_ffn_at_size(type_, density, hot_first):
+def test_fused_sparse_ffn_at_size(type_, down_type, density, hot_first):
     """A layer large enough for every path of the group's kernels: more listed rows than the rows kernel has
     warps (6000 > 32 x the SMs of an H100), several 1024-value slices of down_t with a partial last one
     (2304 values), more list groups than the down kernel's grid (its stride); for quantized weights x's Q8_1
@@ -523,7 +533,7 @@ def test_fused_sparse_ffn_at_size(type_, density, hot_first):
     x = rng.standard_normal(k).astype(np.float32)
     weights = tuple(rng.standard_normal((n, k)).astype(np.float32) for _ in range(3))
     first = rng.standard_normal((64, k)).astype(np.float32) if type_ in QUANT_TYPES else None
-    assert_fused_equals_unfused(x, pred, weights, type_, "relu", 4, 160 << 20, first)
+    assert_fused_equals_unfused(x, pred, weights, type_, "relu", 4, 160 << 20, first, down_type)
 
 
 def test_gemm_large_quantized_and_f16():

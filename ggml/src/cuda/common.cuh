@@ -169,6 +169,21 @@ static inline bool cuda_type_is_weight(enum ggml_type t) {
     return t != GGML_TYPE_Q8_1 && t != GGML_TYPE_Q8_K && cuda_type_dequantizes(t);
 }
 
+// launch.template run<TYPE>() for a weight type known at run time only (kernels take it as a template argument)
+template <typename Launch> static void with_weight_type(enum ggml_type type, const Launch &launch) {
+    switch (type) {
+    case GGML_TYPE_F32: launch.template run<GGML_TYPE_F32>(); break;
+    case GGML_TYPE_F16: launch.template run<GGML_TYPE_F16>(); break;
+    case GGML_TYPE_BF16: launch.template run<GGML_TYPE_BF16>(); break;
+    case GGML_TYPE_Q4_0: launch.template run<GGML_TYPE_Q4_0>(); break;
+    case GGML_TYPE_Q4_1: launch.template run<GGML_TYPE_Q4_1>(); break;
+    case GGML_TYPE_Q5_0: launch.template run<GGML_TYPE_Q5_0>(); break;
+    case GGML_TYPE_Q8_0: launch.template run<GGML_TYPE_Q8_0>(); break;
+    case GGML_TYPE_Q4_K: launch.template run<GGML_TYPE_Q4_K>(); break;
+    default: launch.template run<GGML_TYPE_Q6_K>(); break;
+    }
+}
+
 // --- per-family entry points (forward.cu dispatches) ---
 int cuda_op_cpy(struct ggml_tensor *dst, cudaStream_t st);
 int cuda_op_get_rows(struct ggml_tensor *dst, cudaStream_t st);

@@ -85,7 +85,8 @@ static int match_sparse_ffn(struct ggml_tensor *const *nd, const int *readers, i
     if (!full_rows_under(gate, pred) || !full_rows_under(up, sel) || !full_rows_under(down, sel)) return 0;
     const struct ggml_tensor *wg = gate->src[0], *wu = up->src[0], *wd = down->src[0];
     if (wg->type != wu->type || wg->ne[0] != wu->ne[0] || wg->ne[1] != wu->ne[1] || wg->nb[1] != wu->nb[1]) return 0;
-    if (wd->type != wg->type || wd->ne[0] != wg->ne[0] || wd->ne[1] != wg->ne[1] || wg->ne[1] < 1 ||
+    // down_t's own type is fine (sparse_ffn.cu launches its kernel for it): one whose rows the row ops can read
+    if (!cuda_type_is_weight(wd->type) || wd->ne[0] != wg->ne[0] || wd->ne[1] != wg->ne[1] || wg->ne[1] < 1 ||
         ggml_nrows(mul) != 1)
         return 0;
     if (!cuda_gemv_takes_extra(wg, x) || !cuda_gemv_takes_extra(wu, x)) return 0;

@@ -7,7 +7,8 @@
 //    clusters), computes gate and up of the row together (they share the x loads) and stores
 //    act(gate) * up, or 0 for a relu row whose gate is not positive;
 //  - down: the listed rows with a nonzero value against down_t as axpy_rows does it (lanes take 32-value
-//    slices of a row, warps take entries, two at a time), with as many blocks as the list's length needs.
+//    slices of a row, warps take entries, two at a time), with as many blocks as the list's length needs;
+//    down_t's type may differ from gate's and up's (which must match: they share the x loads).
 // Scratch: [x as Q8_1 (the size of a quantized GEMV's)][count][list n ints][values n floats]; the Q8_1
 // part is left alone for float weights, so a copy of x that a quantized GEMV made stays valid.
 #include "rowdot.cuh"
@@ -103,20 +104,34 @@ __global__ void __launch_bounds__(DOWN_WARPS * 32) ffn_down_kernel(ffn_params p)
     add_slices<DOWN_WARPS>(acc, s_acc, p.y, p.d);
 }
 
-template <int TYPE>
-static void ffn_launch(const ffn_params &p, bool a16, cudaStream_t st) {
-    ffn_select_kernel<<<(unsigned)((p.n + CUDA_BLOCK - 1) / CUDA_BLOCK), CUDA_BLOCK, 0, st>>>(p);
-    const unsigned row_blocks = (unsigned)(p.W / FFN_WARPS);
-    if (a16) // only Q4_K loads differently from 16-byte aligned rows
-        ffn_rows_kernel<TYPE, true><<<row_blocks, FFN_WARPS * 32, 0, st>>>(p);
-    else
-        ffn_rows_kernel<TYPE, false><<<row_blocks, FFN_WARPS * 32, 0, st>>>(p);
-    const int64_t slices = ((p.d + 31) / 32 + 31) / 32;
-    int64_t groups = 4 * cuda_sm_count() / slices; // about a wave of blocks (a few per SM)
-    const int64_t most = (p.n + DOWN_WARPS * DOWN_PER_WARP - 1) / (DOWN_WARPS * DOWN_PER_WARP);
-    groups = groups < 1 ? 1 : groups > most ? most : groups;
-    ffn_down_kernel<TYPE><<<dim3((unsigned)slices, (unsigned)(groups < 65535 ? groups : 65535)), DOWN_WARPS * 32, 0, st>>>(p);
-}
+// select + rows for gate's and up's type
+struct ffn_rows_launch {
+    const ffn_params &p;
+    bool a16; // only Q4_K loads differently from 16-byte aligned rows
+    cudaStream_t st;
+    template <int TYPE> void run() const {
+        ffn_select_kernel<<<(unsigned)((p.n + CUDA_BLOCK - 1) / CUDA_BLOCK), CUDA_BLOCK, 0, st>>>(p);
+        const unsigned row_blocks = (unsigned)(p.W / FFN_WARPS);
+        if (a16)
+            ffn_rows_kernel<TYPE, true><<<row_blocks, FFN_WARPS * 32, 0, st>>>(p);
+        else
+            ffn_rows_kernel<TYPE, false><<<row_blocks, FFN_WARPS * 32, 0, st>>>(p);
+    }
+};
+
+// down for down_t's type
+struct ffn_down_launch {
+    const ffn_params &p;
+    cudaStream_t st;
+    template <int TYPE> void run() const {
+        const int64_t slices = ((p.d + 31) / 32 + 31) / 32;
+        int64_t groups = 4 * cuda_sm_count() / slices; // about a wave of blocks (a few per SM)
+        const int64_t most = (p.n + DOWN_WARPS * DOWN_PER_WARP - 1) / (DOWN_WARPS * DOWN_PER_WARP);
+        groups = groups < 1 ? 1 : groups > most ? most : groups;
+        const dim3 grid((unsigned)slices, (unsigned)(groups < 65535 ? groups : 65535));
+        ffn_down_kernel<TYPE><<<grid, DOWN_WARPS * 32, 0, st>>>(p);
+    }
+};
 
 int cuda_sparse_ffn(struct ggml_tensor *const *nodes, bool xq_ready, void *wdata, cudaStream_t st) {
     const struct ggml_tensor *gate = nodes[0], *wg = gate->src[0], *x = gate->src[1], *pred = gate->src[2];
@@ -158,16 +173,8 @@ int cuda_sparse_ffn(struct ggml_tensor *const *nodes, bool xq_ready, void *wdata
     int rc = cuda_status(cudaMemsetAsync(p.count, 0, sizeof(int), st), "memset");
     if (rc) return rc;
     const bool a16 = type == GGML_TYPE_Q4_K && (uintptr_t)p.wg % 16 == 0 && (uintptr_t)p.wu % 16 == 0 && p.w_nb1 % 16 == 0;
-    switch (type) {
-    case GGML_TYPE_F32: ffn_launch<GGML_TYPE_F32>(p, false, st); break;
-    case GGML_TYPE_F16: ffn_launch<GGML_TYPE_F16>(p, false, st); break;
-    case GGML_TYPE_BF16: ffn_launch<GGML_TYPE_BF16>(p, false, st); break;
-    case GGML_TYPE_Q4_0: ffn_launch<GGML_TYPE_Q4_0>(p, false, st); break;
-    case GGML_TYPE_Q4_1: ffn_launch<GGML_TYPE_Q4_1>(p, false, st); break;
-    case GGML_TYPE_Q5_0: ffn_launch<GGML_TYPE_Q5_0>(p, false, st); break;
-    case GGML_TYPE_Q8_0: ffn_launch<GGML_TYPE_Q8_0>(p, false, st); break;
-    case GGML_TYPE_Q4_K: ffn_launch<GGML_TYPE_Q4_K>(p, a16, st); break;
-    default: ffn_launch<GGML_TYPE_Q6_K>(p, false, st); break;
-    }
+    with_weight_type(type, ffn_rows_launch{p, a16, st});
+    // down_t may have a type of its own (llama.cpp's Q4_K_M keeps many ffn_down matrices in Q6_K)
+    with_weight_type(wd->type, ffn_down_launch{p, st});
     return cuda_launch_status("sparse FFN");
 }
