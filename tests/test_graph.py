@@ -72,3 +72,27 @@ def test_random_graphs_plan_without_overlap(data):
             if last_read[j] >= k:  # j still alive when k is written
                 start_j, end_j, _ = spans[j]
                 assert end_k <= start_j or start_k >= end_j, "tensors alive at the same time share memory"
+
+
+@given(pauses=st.lists(st.sampled_from([0.0, 0.0005, 0.003]), min_size=1, max_size=6), threads=st.integers(2, 4))
+def test_pool_runs_while_its_workers_poll_and_after_they_sleep(pauses, threads):
+    """Between runs the workers poll for the next one about a millisecond, then sleep: runs that follow at once,
+    within the poll and after it all compute every thread's share (a worker that missed a run would leave its
+    rows of the GEMV unwritten: poisoned), and the pool frees while its workers still poll."""
+    import time
+
+    rng = np.random.default_rng(len(pauses))
+    ctx = ggml.Context(8 << 20)
+    w = rng.standard_normal((64, 32)).astype(np.float32)
+    x = ctx.tensor_from_numpy(rng.standard_normal(32).astype(np.float32))
+    y = ctx.mul_mat(ctx.tensor_from_numpy(w), x)
+    graph = ggml.Graph(ctx, [y]).plan()
+    pool = ggml.ThreadPool(threads)
+    for pause in pauses:
+        time.sleep(pause)
+        y.numpy()[:] = np.nan
+        values = rng.standard_normal(32).astype(np.float32)
+        x.numpy()[:] = values
+        graph.compute(pool)
+        np.testing.assert_allclose(y.numpy(), w @ values, rtol=1e-5, atol=1e-5)
+    del pool  # right after a run: its workers are polling

@@ -1,6 +1,7 @@
 // threadpool.c: persistent workers that run a function together (a graph, node by node, with a spinning
 // barrier between nodes: a node is microseconds long, too short for a sleep/wake). Between runs the
-// workers sleep on a condition variable so an idle engine costs no CPU. The CPU-only graph executor is
+// workers poll for the next one a while (a decoding loop starts it within tens of microseconds), then
+// sleep on a condition variable so an idle engine costs no CPU. The CPU-only graph executor is
 // here; graphs with a GPU part are scheduled by the engine (native/src/executor.c) with the same primitives.
 #include "pool.h"
 #include "../graph.h"
@@ -12,7 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
+
+#define POLL_MS 1.0 // a worker polls this long for the next run before it sleeps
 
 struct ggml_threadpool {
     int n_threads;
@@ -20,7 +24,7 @@ struct ggml_threadpool {
 
     pthread_mutex_t mutex;
     pthread_cond_t cond;
-    int generation;              // bumped for each graph; workers wake when it changes
+    atomic_int generation;       // bumped for each graph (under the mutex); workers start when it changes
     bool stop;
 
     ggml_threadpool_fn fn;       // the work of the current run, called by every thread
@@ -106,6 +110,22 @@ int ggml_threadpool_reserve(struct ggml_threadpool *tp, const struct ggml_cgraph
     return GGML_STATUS_OK;
 }
 
+// true once the generation differs from seen within POLL_MS (spinning), false if it did not
+static bool poll_generation(struct ggml_threadpool *tp, int seen) {
+    double t0 = 0.0;
+    for (int spins = 0;; spins++) {
+        if (atomic_load_explicit(&tp->generation, memory_order_acquire) != seen) return true;
+        if (spins % 256 == 0) { // the clock now and then: a pause lasts 10 to 150 cycles, by CPU
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            const double now = 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
+            if (spins == 0) t0 = now;
+            else if (now - t0 > POLL_MS) return false;
+        }
+        _mm_pause();
+    }
+}
+
 static void *worker_main(void *arg) {
     struct ggml_threadpool *tp = arg;
     int ith;
@@ -115,13 +135,16 @@ static void *worker_main(void *arg) {
         if (pthread_equal(tp->workers[ith], pthread_self())) break;
     ith += 1;
     int seen = 0;
-    for (;;) {
-        while (tp->generation == seen && !tp->stop) pthread_cond_wait(&tp->cond, &tp->mutex);
+    for (;;) { // the mutex is held here
+        while (atomic_load_explicit(&tp->generation, memory_order_acquire) == seen && !tp->stop)
+            pthread_cond_wait(&tp->cond, &tp->mutex);
         if (tp->stop) break;
-        seen = tp->generation;
         pthread_mutex_unlock(&tp->mutex);
-        tp->fn(tp, ith, tp->arg);
-        atomic_fetch_add_explicit(&tp->n_done, 1, memory_order_release);
+        do { // a run's fn and arg are set before its generation is published
+            seen = atomic_load_explicit(&tp->generation, memory_order_acquire);
+            tp->fn(tp, ith, tp->arg);
+            atomic_fetch_add_explicit(&tp->n_done, 1, memory_order_release);
+        } while (poll_generation(tp, seen));
         pthread_mutex_lock(&tp->mutex);
     }
     pthread_mutex_unlock(&tp->mutex);
@@ -182,7 +205,7 @@ int ggml_threadpool_run(struct ggml_threadpool *tp, ggml_threadpool_fn fn, void 
     atomic_store(&tp->status, GGML_STATUS_OK);
     atomic_store(&tp->n_done, 0);
     pthread_mutex_lock(&tp->mutex);
-    tp->generation++;
+    atomic_fetch_add_explicit(&tp->generation, 1, memory_order_release);
     pthread_cond_broadcast(&tp->cond);
     pthread_mutex_unlock(&tp->mutex);
     fn(tp, 0, arg);
