@@ -116,23 +116,6 @@ static void f32_axpy_avx2(int64_t n, float *y, float a, const void *row) {
     }
 }
 
-static void f16_axpy_avx2(int64_t n, float *y, float a, const void *row) {
-    const uint16_t *x = row; // (n,)
-    const __m256 va = _mm256_set1_ps(a);
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        for (int k = 0; k < 32; k += 8) {
-            _mm256_storeu_ps(y + i + k, _mm256_fmadd_ps(va, avx2_load_f16(x + i + k), _mm256_loadu_ps(y + i + k)));
-        }
-    }
-    for (; i + 8 <= n; i += 8) {
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, avx2_load_f16(x + i), _mm256_loadu_ps(y + i)));
-    }
-    for (; i < n; i++) {
-        y[i] += a * avx2_f16(x[i]);
-    }
-}
-
 // conversions: F16C rounds to nearest even like the scalar path, so results are identical
 static void f16_to_float_avx2(const void *src, float *dst, int64_t n) {
     const uint16_t *x = src; // (n,)
@@ -816,7 +799,6 @@ void ggml_quants_install_avx2(struct ggml_type_traits *traits) {
     traits[GGML_TYPE_F32].vec_dot = f32_vec_dot_avx2;
     traits[GGML_TYPE_F32].axpy = f32_axpy_avx2;
     traits[GGML_TYPE_F16].vec_dot = f16_vec_dot_avx2;
-    traits[GGML_TYPE_F16].axpy = f16_axpy_avx2;
     traits[GGML_TYPE_F16].to_float = f16_to_float_avx2;
     // F16 weights dot F16 activations: converting them is the same conversion (it had stayed scalar, ~20 % of a
     // small sparse FFN's time on one thread)
