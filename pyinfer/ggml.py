@@ -56,6 +56,8 @@ def quantize(type_: int, values: np.ndarray) -> np.ndarray:
     """Rows of float values (last axis a multiple of the block) -> raw bytes [..., row_size]."""
     src = np.ascontiguousarray(values, dtype=np.float32)
     n = src.shape[-1]
+    if n % block_size(type_):  # rows sized by row_size would be too small for what the C side writes
+        raise InvalidArgumentError(f"{type_name(type_)} rows take multiples of {block_size(type_)} values, not {n}")
     out = np.empty((*src.shape[:-1], row_size(type_, n)), dtype=np.uint8)
     check(lib.ggml_quantize(type_, ffi.from_buffer("float[]", src), ffi.from_buffer(out), src.size))
     return out

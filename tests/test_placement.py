@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pyinfer.errors import InvalidArgumentError
+from pyinfer.ggml import WEIGHT_TYPES, type_name
 from pyinfer.ggml import cuda_available as ggml_cuda_available
 from pyinfer.placement import (
     BudgetTooSmallError,
@@ -217,6 +218,19 @@ def test_machine_figures_from_a_busy_host_are_not_cached(tmp_path, monkeypatch, 
     assert machine.profile_for(ggml.F16, 4) == figures
     assert machine.cache_path("f16", 4).is_file() == cached
     assert ("not cached" in capsys.readouterr().err) != cached
+
+
+@pytest.mark.parametrize("type_", WEIGHT_TYPES, ids=type_name)
+def test_machine_layer_models_of_every_weight_type(tmp_path, type_):
+    """The machine profile decodes synthetic models of the weight type it profiles: they are written and run for
+    every type a model's FFN can have (Q4_K had no file type name, so profiling for a Q4_K_M model raised)."""
+    from pyinfer import machine, synthetic
+    from pyinfer.runtime import Model
+
+    path = str(tmp_path / "m.gguf")
+    synthetic.make_llama(path, machine.LAYER_SHAPE, synthetic.Q(type_), ffn_kind="reglu", n_layer=1,
+                         share_weights=True)
+    assert np.isfinite(Model(path, n_ctx=16).eval([1])).all()
 
 
 def test_layer_costs_are_what_decoding_takes_beyond_the_modelled_bytes(monkeypatch):

@@ -21,6 +21,7 @@ from gguf import quants as gq
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pyinfer import ggml
 from pyinfer._native import check, ffi, lib
 from pyinfer.errors import InvalidArgumentError, UnsupportedError
 
@@ -521,6 +522,9 @@ def test_n_not_multiple_of_block_raises(qtype):
     with pytest.raises(InvalidArgumentError, match="block size"):
         check(lib.ggml_axpy(int(qtype), 2 * bs - 1, ffi.from_buffer("float[]", y), 1.0, ffi.from_buffer(buf)))
     assert lib.ggml_row_size(int(qtype), bs + 1) == 0
+    # rows of half a block: together whole blocks, so only the row length tells (it had written past the end)
+    with pytest.raises(InvalidArgumentError, match="multiples of"):
+        ggml.quantize(int(qtype), np.zeros((2, bs // 2), np.float32))
 
 
 def test_invalid_and_unsupported_types():

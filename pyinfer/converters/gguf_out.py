@@ -25,8 +25,11 @@ QUANTIZABLE = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0)
 
 
 def file_type(qtype: GGMLQuantizationType) -> int:
-    """general.file_type of a file whose matrices are all of qtype."""
-    return int(LlamaFileType.ALL_F32 if qtype == Q.F32 else LlamaFileType[f"MOSTLY_{qtype.name}"])
+    """general.file_type of a file whose matrices are all of qtype (llama.cpp names no all-Q4_K type: its
+    Q4_K_S mix is the one of mostly Q4_K)."""
+    if qtype == Q.F32:
+        return int(LlamaFileType.ALL_F32)
+    return int(LlamaFileType["MOSTLY_Q4_K_S" if qtype == Q.Q4_K else f"MOSTLY_{qtype.name}"])
 
 
 @dataclass
