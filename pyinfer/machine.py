@@ -33,6 +33,7 @@ BUSY_LOAD = 0.25  # load average per core above which the host is too busy to be
 LAYER_SHAPE = "small"  # synthetic.SHAPES: a real layer's ops (d 1024, n_ff 4096, 16 heads) over a few MB
 FEW_LAYERS, MANY_LAYERS = 2, 6  # the fixed costs of a layer: decode time of MANY less FEW, per layer added
 DECODE_STEPS = 32  # tokens timed per round
+PLACEMENTS = {"gpu": (True, 1.0), "split": (True, 0.5), "cpu": (False, 0.0)}  # attention on the GPU, FFN share
 
 
 def cpu_name() -> str:
@@ -245,7 +246,8 @@ def _decode_ms(path: str, plan, n_threads: int) -> float:
     """Milliseconds per decoded token of the model at path under plan: the median of ROUNDS rounds."""
     from pyinfer.runtime import Model
 
-    model = Model(path, n_ctx=2 * DECODE_STEPS, plan=plan, n_threads=n_threads)
+    # precise matmuls are for small models (runtime.PRECISE_MAX_BYTES); the models a placement serves are large
+    model = Model(path, n_ctx=2 * DECODE_STEPS, plan=plan, n_threads=n_threads, precise=False)
     for tok in range(DECODE_STEPS // 4):  # warm-up: graphs built, captured and replayed
         model.eval([tok])
     times = []
@@ -256,9 +258,6 @@ def _decode_ms(path: str, plan, n_threads: int) -> float:
             model.eval([tok])
         times.append(1e3 * (time.perf_counter() - t0) / DECODE_STEPS)
     return float(np.median(times))
-
-
-PLACEMENTS = {"gpu": (True, 1.0), "split": (True, 0.5), "cpu": (False, 0.0)}  # attention on the GPU, FFN share
 
 
 def excess_per_layer(type_: int, n_threads: int, rates: MachineProfile, modes=tuple(PLACEMENTS)) -> dict[str, float]:
