@@ -110,6 +110,8 @@ def profile_for(weight_type: int, n_threads: int) -> MachineProfile:
     if path.is_file():
         return load(path)
     busy = _busy()
+    print(f"pyinfer: measuring this machine for the placement ({name}, {n_threads} threads; once, some seconds)",
+          file=sys.stderr)
     profile, spread = measure(weight_type, n_threads)
     why = busy or (f"its timing rounds differed by {100 * (spread - 1):.0f} %" if spread > UNSTEADY else None)
     if why:
@@ -271,7 +273,10 @@ def excess_per_layer(type_: int, n_threads: int, rates: MachineProfile, modes=tu
     from pyinfer.placement import evaluate, model_costs
 
     excess: dict[str, list[float]] = {mode: [] for mode in modes}  # ms per token beyond the bytes, per model
-    with tempfile.TemporaryDirectory() as tmp:
+    from pyinfer.pull import cache_dir
+
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:  # a few hundred MB: not in a small /tmp
         for n_layer in (FEW_LAYERS, MANY_LAYERS):
             path = os.path.join(tmp, f"{n_layer}.gguf")
             synthetic.make_llama(path, LAYER_SHAPE, synthetic.Q(type_), ffn_kind="reglu", n_layer=n_layer,
