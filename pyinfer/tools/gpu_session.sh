@@ -79,11 +79,12 @@ steadiness() {  # NAME [ROUNDS]: CPU-only decode of the dense GGUF, ours and lla
     wait_for "$W/$name.done" && wait_for "$W/llama-src/build/bin/llama-bench" || return 1
     idle
     samples() { python3 -c 'import json, sys; print(*[round(x, 1) for x in json.load(sys.stdin)[0]["samples_ts"]])'; }
+    ours_tg() { python3 -m pyinfer.cli bench -m "$1" -ngl 0 -p 0 -n 32 -r 3 -t "$2" -o json 2>/dev/null | samples; }
     for load in quiet busy; do
         [ $load = busy ] && { python3 -c 'while True: pass' & busy=$!; }
-        for r in $(seq "$rounds"); do
-            echo "$load round $r: ours $(python3 -m pyinfer.cli bench -m "$f" -ngl 0 -p 0 -n 32 -r 3 -t "${T:-16}" -o json \
-                2>/dev/null | samples); llama.cpp $("$W/llama-src/build/bin/llama-bench" -m "$f" -ngl 0 -p 0 -n 32 -r 3 \
+        for r in $(seq "$rounds"); do  # ours also with one thread fewer than the cores: does a spare core help?
+            echo "$load round $r: ours $(ours_tg "$f" "${T:-16}"); ours -t $((${T:-16} - 1)) $(ours_tg "$f" \
+                $((${T:-16} - 1))); llama.cpp $("$W/llama-src/build/bin/llama-bench" -m "$f" -ngl 0 -p 0 -n 32 -r 3 \
                 -t "${T:-16}" -o json 2>/dev/null | samples)"
         done
         [ $load = busy ] && kill "$busy"
