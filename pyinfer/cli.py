@@ -318,7 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
                          ("gpu_sparse_gbps", "GPU GB/s reading predicted neurons"),
                          ("xfer_us", "microseconds splitting a GPU layer's FFN adds beyond the CPU's rows"),
                          ("gpu_layer_us", "GPU microseconds a decode layer costs beyond its bytes"),
-                         ("cpu_layer_us", "CPU microseconds a decode layer costs beyond its bytes")):
+                         ("cpu_layer_us", "CPU microseconds a decode layer costs beyond its bytes"),
+                         ("step_us", "microseconds a decode step costs beyond its layers and head")):
         p.add_argument(f"--{figure_flag(figure)}", dest=figure, type=float, default=None, help=text)
     p.add_argument("--json", action="store_true", help="the plan as one JSON object")
     p.set_defaults(func=cmd_plan)

@@ -123,7 +123,7 @@ def profile_for(weight_type: int, n_threads: int) -> MachineProfile:
 
 
 FIGURES = ("cpu_dense_gbps", "cpu_sparse_gbps", "gpu_dense_gbps", "gpu_sparse_gbps", "xfer_us", "gpu_layer_us",
-           "cpu_layer_us")
+           "cpu_layer_us", "step_us")
 
 
 def resolve(spec: str | None, weight_type: int, n_threads: int, overrides: dict | None = None) -> MachineProfile:
@@ -262,19 +262,20 @@ def _decode_ms(path: str, plan, n_threads: int) -> float:
     return float(np.median(times))
 
 
-def excess_per_layer(type_: int, n_threads: int, rates: MachineProfile, modes=tuple(PLACEMENTS)) -> dict[str, float]:
-    """Microseconds a real decode layer costs beyond its bytes, per placement mode (PLACEMENTS: every layer on
-    the GPU; split, its attention and half its FFN neurons on the GPU; on the CPU). Synthetic models of
-    FEW_LAYERS and MANY_LAYERS layers are decoded under each; a layer's cost is the difference per layer added,
-    less what the placement charges for the bytes at the measured rates (`rates`, whose fixed costs are 0).
-    What remains is launch gaps, small kernels, copies, waking the pool, barriers and waits."""
+def excess_costs(type_: int, n_threads: int, rates: MachineProfile,
+                 modes=tuple(PLACEMENTS)) -> tuple[dict[str, float], dict[str, float]]:
+    """Microseconds real decoding costs beyond its bytes, per placement mode (PLACEMENTS: every layer on the GPU;
+    split, its attention and half its FFN neurons on the GPU; on the CPU): (per layer, per step). Synthetic
+    models of FEW_LAYERS and MANY_LAYERS layers are decoded under each, less what the placement charges for their
+    bytes at the measured rates (`rates`, whose fixed costs are 0); a layer's cost is the difference per layer
+    added, a step's what is left at zero layers. What remains is launch gaps, small kernels, copies, waking the
+    pool, barriers, waits and the host's work between steps."""
     from pyinfer import synthetic
     from pyinfer.gguf_file import GGUFFile
     from pyinfer.placement import evaluate, model_costs
-
-    excess: dict[str, list[float]] = {mode: [] for mode in modes}  # ms per token beyond the bytes, per model
     from pyinfer.pull import cache_dir
 
+    excess: dict[str, list[float]] = {mode: [] for mode in modes}  # ms per token beyond the bytes, per model
     cache_dir().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:  # a few hundred MB: not in a small /tmp
         for n_layer in (FEW_LAYERS, MANY_LAYERS):
@@ -288,15 +289,18 @@ def excess_per_layer(type_: int, n_threads: int, rates: MachineProfile, modes=tu
                 plan = evaluate(costs, rates, [on_gpu] * n_layer, [round(share * n_groups)] * n_layer, on_gpu,
                                 1 << 62)
                 excess[mode].append(_decode_ms(path, plan, n_threads) - plan.token_us / 1e3)
-    return {mode: 1e3 * (ms[1] - ms[0]) / (MANY_LAYERS - FEW_LAYERS) for mode, ms in excess.items()}
+    per_layer = {mode: 1e3 * (ms[1] - ms[0]) / (MANY_LAYERS - FEW_LAYERS) for mode, ms in excess.items()}
+    per_step = {mode: 1e3 * ms[0] - FEW_LAYERS * per_layer[mode] for mode, ms in excess.items()}
+    return per_layer, per_step
 
 
-def _layer_costs(type_: int, n_threads: int, rates: MachineProfile) -> tuple[float, float, float]:
-    """(gpu_layer_us, xfer_us, cpu_layer_us) from real decode layers (excess_per_layer). Guessed from a chain of
-    tiny kernels and one of split links, they had come out at a third to a half of this (docs/BENCHMARKS.md)."""
-    per_layer = excess_per_layer(type_, n_threads, rates)
+def _fixed_costs(type_: int, n_threads: int, rates: MachineProfile) -> dict[str, float]:
+    """MachineProfile's fixed costs from real decode steps (excess_costs). Guessed from a chain of tiny kernels
+    and one of split links, they had come out at a third to a half of this (docs/BENCHMARKS.md)."""
+    per_layer, per_step = excess_costs(type_, n_threads, rates)
     gpu_layer_us = max(0.0, per_layer["gpu"])
-    return gpu_layer_us, max(0.0, per_layer["split"] - gpu_layer_us), max(0.0, per_layer["cpu"])
+    return {"gpu_layer_us": gpu_layer_us, "xfer_us": max(0.0, per_layer["split"] - gpu_layer_us),
+            "cpu_layer_us": max(0.0, per_layer["cpu"]), "step_us": max(0.0, per_step["gpu"])}
 
 
 def measure(weight_type: int, n_threads: int) -> tuple[MachineProfile, float]:
@@ -314,8 +318,7 @@ def measure(weight_type: int, n_threads: int) -> tuple[MachineProfile, float]:
     rates = MachineProfile(name=host_key(ggml.type_name(weight_type), n_threads), cpu_dense_gbps=cpu_dense,
                            cpu_sparse_gbps=cpu_sparse, gpu_dense_gbps=gpu_dense, gpu_sparse_gbps=gpu_sparse,
                            xfer_us=0.0, gpu_layer_us=0.0, cpu_layer_us=0.0)
-    gpu_layer_us, xfer_us, cpu_layer_us = _layer_costs(weight_type, n_threads, rates)
-    profile = dataclasses.replace(rates, xfer_us=xfer_us, gpu_layer_us=gpu_layer_us, cpu_layer_us=cpu_layer_us)
+    profile = dataclasses.replace(rates, **_fixed_costs(weight_type, n_threads, rates))
     if not all(math.isfinite(v) for v in dataclasses.astuple(profile)[1:]):
         raise UnsupportedError(f"machine measurement gave non-finite figures: {profile}")
     return profile, spread

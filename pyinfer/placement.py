@@ -39,7 +39,8 @@ class MachineProfile:
     Bandwidths are GB/s of weight bytes read: dense for whole matrices (GEMV), sparse for the predicted
     rows of an FFN. *_layer_us: what a decode layer costs beyond its bytes on the GPU (launch gaps, small
     kernels) or on the CPU (the pool's barriers); xfer_us: what splitting a GPU layer's FFN adds (copies both
-    ways, waking the pool, the sparse FFN's sums, the wait)."""
+    ways, waking the pool, the sparse FFN's sums, the wait); step_us: what a decode step costs beyond its
+    layers and head (the graph's launch and sync, the logits' copy, the host's work between tokens)."""
 
     name: str
     cpu_dense_gbps: float
@@ -49,13 +50,14 @@ class MachineProfile:
     xfer_us: float
     gpu_layer_us: float
     cpu_layer_us: float
+    step_us: float = 0.0
 
     def __post_init__(self):
         for key in ("cpu_dense_gbps", "cpu_sparse_gbps", "gpu_dense_gbps", "gpu_sparse_gbps"):
             value = getattr(self, key)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise InvalidArgumentError(f"machine profile {key} must be a positive number, not {value!r}")
-        for key in ("xfer_us", "gpu_layer_us", "cpu_layer_us"):
+        for key in ("xfer_us", "gpu_layer_us", "cpu_layer_us", "step_us"):
             value = getattr(self, key)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise InvalidArgumentError(f"machine profile {key} must be a number >= 0, not {value!r}")
@@ -107,10 +109,11 @@ class Plan:
     gpu_ffn_us: tuple[float, ...] = field(default=())  # modelled GPU and CPU halves of each FFN
     cpu_ffn_us: tuple[float, ...] = field(default=())
     gap: float = 0.0  # proven distance to the optimum, relative (0: optimal)
+    step_us: float = 0.0  # the step's own cost beyond layers and head (MachineProfile.step_us)
 
     @property
     def token_us(self) -> float:
-        return float(sum(self.layer_us) + self.head_us)
+        return float(sum(self.layer_us) + self.head_us + self.step_us)
 
     @property
     def tokens_per_second(self) -> float:
@@ -190,7 +193,7 @@ def evaluate(costs: ModelCosts, machine: MachineProfile, attn_gpu, n_groups_gpu,
     if device or head_gpu:
         device += costs.reserve_bytes
     return Plan(tuple(bool(a) for a in attn_gpu), tuple(hot_rows), bool(head_gpu), device, budget,
-                tuple(layer_us), head_us, tuple(gpu_us), tuple(cpu_us))
+                tuple(layer_us), head_us, tuple(gpu_us), tuple(cpu_us), step_us=machine.step_us)
 
 
 def minimum_budget(costs: ModelCosts) -> int:
@@ -316,7 +319,7 @@ def solve(costs: ModelCosts, machine: MachineProfile, budget: int, *, time_limit
     plans.append(_plan_of(costs, machine, opt, *_greedy(opt, costs.head_bytes, -head_delta, room), budget))
     plan = min((p for p in plans if p.device_bytes <= budget), key=lambda p: p.token_us)
     bound = getattr(res, "mip_dual_bound", None)
-    gap = 0.0 if proven else (max(0.0, 1.0 - (bound + head_cpu) / plan.token_us) if bound else math.nan)
+    gap = 0.0 if proven else (max(0.0, 1.0 - (bound + head_cpu + plan.step_us) / plan.token_us) if bound else math.nan)
     return dataclasses.replace(plan, gap=gap)
 
 
@@ -448,7 +451,8 @@ def describe(plan: Plan, costs: ModelCosts, machine: MachineProfile) -> str:
     hot = sum(plan.hot_rows)
     total = sum(layer.n_ff for layer in costs.layers)
     lines += [
-        f"output head: {'GPU' if plan.head_gpu else 'CPU'} ({format_bytes(costs.head_bytes)}, {plan.head_us:.1f} us)",
+        f"output head: {'GPU' if plan.head_gpu else 'CPU'} ({format_bytes(costs.head_bytes)}, {plan.head_us:.1f} us); "
+        f"the step itself {plan.step_us:.1f} us",
         f"attention on the GPU in {n_gpu} of {len(costs.layers)} layers; FFN neurons on the GPU: {hot} of {total} "
         f"({100 * hot / max(total, 1):.1f} %)",
         f"device bytes: {format_bytes(plan.device_bytes)} of {format_bytes(plan.budget)} "

@@ -1,6 +1,7 @@
 """The placement solver against brute force, its monotonicity in the budget, and the budget checks."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import subprocess
@@ -233,10 +234,11 @@ def test_machine_layer_models_of_every_weight_type(tmp_path, type_):
     assert np.isfinite(Model(path, n_ctx=16).eval([1])).all()
 
 
-def test_layer_costs_are_what_decoding_takes_beyond_the_modelled_bytes(monkeypatch):
-    """machine.excess_per_layer: a CPU layer's time per token beyond what the placement charges for its bytes. With
-    rates at which the bytes cost 20 ms a layer, the excess falls by those 20 ms against rates at which they are
-    free (units, the per-layer division and the subtraction), leaving the same fixed cost."""
+def test_fixed_costs_are_what_decoding_takes_beyond_the_modelled_bytes(monkeypatch, tmp_path):
+    """machine.excess_costs: a CPU decode's time beyond what the placement charges for its bytes, per layer and
+    per step. With rates at which the head's bytes cost 20 ms, the per-step excess falls by those 20 ms against
+    rates at which bytes are free, and the per-layer one by a layer's bytes at that rate (units, the per-layer
+    division, the subtractions); and the two predict a model of another depth."""
     from pyinfer import ggml, machine, synthetic
     from pyinfer.gguf_file import GGUFFile
     from pyinfer.placement import evaluate, model_costs
@@ -252,12 +254,38 @@ def test_layer_costs_are_what_decoding_takes_beyond_the_modelled_bytes(monkeypat
         bytes_us.append(evaluate(costs, one_gbps, [False] * n_layer, [0] * n_layer, False, 0).token_us)
 
     monkeypatch.setattr(synthetic, "make_llama", make_and_cost)
-    free = machine.excess_per_layer(ggml.Q4_0, 1, MachineProfile("free", 1e9, 1e9, 1e9, 1e9, 0, 0, 0), ("cpu",))
+    free_rates = MachineProfile("free", 1e9, 1e9, 1e9, 1e9, 0, 0, 0)
+    free_layer, free_step = machine.excess_costs(ggml.Q4_0, 1, free_rates, ("cpu",))
     layer_us = (bytes_us[1] - bytes_us[0]) / (machine.MANY_LAYERS - machine.FEW_LAYERS)  # a layer at 1 GB/s
-    slow = layer_us / 20e3  # GB/s at which a layer's bytes take 20 ms
-    paid = machine.excess_per_layer(ggml.Q4_0, 1, MachineProfile("slow", slow, slow, 1e9, 1e9, 0, 0, 0), ("cpu",))
-    assert free["cpu"] > 0
-    assert paid["cpu"] == pytest.approx(free["cpu"] - 20e3, abs=0.3 * free["cpu"] + 2e3)
+    head_us = bytes_us[0] - machine.FEW_LAYERS * layer_us  # the rest (the head) at 1 GB/s
+    slow = head_us / 20e3  # GB/s at which the head's bytes take 20 ms (only the model's charge: runs are as fast)
+    paid_layer, paid_step = machine.excess_costs(ggml.Q4_0, 1, MachineProfile("slow", slow, slow, 1e9, 1e9, 0, 0, 0),
+                                                 ("cpu",))
+    noise = 0.3 * free_layer["cpu"] + 1e3  # the two decodes' spread, per layer; the step's is a few times that
+    assert free_layer["cpu"] > 0
+    assert paid_layer["cpu"] == pytest.approx(free_layer["cpu"] - layer_us / slow, abs=noise)
+    assert paid_step["cpu"] == pytest.approx(free_step["cpu"] - 20e3, abs=machine.MANY_LAYERS * noise)
+
+    path = str(tmp_path / "four.gguf")
+    monkeypatch.setattr(synthetic, "make_llama", make_llama)
+    make_llama(path, machine.LAYER_SHAPE, synthetic.Q(ggml.Q4_0), ffn_kind="reglu", n_layer=4, share_weights=True)
+    plan = evaluate(model_costs(GGUFFile(path), 16, 2, True, 1), free_rates, [False] * 4, [0] * 4, False, 0)
+    predicted_ms = (free_step["cpu"] + 4 * free_layer["cpu"]) / 1e3
+    assert machine._decode_ms(path, plan, 1) == pytest.approx(predicted_ms, rel=0.3)
+
+
+@pytest.mark.parametrize("step_us", [0.0, 250.0])
+def test_a_steps_own_cost_adds_to_every_plan_and_moves_nothing(step_us):
+    """MachineProfile.step_us (the graph's launch and sync, the host's work between tokens) is the same for every
+    placement: each plan's modelled time grows by it, the placement stays the one chosen without it."""
+    costs = ModelCosts([LayerCosts(100, 10, 5, 30, np.linspace(1.0, 0.01, 256), True)] * 3, head_bytes=500,
+                       reserve_bytes=50)
+    base = MachineProfile("m", 1.0, 0.5, 20.0, 10.0, 5.0, 1.0, 1.0)
+    for budget in (0, 400, 5000, 30000):
+        want = solve(costs, base, budget)
+        got = solve(costs, dataclasses.replace(base, step_us=step_us), budget)
+        assert (got.attn_gpu, got.hot_rows, got.head_gpu) == (want.attn_gpu, want.hot_rows, want.head_gpu)
+        assert got.token_us == pytest.approx(want.token_us + step_us)
 
 
 def test_bench_hybrid_runs_ours_with_the_profile_it_modelled(tiny_sparse, tmp_path, monkeypatch):

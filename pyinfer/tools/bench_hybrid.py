@@ -89,7 +89,7 @@ def bytes_bound(costs, plan, machine) -> float:
     fixed costs."""
     from pyinfer.placement import evaluate
 
-    free = dataclasses.replace(machine, xfer_us=0.0, gpu_layer_us=0.0, cpu_layer_us=0.0)
+    free = dataclasses.replace(machine, xfer_us=0.0, gpu_layer_us=0.0, cpu_layer_us=0.0, step_us=0.0)
     groups = [sum(1 for _, e in la.groups() if e <= k) for la, k in zip(costs.layers, plan.hot_rows, strict=True)]
     return evaluate(costs, free, plan.attn_gpu, groups, plan.head_gpu, plan.budget).tokens_per_second
 
