@@ -83,10 +83,13 @@ def save(profile: MachineProfile, path: Path) -> None:
     os.replace(tmp, path)
 
 
+PROFILE_VERSION = 2  # 2: fixed costs from real decode steps; profiles of another version are measured again
+
+
 def cache_path(type_name: str, n_threads: int) -> Path:
     from pyinfer.pull import cache_dir
 
-    return cache_dir() / "machines" / f"{host_key(type_name, n_threads)}.json"
+    return cache_dir() / "machines" / f"{host_key(type_name, n_threads)}.v{PROFILE_VERSION}.json"
 
 
 def _busy() -> str | None:
