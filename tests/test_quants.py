@@ -476,16 +476,16 @@ def c_axpy4(qtype, n: int, y: np.ndarray, a: np.ndarray, rows: list[np.ndarray])
     return buf[32:32 + n].copy()
 
 
-@pytest.mark.parametrize("qtype", [*AXPY_SIMD_TYPES, QT.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [*AXPY_SIMD_TYPES, QT.F16, QT.BF16], ids=lambda t: t.name)
 @given(n_blocks=st.integers(1, 20), seed=st.integers(0, 2**32 - 1))
 def test_axpy4_is_four_axpys(qtype, n_blocks, seed):
-    """axpy4 gives bit for bit what four SIMD axpy calls give (F16 rows of any length: its tail too), and
-    stays within 4 roundings per row of the scalar axpy and of float64 numpy."""
+    """axpy4 gives bit for bit what four SIMD axpy calls give (F16 and BF16 rows of any length: their tails
+    too), and stays within 4 roundings per row of the scalar axpy and of float64 numpy."""
     rng = np.random.default_rng(seed)
     n = n_blocks * max(block(qtype)[0], 32)
-    if qtype == QT.F16:
+    if qtype in (QT.F16, QT.BF16):
         n += seed % 8
-        rows = [rng.standard_normal(n).astype(np.float16).view(np.uint8) for _ in range(4)]
+        rows = [to_bytes(qtype, rng.standard_normal(n).astype(np.float32)) for _ in range(4)]
     else:
         rows = [random_blocks(qtype, n_blocks * max(block(qtype)[0], 32) // block(qtype)[0], rng) for _ in range(4)]
     a = (rng.standard_normal(4) * np.array([1.0, 1e-3, 1e3, 0.0])).astype(np.float32)

@@ -1,6 +1,6 @@
 // quants_axpy_avx2.c: AVX2/FMA axpy (y[0..n) += a * dequant(row)) and axpy4 (the same for 4 rows in
-// turn, y loaded and stored once per 8 values) for F16, Q4_0, Q8_0, Q4_1, Q5_0, Q4_K and Q6_K: the kernels of
-// the sparse axpy_rows and sparse_ffn ops. Levels are widened straight from memory into 32-bit lanes (vpmovzxbd), 8 values a step.
+// turn, y loaded and stored once per 8 values) for F16, BF16, Q4_0, Q8_0, Q4_1, Q5_0, Q4_K and Q6_K: the
+// kernels of the sparse axpy_rows and sparse_ffn ops. Levels are widened straight from memory into 32-bit lanes (vpmovzxbd), 8 values a step.
 // Types with only an offset (Q4_0, Q8_0, Q5_0, Q6_K) fold a into the scale: their levels are exact integers, so
 // that costs one rounding. Types with a minimum (Q4_1, Q4_K) dequantize exactly as the scalar to_float
 // does (d * q, then + m, no FMA) because d * q and m can cancel.
@@ -35,22 +35,36 @@ static inline __m256 axpy_min8(__m256 acc, __m256 a, __m256 d, __m256 m, __m256i
 }
 
 // ============================================================================================
-// F16: one rounding per row, a * x added to y by an FMA, as the scalar kernel does
+// F16 and BF16: one rounding per row, a * x added to y by an FMA, as the scalar kernel does
 // ============================================================================================
 
-AXPY_INLINE void f16_axpy_rows(int64_t n, float *y, const float *a, const void *const *rows, int nr) {
+AXPY_INLINE __m256 axpy_load_halves(const uint16_t *p, bool bf16) {
+    const __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
+}
+
+AXPY_INLINE void halves_axpy_rows(int64_t n, float *y, const float *a, const void *const *rows, int nr, bool bf16) {
     __m256 s[AXPY_MAX_ROWS];
     for (int r = 0; r < nr; r++) s[r] = _mm256_set1_ps(a[r]);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         __m256 acc = _mm256_loadu_ps(y + i);
-        for (int r = 0; r < nr; r++)
-            acc = _mm256_fmadd_ps(s[r], _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)rows[r] + i))),
-                                  acc);
+        for (int r = 0; r < nr; r++) acc = _mm256_fmadd_ps(s[r], axpy_load_halves((const uint16_t *)rows[r] + i, bf16), acc);
         _mm256_storeu_ps(y + i, acc);
     }
     for (; i < n; i++)
-        for (int r = 0; r < nr; r++) y[i] += a[r] * axpy_f16(((const uint16_t *)rows[r])[i]);
+        for (int r = 0; r < nr; r++) {
+            const uint16_t h = ((const uint16_t *)rows[r])[i];
+            y[i] += a[r] * (bf16 ? ggml_bf16_to_fp32(h) : axpy_f16(h));
+        }
+}
+
+AXPY_INLINE void f16_axpy_rows(int64_t n, float *y, const float *a, const void *const *rows, int nr) {
+    halves_axpy_rows(n, y, a, rows, nr, false);
+}
+
+AXPY_INLINE void bf16_axpy_rows(int64_t n, float *y, const float *a, const void *const *rows, int nr) {
+    halves_axpy_rows(n, y, a, rows, nr, true);
 }
 
 // ============================================================================================
@@ -267,6 +281,7 @@ AXPY_INLINE void q6_K_axpy_rows(int64_t n, float *y, const float *a, const void 
         name##_axpy_rows(n, y, a, rows, 4);                                                       \
     }
 AXPY_ENTRY_POINTS(f16)
+AXPY_ENTRY_POINTS(bf16)
 AXPY_ENTRY_POINTS(q4_0)
 AXPY_ENTRY_POINTS(q8_0)
 AXPY_ENTRY_POINTS(q4_1)
@@ -277,6 +292,8 @@ AXPY_ENTRY_POINTS(q6_K)
 void ggml_quants_install_axpy_avx2(struct ggml_type_traits *traits) {
     traits[GGML_TYPE_F16].axpy = f16_axpy_avx2;
     traits[GGML_TYPE_F16].axpy4 = f16_axpy4_avx2;
+    traits[GGML_TYPE_BF16].axpy = bf16_axpy_avx2;
+    traits[GGML_TYPE_BF16].axpy4 = bf16_axpy4_avx2;
     traits[GGML_TYPE_Q4_0].axpy = q4_0_axpy_avx2;
     traits[GGML_TYPE_Q4_0].axpy4 = q4_0_axpy4_avx2;
     traits[GGML_TYPE_Q8_0].axpy = q8_0_axpy_avx2;
