@@ -116,13 +116,15 @@ def test_mul_mat_simd_matches_scalar(type_):
     assert_close(simd, scalar, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("type_", QUANT_TYPES)
+@pytest.mark.parametrize("type_", [*QUANT_TYPES, ggml.F16, ggml.BF16])
 @settings(max_examples=8, deadline=None)
 @given(n=st.integers(1, 40), m=st.integers(2, 11), threads=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2**31))
 def test_mul_mat_tiles_match_scalar(type_, n, m, threads, seed):
-    """Several columns: 4 x 4 GEMM tiles plus their ragged row/column edges against the scalar vec_dot_ref."""
+    """Several columns: 4 x 4 GEMM tiles plus their ragged row/column edges against the scalar vec_dot_ref
+    (F16 and BF16 rows of 111 values: six 16-value steps of their tile and a tail)."""
     rng = rng_for(seed)
-    k = 2 * ggml.block_size(type_) if ggml.block_size(type_) == 256 else 6 * ggml.block_size(type_)
+    block = ggml.block_size(type_)
+    k = 111 if block == 1 else 2 * block if block == 256 else 6 * block
     ctx = ggml.Context(32 << 20)
     wt, _ = weights(ctx, rng.standard_normal((n, k)), type_)
     y = ctx.mul_mat(wt, tensor(ctx, (rng.standard_normal((m, k)) * 3).astype(np.float32)))

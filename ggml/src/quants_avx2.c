@@ -817,6 +817,48 @@ VNNI_TARGET static void q6_K_gemm_tile_vnni(int64_t n, float *s, int64_t ss, con
     vnni_store_tile(s, ss, acc[0], acc[1]);
 }
 
+// F16 and BF16 tiles: 16 values a step in zmm registers (16 accumulators and 8 operands fit AVX-512's 32;
+// AVX2's 16 would spill), each row and column converted once per step and used four times
+VNNI_TARGET static inline __m512 halves16(const uint16_t *p, bool bf16) {
+    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+}
+
+VNNI_TARGET static inline __attribute__((always_inline)) void halves_gemm_tile(int64_t n, float *s, int64_t ss,
+                                                                               const void *w, size_t bw,
+                                                                               const void *x, size_t bx, bool bf16) {
+    const uint16_t *wr[4], *xc[4]; // weight rows, activation columns
+    for (int r = 0; r < 4; r++) wr[r] = (const uint16_t *)((const char *)w + r * bw);
+    for (int j = 0; j < 4; j++) xc[j] = (const uint16_t *)((const char *)x + j * bx);
+    __m512 acc[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 a[4], b[4];
+        for (int r = 0; r < 4; r++) a[r] = halves16(wr[r] + i, bf16);
+        for (int j = 0; j < 4; j++) b[j] = halves16(xc[j] + i, bf16);
+        for (int r = 0; r < 4; r++)
+            for (int j = 0; j < 4; j++) acc[r][j] = _mm512_fmadd_ps(a[r], b[j], acc[r][j]);
+    }
+    for (int r = 0; r < 4; r++)
+        for (int j = 0; j < 4; j++) {
+            float sum = _mm512_reduce_add_ps(acc[r][j]);
+            for (int64_t t = i; t < n; t++) sum += avx2_half(wr[r][t], bf16) * avx2_half(xc[j][t], bf16);
+            s[j * ss + r] = sum;
+        }
+}
+
+VNNI_TARGET static void f16_gemm_tile_avx512(int64_t n, float *s, int64_t ss, const void *w, size_t bw,
+                                             const void *x, size_t bx) {
+    halves_gemm_tile(n, s, ss, w, bw, x, bx, false);
+}
+
+VNNI_TARGET static void bf16_gemm_tile_avx512(int64_t n, float *s, int64_t ss, const void *w, size_t bw,
+                                              const void *x, size_t bx) {
+    halves_gemm_tile(n, s, ss, w, bw, x, bx, true);
+}
+
 static bool cpu_has_avx512_vnni(void) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512vnni");
@@ -843,6 +885,8 @@ void ggml_quants_install_avx2(struct ggml_type_traits *traits) {
     traits[GGML_TYPE_Q8_1].quantize_act = q8_1_quantize_act_avx2;
     traits[GGML_TYPE_Q8_K].quantize_act = q8_K_quantize_act_avx2;
     if (cpu_has_avx512_vnni()) {
+        traits[GGML_TYPE_F16].gemm_tile = f16_gemm_tile_avx512;
+        traits[GGML_TYPE_BF16].gemm_tile = bf16_gemm_tile_avx512;
         traits[GGML_TYPE_Q4_0].gemm_tile = q4_0_gemm_tile_vnni;
         traits[GGML_TYPE_Q4_1].gemm_tile = q4_1_gemm_tile_vnni;
         traits[GGML_TYPE_Q5_0].gemm_tile = q5_0_gemm_tile_vnni;
