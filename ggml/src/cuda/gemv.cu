@@ -440,6 +440,22 @@ static void qrows_launch(const rows_params &p, int64_t n_cand, unsigned gy, bool
     else qrows_launch_as<TYPE, false, GEMV_MAX_COLS>(p, n_cand, gy, st);
 }
 
+// one launch of the row dot products for a weight type: float rows by thread groups, quantized by warps
+struct any_rows_launch {
+    const rows_params &p;
+    dim3 grid;      // float rows
+    int64_t n_cand; // quantized rows: candidates, grid rows
+    unsigned gy;
+    bool aligned;
+    cudaStream_t st;
+    template <int TYPE> void run() const {
+        if constexpr (TYPE == GGML_TYPE_F32 || TYPE == GGML_TYPE_F16 || TYPE == GGML_TYPE_BF16)
+            rows_launch<TYPE>(p, grid, aligned, st);
+        else
+            qrows_launch<TYPE>(p, n_cand, gy, aligned, st);
+    }
+};
+
 // 16-byte loads of w's rows and of x are possible (the float kernels' fast path)
 static bool float_rows_aligned(const struct ggml_tensor *w, const struct ggml_tensor *x) {
     return (uintptr_t)w->data % 16 == 0 && w->nb[1] % 16 == 0 && (uintptr_t)x->data % 16 == 0 && x->nb[1] % 16 == 0;
@@ -532,17 +548,7 @@ int cuda_rows_dot(const struct ggml_tensor *w, const struct ggml_tensor *x, stru
         p.xds = p0.xds ? p0.xds + j0 * (k / 32) : NULL;
         p.y = p0.y + j0 * p.y_ld;
         p.s.sel = s.mode == CUDA_SEL_MASK ? s.sel + j0 * s.nb1 : s.sel;
-        switch (type) {
-        case GGML_TYPE_F32: rows_launch<GGML_TYPE_F32>(p, grid, aligned, st); break;
-        case GGML_TYPE_F16: rows_launch<GGML_TYPE_F16>(p, grid, aligned, st); break;
-        case GGML_TYPE_BF16: rows_launch<GGML_TYPE_BF16>(p, grid, aligned, st); break;
-        case GGML_TYPE_Q4_0: qrows_launch<GGML_TYPE_Q4_0>(p, n_cand, gy, aligned, st); break;
-        case GGML_TYPE_Q4_1: qrows_launch<GGML_TYPE_Q4_1>(p, n_cand, gy, aligned, st); break;
-        case GGML_TYPE_Q5_0: qrows_launch<GGML_TYPE_Q5_0>(p, n_cand, gy, aligned, st); break;
-        case GGML_TYPE_Q8_0: qrows_launch<GGML_TYPE_Q8_0>(p, n_cand, gy, aligned, st); break;
-        case GGML_TYPE_Q4_K: qrows_launch<GGML_TYPE_Q4_K>(p, n_cand, gy, aligned, st); break;
-        default: qrows_launch<GGML_TYPE_Q6_K>(p, n_cand, gy, aligned, st); break;
-        }
+        with_weight_type(type, any_rows_launch{p, grid, n_cand, gy, aligned, st});
     }
     return cuda_launch_status("row dot products");
 }

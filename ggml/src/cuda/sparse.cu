@@ -114,10 +114,12 @@ __global__ void __launch_bounds__(CUDA_BLOCK) axpy_kernel(axpy_params p) {
     add_slices<CUDA_BLOCK / 32>(acc, s_acc, p.y + j * p.y_ld, p.d);
 }
 
-template <int TYPE>
-static void axpy_launch(const axpy_params &p, dim3 grid, cudaStream_t st) {
-    axpy_kernel<TYPE><<<grid, CUDA_BLOCK, 0, st>>>(p);
-}
+struct axpy_launch {
+    const axpy_params &p;
+    dim3 grid;
+    cudaStream_t st;
+    template <int TYPE> void run() const { axpy_kernel<TYPE><<<grid, CUDA_BLOCK, 0, st>>>(p); }
+};
 
 static int sel_mode_of(const struct ggml_tensor *dst) {
     const struct ggml_tensor *sel = dst->src[2];
@@ -160,16 +162,6 @@ int cuda_op_axpy_rows(struct ggml_tensor *dst, void *wdata, cudaStream_t st) {
     const int64_t slices = (d + 31) / 32;
     const dim3 grid((unsigned)((slices + 31) / 32), (unsigned)((n_cand + AXPY_ROWS - 1) / AXPY_ROWS), (unsigned)m);
     if (grid.y > 65535) return ggml_set_error(GGML_STATUS_UNSUPPORTED, "axpy_rows on CUDA: too many rows");
-    switch (wt->type) {
-    case GGML_TYPE_F32: axpy_launch<GGML_TYPE_F32>(p, grid, st); break;
-    case GGML_TYPE_F16: axpy_launch<GGML_TYPE_F16>(p, grid, st); break;
-    case GGML_TYPE_BF16: axpy_launch<GGML_TYPE_BF16>(p, grid, st); break;
-    case GGML_TYPE_Q4_0: axpy_launch<GGML_TYPE_Q4_0>(p, grid, st); break;
-    case GGML_TYPE_Q4_1: axpy_launch<GGML_TYPE_Q4_1>(p, grid, st); break;
-    case GGML_TYPE_Q5_0: axpy_launch<GGML_TYPE_Q5_0>(p, grid, st); break;
-    case GGML_TYPE_Q8_0: axpy_launch<GGML_TYPE_Q8_0>(p, grid, st); break;
-    case GGML_TYPE_Q4_K: axpy_launch<GGML_TYPE_Q4_K>(p, grid, st); break;
-    default: axpy_launch<GGML_TYPE_Q6_K>(p, grid, st); break;
-    }
+    with_weight_type(wt->type, axpy_launch{p, grid, st});
     return cuda_launch_status("axpy_rows");
 }
