@@ -80,10 +80,6 @@ static inline __m256 avx2_load_halves(const uint16_t *p, bool bf16) {
     return bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
 }
 
-static inline __m256 avx2_load_f16(const uint16_t *p) {
-    return avx2_load_halves(p, false);
-}
-
 static inline float avx2_half(uint16_t h, bool bf16) {
     return bf16 ? ggml_bf16_to_fp32(h) : avx2_f16(h);
 }

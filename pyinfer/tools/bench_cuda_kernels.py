@@ -215,6 +215,7 @@ def measure(args: argparse.Namespace) -> int:
                       f"{t_axpy:.1f} | {base / t_axpy:.1f}x | {t_ffn:.1f} | {3 * base / t_ffn:.1f}x |")
     return 0
 
+
 def main(argv: list[str] | None = None) -> int:
     return run_cli("bench_cuda_kernels", parser(), measure, argv)
 
