@@ -22,7 +22,8 @@ def add_model_args(p: argparse.ArgumentParser, model_required: bool = False) -> 
                    help="GGUF / PowerGGUF file or Hugging Face checkpoint folder (default: the pulled default model)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens (default 4096)")
     p.add_argument("-b", "--batch-size", type=int, default=512, help="prompt tokens per batch (default 512)")
-    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("-t", "--threads", type=int, default=None,
+                   help="CPU threads (default: one a core, one fewer from 8 cores)")
     p.add_argument("--kv-type", choices=["f16", "f32"], default="f16", help="KV cache type (default f16)")
     add_precise_arg(p)
     add_placement_args(p)
@@ -190,7 +191,7 @@ def cmd_bench(args) -> int:
 
 def cmd_plan(args) -> int:
     from pyinfer.gguf_file import GGUFFile
-    from pyinfer.machine import FIGURES, resolve
+    from pyinfer.machine import FIGURES, default_threads, resolve
     from pyinfer.model_files import resolve_model
     from pyinfer.placement import describe, model_costs, parse_bytes, solve
 
@@ -201,8 +202,7 @@ def cmd_plan(args) -> int:
     sparse = {"auto": "blk.0.fc1.weight" in f.tensors, "on": True, "off": False}[args.sparse]
     costs = model_costs(f, n_ctx, 2 if args.kv_type == "f16" else 4, sparse, args.batch_size)
     overrides = {name: getattr(args, name) for name in FIGURES}
-    machine = resolve(args.machine, f.tensors["blk.0.ffn_up.weight"].type, args.threads or os.cpu_count() or 1,
-                      overrides)
+    machine = resolve(args.machine, f.tensors["blk.0.ffn_up.weight"].type, args.threads or default_threads(), overrides)
     plan = solve(costs, machine, parse_bytes(args.vram_budget))
     if args.json:
         print(json.dumps({"budget": plan.budget, "device_bytes": plan.device_bytes, "head_gpu": plan.head_gpu,

@@ -45,6 +45,35 @@ def cpu_name() -> str:
     return m.group(1).strip() if m else platform.processor() or "cpu"
 
 
+SPARE_CORE_FROM = 8  # cores from which the default thread count leaves one free
+
+
+def physical_cores() -> int:
+    """Cores this process may run on, SMT siblings counted once (the CPU's topology in /sys)."""
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    cores = set()
+    for cpu in cpus:
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add((topology.joinpath("physical_package_id").read_text().strip(),
+                       topology.joinpath("core_id").read_text().strip()))
+        except OSError:
+            cores.add(("cpu", str(cpu)))
+    return max(1, len(cores))
+
+
+def threads_for(cores: int) -> int:
+    """The default thread count for this many cores: one per core, less one from SPARE_CORE_FROM cores. A
+    decode step is a chain of barriers, so one thread that shares its core with another process holds all
+    the others: on a shared 16-core host ours decoded at 17-26 t/s with 16 threads beside one busy process
+    and at 34-37 with 15, as fast as 16 on the quiet host (docs/BENCHMARKS.md, "CPU steadiness")."""
+    return cores - 1 if cores >= SPARE_CORE_FROM else max(1, cores)
+
+
+def default_threads() -> int:
+    return threads_for(physical_cores())
+
+
 def host_key(type_name: str, n_threads: int) -> str:
     """Names this machine (CPU, cores, GPU), the weight type and the thread count, as a file name."""
     from pyinfer import ggml

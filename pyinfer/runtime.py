@@ -17,6 +17,7 @@ from pyinfer import arguments, ggml, models
 from pyinfer._native import lib
 from pyinfer.errors import ContextFullError, InvalidArgumentError, ModelFormatError, UnsupportedError
 from pyinfer.gguf_file import GGUFFile
+from pyinfer.machine import default_threads
 from pyinfer.machine import resolve as resolve_machine
 from pyinfer.models import sparse_ffn
 from pyinfer.models.common import Builder, GraphInputs
@@ -202,7 +203,7 @@ class Model:
         self.n_ctx = min(n_ctx or 4096, cfg.n_ctx_train) if cfg.pos_offset else (n_ctx or min(cfg.n_ctx_train, 4096))
         self.n_batch = n_batch
         # with the whole model on the GPU the CPU only looks up embeddings: one thread, no barriers
-        self.n_threads = n_threads or (1 if n_gpu_layers > cfg.n_layer else os.cpu_count() or 1)
+        self.n_threads = n_threads or (1 if n_gpu_layers > cfg.n_layer else default_threads())
         self.weights_ctx = ggml.Context(1024 * (len(self.file.tensors) + cfg.n_layer + 16), no_alloc=True)
         self.weights: dict[str, ggml.Tensor] = {}
         for name, info in self.file.tensors.items():

@@ -8,6 +8,7 @@ from hf_tiny import build
 
 import pyinfer.converters.convert_hf_to_powergguf as conv
 from pyinfer.bench import bench, file_type_name
+from pyinfer.machine import default_threads
 
 
 def test_file_type_comes_from_general_file_type():
@@ -36,5 +37,7 @@ def test_bench_rows_on_a_tiny_model(tmp_path):
         assert r["model"].startswith("llama ") and r["model"].endswith(" Q8_0")
         assert len(r["samples_ts"]) == 2 and all(x > 0 for x in r["samples_ts"])
         assert r["backend"] == "CPU" and r["threads"] == 1
+    (default,) = json.loads(bench(path, [8], [0], 1, "json", {}))
+    assert default["threads"] == default_threads()
     table = bench(path, [8], [0], 1, "md", {"n_threads": 1})
     assert "| pp8 |" in table and "Q8_0" in table

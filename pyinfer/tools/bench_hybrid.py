@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 
@@ -25,6 +24,7 @@ import numpy as np
 
 from pyinfer.console import run_cli
 from pyinfer.gguf_file import GGUFFile
+from pyinfer.machine import default_threads
 from pyinfer.placement import format_bytes
 
 
@@ -100,7 +100,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dense", required=True, help="the plain GGUF of the same shape that llama.cpp runs")
     p.add_argument("--llama-bench", required=True, help="path of llama-bench")
     p.add_argument("--budgets", default="0.333,0.667,0.9", help="fractions of the model's bytes")
-    p.add_argument("-t", "--threads", type=int, default=os.cpu_count())
+    p.add_argument("-t", "--threads", type=int, default=default_threads())
     p.add_argument("--tg", type=int, default=32)
     p.add_argument("--pp", type=int, default=512)
     p.add_argument("--reps", type=int, default=2)

@@ -13,7 +13,6 @@ Prints markdown.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import threading
@@ -24,6 +23,7 @@ import numpy as np
 from pyinfer import arguments, ggml
 from pyinfer.console import run_cli
 from pyinfer.errors import InvalidArgumentError
+from pyinfer.machine import default_threads
 
 TYPES = {"f16": ggml.F16, "q8_0": ggml.Q8_0, "q4_0": ggml.Q4_0, "q4_1": ggml.Q4_1, "q5_0": ggml.Q5_0,
          "q4_K": ggml.Q4_K, "q6_K": ggml.Q6_K}
@@ -114,7 +114,7 @@ def bench_case(timer: Timer, type_: int, d: int, n_ff: int, working_set: int, rn
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="bench_kernels", description=__doc__.split("\n")[0])
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--threads", type=int, default=default_threads())
     ap.add_argument("--types", default=",".join(TYPES), help="comma-separated: " + ",".join(TYPES))
     ap.add_argument("--working-set-mb", type=int, default=1024, help="weight bytes cycled through per graph")
     ap.add_argument("--min-seconds", type=float, default=0.5, help="timing per measurement")

@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, default=25, help="requests per client, one after another (default 25)")
     p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of each request (default 64)")
     p.add_argument("--temp", type=float, default=0.7, help="temperature (default 0.7; each request its own seed)")
-    p.add_argument("-t", "--threads", type=int, default=None, help="the server's CPU threads (default: all cores)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="the server's CPU threads (default: serve's)")
     p.add_argument("-c", "--ctx-size", type=int, default=2048, help="the server's context size (default 2048)")
     p.add_argument("--timeout", type=float, default=300, help="seconds one request may take (default 300)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")

@@ -9,7 +9,6 @@ markdown table, slowest first, and the wall time per token next to the kernels' 
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 import time
@@ -19,6 +18,7 @@ import numpy as np
 
 from pyinfer.console import run_cli
 from pyinfer.errors import UnsupportedError
+from pyinfer.machine import default_threads
 
 
 def parser() -> argparse.ArgumentParser:
@@ -28,7 +28,7 @@ def parser() -> argparse.ArgumentParser:
     where.add_argument("--budget", type=float, help="VRAM budget as a fraction of the file's bytes")
     where.add_argument("-ngl", "--n-gpu-layers", type=int, help="whole layers on the GPU instead")
     p.add_argument("-n", "--tokens", type=int, default=16, help="decoded tokens profiled (after as many warm-up ones)")
-    p.add_argument("-t", "--threads", type=int, default=os.cpu_count())
+    p.add_argument("-t", "--threads", type=int, default=default_threads())
     p.add_argument("--machine", help="placement figures: a preset name or profile file (default: this machine's)")
     p.add_argument("--dense", action="store_true", help="the dense FFN even if the file has predictors")
     return p

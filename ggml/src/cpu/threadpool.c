@@ -16,7 +16,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#define POLL_MS 1.0 // a worker polls this long for the next run before it sleeps
+#define POLL_MS 1.0         // a worker polls this long for the next run before it sleeps
+#define BARRIER_SPIN_MS 1.0      // the longest a thread spins at a barrier before it sleeps (barrier_spinning)
+#define BARRIER_SPIN_MIN_MS 0.02 // the shortest, on an oversubscribed host
+#define PATIENT_SPIN_SCALE 4.0   // spins are this many times longer while thread 0 waits for the GPU
 
 struct ggml_threadpool {
     int n_threads;
@@ -47,9 +50,36 @@ struct ggml_threadpool {
 static void futex_wait(atomic_int *addr, int val) { syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0); }
 static void futex_wake_all(atomic_int *addr) { syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0); }
 
-// spin briefly (the common case: the others are a few microseconds behind), then sleep on a futex, so
-// a thread whose partner was descheduled gives its core back instead of burning the time slice
-static void barrier_spinning(struct ggml_threadpool *tp, int max_spins) {
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
+}
+
+// true once *word differs from seen within max_ms of spinning, false if it did not (the clock is read now and
+// then: a pause lasts 10 to 150 cycles, by CPU)
+static bool spin_until_changed(atomic_int *word, int seen, double max_ms) {
+    double t0 = 0.0;
+    for (int spins = 0;; spins++) {
+        if (atomic_load_explicit(word, memory_order_acquire) != seen) return true;
+        if (spins % 256 == 0) {
+            const double now = now_ms();
+            if (spins == 0) t0 = now;
+            else if (now - t0 > max_ms) return false;
+        }
+        _mm_pause();
+    }
+}
+
+// spin (the common case: the others are a few microseconds behind), then sleep on a futex. How long a thread
+// spins adapts to the host, per thread: a sleeping thread's core is soon lent to another process (or its
+// virtual CPU to another guest), and getting it back is what made decoding unsteady on a shared host, so
+// the spin starts long; but where the host is oversubscribed a partner is off its core for a whole time
+// slice and spinning only keeps it off longer, so each wait that runs out halves the spin, and each that
+// does not lengthens it a little (docs/BENCHMARKS.md, "CPU steadiness")
+static _Thread_local double spin_ms = BARRIER_SPIN_MS;
+
+static void barrier_spinning(struct ggml_threadpool *tp, double scale) {
     if (tp->n_threads == 1) return;
     int phase = atomic_load_explicit(&tp->barrier_phase, memory_order_relaxed);
     if (atomic_fetch_add_explicit(&tp->barrier_count, 1, memory_order_acq_rel) == tp->n_threads - 1) {
@@ -60,20 +90,21 @@ static void barrier_spinning(struct ggml_threadpool *tp, int max_spins) {
         if (atomic_load_explicit(&tp->barrier_sleepers, memory_order_seq_cst)) futex_wake_all(&tp->barrier_phase);
         return;
     }
-    for (int spins = 0; spins < max_spins; spins++) {
-        if (atomic_load_explicit(&tp->barrier_phase, memory_order_acquire) != phase) return;
-        _mm_pause();
+    if (spin_until_changed(&tp->barrier_phase, phase, scale * spin_ms)) {
+        spin_ms = spin_ms * 1.0625 < BARRIER_SPIN_MS ? spin_ms * 1.0625 : BARRIER_SPIN_MS;
+        return;
     }
+    spin_ms = spin_ms / 2 > BARRIER_SPIN_MIN_MS ? spin_ms / 2 : BARRIER_SPIN_MIN_MS;
     atomic_fetch_add_explicit(&tp->barrier_sleepers, 1, memory_order_seq_cst);
     while (atomic_load_explicit(&tp->barrier_phase, memory_order_seq_cst) == phase) futex_wait(&tp->barrier_phase, phase);
     atomic_fetch_sub_explicit(&tp->barrier_sleepers, 1, memory_order_acq_rel);
 }
 
-void ggml_barrier(struct ggml_threadpool *tp) { barrier_spinning(tp, 2048); }
+void ggml_barrier(struct ggml_threadpool *tp) { barrier_spinning(tp, 1.0); }
 
-// while thread 0 waits for the GPU the others may wait a whole GPU run (hundreds of microseconds): waking
-// them from a futex would cost as much again, so they spin longer before they sleep
-void ggml_barrier_patient(struct ggml_threadpool *tp) { barrier_spinning(tp, 1 << 16); }
+// while thread 0 waits for the GPU the others may wait a whole GPU run (up to milliseconds): waking them
+// from a futex would cost as much again, so they spin longer before they sleep
+void ggml_barrier_patient(struct ggml_threadpool *tp) { barrier_spinning(tp, PATIENT_SPIN_SCALE); }
 
 void ggml_threadpool_fail(struct ggml_threadpool *tp, int status) {
     int expected = GGML_STATUS_OK;
@@ -110,22 +141,6 @@ int ggml_threadpool_reserve(struct ggml_threadpool *tp, const struct ggml_cgraph
     return GGML_STATUS_OK;
 }
 
-// true once the generation differs from seen within POLL_MS (spinning), false if it did not
-static bool poll_generation(struct ggml_threadpool *tp, int seen) {
-    double t0 = 0.0;
-    for (int spins = 0;; spins++) {
-        if (atomic_load_explicit(&tp->generation, memory_order_acquire) != seen) return true;
-        if (spins % 256 == 0) { // the clock now and then: a pause lasts 10 to 150 cycles, by CPU
-            struct timespec ts;
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            const double now = 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
-            if (spins == 0) t0 = now;
-            else if (now - t0 > POLL_MS) return false;
-        }
-        _mm_pause();
-    }
-}
-
 static void *worker_main(void *arg) {
     struct ggml_threadpool *tp = arg;
     int ith;
@@ -144,7 +159,7 @@ static void *worker_main(void *arg) {
             seen = atomic_load_explicit(&tp->generation, memory_order_acquire);
             tp->fn(tp, ith, tp->arg);
             atomic_fetch_add_explicit(&tp->n_done, 1, memory_order_release);
-        } while (poll_generation(tp, seen));
+        } while (spin_until_changed(&tp->generation, seen, POLL_MS));
         pthread_mutex_lock(&tp->mutex);
     }
     pthread_mutex_unlock(&tp->mutex);
