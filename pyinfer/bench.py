@@ -115,6 +115,7 @@ def bench(path: str, pp: list[int], tg: list[int], reps: int, output: str, optio
                 "median_ts": float(np.median(rates)), "samples_ts": rates,
                 "build": os.environ.get("PYINFER_BUILD_LABEL", ""),
                 "vram_budget": model.vram_budget, "device_bytes": model.device_bytes,
+                "device_peak_bytes": model.device_peak_bytes,
                 "modelled_ts": model.plan.tokens_per_second if model.plan else None,
                 **{f"step_{k}": v for k, v in steps.items()},
             })

@@ -219,7 +219,7 @@ class Model:
         self.plan: Plan | None = None
         self.hot_rows: dict[int, int] = {}  # layers split inside their FFN: rows [0, k) on the GPU
         self.vram_budget: int | None = None
-        device_before = lib.ggml_cuda_allocated()  # before anything of this model (0 without a GPU)
+        device_before = lib.ggml_cuda_peak_reset()  # held before anything of this model (0 without a GPU)
         if bool(n_gpu_layers) + (vram_budget is not None) + (plan is not None) > 1:
             raise InvalidArgumentError("-ngl, --vram-budget and a plan exclude each other: give one")
         if plan is not None and len(plan.attn_gpu) != cfg.n_layer:
@@ -295,6 +295,12 @@ class Model:
         """GPU memory this model's engine holds now (weights, KV cache, graph buffers, scratch, and the cuBLAS
         workspace when this model started the GPU)."""
         return lib.ggml_cuda_allocated() - self._device_base
+
+    @property
+    def device_peak_bytes(self) -> int:
+        """The most GPU memory this model's engine has held at once (the library's count since it loaded; another
+        model loaded meanwhile counts too)."""
+        return lib.ggml_cuda_allocated_peak() - self._device_base
 
     def _check_budget(self) -> None:
         if self.vram_budget is not None and self.device_bytes > self.vram_budget:

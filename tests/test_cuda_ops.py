@@ -8,6 +8,8 @@ Skipped without a GPU.
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -551,3 +553,17 @@ def test_gemm_large_quantized_and_f16():
 def test_device_name():
     assert ggml.cuda_available()
     assert ffi.string(lib.ggml_cuda_device_name())
+
+
+def test_peak_counts_device_memory_already_given_back():
+    # a prompt's graph buffers come and go: a VRAM budget is checked against the most held at once
+    held = lib.ggml_cuda_peak_reset()
+    assert lib.ggml_cuda_allocated_peak() == held == lib.ggml_cuda_allocated()
+    ctx = ggml.Context(8 << 20)
+    tensor(ctx, np.zeros(1 << 20, np.float32)).to_device()
+    assert lib.ggml_cuda_allocated() >= held + (4 << 20)
+    del ctx
+    gc.collect()
+    assert lib.ggml_cuda_allocated() == held
+    assert lib.ggml_cuda_allocated_peak() >= held + (4 << 20)
+    assert lib.ggml_cuda_peak_reset() == held == lib.ggml_cuda_allocated_peak()

@@ -218,6 +218,10 @@ int ggml_cuda_device_count(void);  // 0 without a GPU or in a build without CUDA
 const char *ggml_cuda_device_name(void);
 // device bytes the library holds now (weights, KV caches, graph buffers, scratch, the cuBLAS workspace)
 size_t ggml_cuda_allocated(void);
+// the most device bytes held at once since the last ggml_cuda_peak_reset (which returns the bytes held now):
+// a prompt's graph buffers may come and go between two readings of ggml_cuda_allocated
+size_t ggml_cuda_peak_reset(void);
+size_t ggml_cuda_allocated_peak(void);
 // pins host memory (a model file's mapping, read only) so copies from it run at full speed, asynchronously
 int ggml_cuda_host_register(void *ptr, size_t size);
 void ggml_cuda_host_unregister(void *ptr);

@@ -11,6 +11,8 @@ int ggml_cuda_device_count(void) { return 0; }
 const char *ggml_cuda_device_name(void) { return ""; }
 int ggml_cuda_init(void) { return cuda_absent(); }
 size_t ggml_cuda_allocated(void) { return 0; }
+size_t ggml_cuda_peak_reset(void) { return 0; }
+size_t ggml_cuda_allocated_peak(void) { return 0; }
 
 int ggml_cuda_host_register(void *ptr, size_t size) {
     (void)ptr, (void)size;

@@ -59,7 +59,7 @@ extern "C" int ggml_cuda_init(void) {
 static pthread_mutex_t g_alloc_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct cuda_alloc { void *ptr; size_t size; } *g_allocs;
 static int g_n_allocs, g_cap_allocs;
-static size_t g_allocated;
+static size_t g_allocated, g_peak; // bytes held now; the most held since ggml_cuda_peak_reset
 
 static bool alloc_remember(void *ptr, size_t size) {
     pthread_mutex_lock(&g_alloc_lock);
@@ -77,6 +77,7 @@ static bool alloc_remember(void *ptr, size_t size) {
     if (ok) {
         g_allocs[g_n_allocs++] = {ptr, size};
         g_allocated += size;
+        if (g_allocated > g_peak) g_peak = g_allocated;
     }
     pthread_mutex_unlock(&g_alloc_lock);
     return ok;
@@ -125,6 +126,20 @@ extern "C" void ggml_cuda_free(void *ptr) {
 extern "C" size_t ggml_cuda_allocated(void) {
     pthread_mutex_lock(&g_alloc_lock);
     size_t n = g_allocated;
+    pthread_mutex_unlock(&g_alloc_lock);
+    return n;
+}
+
+extern "C" size_t ggml_cuda_peak_reset(void) {
+    pthread_mutex_lock(&g_alloc_lock);
+    size_t n = g_peak = g_allocated;
+    pthread_mutex_unlock(&g_alloc_lock);
+    return n;
+}
+
+extern "C" size_t ggml_cuda_allocated_peak(void) {
+    pthread_mutex_lock(&g_alloc_lock);
+    size_t n = g_peak;
     pthread_mutex_unlock(&g_alloc_lock);
     return n;
 }
