@@ -74,18 +74,20 @@ sparse_vs_dense() {  # NAME [ROUNDS]: the whole model on the GPU, its PowerGGUF 
 }
 
 steadiness() {  # NAME [ROUNDS]: CPU-only decode of the dense GGUF, ours and llama.cpp alternating, quiet and beside
-    # one busy process (issue 13, item 5: ours fell to half with a model being written beside it, llama.cpp held)
-    local name=$1 rounds=${2:-3} f=$W/$1-dense.gguf busy
+    # one busy process (issue 13, item 5): ours with its default thread count (one fewer than the cores here)
+    # and with one a core, llama.cpp with one a core (its default)
+    local name=$1 rounds=${2:-3} f=$W/$1-dense.gguf busy cores
     wait_for "$W/$name.done" && wait_for "$W/llama-src/build/bin/llama-bench" || return 1
     idle
-    samples() { python3 -c 'import json, sys; print(*[round(x, 1) for x in json.load(sys.stdin)[0]["samples_ts"]])'; }
-    ours_tg() { python3 -m pyinfer.cli bench -m "$1" -ngl 0 -p 0 -n 32 -r 3 -t "$2" -o json 2>/dev/null | samples; }
+    cores=$(nproc)
+    samples() { python3 -c 'import json, sys; d = json.load(sys.stdin)[0]; print(d.get("threads", d.get("n_threads")),
+        "threads:", *[round(x, 1) for x in d["samples_ts"]])'; }
+    ours_tg() { python3 -m pyinfer.cli bench -m "$f" -ngl 0 -p 0 -n 32 -r 3 "$@" -o json 2>/dev/null | samples; }
     for load in quiet busy; do
         [ $load = busy ] && { python3 -c 'while True: pass' & busy=$!; }
-        for r in $(seq "$rounds"); do  # ours also with one thread fewer than the cores: does a spare core help?
-            echo "$load round $r: ours $(ours_tg "$f" "${T:-16}"); ours -t $((${T:-16} - 1)) $(ours_tg "$f" \
-                $((${T:-16} - 1))); llama.cpp $("$W/llama-src/build/bin/llama-bench" -m "$f" -ngl 0 -p 0 -n 32 -r 3 \
-                -t "${T:-16}" -o json 2>/dev/null | samples)"
+        for r in $(seq "$rounds"); do
+            echo "$load round $r: ours $(ours_tg) | ours $(ours_tg -t "$cores") | llama.cpp $("$W/llama-src/build/bin/llama-bench" \
+                -m "$f" -ngl 0 -p 0 -n 32 -r 3 -t "$cores" -o json 2>/dev/null | samples)"
         done
         [ $load = busy ] && kill "$busy"
     done | tee "$OUT/$name-steadiness.md"
