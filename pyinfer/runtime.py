@@ -219,14 +219,15 @@ class Model:
         self.plan: Plan | None = None
         self.hot_rows: dict[int, int] = {}  # layers split inside their FFN: rows [0, k) on the GPU
         self.vram_budget: int | None = None
-        device_before = lib.ggml_cuda_peak_reset()  # held before anything of this model (0 without a GPU)
         if bool(n_gpu_layers) + (vram_budget is not None) + (plan is not None) > 1:
             raise InvalidArgumentError("-ngl, --vram-budget and a plan exclude each other: give one")
         if plan is not None and len(plan.attn_gpu) != cfg.n_layer:
             raise InvalidArgumentError(f"the plan is for {len(plan.attn_gpu)} layers, the model has {cfg.n_layer}")
-        if vram_budget is not None or plan is not None:
-            if plan is None:
-                plan = self._solve(vram_budget, machine, kv_type)
+        if vram_budget is not None:
+            plan = self._solve(vram_budget, machine, kv_type)  # may measure the machine on models of its own
+        # held before anything of this model, which starts the peak (0 and 0 without a GPU)
+        device_before = lib.ggml_cuda_peak_reset()
+        if plan is not None:
             self.plan, self.vram_budget = plan, plan.budget
             self.hot_rows = apply_plan(self, plan)
             self.n_gpu_layers = sum(plan.attn_gpu) + plan.head_gpu
@@ -298,8 +299,8 @@ class Model:
 
     @property
     def device_peak_bytes(self) -> int:
-        """The most GPU memory this model's engine has held at once (the library's count since it loaded; another
-        model loaded meanwhile counts too)."""
+        """The most GPU memory this model's engine has held at once: the library's high-water mark since this model
+        began to place its weights, so a model loaded meanwhile counts too and a later one starts it again."""
         return lib.ggml_cuda_allocated_peak() - self._device_base
 
     def _check_budget(self) -> None:

@@ -136,7 +136,8 @@ def measure_all(a: argparse.Namespace) -> int:
         results.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
     if a.json:
-        record = {"label": a.label, "machine": dataclasses.asdict(machine), "total_bytes": total, "rows": results}
+        record = {"label": a.label, "machine": dataclasses.asdict(machine), "threads": a.threads, "total_bytes": total,
+                  "rows": results}
         with open(a.json, "w") as f:
             json.dump(record, f, indent=1)
     print(table(results, total, a.label))

@@ -86,7 +86,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("-m", "--model", action="append", help="model file or pull name (repeatable; default: the "
                     "three models pyinfer pull knows)")
     ap.add_argument("--seeds", type=int, default=10, help="answers per question (default 10)")
-    ap.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    ap.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: pyinfer run's)")
     ap.add_argument("--show-wrong", action="store_true", help="print the wrong answers")
     ap.add_argument("--temp", type=float, default=None, help="temperature (default: SamplerParams')")
     ap.add_argument("-sys", "--system-prompt", default=None, help="system prompt (default: the template's own)")

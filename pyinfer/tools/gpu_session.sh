@@ -79,7 +79,7 @@ steadiness() {  # NAME [ROUNDS]: CPU-only decode of the dense GGUF, ours and lla
     local name=$1 rounds=${2:-3} f=$W/$1-dense.gguf busy cores
     wait_for "$W/$name.done" && wait_for "$W/llama-src/build/bin/llama-bench" || return 1
     idle
-    cores=$(nproc)
+    cores=$(python3 -c "from pyinfer.machine import physical_cores; print(physical_cores())")
     samples() { python3 -c 'import json, sys; d = json.load(sys.stdin)[0]; print(d.get("threads", d.get("n_threads")),
         "threads:", *[round(x, 1) for x in d["samples_ts"]])'; }
     ours_tg() { python3 -m pyinfer.cli bench -m "$f" -ngl 0 -p 0 -n 32 -r 3 "$@" -o json 2>/dev/null | samples; }

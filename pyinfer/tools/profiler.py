@@ -199,7 +199,7 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=int, default=256, help="tokens per chunk (default 256)")
     p.add_argument("--sparsity", type=float, default=0.5,
                    help="SwiGLU/GeGLU: target fraction of zeroed activations per layer (default 0.5)")
-    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: pyinfer run's)")
 
 
 def calibration_chunks(path: str, corpus: list[str] | None, n_tokens: int, ctx: int,

@@ -8,6 +8,7 @@
 
 #include <immintrin.h>
 #include <linux/futex.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,10 +17,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#define POLL_MS 1.0         // a worker polls this long for the next run before it sleeps
-#define BARRIER_SPIN_MS 1.0      // the longest a thread spins at a barrier before it sleeps (barrier_spinning)
-#define BARRIER_SPIN_MIN_MS 0.02 // the shortest, on an oversubscribed host
-#define PATIENT_SPIN_SCALE 4.0   // spins are this many times longer while thread 0 waits for the GPU
+#define POLL_MS 1.0               // a worker polls this long for the next run before it sleeps
+#define BARRIER_SPIN_MS 1.0       // the longest a thread spins at a barrier before it sleeps (ggml_barrier)
+#define BARRIER_SPIN_MIN_MS 0.02  // the shortest, on an oversubscribed host
+#define BARRIER_SPIN_GROWTH 1.0625 // a wait that did not run out lengthens the spin by this factor
+#define PATIENT_SPIN_MS 4.0       // the spin while thread 0 waits for the GPU (ggml_barrier_patient)
 
 struct ggml_threadpool {
     int n_threads;
@@ -79,7 +81,8 @@ static bool spin_until_changed(atomic_int *word, int seen, double max_ms) {
 // does not lengthens it a little (docs/BENCHMARKS.md, "CPU steadiness")
 static _Thread_local double spin_ms = BARRIER_SPIN_MS;
 
-static void barrier_spinning(struct ggml_threadpool *tp, double scale) {
+// true if the others arrived within max_ms of spinning, false if this thread had to sleep
+static bool barrier_wait(struct ggml_threadpool *tp, double max_ms) {
     if (tp->n_threads == 1) return;
     int phase = atomic_load_explicit(&tp->barrier_phase, memory_order_relaxed);
     if (atomic_fetch_add_explicit(&tp->barrier_count, 1, memory_order_acq_rel) == tp->n_threads - 1) {
@@ -88,23 +91,24 @@ static void barrier_spinning(struct ggml_threadpool *tp, double scale) {
         // phase then checks for sleepers; one of the two always sees the other
         atomic_fetch_add_explicit(&tp->barrier_phase, 1, memory_order_seq_cst);
         if (atomic_load_explicit(&tp->barrier_sleepers, memory_order_seq_cst)) futex_wake_all(&tp->barrier_phase);
-        return;
+        return true;
     }
-    if (spin_until_changed(&tp->barrier_phase, phase, scale * spin_ms)) {
-        spin_ms = spin_ms * 1.0625 < BARRIER_SPIN_MS ? spin_ms * 1.0625 : BARRIER_SPIN_MS;
-        return;
-    }
-    spin_ms = spin_ms / 2 > BARRIER_SPIN_MIN_MS ? spin_ms / 2 : BARRIER_SPIN_MIN_MS;
+    if (spin_until_changed(&tp->barrier_phase, phase, max_ms)) return true;
     atomic_fetch_add_explicit(&tp->barrier_sleepers, 1, memory_order_seq_cst);
     while (atomic_load_explicit(&tp->barrier_phase, memory_order_seq_cst) == phase) futex_wait(&tp->barrier_phase, phase);
     atomic_fetch_sub_explicit(&tp->barrier_sleepers, 1, memory_order_acq_rel);
+    return false;
 }
 
-void ggml_barrier(struct ggml_threadpool *tp) { barrier_spinning(tp, 1.0); }
+void ggml_barrier(struct ggml_threadpool *tp) {
+    spin_ms = barrier_wait(tp, spin_ms) ? fmin(spin_ms * BARRIER_SPIN_GROWTH, BARRIER_SPIN_MS)
+                                        : fmax(spin_ms / 2, BARRIER_SPIN_MIN_MS);
+}
 
 // while thread 0 waits for the GPU the others may wait a whole GPU run (up to milliseconds): waking them
-// from a futex would cost as much again, so they spin longer before they sleep
-void ggml_barrier_patient(struct ggml_threadpool *tp) { barrier_spinning(tp, PATIENT_SPIN_SCALE); }
+// from a futex would cost as much again, so they spin longer before they sleep. A GPU run that outlasts the
+// spin says nothing of the host, so this wait does not adapt
+void ggml_barrier_patient(struct ggml_threadpool *tp) { barrier_wait(tp, PATIENT_SPIN_MS); }
 
 void ggml_threadpool_fail(struct ggml_threadpool *tp, int status) {
     int expected = GGML_STATUS_OK;
