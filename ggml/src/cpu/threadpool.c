@@ -83,7 +83,7 @@ static _Thread_local double spin_ms = BARRIER_SPIN_MS;
 
 // true if the others arrived within max_ms of spinning, false if this thread had to sleep
 static bool barrier_wait(struct ggml_threadpool *tp, double max_ms) {
-    if (tp->n_threads == 1) return;
+    if (tp->n_threads == 1) return true;
     int phase = atomic_load_explicit(&tp->barrier_phase, memory_order_relaxed);
     if (atomic_fetch_add_explicit(&tp->barrier_count, 1, memory_order_acq_rel) == tp->n_threads - 1) {
         atomic_store_explicit(&tp->barrier_count, 0, memory_order_relaxed);
