@@ -46,6 +46,7 @@ def cpu_name() -> str:
 
 
 SPARE_CORE_FROM = 8  # cores from which the default thread count leaves one free
+CGROUP = Path("/sys/fs/cgroup")  # the control groups' mount: a container sees its own there
 
 
 def physical_cores() -> int:
@@ -62,6 +63,22 @@ def physical_cores() -> int:
     return max(1, len(cores))
 
 
+def cpu_quota(root: Path = CGROUP) -> float | None:
+    """CPUs' worth of time this process's control group may use (a container's --cpus), None if unlimited:
+    cgroup v2's cpu.max, else v1's cpu.cfs_quota_us over cpu.cfs_period_us."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
 def threads_for(cores: int) -> int:
     """The default thread count for this many cores: one per core, less one from SPARE_CORE_FROM cores. A
     decode step is a chain of barriers, so one thread that shares its core with another process holds all
@@ -71,7 +88,10 @@ def threads_for(cores: int) -> int:
 
 
 def default_threads() -> int:
-    return threads_for(physical_cores())
+    """One thread a core this process may use, less one from SPARE_CORE_FROM cores. Under a CPU quota, only its
+    whole CPUs count: a thread more would be throttled in every period, and the barriers would wait for it."""
+    cores, quota = physical_cores(), cpu_quota()
+    return threads_for(min(cores, max(1, int(quota))) if quota else cores)
 
 
 def host_key(type_name: str, n_threads: int) -> str:
