@@ -313,3 +313,35 @@ def test_bench_hybrid_runs_ours_with_the_profile_it_modelled(tiny_sparse, tmp_pa
                               "1000,2000", "--rounds", "2", "--pp", "0", "--tg", "8", "--json", str(out)]) == 0
     assert len(used) == 4 and all(m is used[0] for m in used)
     assert json.loads(out.read_text())["machine"]["name"] == used[0].name == "measurement 0"
+
+
+def test_bench_hybrid_gives_both_sides_the_same_prompt_batch(tiny_sparse, tmp_path, monkeypatch):
+    # a smaller batch shrinks the reserve, so both sides must have it: ours as -b, llama.cpp as -ub
+    import subprocess
+
+    import pyinfer.bench
+    import pyinfer.tools.bench_hybrid as bench_hybrid
+    from pyinfer import machine
+
+    profile = MachineProfile("preset", 50.0, 40.0, 2000.0, 500.0, 20.0, 22.0, 45.0)
+    monkeypatch.setattr(machine, "resolve", lambda spec, weight_type, n_threads: profile)
+    batches, commands = [], []
+
+    def bench(path, pp, tg, reps, output, options):
+        batches.append(options["n_batch"])
+        return json.dumps([{"test": "tg8", "median_ts": 1.0, "modelled_ts": 1.0, "device_bytes": 0,
+                            "device_peak_bytes": 0}])
+
+    def run(cmd, **kwargs):
+        commands.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, json.dumps([{"n_prompt": 0, "n_gen": 8, "avg_ts": 2.0}]), "")
+
+    monkeypatch.setattr(pyinfer.bench, "bench", bench)
+    monkeypatch.setattr(bench_hybrid.subprocess, "run", run)
+    out = tmp_path / "run.json"
+    assert bench_hybrid.main(["--ours", tiny_sparse, "--dense", tiny_sparse, "--llama-bench", "llama-bench",
+                              "--budgets", "5000", "--rounds", "1", "--pp", "0", "--tg", "8", "-b", "128",
+                              "--json", str(out)]) == 0
+    assert batches == [128]
+    assert commands and all(cmd[cmd.index("-ub") + 1] == "128" for cmd in commands)
+    assert json.loads(out.read_text())["batch_size"] == 128

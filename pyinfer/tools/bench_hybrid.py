@@ -2,15 +2,17 @@
 budget, on the same shapes, in alternating rounds (docs/BENCHMARKS.md, "Hybrid executor").
 
     python -m pyinfer.tools.bench_hybrid --ours MODEL.gguf --dense DENSE.gguf --llama-bench BIN \\
-        --budgets 0.333,0.667,0.9 [-t 16] [--tg 32] [--pp 512] [--rounds 2] [--machine NAME|FILE] [--json OUT.json]
+        --budgets 0.333,0.667,0.9 [-t 16] [-b 512] [--tg 32] [--pp 512] [--rounds 2] [--machine NAME|FILE] \\
+        [--json OUT.json]
 
 A budget is a fraction of the model's bytes (our PowerGGUF's tensors). llama.cpp gets the same bytes two
 ways and the faster one counts: -ngl N (the most whole layers that fit) and -ngl 99 with the FFN weights of
 the first K layers kept on the CPU (-ot, the fewest K that fits). Both sides keep the same reserve for
-buffers. Every row: t/s of each side (median over rounds, with the range), the ratio, our plan's modelled
-t/s, the bytes bound at the measured bandwidths, our device bytes against the budget, and how the CPU and
-GPU shared a token. Every run of ours places the model with one machine profile, the one the modelled
-column used (a host too unsteady for the profile cache would otherwise measure a new one per run).
+buffers, sized for the same prompt batch (-b: ours its batch, llama.cpp its -ub). Every row: t/s of each
+side (median over rounds, with the range), the ratio, our plan's modelled t/s, the bytes bound at the
+measured bandwidths, our device bytes against the budget, and how the CPU and GPU shared a token. Every run
+of ours places the model with one machine profile, the one the modelled column used (a host too unsteady for
+the profile cache would otherwise measure a new one per run).
 """
 from __future__ import annotations
 
@@ -55,10 +57,11 @@ def llama_configs(dense: GGUFFile, budget: int, reserve: int) -> list[tuple[str,
     return configs
 
 
-def run_llama(bin_path: str, model: str, flags: list[str], threads: int, pp: int, tg: int, reps: int) -> dict:
+def run_llama(bin_path: str, model: str, flags: list[str], threads: int, n_batch: int, pp: int, tg: int,
+              reps: int) -> dict:
     """{'pp': t/s, 'tg': t/s} from llama-bench's JSON (each the mean of reps)."""
-    cmd = [bin_path, "-m", model, "-p", str(pp), "-n", str(tg), "-r", str(reps), "-t", str(threads), "-o", "json",
-           *flags]
+    cmd = [bin_path, "-m", model, "-p", str(pp), "-n", str(tg), "-r", str(reps), "-t", str(threads),
+           "-ub", str(n_batch), "-o", "json", *flags]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if res.returncode != 0:
         return {"error": res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit {res.returncode}"}
@@ -70,11 +73,11 @@ def run_llama(bin_path: str, model: str, flags: list[str], threads: int, pp: int
     return out
 
 
-def run_ours(model_path: str, budget: int, machine, threads: int, pp: int, tg: int, reps: int) -> dict:
+def run_ours(model_path: str, budget: int, machine, threads: int, n_batch: int, pp: int, tg: int, reps: int) -> dict:
     from pyinfer.bench import bench
 
     rows = json.loads(bench(model_path, [pp] if pp else [], [tg], reps, "json",
-                            {"n_threads": threads, "vram_budget": budget, "machine": machine}))
+                            {"n_threads": threads, "n_batch": n_batch, "vram_budget": budget, "machine": machine}))
     out = {}
     for r in rows:
         out[r["test"][:2]] = r["median_ts"]
@@ -101,6 +104,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--llama-bench", required=True, help="path of llama-bench")
     p.add_argument("--budgets", default="0.333,0.667,0.9", help="fractions of the model's bytes")
     p.add_argument("-t", "--threads", type=int, default=default_threads())
+    p.add_argument("-b", "--batch-size", type=int, default=512,
+                   help="prompt tokens per batch, both sides (default 512): a smaller one leaves more of a tight "
+                        "budget to weights, and prompts pay for it")
     p.add_argument("--tg", type=int, default=32)
     p.add_argument("--pp", type=int, default=512)
     p.add_argument("--reps", type=int, default=2)
@@ -122,7 +128,7 @@ def measure_all(a: argparse.Namespace) -> int:
     results = []
     for fraction in (float(f) for f in a.budgets.split(",")):
         budget = int(fraction * total)
-        costs = model_costs(ours, a.pp + a.tg + 16, 2, True, 512)
+        costs = model_costs(ours, a.pp + a.tg + 16, 2, True, a.batch_size)
         plan = solve(costs, machine, budget)
         configs = llama_configs(dense, budget, costs.reserve_bytes)
         row = {"fraction": fraction, "budget": budget, "ours": [], "llama": {label: [] for label, _ in configs},
@@ -130,14 +136,15 @@ def measure_all(a: argparse.Namespace) -> int:
                "plan": {"attn_gpu": sum(plan.attn_gpu), "hot_rows": sum(plan.hot_rows),
                         "n_ff_total": sum(la.n_ff for la in costs.layers)}}
         for _ in range(a.rounds):  # alternating: ours, then each llama.cpp configuration
-            row["ours"].append(run_ours(a.ours, budget, machine, a.threads, a.pp, a.tg, a.reps))
+            row["ours"].append(run_ours(a.ours, budget, machine, a.threads, a.batch_size, a.pp, a.tg, a.reps))
             for label, flags in configs:
-                row["llama"][label].append(run_llama(a.llama_bench, a.dense, flags, a.threads, a.pp, a.tg, a.reps))
+                row["llama"][label].append(run_llama(a.llama_bench, a.dense, flags, a.threads, a.batch_size, a.pp,
+                                                     a.tg, a.reps))
         results.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
     if a.json:
-        record = {"label": a.label, "machine": dataclasses.asdict(machine), "threads": a.threads, "total_bytes": total,
-                  "rows": results}
+        record = {"label": a.label, "machine": dataclasses.asdict(machine), "threads": a.threads,
+                  "batch_size": a.batch_size, "total_bytes": total, "rows": results}
         with open(a.json, "w") as f:
             json.dump(record, f, indent=1)
     print(table(results, total, a.label))
