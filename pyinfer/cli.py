@@ -193,14 +193,15 @@ def cmd_plan(args) -> int:
     from pyinfer.gguf_file import GGUFFile
     from pyinfer.machine import FIGURES, default_threads, resolve
     from pyinfer.model_files import resolve_model
-    from pyinfer.placement import describe, model_costs, parse_bytes, solve
+    from pyinfer.placement import describe, model_costs, parse_bytes, smaller_batch_hint, solve
 
     if args.vram_budget is None:
         raise PyInferError("pyinfer plan needs --vram-budget SIZE")
     f = GGUFFile(resolve_model(args.model))
     n_ctx = args.ctx_size or min(f.config.n_ctx_train, 4096)
     sparse = {"auto": "blk.0.fc1.weight" in f.tensors, "on": True, "off": False}[args.sparse]
-    costs = model_costs(f, n_ctx, 2 if args.kv_type == "f16" else 4, sparse, args.batch_size)
+    kv_bytes = 2 if args.kv_type == "f16" else 4
+    costs = model_costs(f, n_ctx, kv_bytes, sparse, args.batch_size)
     overrides = {name: getattr(args, name) for name in FIGURES}
     machine = resolve(args.machine, f.tensors["blk.0.ffn_up.weight"].type, args.threads or default_threads(), overrides)
     plan = solve(costs, machine, parse_bytes(args.vram_budget))
@@ -210,6 +211,10 @@ def cmd_plan(args) -> int:
                           "tokens_per_second": plan.tokens_per_second, "gap": plan.gap, "machine": machine.name}))
     else:
         print(describe(plan, costs, machine))
+        hint = smaller_batch_hint(plan, costs, args.batch_size, machine,
+                                  lambda n_batch: model_costs(f, n_ctx, kv_bytes, sparse, n_batch))
+        if hint:
+            print(hint)
     return 0
 
 

@@ -430,6 +430,27 @@ def format_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
+HINT_RESERVE_SHARE = 0.15  # a prompt batch's reserve above this share of the budget: say what a smaller one buys
+HINT_MIN_GAIN = 1.05  # ... if the plan it leaves room for is modelled at least this much faster
+HINT_MIN_BATCH = 64
+
+
+def smaller_batch_hint(plan: Plan, costs: ModelCosts, n_batch: int, machine: MachineProfile,
+                       costs_for_batch) -> str | None:
+    """A line saying what half the prompt batch buys when its reserve takes much of a tight budget (the reserve
+    grows with the batch; decoding reads only the weights), or None. costs_for_batch(n) -> ModelCosts."""
+    half = n_batch // 2
+    if not plan.uses_gpu or half < HINT_MIN_BATCH or costs.reserve_bytes <= HINT_RESERVE_SHARE * plan.budget:
+        return None
+    smaller = costs_for_batch(half)
+    other = solve(smaller, machine, plan.budget)
+    if other.tokens_per_second < HINT_MIN_GAIN * plan.tokens_per_second:
+        return None
+    return (f"hint: -b {half} reserves {format_bytes(smaller.reserve_bytes)} instead of "
+            f"{format_bytes(costs.reserve_bytes)}, modelled {other.tokens_per_second:.1f} tokens per second "
+            f"instead of {plan.tokens_per_second:.1f}; prompts run in twice as many batches")
+
+
 def describe(plan: Plan, costs: ModelCosts, machine: MachineProfile) -> str:
     """The plan as a table: per layer where the attention runs, hot rows on the GPU, their share of the
     layer's activations, device bytes and modelled time; then the totals."""

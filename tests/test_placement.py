@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import re
 import subprocess
 import sys
 
@@ -187,6 +188,29 @@ def test_plan_command_prints_and_matches_the_solver(tiny_sparse):
     assert got["device_bytes"] == want.device_bytes <= budget
     assert tuple(got["hot_rows"]) == want.hot_rows and got["token_us"] == pytest.approx(want.token_us)
     assert any(0 < k for k in want.hot_rows)
+
+
+def test_plan_command_says_what_a_smaller_prompt_batch_buys(tiny_sparse):
+    # a 4096-token batch's reserve crowds a tight budget: half of it leaves room for more of the model
+    from pyinfer.gguf_file import GGUFFile
+    from pyinfer.placement import model_costs
+
+    costs = model_costs(GGUFFile(tiny_sparse), 64, 2, True, 4096)
+    budget = costs.reserve_bytes + sum(la.attn_bytes + la.kv_bytes + la.pred_bytes + 40 * la.neuron_bytes
+                                       for la in costs.layers)
+    res = _plan_cli("-m", tiny_sparse, "--vram-budget", str(budget), "-c", "64", "-b", "4096", *FLAGS)
+    assert res.returncode == 0, res.stderr
+    hint = re.search(r"^hint: -b 2048 reserves .* modelled ([\d.]+) tokens per second instead of ([\d.]+);",
+                     res.stdout, re.M)
+    assert hint, res.stdout
+    half = json.loads(_plan_cli("-m", tiny_sparse, "--vram-budget", str(budget), "-c", "64", "-b", "2048", "--json",
+                                *FLAGS).stdout)
+    full = json.loads(_plan_cli("-m", tiny_sparse, "--vram-budget", str(budget), "-c", "64", "-b", "4096", "--json",
+                                *FLAGS).stdout)
+    assert float(hint[1]) == pytest.approx(half["tokens_per_second"], abs=0.05)
+    assert float(hint[2]) == pytest.approx(full["tokens_per_second"], abs=0.05) and float(hint[1]) > float(hint[2])
+    roomy = _plan_cli("-m", tiny_sparse, "--vram-budget", "64GiB", "-c", "64", "-b", "4096", *FLAGS)
+    assert roomy.returncode == 0 and "hint:" not in roomy.stdout
 
 
 @pytest.mark.parametrize("args,message", [
