@@ -225,7 +225,7 @@ class Model:
             raise InvalidArgumentError(f"the plan is for {len(plan.attn_gpu)} layers, the model has {cfg.n_layer}")
         if vram_budget is not None:
             plan = self._solve(vram_budget, machine, kv_type)  # may measure the machine on models of its own
-        # held before anything of this model, which starts the peak (0 and 0 without a GPU)
+        # device bytes held before anything of this model; its peak counts from here (0 without a GPU)
         device_before = lib.ggml_cuda_peak_reset()
         if plan is not None:
             self.plan, self.vram_budget = plan, plan.budget

@@ -125,10 +125,10 @@ def measure_all(a: argparse.Namespace) -> int:
     ours, dense = GGUFFile(a.ours), GGUFFile(a.dense)
     total = sum(t.data.nbytes for t in ours.tensors.values())
     machine = resolve(a.machine, ours.tensors["blk.0.ffn_up.weight"].type, a.threads)
+    costs = model_costs(ours, a.pp + a.tg + 16, 2, True, a.batch_size)
     results = []
     for fraction in (float(f) for f in a.budgets.split(",")):
         budget = int(fraction * total)
-        costs = model_costs(ours, a.pp + a.tg + 16, 2, True, a.batch_size)
         plan = solve(costs, machine, budget)
         configs = llama_configs(dense, budget, costs.reserve_bytes)
         row = {"fraction": fraction, "budget": budget, "ours": [], "llama": {label: [] for label, _ in configs},
