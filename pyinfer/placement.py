@@ -356,13 +356,15 @@ DEVICE_MARGIN = 96 << 20  # CUDA graphs, the cuBLAS handle, the GEMM's dequantiz
 
 def reserve_bytes(cfg, n_batch: int, largest_matrix: int = 0, neuron_row: int = 0) -> int:
     """Device bytes any GPU use needs besides weights and KV cache: the intermediates of a prompt batch of
-    n_batch tokens (a few (n_batch, n_ff) activations, all logits of a perplexity batch), the host weights a
-    prompt batch streams in (two chunks of STREAM_ROWS neurons of gate, up and down_t, or two of the largest
-    attention matrices), the scratch, the cuBLAS workspace and a margin (docs/ARCHITECTURE.md, "Placement")."""
+    n_batch tokens (two (n_batch, n_ff) activations live at once, all logits of a perplexity batch), the host
+    weights a prompt batch streams in (the graph planner reuses one chunk's memory for the next: one chunk of
+    STREAM_ROWS neurons of gate, up and down_t, or the largest attention matrix), the scratch, the cuBLAS
+    workspace and a margin. Measured peaks (docs/BENCHMARKS.md, "The prompt batch's reserve") were 1.5-2.9x
+    under the earlier count of four activations and two chunks (docs/ARCHITECTURE.md, "Placement")."""
     widest = max(cfg.n_ff, 3 * cfg.n_embd)
-    activations = 4 * n_batch * (4 * widest + 4 * cfg.n_embd + cfg.n_vocab)
+    activations = 4 * n_batch * (2 * widest + 4 * cfg.n_embd + cfg.n_vocab)
     chunk = 3 * min(STREAM_ROWS, cfg.n_ff) * neuron_row
-    streamed = 2 * max(largest_matrix, chunk) if n_batch >= STREAM_MIN_TOKENS else 0
+    streamed = max(largest_matrix, chunk) if n_batch >= STREAM_MIN_TOKENS else 0
     return CUBLAS_WORKSPACE + DEVICE_MARGIN + activations + streamed
 
 
