@@ -15,9 +15,15 @@ setup() {  # the wheels the image lacks (cffi, pycparser, gguf)
 
 build() { python3 setup.py build_native 2>&1 | tail -3; }
 
-llama_bg() {  # llama.cpp's CUDA build (~6 min) in the background: $W/llama-src/build/bin
+llama_bg() {  # llama.cpp's CUDA build (~6 min) in the background: $W/llama-src/build/bin; or, where a session
+    # carries an earlier build's bin/ as .carry/llb/llb.part.* (split tar.xz), that one in seconds
+    export LD_LIBRARY_PATH=$W/llama-src/build/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     [ -x "$W/llama-src/build/bin/llama-bench" ] && return
     tar xJf .carry/llama-src.tar.xz -C "$W"
+    if compgen -G ".carry/llb/llb.part.*" > /dev/null; then
+        mkdir -p "$W/llama-src/build" && cat .carry/llb/llb.part.* | xz -d | tar xf - -C "$W/llama-src/build"
+        return
+    fi
     setsid bash .carry/llamacpp-baseline.sh build "$W/llama-src" cuda > "$W/llama-build.log" 2>&1 < /dev/null &
 }
 
@@ -40,11 +46,16 @@ tests() {  # the GPU tests, log in $OUT
         tests/test_split.py "$@" 2>&1 | tee "$OUT/tests.log" | tail -40
 }
 
-profiles() {  # this machine's placement figures at 16 threads
-    for t in F16 Q4_0; do python3 -c "
+profiles() {  # [THREADS]: this machine's placement figures (default 16 threads), as $W/machine-f16.json and
+    # $W/machine-q4_0.json for --machine FILE, and in $OUT; measure them before anything else loads the host
+    for t in f16 q4_0; do python3 -c "
+from pathlib import Path
 from pyinfer import ggml, machine
-import dataclasses, json
-print(json.dumps(dataclasses.asdict(machine.profile_for(ggml.$t, 16))))"; done | tee "$OUT/profiles.jsonl"
+profile, spread = machine.measure(ggml.${t^^}, ${1:-16})
+machine.save(profile, Path('$W/machine-$t.json'))
+print(f'{Path(\"$W/machine-$t.json\").read_text().strip()} rounds spread {spread:.3f}')"
+        cp "$W/machine-$t.json" "$OUT/"
+    done
 }
 
 idle() {  # until the 1-minute load average is below 2, at most 300 s: builds and model writes skew timings
