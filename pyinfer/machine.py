@@ -24,7 +24,10 @@ from pyinfer.errors import InvalidArgumentError, UnsupportedError
 from pyinfer.placement import MachineProfile
 
 PRESETS_FILE = Path(__file__).with_name("machine_presets.json")
-WORKING_SET = 256 << 20  # weight bytes read per measurement: far larger than any cache
+WORKING_SET = 256 << 20  # weight bytes read per GPU measurement, and per CPU one at least
+CACHE_MULTIPLE = 4  # a CPU measurement reads this many times the largest cache: the weights a plan places do not fit
+MAX_CPU_WORKING_SET = 2 << 30
+DISTINCT_BYTES = 64 << 20  # random weight bytes generated; a larger bundle repeats them (its reads are what count)
 SPARSE_DENSITY = 0.10  # share of neurons a sparse measurement selects, scattered at random (cold neurons)
 SPARSE_MASKS = 8  # masks per sparse measurement
 ROUNDS = 3  # alternating rounds of the dense and sparse CPU measurements
@@ -46,6 +49,7 @@ def cpu_name() -> str:
 
 
 SPARE_CORE_FROM = 8  # cores from which the default thread count leaves one free
+CPU_CACHES = Path("/sys/devices/system/cpu/cpu0/cache")
 CGROUP = Path("/sys/fs/cgroup")  # the control groups' mount: a container sees its own there
 
 
@@ -61,6 +65,25 @@ def physical_cores() -> int:
         except OSError:
             cores.add(("cpu", str(cpu)))
     return max(1, len(cores))
+
+
+def largest_cache(root: Path = CPU_CACHES) -> int:
+    """Bytes of the CPU's largest cache (its L3 on most machines; 300 MiB on the H100 host), 0 if unknown."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    largest = 0
+    for index in root.glob("index*"):
+        try:
+            size = (index / "size").read_text().strip().upper()
+            largest = max(largest, int(size.rstrip("KMG")) * units[size[len(size.rstrip("KMG")):]])
+        except (OSError, ValueError, KeyError):
+            continue
+    return largest
+
+
+def cpu_working_set() -> int:
+    """Weight bytes a CPU bandwidth measurement reads: well beyond the largest cache, or the figure is the
+    cache's (the H100 host's 300 MiB L3 held the 256 MiB that was read once, and read 1.5-2x DRAM's rate)."""
+    return max(WORKING_SET, min(CACHE_MULTIPLE * largest_cache(), MAX_CPU_WORKING_SET))
 
 
 def cpu_quota(root: Path = CGROUP) -> float | None:
@@ -215,25 +238,36 @@ def _random_weight(ctx, type_: int, rows: int, k: int, rng):
 
 def _bundle(ctx, type_: int, n: int, k: int, rng):
     """n neurons' gate, up and down_t rows side by side, every gate row positive: with x >= 0 each selected
-    neuron fires and all three of its rows are read, as a predicted neuron's are."""
-    w = rng.standard_normal((n, 3, k), dtype=np.float32) * 0.02
+    neuron fires and all three of its rows are read, as a predicted neuron's are. At most DISTINCT_BYTES of
+    neurons are drawn and repeated (quantizing gigabytes of random floats would take longer than the timing)."""
+    from pyinfer import ggml
+
+    distinct = min(n, max(1, DISTINCT_BYTES // (3 * ggml.row_size(type_, k))))
+    w = rng.standard_normal((distinct, 3, k), dtype=np.float32) * 0.02
     w[:, 0] = np.abs(w[:, 0])
-    return ctx.tensor_from_numpy(w.reshape(3 * n, k), type_)
+    drawn = ggml.Context(3 * distinct * ggml.row_size(type_, k) + (1 << 20))
+    pattern = drawn.tensor_from_numpy(w.reshape(3 * distinct, k), type_).raw()
+    bundle = ctx.new_tensor(type_, (3 * n, k))
+    dst = bundle.raw()
+    for offset in range(0, dst.nbytes, pattern.nbytes):
+        end = min(dst.nbytes, offset + pattern.nbytes)
+        dst[offset:end] = pattern[:end - offset]
+    return bundle
 
 
 def _gbps(nbytes: float, ms: float) -> float:
     return nbytes / (ms * 1e6)
 
 
-def _cpu_figures(type_: int, n_threads: int, rng) -> tuple[float, float, float]:
-    """(dense GB/s, sparse GB/s, slowest / fastest round) on the CPU. Dense and sparse
-    reads of the same bytes are timed in alternating rounds, medians kept: the shared host's speed drifts."""
+def _cpu_figures(type_: int, n_threads: int, rng, working_set: int) -> tuple[float, float, float]:
+    """(dense GB/s, sparse GB/s, slowest / fastest round) on the CPU over working_set bytes of weights. Dense and
+    sparse reads of the same bytes are timed in alternating rounds, medians kept: the shared host's speed drifts."""
     from pyinfer import ggml
 
     pool = ggml.ThreadPool(n_threads)
     k = 4096
     row = ggml.row_size(type_, k)
-    n = max(64, WORKING_SET // (3 * row))
+    n = max(64, working_set // (3 * row))
     ctx = ggml.Context(3 * n * row + (64 << 20))
     w = _bundle(ctx, type_, n, k, rng)  # (3 n, k): as a matrix for the dense reads
     x = ctx.tensor_from_numpy(np.abs(rng.standard_normal(k)).astype(np.float32))
@@ -365,12 +399,18 @@ def measure(weight_type: int, n_threads: int) -> tuple[MachineProfile, float]:
     if weight_type not in ggml.WEIGHT_TYPES:
         raise UnsupportedError(f"cannot measure weights of type {ggml.type_name(weight_type)}")
     rng = np.random.default_rng(0)
-    cpu_dense, cpu_sparse, spread = _cpu_figures(weight_type, n_threads, rng)
+    cpu_dense, cpu_sparse, spread = _cpu_figures(weight_type, n_threads, rng, cpu_working_set())
     gpu_dense, gpu_sparse = _gpu_figures(weight_type, rng)
     rates = MachineProfile(name=host_key(ggml.type_name(weight_type), n_threads), cpu_dense_gbps=cpu_dense,
                            cpu_sparse_gbps=cpu_sparse, gpu_dense_gbps=gpu_dense, gpu_sparse_gbps=gpu_sparse,
                            xfer_us=0.0, gpu_layer_us=0.0, cpu_layer_us=0.0)
-    profile = dataclasses.replace(rates, **_fixed_costs(weight_type, n_threads, rates))
+    # the small models that time the fixed costs (a few hundred MB) read at the rate of their own size: where a
+    # cache holds them, their bytes are subtracted at the cache's rate, not at the rate of the plan's weights
+    small = rates
+    if cpu_working_set() > WORKING_SET:
+        small_dense, small_sparse, _ = _cpu_figures(weight_type, n_threads, rng, WORKING_SET)
+        small = dataclasses.replace(rates, cpu_dense_gbps=small_dense, cpu_sparse_gbps=small_sparse)
+    profile = dataclasses.replace(rates, **_fixed_costs(weight_type, n_threads, small))
     if not all(math.isfinite(v) for v in dataclasses.astuple(profile)[1:]):
         raise UnsupportedError(f"machine measurement gave non-finite figures: {profile}")
     return profile, spread

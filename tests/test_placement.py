@@ -10,6 +10,8 @@ import sys
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -243,6 +245,57 @@ def test_machine_figures_from_a_busy_host_are_not_cached(tmp_path, monkeypatch, 
     assert machine.profile_for(ggml.F16, 4) == figures
     assert machine.cache_path("f16", 4).is_file() == cached
     assert ("not cached" in capsys.readouterr().err) != cached
+
+
+def test_largest_cache_from_sysfs(tmp_path):
+    from pyinfer import machine
+
+    for index, size in (("index0", "48K"), ("index2", "2048K"), ("index3", "300M"), ("index4", "garbage")):
+        (tmp_path / index).mkdir()
+        (tmp_path / index / "size").write_text(size + "\n")
+    assert machine.largest_cache(tmp_path) == 300 << 20
+    assert machine.largest_cache(tmp_path / "absent") == 0
+
+
+@pytest.mark.parametrize("cache, want", [(0, 256 << 20), (32 << 20, 256 << 20), (300 << 20, 1200 << 20),
+                                         (1 << 30, 2 << 30)])
+def test_cpu_measurements_read_well_beyond_the_largest_cache(monkeypatch, cache, want):
+    # the H100 host's 300 MiB L3 held the 256 MiB a measurement read: CPU rates came out 1.5-2x DRAM's and
+    # 1.3-1.9x apart between rounds, and plans put too much on the CPU
+    from pyinfer import machine
+
+    monkeypatch.setattr(machine, "largest_cache", lambda: cache)
+    assert machine.cpu_working_set() == want
+
+
+@pytest.mark.parametrize("type_name_", ["f16", "q4_0"])
+def test_measured_bundle_repeats_its_drawn_neurons_and_every_one_fires(monkeypatch, type_name_):
+    """A bundle larger than DISTINCT_BYTES repeats the neurons drawn (its bytes, not its values, are what a
+    bandwidth measurement needs), and the sparse FFN over it reads every selected neuron: all of them fire."""
+    from pyinfer import ggml, machine
+
+    type_ = getattr(ggml, type_name_.upper())
+    k, n = 256, 50
+    row = ggml.row_size(type_, k)
+    monkeypatch.setattr(machine, "DISTINCT_BYTES", 7 * 3 * row)  # 7 neurons drawn, 50 made
+    ctx = ggml.Context(4 << 20)
+    bundle = machine._bundle(ctx, type_, n, k, np.random.default_rng(0))
+    raw = bundle.raw().reshape(n, 3 * row)
+    assert len({raw[i].tobytes() for i in range(7)}) == 7
+    assert all((raw[i] == raw[i % 7]).all() for i in range(n))
+    rng = np.random.default_rng(1)
+    x = ctx.tensor_from_numpy(np.abs(rng.standard_normal(k)).astype(np.float32))
+    selected = rng.random(n) < 0.5
+    mask = ctx.tensor_from_numpy(np.where(selected, 1.0, -1.0).astype(np.float32))
+    out = ctx.sparse_ffn(bundle, x, mask, "reglu")
+    graph = ggml.Graph(ctx, [out])  # owns out's memory: kept until out is read
+    graph.compute(ggml.ThreadPool(1))
+    weights = dequantize(bundle.raw(), GGMLQuantizationType[type_name_.upper()]).astype(np.float64)
+    weights = weights.reshape(n, 3, k)
+    gate, up = weights[:, 0] @ x.numpy(), weights[:, 1] @ x.numpy()
+    assert (gate[selected] > 0).all()
+    want = (np.where(selected, np.maximum(gate, 0) * up, 0.0)[:, None] * weights[:, 2]).sum(0)
+    np.testing.assert_allclose(out.numpy()[:k], want, rtol=0.05, atol=0.02 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("type_", WEIGHT_TYPES, ids=type_name)
