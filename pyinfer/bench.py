@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 
+from pyinfer import ggml
 from pyinfer.runtime import Model
 
 # general.file_type -> llama.cpp's llama_model_ftype_name
@@ -87,6 +88,8 @@ def run_test(model: Model, kind: str, n: int, reps: int, rng: np.random.Generato
 def bench(path: str, pp: list[int], tg: list[int], reps: int, output: str, options: dict) -> str:
     """options: Model() keyword arguments (the context size is set to fit the longest test)."""
     n_ctx = max([*pp, *tg, 1]) + 16
+    # the driver's count besides the allocator's: CUDA graphs, the cuBLAS handle and workspace hold memory too
+    free_before = ggml.cuda_memory()[1] if ggml.cuda_available() else None
     model = Model(path, **{**options, "n_ctx": n_ctx})
     backend = "CUDA" if model.n_gpu_layers else "CPU"
     label, size_gib, params_b = _model_label(model)
@@ -119,6 +122,9 @@ def bench(path: str, pp: list[int], tg: list[int], reps: int, output: str, optio
                 "modelled_ts": model.plan.tokens_per_second if model.plan else None,
                 **{f"step_{k}": v for k, v in steps.items()},
             })
+    driver_bytes = free_before - ggml.cuda_memory()[1] if free_before is not None else None
+    for row in rows:
+        row["driver_bytes"] = driver_bytes  # after every test: what the model holds at the end of a generation
     if output == "json":
         return json.dumps(rows, indent=2)
     lines = ["| model | size | params | backend | threads | precise | test | t/s |",

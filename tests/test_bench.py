@@ -8,6 +8,7 @@ from hf_tiny import build
 
 import pyinfer.converters.convert_hf_to_powergguf as conv
 from pyinfer.bench import bench, file_type_name
+from pyinfer.ggml import cuda_available
 from pyinfer.machine import default_threads
 
 
@@ -37,6 +38,7 @@ def test_bench_rows_on_a_tiny_model(tmp_path):
         assert r["model"].startswith("llama ") and r["model"].endswith(" Q8_0")
         assert len(r["samples_ts"]) == 2 and all(x > 0 for x in r["samples_ts"])
         assert r["backend"] == "CPU" and r["threads"] == 1
+        assert (r["driver_bytes"] is None) == (not cuda_available())  # the driver's count wherever a GPU is
     (default,) = json.loads(bench(path, [8], [0], 1, "json", {}))
     assert default["threads"] == default_threads()
     table = bench(path, [8], [0], 1, "md", {"n_threads": 1})

@@ -4,6 +4,7 @@ CPU alone. Skipped without a CUDA build and a GPU; run on the device machine (do
 from __future__ import annotations
 
 import gc
+import json
 
 import numpy as np
 import pytest
@@ -115,6 +116,18 @@ def test_overlap_is_measured(tmp_path):
     med = {k: float(np.median([s[k] for s in steps])) for k in ("wall_ms", "cpu_busy_ms", "gpu_busy_ms", "overlap_ms")}
     print(f"\nsmall F16 split {model.hot_rows}: per token median {med}")
     assert med["overlap_ms"] > 0
+
+
+def test_bench_reports_what_the_driver_saw_under_the_budget(tiny_files):
+    """pyinfer bench's JSON gives the driver's count beside the allocator's (CUDA graphs and the cuBLAS handle are
+    not the allocator's), and under a budget both stay within it through a prompt and a generation."""
+    from pyinfer.bench import bench
+
+    path = tiny_files("llama_relu", True)
+    budget = budgets(path, 80, 32, True)[2]
+    rows = json.loads(bench(path, [40], [32], 1, "json", {"n_batch": 32, "vram_budget": budget, "machine": SPLITTY}))
+    for row in rows:
+        assert 0 < row["device_peak_bytes"] <= budget and 0 < row["driver_bytes"] <= budget, row
 
 
 def test_auto_budget_and_too_small(tiny_files):

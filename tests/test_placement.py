@@ -381,7 +381,7 @@ def test_bench_hybrid_runs_ours_with_the_profile_it_modelled(tiny_sparse, tmp_pa
     def bench(path, pp, tg, reps, output, options):
         used.append(options["machine"])
         return json.dumps([{"test": "tg8", "median_ts": 1.0, "modelled_ts": 1.0, "device_bytes": 0,
-                            "device_peak_bytes": 0}])
+                            "device_peak_bytes": 0, "driver_bytes": 0}])
 
     monkeypatch.setattr(pyinfer.bench, "bench", bench)
     monkeypatch.setattr(bench_hybrid, "run_llama", lambda *args: {"tg": 1.0})
@@ -407,7 +407,7 @@ def test_bench_hybrid_gives_both_sides_the_same_prompt_batch(tiny_sparse, tmp_pa
     def bench(path, pp, tg, reps, output, options):
         batches.append(options["n_batch"])
         return json.dumps([{"test": "tg8", "median_ts": 1.0, "modelled_ts": 1.0, "device_bytes": 0,
-                            "device_peak_bytes": 0}])
+                            "device_peak_bytes": 0, "driver_bytes": 0}])
 
     def run(cmd, **kwargs):
         commands.append(cmd)

@@ -10,9 +10,10 @@ ways and the faster one counts: -ngl N (the most whole layers that fit) and -ngl
 the first K layers kept on the CPU (-ot, the fewest K that fits). Both sides keep the same reserve for
 buffers, sized for the same prompt batch (-b: ours its batch, llama.cpp its -ub). Every row: t/s of each
 side (median over rounds, with the range), the ratio, our plan's modelled t/s, the bytes bound at the
-measured bandwidths, our device bytes against the budget, and how the CPU and GPU shared a token. Every run
-of ours places the model with one machine profile, the one the modelled column used (a host too unsteady for
-the profile cache would otherwise measure a new one per run).
+measured bandwidths, our device bytes (the allocator's now and peak, the driver's at the end) against the
+budget, and how the CPU and GPU shared a token. Every run of ours places the model with one machine profile,
+the one the modelled column used (a host too unsteady for the profile cache would otherwise measure a new one
+per run).
 """
 from __future__ import annotations
 
@@ -83,7 +84,8 @@ def run_ours(model_path: str, budget: int, machine, threads: int, n_batch: int, 
         out[r["test"][:2]] = r["median_ts"]
         if r["test"].startswith("tg"):
             out.update({k: r[k] for k in r if k.startswith("step_")})
-            out.update({k: r[k] for k in ("device_bytes", "device_peak_bytes")}, modelled=r["modelled_ts"])
+            out.update({k: r[k] for k in ("device_bytes", "device_peak_bytes", "driver_bytes")},
+                       modelled=r["modelled_ts"])
     return out
 
 
@@ -163,7 +165,8 @@ def _median(values) -> float:
 def table(results: list[dict], total: int, label: str) -> str:
     lines = [f"{label}: {format_bytes(total)}",
              "| budget | ours tg t/s | llama.cpp best tg t/s (config) | ratio | modelled t/s | bytes bound t/s | "
-             "device (peak) / budget | CPU busy / GPU busy / overlap ms per token | ours pp t/s | llama.cpp pp t/s |",
+             "device (peak; driver) / budget | CPU busy / GPU busy / overlap ms per token | ours pp t/s | "
+             "llama.cpp pp t/s |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
     for r in results:
         ours_tg = [o.get("tg") for o in r["ours"]]
@@ -171,12 +174,12 @@ def table(results: list[dict], total: int, label: str) -> str:
                                key=lambda kv: _median(kv[1]) if kv[1] else -1)
         best_pp = max((_median([x.get("pp") for x in v]) for v in r["llama"].values()), default=float("nan"))
         o = r["ours"][-1]
-        dev, peak = o.get("device_bytes") or 0, o.get("device_peak_bytes") or 0
+        dev, peak, driver = (o.get(k) or 0 for k in ("device_bytes", "device_peak_bytes", "driver_bytes"))
         lines.append(
             f"| {r['fraction']:.2f} ({format_bytes(r['budget'])}) | {_median(ours_tg):.2f} ({_range(ours_tg)}) | "
             f"{_median(best):.2f} ({_range(best)}; {best_label}) | {_median(ours_tg) / _median(best):.2f}x | "
             f"{r['modelled_ts']:.1f} | {r['bound_ts']:.1f} | "
-            f"{format_bytes(dev)} ({format_bytes(peak)}) / {format_bytes(r['budget'])} | "
+            f"{format_bytes(dev)} ({format_bytes(peak)}; {format_bytes(driver)}) / {format_bytes(r['budget'])} | "
             f"{o.get('step_cpu_busy_ms', 0):.2f} / {o.get('step_gpu_busy_ms', 0):.2f} / "
             f"{o.get('step_overlap_ms', 0):.2f} | {_median([x.get('pp') for x in r['ours']]):.1f} | {best_pp:.1f} |")
     return "\n".join(lines)
