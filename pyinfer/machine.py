@@ -25,11 +25,11 @@ from pyinfer.placement import MachineProfile
 
 PRESETS_FILE = Path(__file__).with_name("machine_presets.json")
 WORKING_SET = 256 << 20  # weight bytes read per GPU measurement, and per CPU one at least
-CACHE_MULTIPLE = 4  # a CPU measurement reads this many times the largest cache: the weights a plan places do not fit
-MAX_CPU_WORKING_SET = 2 << 30
-DISTINCT_BYTES = 64 << 20  # random weight bytes generated; a larger bundle repeats them (its reads are what count)
+CACHE_MULTIPLE = 4  # a CPU measurement reads this many times the last-level cache: a plan's weights do not fit
+MAX_CPU_WORKING_SET = 2 << 30  # host memory a measurement may take; above a 512 MiB cache the multiple shrinks
+DISTINCT_BYTES = 64 << 20  # quantized bytes of neurons drawn at random; a larger bundle repeats them
 SPARSE_DENSITY = 0.10  # share of neurons a sparse measurement selects, scattered at random (cold neurons)
-SPARSE_MASKS = 8  # masks per sparse measurement
+SPARSE_MASKS = 8  # masks per sparse measurement, disjoint (SPARSE_MASKS x SPARSE_DENSITY <= 1)
 ROUNDS = 3  # alternating rounds of the dense and sparse CPU measurements
 UNSTEADY = 1.25  # slowest / fastest round above which the figures are not cached
 BUSY_LOAD = 0.25  # load average per core above which the host is too busy to be measured for the cache
@@ -49,7 +49,7 @@ def cpu_name() -> str:
 
 
 SPARE_CORE_FROM = 8  # cores from which the default thread count leaves one free
-CPU_CACHES = Path("/sys/devices/system/cpu/cpu0/cache")
+CPUS = Path("/sys/devices/system/cpu")
 CGROUP = Path("/sys/fs/cgroup")  # the control groups' mount: a container sees its own there
 
 
@@ -67,23 +67,35 @@ def physical_cores() -> int:
     return max(1, len(cores))
 
 
-def largest_cache(root: Path = CPU_CACHES) -> int:
-    """Bytes of the CPU's largest cache (its L3 on most machines; 300 MiB on the H100 host), 0 if unknown."""
+def last_level_cache(root: Path = CPUS, cpus=None) -> int:
+    """Bytes of the last-level cache the CPUs this process may run on share among them (sysfs), 0 if unknown:
+    every instance of the highest level counted once (an EPYC has one L3 per core complex; the H100 host one of
+    300 MiB)."""
     units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    largest = 0
-    for index in root.glob("index*"):
-        try:
-            size = (index / "size").read_text().strip().upper()
-            largest = max(largest, int(size.rstrip("KMG")) * units[size[len(size.rstrip("KMG")):]])
-        except (OSError, ValueError, KeyError):
-            continue
-    return largest
+    if cpus is None:
+        cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    instances: dict[tuple[int, str], int] = {}  # (level, the CPUs sharing it) -> bytes
+    for cpu in cpus:
+        for index in (root / f"cpu{cpu}" / "cache").glob("index*"):
+            try:
+                if (index / "type").read_text().strip() == "Instruction":
+                    continue
+                size = (index / "size").read_text().strip().upper()
+                number = size.rstrip("KMG")
+                key = (int((index / "level").read_text()), (index / "shared_cpu_list").read_text().strip())
+                instances[key] = int(number) * units[size[len(number):]]
+            except (OSError, ValueError, KeyError):
+                continue
+    if not instances:
+        return 0
+    top = max(level for level, _ in instances)
+    return sum(size for (level, _), size in instances.items() if level == top)
 
 
 def cpu_working_set() -> int:
-    """Weight bytes a CPU bandwidth measurement reads: well beyond the largest cache, or the figure is the
-    cache's (the H100 host's 300 MiB L3 held the 256 MiB that was read once, and read 1.5-2x DRAM's rate)."""
-    return max(WORKING_SET, min(CACHE_MULTIPLE * largest_cache(), MAX_CPU_WORKING_SET))
+    """Weight bytes a CPU bandwidth measurement reads: well beyond the last-level cache, or the figure is the
+    cache's (the H100 host's 300 MiB L3 held the 256 MiB a measurement read over and over: 1.5-2x DRAM's rate)."""
+    return max(WORKING_SET, min(CACHE_MULTIPLE * last_level_cache(), MAX_CPU_WORKING_SET))
 
 
 def cpu_quota(root: Path = CGROUP) -> float | None:
@@ -155,7 +167,8 @@ def save(profile: MachineProfile, path: Path) -> None:
     os.replace(tmp, path)
 
 
-PROFILE_VERSION = 2  # 2: fixed costs from real decode steps; profiles of another version are measured again
+PROFILE_VERSION = 3  # 2: fixed costs from real decode steps; 3: CPU rates beyond the last-level cache.
+# Profiles of another version are measured again
 
 
 def cache_path(type_name: str, n_threads: int) -> Path:
@@ -242,6 +255,8 @@ def _bundle(ctx, type_: int, n: int, k: int, rng):
     neurons are drawn and repeated (quantizing gigabytes of random floats would take longer than the timing)."""
     from pyinfer import ggml
 
+    if n <= 0:
+        raise InvalidArgumentError(f"a bundle needs neurons, not {n}")
     distinct = min(n, max(1, DISTINCT_BYTES // (3 * ggml.row_size(type_, k))))
     w = rng.standard_normal((distinct, 3, k), dtype=np.float32) * 0.02
     w[:, 0] = np.abs(w[:, 0])
@@ -272,9 +287,12 @@ def _cpu_figures(type_: int, n_threads: int, rng, working_set: int) -> tuple[flo
     w = _bundle(ctx, type_, n, k, rng)  # (3 n, k): as a matrix for the dense reads
     x = ctx.tensor_from_numpy(np.abs(rng.standard_normal(k)).astype(np.float32))
     dense = ggml.Graph(ctx, [ctx.mul_mat(w, x)]).plan()
-    # a scattered tenth of the neurons selected by each of several masks: together they read more than any
-    # cache holds, as one tenth alone might not
-    picks = [rng.random(n) < SPARSE_DENSITY for _ in range(SPARSE_MASKS)]
+    # a scattered tenth of the neurons selected by each of several masks, no neuron by two (a mask would read
+    # the rows the one before it left in the cache): together they read more than any cache holds
+    owner = np.full(n, -1)
+    per_mask = max(1, int(n * SPARSE_DENSITY))
+    owner[rng.permutation(n)[:SPARSE_MASKS * per_mask]] = np.repeat(np.arange(SPARSE_MASKS), per_mask)[:n]
+    picks = [owner == i for i in range(SPARSE_MASKS)]
     masks = [ctx.tensor_from_numpy(np.where(p, 1.0, -1.0).astype(np.float32)) for p in picks]
     sparse = ggml.Graph(ctx, [ctx.sparse_ffn(w, x, m, "reglu") for m in masks]).plan()
     dense_ms, sparse_ms = [], []
@@ -399,15 +417,16 @@ def measure(weight_type: int, n_threads: int) -> tuple[MachineProfile, float]:
     if weight_type not in ggml.WEIGHT_TYPES:
         raise UnsupportedError(f"cannot measure weights of type {ggml.type_name(weight_type)}")
     rng = np.random.default_rng(0)
-    cpu_dense, cpu_sparse, spread = _cpu_figures(weight_type, n_threads, rng, cpu_working_set())
+    working_set = cpu_working_set()
+    cpu_dense, cpu_sparse, spread = _cpu_figures(weight_type, n_threads, rng, working_set)
     gpu_dense, gpu_sparse = _gpu_figures(weight_type, rng)
     rates = MachineProfile(name=host_key(ggml.type_name(weight_type), n_threads), cpu_dense_gbps=cpu_dense,
                            cpu_sparse_gbps=cpu_sparse, gpu_dense_gbps=gpu_dense, gpu_sparse_gbps=gpu_sparse,
                            xfer_us=0.0, gpu_layer_us=0.0, cpu_layer_us=0.0)
-    # the small models that time the fixed costs (a few hundred MB) read at the rate of their own size: where a
-    # cache holds them, their bytes are subtracted at the cache's rate, not at the rate of the plan's weights
+    # the small models that time the fixed costs (tens to ~200 MB) may sit in a large cache: their bytes are
+    # subtracted at the rate of a WORKING_SET read, near their size, not at the rate of the plan's weights
     small = rates
-    if cpu_working_set() > WORKING_SET:
+    if working_set > WORKING_SET:
         small_dense, small_sparse, _ = _cpu_figures(weight_type, n_threads, rng, WORKING_SET)
         small = dataclasses.replace(rates, cpu_dense_gbps=small_dense, cpu_sparse_gbps=small_sparse)
     profile = dataclasses.replace(rates, **_fixed_costs(weight_type, n_threads, small))

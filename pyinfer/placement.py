@@ -359,8 +359,8 @@ def reserve_bytes(cfg, n_batch: int, largest_matrix: int = 0, neuron_row: int = 
     n_batch tokens (two (n_batch, n_ff) activations live at once, all logits of a perplexity batch), the host
     weights a prompt batch streams in (the graph planner reuses one chunk's memory for the next: one chunk of
     STREAM_ROWS neurons of gate, up and down_t, or the largest attention matrix), the scratch, the cuBLAS
-    workspace and a margin. Measured peaks (docs/BENCHMARKS.md, "The prompt batch's reserve") were 1.5-2.9x
-    under the earlier count of four activations and two chunks (docs/ARCHITECTURE.md, "Placement")."""
+    workspace and a margin. The driver measured 1.75-3.1x less than the earlier count of four activations and
+    two chunks (docs/BENCHMARKS.md, "The prompt batch's reserve")."""
     widest = max(cfg.n_ff, 3 * cfg.n_embd)
     activations = 4 * n_batch * (2 * widest + 4 * cfg.n_embd + cfg.n_vocab)
     chunk = 3 * min(STREAM_ROWS, cfg.n_ff) * neuron_row

@@ -147,7 +147,7 @@ def test_machine_measurement(tmp_path, monkeypatch):
     print(f"\nmeasured: {p}")
     assert p.gpu_dense_gbps > p.cpu_dense_gbps > 0 and p.gpu_sparse_gbps > 0 and p.cpu_sparse_gbps > 0
     # a decode layer's launches and small kernels cost microseconds beyond its bytes. (A CPU layer's cost, the
-    # difference of two decode times less its bytes at the DRAM rate, is within that difference's noise since
+    # difference of two decode times less its bytes at a measured rate, is within that difference's noise since
     # the barriers spin: it came out at 0 on the H100 host at 4 threads, so it is not asserted on)
     assert p.gpu_layer_us > 1
     assert machine.cache_path("f16", 4).is_file() and machine.profile_for(ggml.F16, 4) == p  # cached

@@ -247,41 +247,83 @@ def test_machine_figures_from_a_busy_host_are_not_cached(tmp_path, monkeypatch, 
     assert ("not cached" in capsys.readouterr().err) != cached
 
 
-def test_largest_cache_from_sysfs(tmp_path):
+def _cache(root, cpu, index, level, size, shared, kind="Unified"):
+    d = root / f"cpu{cpu}" / "cache" / f"index{index}"
+    d.mkdir(parents=True)
+    for name, text in (("level", str(level)), ("shared_cpu_list", shared), ("type", kind), ("size", size)):
+        if text is not None:
+            (d / name).write_text(text + "\n")
+
+
+def test_last_level_cache_counts_each_instance_once(tmp_path):
     from pyinfer import machine
 
-    for index, size in (("index0", "48K"), ("index2", "2048K"), ("index3", "300M"), ("index4", "garbage")):
-        (tmp_path / index).mkdir()
-        (tmp_path / index / "size").write_text(size + "\n")
-    assert machine.largest_cache(tmp_path) == 300 << 20
-    assert machine.largest_cache(tmp_path / "absent") == 0
+    # an EPYC-like part: per core L1/L2, one 32 MiB L3 per complex of four cores (cpus 0-3, 4-7)
+    for cpu in range(8):
+        _cache(tmp_path, cpu, 0, 1, "32K", str(cpu), "Data")
+        _cache(tmp_path, cpu, 1, 1, "64K", str(cpu), "Instruction")
+        _cache(tmp_path, cpu, 2, 2, "1024K", str(cpu))
+        _cache(tmp_path, cpu, 3, 3, "32768K", "0-3" if cpu < 4 else "4-7")
+    assert machine.last_level_cache(tmp_path, range(8)) == 64 << 20
+    assert machine.last_level_cache(tmp_path, range(4)) == 32 << 20  # the process may run on one complex
+    # the H100 host: one L3 for all 16 cores; an index without a size and one with garbage are skipped
+    host = tmp_path / "host"
+    for cpu in range(16):
+        _cache(host, cpu, 2, 2, "2048K", str(cpu))
+        _cache(host, cpu, 3, 3, "307200K", "0-15")
+        _cache(host, cpu, 4, 4, None, "0-15")
+        _cache(host, cpu, 5, 4, "garbage", "0-15")
+    assert machine.last_level_cache(host, range(16)) == 300 << 20
+    assert machine.last_level_cache(tmp_path / "absent", range(4)) == 0
+
+
+def test_measure_reads_the_plans_rates_beyond_the_cache_and_subtracts_the_small_models_at_theirs(monkeypatch):
+    """measure(): the profile's CPU rates come from a read of cpu_working_set() bytes; the fixed costs, timed on
+    small models a large cache may hold, subtract their bytes at the rates of a WORKING_SET read."""
+    from pyinfer import ggml, machine
+
+    monkeypatch.setattr(ggml, "cuda_available", lambda: True)
+    monkeypatch.setattr(machine, "cpu_working_set", lambda: 4 * machine.WORKING_SET)
+    rates = {4 * machine.WORKING_SET: (90.0, 80.0, 1.1), machine.WORKING_SET: (180.0, 170.0, 1.9)}
+    monkeypatch.setattr(machine, "_cpu_figures", lambda type_, n_threads, rng, working_set: rates[working_set])
+    monkeypatch.setattr(machine, "_gpu_figures", lambda type_, rng: (2000.0, 700.0))
+    subtracted = []
+
+    def fixed_costs(type_, n_threads, profile):
+        subtracted.append((profile.cpu_dense_gbps, profile.cpu_sparse_gbps))
+        return {"gpu_layer_us": 50.0, "xfer_us": 30.0, "cpu_layer_us": 60.0, "step_us": 20.0}
+
+    monkeypatch.setattr(machine, "_fixed_costs", fixed_costs)
+    profile, spread = machine.measure(ggml.F16, 4)
+    assert (profile.cpu_dense_gbps, profile.cpu_sparse_gbps, spread) == (90.0, 80.0, 1.1)
+    assert subtracted == [(180.0, 170.0)] and profile.cpu_layer_us == 60.0
 
 
 @pytest.mark.parametrize("cache, want", [(0, 256 << 20), (32 << 20, 256 << 20), (300 << 20, 1200 << 20),
                                          (1 << 30, 2 << 30)])
-def test_cpu_measurements_read_well_beyond_the_largest_cache(monkeypatch, cache, want):
+def test_cpu_measurements_read_well_beyond_the_last_level_cache(monkeypatch, cache, want):
     # the H100 host's 300 MiB L3 held the 256 MiB a measurement read: CPU rates came out 1.5-2x DRAM's and
     # 1.3-1.9x apart between rounds, and plans put too much on the CPU
     from pyinfer import machine
 
-    monkeypatch.setattr(machine, "largest_cache", lambda: cache)
+    monkeypatch.setattr(machine, "last_level_cache", lambda: cache)
     assert machine.cpu_working_set() == want
 
 
-@pytest.mark.parametrize("type_name_", ["f16", "q4_0"])
-def test_measured_bundle_repeats_its_drawn_neurons_and_every_one_fires(monkeypatch, type_name_):
+@pytest.mark.parametrize("type_name_, n", [("f16", 50), ("q4_0", 50), ("f16", 5)])
+def test_measured_bundle_repeats_its_drawn_neurons_and_every_one_fires(monkeypatch, type_name_, n):
     """A bundle larger than DISTINCT_BYTES repeats the neurons drawn (its bytes, not its values, are what a
     bandwidth measurement needs), and the sparse FFN over it reads every selected neuron: all of them fire."""
     from pyinfer import ggml, machine
 
     type_ = getattr(ggml, type_name_.upper())
-    k, n = 256, 50
+    k = 256
     row = ggml.row_size(type_, k)
-    monkeypatch.setattr(machine, "DISTINCT_BYTES", 7 * 3 * row)  # 7 neurons drawn, 50 made
+    monkeypatch.setattr(machine, "DISTINCT_BYTES", 7 * 3 * row)  # 7 neurons drawn, n made
     ctx = ggml.Context(4 << 20)
     bundle = machine._bundle(ctx, type_, n, k, np.random.default_rng(0))
     raw = bundle.raw().reshape(n, 3 * row)
-    assert len({raw[i].tobytes() for i in range(7)}) == 7
+    assert len({raw[i].tobytes() for i in range(min(n, 7))}) == min(n, 7)
     assert all((raw[i] == raw[i % 7]).all() for i in range(n))
     rng = np.random.default_rng(1)
     x = ctx.tensor_from_numpy(np.abs(rng.standard_normal(k)).astype(np.float32))
@@ -296,6 +338,7 @@ def test_measured_bundle_repeats_its_drawn_neurons_and_every_one_fires(monkeypat
     assert (gate[selected] > 0).all()
     want = (np.where(selected, np.maximum(gate, 0) * up, 0.0)[:, None] * weights[:, 2]).sum(0)
     np.testing.assert_allclose(out.numpy()[:k], want, rtol=0.05, atol=0.02 * np.abs(want).max())
+    np.testing.assert_array_equal(out.numpy()[k:], selected)  # the kernel's own count: every selected one fired
 
 
 @pytest.mark.parametrize("type_", WEIGHT_TYPES, ids=type_name)

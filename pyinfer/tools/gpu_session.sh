@@ -5,6 +5,7 @@
 W=${W:-/root/w}
 OUT=${OUT:-/tmp/out}
 export PYTHONUNBUFFERED=1 PYINFER_CACHE=$W/cache
+export LD_LIBRARY_PATH=$W/llama-src/build/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}  # llama.cpp's shared libraries
 mkdir -p "$W" "$OUT"
 
 setup() {  # the wheels the image lacks (cffi, pycparser, gguf)
@@ -17,12 +18,13 @@ build() { python3 setup.py build_native 2>&1 | tail -3; }
 
 llama_bg() {  # llama.cpp's CUDA build (~6 min) in the background: $W/llama-src/build/bin; or, where a session
     # carries an earlier build's bin/ as .carry/llb/llb.part.* (split tar.xz), that one in seconds
-    export LD_LIBRARY_PATH=$W/llama-src/build/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     [ -x "$W/llama-src/build/bin/llama-bench" ] && return
     tar xJf .carry/llama-src.tar.xz -C "$W"
     if compgen -G ".carry/llb/llb.part.*" > /dev/null; then
-        mkdir -p "$W/llama-src/build" && cat .carry/llb/llb.part.* | xz -d | tar xf - -C "$W/llama-src/build"
-        return
+        mkdir -p "$W/llama-src/build"
+        (set -o pipefail; cat .carry/llb/llb.part.* | xz -d | tar xf - -C "$W/llama-src/build") &&
+            [ -x "$W/llama-src/build/bin/llama-bench" ] && return
+        echo "the carried llama.cpp build did not unpack: building it"
     fi
     setsid bash .carry/llamacpp-baseline.sh build "$W/llama-src" cuda > "$W/llama-build.log" 2>&1 < /dev/null &
 }
@@ -46,14 +48,20 @@ tests() {  # the GPU tests, log in $OUT
         tests/test_split.py "$@" 2>&1 | tee "$OUT/tests.log" | tail -40
 }
 
-profiles() {  # [THREADS]: this machine's placement figures (default 16 threads), as $W/machine-f16.json and
-    # $W/machine-q4_0.json for --machine FILE, and in $OUT; measure them before anything else loads the host
-    for t in f16 q4_0; do python3 -c "
+profiles() {  # [THREADS]: this machine's placement figures (default: pyinfer's thread count), as
+    # $W/machine-f16.json and $W/machine-q4_0.json for --machine FILE, and in $OUT with the rounds' spread in
+    # $OUT/profiles.log; measure them before anything else loads the host
+    for t in f16 q4_0; do
+        rm -f "$W/machine-$t.json"  # a failed measurement leaves none, not an earlier call's
+        python3 - "$t" "$W/machine-$t.json" "${1:-0}" <<'EOF' | tee -a "$OUT/profiles.log"
+import sys
 from pathlib import Path
 from pyinfer import ggml, machine
-profile, spread = machine.measure(ggml.${t^^}, ${1:-16})
-machine.save(profile, Path('$W/machine-$t.json'))
-print(f'{Path(\"$W/machine-$t.json\").read_text().strip()} rounds spread {spread:.3f}')"
+type_name, path, threads = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]) or machine.default_threads()
+profile, spread = machine.measure(getattr(ggml, type_name.upper()), threads)
+machine.save(profile, path)
+print(f"{path.read_text().strip()} ({threads} threads, rounds {spread:.3f} apart)")
+EOF
         cp "$W/machine-$t.json" "$OUT/"
     done
 }
