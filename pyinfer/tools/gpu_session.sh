@@ -2,6 +2,7 @@
 # The GPU session on the device machine: one script, sourced by each call, whose steps build, check and
 # time the engine (docs/GPU_TEST_LOG.md, docs/BENCHMARKS.md). W is the machine's scratch folder.
 #   . pyinfer/tools/gpu_session.sh; setup; build; llama_bg; tests; ...
+# Issue 13's table in two calls: `table_bg; collect` in the first, `collect` in the next (within the warm window).
 W=${W:-/root/w}
 OUT=${OUT:-/tmp/out}
 export PYTHONUNBUFFERED=1 PYINFER_CACHE=$W/cache
@@ -77,7 +78,7 @@ compare() {  # NAME LABEL [bench_hybrid flags...]: ours under budgets against ll
     wait_for "$W/$name.done" && wait_for "$W/llama-src/build/bin/llama-bench" || return 1
     idle
     python3 -m pyinfer.tools.bench_hybrid --ours "$W/$name.gguf" --dense "$W/$name-dense.gguf" \
-        --llama-bench "$W/llama-src/build/bin/llama-bench" --label "$label" --json "$OUT/$name.json" -t 16 "$@" \
+        --llama-bench "$W/llama-src/build/bin/llama-bench" --label "$label" --json "$OUT/$name.json" "$@" \
         2> "$OUT/$name.log" | tee "$OUT/$name.md"
 }
 
@@ -86,7 +87,7 @@ sparse_vs_dense() {  # NAME [ROUNDS]: the whole model on the GPU, its PowerGGUF 
     wait_for "$W/$name.done" || return 1
     for r in $(seq "$rounds"); do
         for f in "$name" "$name-dense"; do
-            echo "$f round $r: $(python3 -m pyinfer.cli bench -m "$W/$f.gguf" -ngl 99 -p 0 -n 128 -r 3 -t 16 2>/dev/null |
+            echo "$f round $r: $(python3 -m pyinfer.cli bench -m "$W/$f.gguf" -ngl 99 -p 0 -n 128 -r 3 2>/dev/null |
                 grep tg128)"
         done
     done | tee "$OUT/$name-sparse-vs-dense.md"
@@ -110,4 +111,25 @@ steadiness() {  # NAME [ROUNDS]: CPU-only decode of the dense GGUF, ours and lla
         done
         [ $load = busy ] && kill "$busy"
     done | tee "$OUT/$name-steadiness.md"
+}
+
+table_bg() {  # issue 13's whole table in the background (a device call lasts at most 10 minutes): the build, the
+    # profiles on the quiet host first, the four synthetic models, the GPU tests, then every budget of each
+    # model against llama.cpp with those profiles; results in $W/out, fetched by `collect`
+    setsid bash -c "W=$W; . pyinfer/tools/gpu_session.sh; OUT=$W/out; mkdir -p \$OUT; setup > \$OUT/setup.log 2>&1
+        build > \$OUT/build.log 2>&1; llama_bg > \$OUT/llama.log 2>&1; profiles > /dev/null 2>> \$OUT/profiles.err
+        models_bg l13f16 llama-13b f16 8; models_bg l70f16 llama-70b f16 4
+        models_bg l13q4 llama-13b q4_0 8; models_bg l70q4 llama-70b q4_0 4
+        tests > /dev/null
+        for m in 'l13f16 13B F16, 8 of 40 layers' 'l70f16 70B-like GQA F16, 4 of 80 layers' \
+                 'l13q4 13B Q4_0, 8 of 40 layers' 'l70q4 70B-like GQA Q4_0, 4 of 80 layers'; do
+            name=\${m%% *}; type=\${name#l??}; type=\${type/q4/q4_0}
+            compare \$name \"SYNTHETIC \${m#* }\" --rounds 2 --reps 2 --machine $W/machine-\$type.json
+        done; touch \$OUT/ALL.done" > "$W/table.log" 2>&1 < /dev/null &
+}
+
+collect() {  # [SECONDS]: waits for table_bg's end (default 560 s), then packs $W/out into $OUT/table.tgz
+    wait_for "$W/out/ALL.done" "${1:-560}"
+    tar czf "$OUT/table.tgz" -C "$W/out" .
+    cat "$W/out"/*.md 2>/dev/null
 }
