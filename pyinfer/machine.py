@@ -31,6 +31,7 @@ DISTINCT_BYTES = 64 << 20  # quantized bytes of neurons drawn at random; a large
 SPARSE_DENSITY = 0.10  # share of neurons a sparse measurement selects, scattered at random (cold neurons)
 SPARSE_MASKS = 8  # masks per sparse measurement, disjoint (SPARSE_MASKS x SPARSE_DENSITY <= 1)
 ROUNDS = 3  # alternating rounds of the dense and sparse CPU measurements
+DECODE_ROUNDS = 5  # rounds of the fixed costs' decodes, each round through every model and placement in turn
 UNSTEADY = 1.25  # slowest / fastest round above which the figures are not cached
 BUSY_LOAD = 0.25  # load average per core above which the host is too busy to be measured for the cache
 LAYER_SHAPE = "small"  # synthetic.SHAPES: a real layer's ops (d 1024, n_ff 4096, 16 heads) over a few MB
@@ -348,22 +349,36 @@ def _gpu_figures(type_: int, rng) -> tuple[float, float]:
     return _gbps(w.nbytes, dense_ms), _gbps(picked * 3 * row, sparse_ms)
 
 
-def _decode_ms(path: str, plan, n_threads: int) -> float:
-    """Milliseconds per decoded token of the model at path under plan: the median of ROUNDS rounds."""
+def _decoder(path: str, plan, n_threads: int, pool=None):
+    """The model at path under plan, warmed up: its graphs built, captured and replayed. pool: a thread pool it
+    shares with other models timed in turn (their idle workers would poll beside it)."""
     from pyinfer.runtime import Model
 
     # precise matmuls are for small models (runtime.PRECISE_MAX_BYTES); the models a placement serves are large
     model = Model(path, n_ctx=2 * DECODE_STEPS, plan=plan, n_threads=n_threads, precise=False)
-    for tok in range(DECODE_STEPS // 4):  # warm-up: graphs built, captured and replayed
+    if pool is not None:
+        model.pool = pool
+    for tok in range(DECODE_STEPS // 4):
         model.eval([tok])
-    times = []
-    for _ in range(ROUNDS):
-        model.truncate(DECODE_STEPS // 4)
-        t0 = time.perf_counter()
-        for tok in range(DECODE_STEPS):
-            model.eval([tok])
-        times.append(1e3 * (time.perf_counter() - t0) / DECODE_STEPS)
-    return float(np.median(times))
+    return model
+
+
+def _round_ms(model) -> float:
+    """Milliseconds per token of DECODE_STEPS decode steps after the warm-up's tokens and two untimed ones (the
+    model timed before this one left its weights in the caches)."""
+    model.truncate(DECODE_STEPS // 4)
+    model.eval([0])
+    model.eval([1])
+    t0 = time.perf_counter()
+    for tok in range(DECODE_STEPS):
+        model.eval([tok])
+    return 1e3 * (time.perf_counter() - t0) / DECODE_STEPS
+
+
+def _decode_ms(path: str, plan, n_threads: int) -> float:
+    """Milliseconds per decoded token of the model at path under plan: the median of DECODE_ROUNDS rounds."""
+    model = _decoder(path, plan, n_threads)
+    return float(np.median([_round_ms(model) for _ in range(DECODE_ROUNDS)]))
 
 
 def excess_costs(type_: int, n_threads: int, rates: MachineProfile,
@@ -374,12 +389,13 @@ def excess_costs(type_: int, n_threads: int, rates: MachineProfile,
     bytes at the measured rates (`rates`, whose fixed costs are 0); a layer's cost is the difference per layer
     added, a step's what is left at zero layers. What remains is launch gaps, small kernels, copies, waking the
     pool, barriers, waits and the host's work between steps."""
-    from pyinfer import synthetic
+    from pyinfer import ggml, synthetic
     from pyinfer.gguf_file import GGUFFile
     from pyinfer.placement import evaluate, model_costs
     from pyinfer.pull import cache_dir
 
-    excess: dict[str, list[float]] = {mode: [] for mode in modes}  # ms per token beyond the bytes, per model
+    decoders = {}  # (mode, n_layer) -> (warmed-up model, what its plan charges for its bytes in ms)
+    pool = ggml.ThreadPool(n_threads)
     cache_dir().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:  # a few hundred MB: not in a small /tmp
         for n_layer in (FEW_LAYERS, MANY_LAYERS):
@@ -392,7 +408,16 @@ def excess_costs(type_: int, n_threads: int, rates: MachineProfile,
                 on_gpu, share = PLACEMENTS[mode]
                 plan = evaluate(costs, rates, [on_gpu] * n_layer, [round(share * n_groups)] * n_layer, on_gpu,
                                 1 << 62)
-                excess[mode].append(_decode_ms(path, plan, n_threads) - plan.token_us / 1e3)
+                decoders[mode, n_layer] = _decoder(path, plan, n_threads, pool), plan.token_us / 1e3
+        # every round times each model in turn: a slow spell of the shared host costs one round of each, where
+        # back-to-back rounds had given one placement all of it (a split layer's cost once read 131 us, once 0)
+        rounds = {key: [] for key in decoders}
+        for _ in range(DECODE_ROUNDS):
+            for key, (model, _) in decoders.items():
+                rounds[key].append(_round_ms(model))
+        excess = {mode: [float(np.median(rounds[mode, n])) - decoders[mode, n][1] for n in (FEW_LAYERS, MANY_LAYERS)]
+                  for mode in modes}  # ms per token beyond the bytes, per model
+        decoders.clear()  # the models' mappings go before their files do
     per_layer = {mode: 1e3 * (ms[1] - ms[0]) / (MANY_LAYERS - FEW_LAYERS) for mode, ms in excess.items()}
     per_step = {mode: 1e3 * ms[0] - FEW_LAYERS * per_layer[mode] for mode, ms in excess.items()}
     return per_layer, per_step

@@ -395,6 +395,27 @@ def test_fixed_costs_are_what_decoding_takes_beyond_the_modelled_bytes(monkeypat
     assert machine._decode_ms(path, plan, 1) == pytest.approx(predicted_ms, rel=0.4)
 
 
+def test_fixed_costs_time_every_model_in_each_round(monkeypatch):
+    """excess_costs times its models round by round, each model once a round, and keeps each one's median: a slow
+    spell hits one round of every model (back to back, a split layer's cost had once read 131 us, once 0)."""
+    from pyinfer import ggml, machine
+
+    order, spell = [], {3}  # the host is slow in the fourth of the timed calls
+    monkeypatch.setattr(machine, "_decoder", lambda path, plan, n_threads, pool: path)
+
+    def round_ms(path):
+        order.append(path)
+        return (9.0 if len(order) in spell else 1.0) * (2.0 if path.endswith(f"{machine.MANY_LAYERS}.gguf") else 1.0)
+
+    monkeypatch.setattr(machine, "_round_ms", round_ms)
+    free = MachineProfile("free", 1e9, 1e9, 1e9, 1e9, 0, 0, 0)
+    per_layer, per_step = machine.excess_costs(ggml.Q4_0, 1, free, ("cpu",))
+    few, many = (f"{n}.gguf" for n in (machine.FEW_LAYERS, machine.MANY_LAYERS))
+    assert [p.rsplit("/", 1)[-1] for p in order] == [few, many] * machine.DECODE_ROUNDS
+    assert per_layer["cpu"] == pytest.approx(1e3 / (machine.MANY_LAYERS - machine.FEW_LAYERS), rel=1e-6)
+    assert per_step["cpu"] == pytest.approx(1e3 - machine.FEW_LAYERS * per_layer["cpu"], rel=1e-6)
+
+
 @pytest.mark.parametrize("step_us", [0.0, 250.0])
 def test_a_steps_own_cost_adds_to_every_plan_and_moves_nothing(step_us):
     """MachineProfile.step_us (the graph's launch and sync, the host's work between tokens) is the same for every
