@@ -351,21 +351,25 @@ ATTENTION_PARTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ff
 STREAM_ROWS = 2048  # a prompt batch copies host FFN weights to the GPU this many neurons at a time
 STREAM_MIN_TOKENS = 32  # batches of at least this many tokens run there (llama.cpp's threshold too)
 CUBLAS_WORKSPACE = 32 << 20
-DEVICE_MARGIN = 96 << 20  # CUDA graphs, the cuBLAS handle, the GEMM's dequantized weight chunk
+GEMM_CHUNK = 64 << 20  # ggml/src/cuda/gemm.cu's GEMM_CHUNK_BYTES: rows of a non-F16 weight dequantized for cuBLAS
+DEVICE_MARGIN = 128 << 20  # what the driver holds beyond the allocator: CUDA graphs, the cuBLAS handle (72-143 MB seen)
 
 
-def reserve_bytes(cfg, n_batch: int, largest_matrix: int = 0, neuron_row: int = 0) -> int:
+def reserve_bytes(cfg, n_batch: int, largest_matrix: int = 0, neuron_row: int = 0, dequantized: int = 0) -> int:
     """Device bytes any GPU use needs besides weights and KV cache: the intermediates of a prompt batch of
     n_batch tokens (two (n_batch, n_ff) activations live at once, all logits of a perplexity batch), the host
     weights a prompt batch streams in (the graph planner reuses one chunk's memory for the next: one chunk of
-    STREAM_ROWS neurons of gate, up and down_t, or the largest attention matrix), the scratch, the cuBLAS
+    STREAM_ROWS neurons of gate, up and down_t, or the largest attention matrix), the GEMM's scratch (the
+    batch in 16 bits, and `dequantized` bytes of F16 weight rows where weights are not F16), the cuBLAS
     workspace and a margin. The driver measured 1.75-3.1x less than the earlier count of four activations and
-    two chunks (docs/BENCHMARKS.md, "The prompt batch's reserve")."""
+    two chunks for F16 weights; Q4_0 weights, whose GEMM dequantizes 64 MiB of rows, used up to 1.06x the
+    count without that scratch (docs/BENCHMARKS.md, "The prompt batch's reserve")."""
     widest = max(cfg.n_ff, 3 * cfg.n_embd)
     activations = 4 * n_batch * (2 * widest + 4 * cfg.n_embd + cfg.n_vocab)
+    gemm = 2 * n_batch * widest + dequantized
     chunk = 3 * min(STREAM_ROWS, cfg.n_ff) * neuron_row
     streamed = max(largest_matrix, chunk) if n_batch >= STREAM_MIN_TOKENS else 0
-    return CUBLAS_WORKSPACE + DEVICE_MARGIN + activations + streamed
+    return CUBLAS_WORKSPACE + DEVICE_MARGIN + activations + gemm + streamed
 
 
 def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch: int) -> ModelCosts:
@@ -400,8 +404,12 @@ def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch
     weight_type = GGMLQuantizationType(tensors["blk.0.ffn_up.weight"].type)
     largest = max(nbytes(f"blk.{il}.{part}.weight") for il in range(cfg.n_layer) for part in ATTENTION_PARTS)
     row = max(layer.neuron_bytes for layer in layers) // 3
-    return ModelCosts(layers, head_bytes=head, reserve_bytes=reserve_bytes(cfg, n_batch, largest, row), n_ctx=n_ctx,
-                      type_name=weight_type.name.lower())
+    # cuBLAS gets a non-F16 matrix's rows dequantized to F16, at most GEMM_CHUNK bytes of them at a time
+    not_f16 = [math.prod(info.ne) for info in tensors.values()
+               if len(info.ne) == 2 and info.type != GGMLQuantizationType.F16]
+    dequantized = min(GEMM_CHUNK, 2 * max(not_f16, default=0))
+    return ModelCosts(layers, head_bytes=head, reserve_bytes=reserve_bytes(cfg, n_batch, largest, row, dequantized),
+                      n_ctx=n_ctx, type_name=weight_type.name.lower())
 
 
 # ---------------------------------------------------------------------------------------------------
