@@ -412,12 +412,14 @@ def excess_costs(type_: int, n_threads: int, rates: MachineProfile,
         # every round times each model in turn: a slow spell of the shared host costs one round of each, where
         # back-to-back rounds had given one placement all of it (a split layer's cost once read 131 us, once 0)
         rounds = {key: [] for key in decoders}
-        for _ in range(DECODE_ROUNDS):
-            for key, (model, _) in decoders.items():
-                rounds[key].append(_round_ms(model))
-        excess = {mode: [float(np.median(rounds[mode, n])) - decoders[mode, n][1] for n in (FEW_LAYERS, MANY_LAYERS)]
-                  for mode in modes}  # ms per token beyond the bytes, per model
-        decoders.clear()  # the models' mappings go before their files do
+        try:
+            for _ in range(DECODE_ROUNDS):
+                for key in decoders:
+                    rounds[key].append(_round_ms(decoders[key][0]))
+            excess = {mode: [float(np.median(rounds[mode, n])) - decoders[mode, n][1]
+                             for n in (FEW_LAYERS, MANY_LAYERS)] for mode in modes}  # ms per token beyond the bytes
+        finally:
+            decoders.clear()  # the models' mappings go before their files do
     per_layer = {mode: 1e3 * (ms[1] - ms[0]) / (MANY_LAYERS - FEW_LAYERS) for mode, ms in excess.items()}
     per_step = {mode: 1e3 * ms[0] - FEW_LAYERS * per_layer[mode] for mode, ms in excess.items()}
     return per_layer, per_step

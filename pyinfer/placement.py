@@ -352,6 +352,7 @@ STREAM_ROWS = 2048  # a prompt batch copies host FFN weights to the GPU this man
 STREAM_MIN_TOKENS = 32  # batches of at least this many tokens run there (llama.cpp's threshold too)
 CUBLAS_WORKSPACE = 32 << 20
 GEMM_CHUNK = 64 << 20  # ggml/src/cuda/gemm.cu's GEMM_CHUNK_BYTES: rows of a non-F16 weight dequantized for cuBLAS
+GEMV_MAX_COLS = 8  # ggml/src/cuda/gemv.cu: batches of at most this many tokens run as GEMVs, without GEMM scratch
 DEVICE_MARGIN = 128 << 20  # what the driver holds beyond the allocator: CUDA graphs, the cuBLAS handle (72-143 MB seen)
 
 
@@ -366,7 +367,7 @@ def reserve_bytes(cfg, n_batch: int, largest_matrix: int = 0, neuron_row: int = 
     count without that scratch (docs/BENCHMARKS.md, "The prompt batch's reserve")."""
     widest = max(cfg.n_ff, 3 * cfg.n_embd)
     activations = 4 * n_batch * (2 * widest + 4 * cfg.n_embd + cfg.n_vocab)
-    gemm = 2 * n_batch * widest + dequantized
+    gemm = 2 * n_batch * widest + dequantized if n_batch > GEMV_MAX_COLS else 0
     chunk = 3 * min(STREAM_ROWS, cfg.n_ff) * neuron_row
     streamed = max(largest_matrix, chunk) if n_batch >= STREAM_MIN_TOKENS else 0
     return CUBLAS_WORKSPACE + DEVICE_MARGIN + activations + gemm + streamed

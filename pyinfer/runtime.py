@@ -376,9 +376,13 @@ class Model:
         key = (n_tokens, n_out, capture)
         g = self._graphs.get(key)
         if g is None:
-            # under a VRAM budget one batch graph at a time: each holds device buffers for its intermediates
-            limit = 2 if self.vram_budget is not None else _MAX_CACHED_GRAPHS
-            while len(self._graphs) >= limit:
+            if self.vram_budget is not None:
+                # under a VRAM budget one decode graph and one batch graph: each holds device buffers for its
+                # intermediates, and the reserve has room for one batch's (a 700-token prompt at -b 512 had kept
+                # the 512- and the 188-token graphs)
+                for same_kind in [k for k in self._graphs if (k[0] > 1) == (n_tokens > 1)]:
+                    del self._graphs[same_kind]
+            while len(self._graphs) >= _MAX_CACHED_GRAPHS:
                 self._graphs.popitem(last=False)
             g = self._graphs[key] = _StepGraph(self, n_tokens, n_out, capture)
             if self.timed:

@@ -363,6 +363,8 @@ def test_fixed_costs_are_what_decoding_takes_beyond_the_modelled_bytes(monkeypat
     from pyinfer.gguf_file import GGUFFile
     from pyinfer.placement import evaluate, model_costs
 
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path / "cache"))
+
     monkeypatch.setattr(machine, "DECODE_STEPS", 8)
     one_gbps = MachineProfile("1 GB/s", 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0)
     bytes_us = []  # each decoded model's bytes per token at 1 GB/s, on the CPU
@@ -395,13 +397,19 @@ def test_fixed_costs_are_what_decoding_takes_beyond_the_modelled_bytes(monkeypat
     assert machine._decode_ms(path, plan, 1) == pytest.approx(predicted_ms, rel=0.4)
 
 
-def test_fixed_costs_time_every_model_in_each_round(monkeypatch):
+def test_fixed_costs_time_every_model_in_each_round(monkeypatch, tmp_path):
     """excess_costs times its models round by round, each model once a round, and keeps each one's median: a slow
     spell hits one round of every model (back to back, a split layer's cost had once read 131 us, once 0)."""
     from pyinfer import ggml, machine
 
-    order, spell = [], {3}  # the host is slow in the fourth of the timed calls
-    monkeypatch.setattr(machine, "_decoder", lambda path, plan, n_threads, pool: path)
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    order, spell, pools = [], {3}, []  # the host is slow in the fourth of the timed calls
+
+    def decoder(path, plan, n_threads, pool):
+        pools.append(pool)
+        return path
+
+    monkeypatch.setattr(machine, "_decoder", decoder)
 
     def round_ms(path):
         order.append(path)
@@ -412,6 +420,7 @@ def test_fixed_costs_time_every_model_in_each_round(monkeypatch):
     per_layer, per_step = machine.excess_costs(ggml.Q4_0, 1, free, ("cpu",))
     few, many = (f"{n}.gguf" for n in (machine.FEW_LAYERS, machine.MANY_LAYERS))
     assert [p.rsplit("/", 1)[-1] for p in order] == [few, many] * machine.DECODE_ROUNDS
+    assert pools[0] is not None and all(p is pools[0] for p in pools)  # one pool: no idle one polls beside
     assert per_layer["cpu"] == pytest.approx(1e3 / (machine.MANY_LAYERS - machine.FEW_LAYERS), rel=1e-6)
     assert per_step["cpu"] == pytest.approx(1e3 - machine.FEW_LAYERS * per_layer["cpu"], rel=1e-6)
 
@@ -439,6 +448,26 @@ def test_the_reserve_holds_what_prompt_batches_took_on_a_gpu(shape, type_, n_bat
     reserve = reserve_bytes(SimpleNamespace(n_ff=n_ff, n_embd=n_embd, n_vocab=n_vocab), n_batch, largest_attention,
                             row, dequantized)
     assert reserve >= 1.15 * measured_mb * 1e6, reserve / 1e6
+
+
+@pytest.mark.parametrize("type_name_", ["f16", "q4_0"])
+def test_the_reserve_counts_the_dequantized_rows_of_non_f16_weights(tmp_path, monkeypatch, type_name_):
+    """model_costs passes the GEMM's F16 copy of a non-F16 weight's rows (2 bytes a value of the largest such
+    matrix, at most GEMM_CHUNK) to the reserve; an all-F16 model has none to make."""
+    from pyinfer import placement, synthetic
+    from pyinfer.gguf_file import GGUFFile
+
+    path = str(tmp_path / "m.gguf")
+    synthetic.make_llama(path, "small", synthetic.Q[type_name_.upper()], ffn_kind="reglu", n_layer=1,
+                         share_weights=True)
+    n_ff, n_embd = 4096, 1024  # synthetic.SHAPES["small"]: the FFN's matrices are the largest
+    seen = []
+    real = placement.reserve_bytes
+    monkeypatch.setattr(placement, "reserve_bytes", lambda *args: seen.append(args[-1]) or real(*args))
+    placement.model_costs(GGUFFile(path), 64, 2, True, 512)
+    monkeypatch.setattr(placement, "GEMM_CHUNK", 1 << 20)
+    placement.model_costs(GGUFFile(path), 64, 2, True, 512)
+    assert seen == ([0, 0] if type_name_ == "f16" else [2 * n_ff * n_embd, 1 << 20])
 
 
 @pytest.mark.parametrize("step_us", [0.0, 250.0])

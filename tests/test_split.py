@@ -135,3 +135,20 @@ def test_streamed_prompt_graph_equals_the_unsplit_model(tiny_files, streamed_on_
     ops = [lib.ggml_get_op(lib.ggml_graph_node(graph.ptr, i)) for i in range(graph.n_nodes)]
     # layer 0: its 98 host rows in chunks of 48, 48, 2, and its 30 GPU rows; layer 1: 128 host rows in 3
     assert ops.count(lib.GGML_OP_AXPY_ROWS) == 4 + 3
+
+
+def test_a_budget_keeps_one_batch_graph(tiny_files):
+    """Under a VRAM budget a prompt of a batch and a remainder keeps one batch graph, beside the decode step's:
+    the reserve holds one batch's device intermediates (it had kept the n_batch- and the remainder-sized graphs)."""
+    model = Model(tiny_files("llama_relu", True), n_ctx=64, n_batch=8)
+    model.eval(TOKENS)  # 8 + 3 tokens
+    model.eval([4])
+    assert sorted(k[0] for k in model._graphs) == [1, 3, 8]  # no budget: the cache keeps what it may reuse
+    model.vram_budget = 1 << 40  # as a budget's model has one; the rule is the runtime's, no GPU needed
+    model._graphs.clear()
+    model.reset()
+    model.eval(TOKENS)
+    assert [k[0] for k in model._graphs] == [3]
+    model.eval([4])
+    model.eval(TOKENS[:8])
+    assert sorted(k[0] for k in model._graphs) == [1, 8]

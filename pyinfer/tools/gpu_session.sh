@@ -116,8 +116,9 @@ steadiness() {  # NAME [ROUNDS]: CPU-only decode of the dense GGUF, ours and lla
 table_bg() {  # issue 13's whole table in the background (a device call lasts at most 10 minutes): the build, the
     # profiles on the quiet host first, the four synthetic models, the GPU tests, then every budget of each
     # model against llama.cpp with those profiles; results in $W/out, fetched by `collect`
+    rm -rf "$W/out"; rm -f "$W"/*.done  # an earlier run's results and models are not this one's
     setsid bash -c "W=$W; . pyinfer/tools/gpu_session.sh; OUT=$W/out; mkdir -p \$OUT; setup > \$OUT/setup.log 2>&1
-        build > \$OUT/build.log 2>&1; llama_bg > \$OUT/llama.log 2>&1; profiles > /dev/null 2>> \$OUT/profiles.err
+        build > \$OUT/build.log 2>&1; profiles > /dev/null 2>> \$OUT/profiles.err; llama_bg > \$OUT/llama.log 2>&1
         models_bg l13f16 llama-13b f16 8; models_bg l70f16 llama-70b f16 4
         models_bg l13q4 llama-13b q4_0 8; models_bg l70q4 llama-70b q4_0 4
         tests > /dev/null
