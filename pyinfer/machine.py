@@ -27,7 +27,7 @@ PRESETS_FILE = Path(__file__).with_name("machine_presets.json")
 WORKING_SET = 256 << 20  # weight bytes read per GPU measurement, and per CPU one at least
 CACHE_MULTIPLE = 4  # a CPU measurement reads this many times the last-level cache: a plan's weights do not fit
 MAX_CPU_WORKING_SET = 2 << 30  # host memory a measurement may take; above a 512 MiB cache the multiple shrinks
-DISTINCT_BYTES = 64 << 20  # quantized bytes of neurons drawn at random; a larger bundle repeats them
+DISTINCT_BYTES = 16 << 20  # quantized bytes of neurons drawn at random (as float32 up to 7x that); the rest repeats
 SPARSE_DENSITY = 0.10  # share of neurons a sparse measurement selects, scattered at random (cold neurons)
 SPARSE_MASKS = 8  # masks per sparse measurement, disjoint (SPARSE_MASKS x SPARSE_DENSITY <= 1)
 ROUNDS = 3  # alternating rounds of the dense and sparse CPU measurements
