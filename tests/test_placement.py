@@ -540,3 +540,15 @@ def test_bench_hybrid_gives_both_sides_the_same_prompt_batch(tiny_sparse, tmp_pa
     assert batches == [128]
     assert commands and all(cmd[cmd.index("-ub") + 1] == "128" for cmd in commands)
     assert json.loads(out.read_text())["batch_size"] == 128
+
+
+@pytest.mark.parametrize("driver, over", [(990, False), (1010, True)])
+def test_bench_hybrid_marks_a_row_over_its_budget(driver, over):
+    # the driver's count passed two budgets in a run where the allocator's peak did not (docs/BENCHMARKS.md)
+    from pyinfer.tools.bench_hybrid import table
+
+    ours = {"tg": 10.0, "pp": 100.0, "device_bytes": 900, "device_peak_bytes": 950, "driver_bytes": driver}
+    row = {"fraction": 0.5, "budget": 1000, "ours": [ours], "llama": {"-ngl 1": [{"tg": 5.0, "pp": 50.0}]},
+           "modelled_ts": 11.0, "bound_ts": 12.0}
+    line = table([row], 2000, "model").splitlines()[-1]
+    assert ("OVER" in line) == over and "2.00x" in line

@@ -179,7 +179,8 @@ def table(results: list[dict], total: int, label: str) -> str:
             f"| {r['fraction']:.2f} ({format_bytes(r['budget'])}) | {_median(ours_tg):.2f} ({_range(ours_tg)}) | "
             f"{_median(best):.2f} ({_range(best)}; {best_label}) | {_median(ours_tg) / _median(best):.2f}x | "
             f"{r['modelled_ts']:.1f} | {r['bound_ts']:.1f} | "
-            f"{format_bytes(dev)} ({format_bytes(peak)}; {format_bytes(driver)}) / {format_bytes(r['budget'])} | "
+            f"{format_bytes(dev)} ({format_bytes(peak)}; {format_bytes(driver)}) / {format_bytes(r['budget'])}"
+            f"{' OVER' if max(peak, driver) > r['budget'] else ''} | "
             f"{o.get('step_cpu_busy_ms', 0):.2f} / {o.get('step_gpu_busy_ms', 0):.2f} / "
             f"{o.get('step_overlap_ms', 0):.2f} | {_median([x.get('pp') for x in r['ours']]):.1f} | {best_pp:.1f} |")
     return "\n".join(lines)
