@@ -95,6 +95,7 @@ class ModelCosts:
     reserve_bytes: int  # device bytes any GPU use costs: graph buffers, scratch, cuBLAS workspace
     n_ctx: int = 0
     type_name: str = ""
+    dequantized_bytes: int = 0  # of the reserve: non-F16 weight rows our GEMM dequantizes for cuBLAS
 
 
 @dataclass(frozen=True)
@@ -408,9 +409,9 @@ def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch
     # cuBLAS gets a non-F16 matrix's rows dequantized to F16, at most GEMM_CHUNK bytes of them at a time
     not_f16 = [math.prod(info.ne) for info in tensors.values()
                if len(info.ne) == 2 and info.type != GGMLQuantizationType.F16]
-    dequantized = min(GEMM_CHUNK, 2 * max(not_f16, default=0))
+    dequantized = min(GEMM_CHUNK, 2 * max(not_f16, default=0)) if n_batch > GEMV_MAX_COLS else 0
     return ModelCosts(layers, head_bytes=head, reserve_bytes=reserve_bytes(cfg, n_batch, largest, row, dequantized),
-                      n_ctx=n_ctx, type_name=weight_type.name.lower())
+                      n_ctx=n_ctx, type_name=weight_type.name.lower(), dequantized_bytes=dequantized)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -464,10 +464,12 @@ def test_the_reserve_counts_the_dequantized_rows_of_non_f16_weights(tmp_path, mo
     seen = []
     real = placement.reserve_bytes
     monkeypatch.setattr(placement, "reserve_bytes", lambda *args: seen.append(args[-1]) or real(*args))
-    placement.model_costs(GGUFFile(path), 64, 2, True, 512)
+    costs = placement.model_costs(GGUFFile(path), 64, 2, True, 512)
     monkeypatch.setattr(placement, "GEMM_CHUNK", 1 << 20)
     placement.model_costs(GGUFFile(path), 64, 2, True, 512)
-    assert seen == ([0, 0] if type_name_ == "f16" else [2 * n_ff * n_embd, 1 << 20])
+    assert placement.model_costs(GGUFFile(path), 64, 2, True, 8).dequantized_bytes == 0  # GEMVs: no GEMM
+    assert seen[:2] == ([0, 0] if type_name_ == "f16" else [2 * n_ff * n_embd, 1 << 20])
+    assert costs.dequantized_bytes == seen[0]  # what bench_hybrid leaves out of llama.cpp's reserve
 
 
 @pytest.mark.parametrize("step_us", [0.0, 250.0])
@@ -552,3 +554,30 @@ def test_bench_hybrid_marks_a_row_over_its_budget(driver, over):
            "modelled_ts": 11.0, "bound_ts": 12.0}
     line = table([row], 2000, "model").splitlines()[-1]
     assert ("OVER" in line) == over and "2.00x" in line
+
+
+def test_bench_hybrid_leaves_our_dequantized_rows_out_of_llamas_reserve(tmp_path, monkeypatch):
+    import pyinfer.bench
+    import pyinfer.tools.bench_hybrid as bench_hybrid
+    from pyinfer import machine, synthetic
+    from pyinfer.gguf_file import GGUFFile
+    from pyinfer.placement import model_costs
+
+    path = str(tmp_path / "q4.gguf")
+    synthetic.make_llama(path, "small", synthetic.Q.Q4_0, ffn_kind="reglu", n_layer=1, share_weights=True)
+
+    monkeypatch.setattr(machine, "resolve", lambda spec, weight_type, n_threads: MachineProfile(
+        "preset", 50.0, 40.0, 2000.0, 500.0, 20.0, 22.0, 45.0))
+    monkeypatch.setattr(pyinfer.bench, "bench", lambda *args: json.dumps(
+        [{"test": "tg8", "median_ts": 1.0, "modelled_ts": 1.0, "device_bytes": 0, "device_peak_bytes": 0,
+          "driver_bytes": 0}]))
+    reserves = []
+    monkeypatch.setattr(bench_hybrid, "llama_configs",
+                        lambda dense, budget, reserve: reserves.append(reserve) or [("-ngl 0", ["-ngl", "0"])])
+    monkeypatch.setattr(bench_hybrid, "run_llama", lambda *args: {"tg": 1.0})
+    out = str(tmp_path / "r.json")
+    assert bench_hybrid.main(["--ours", path, "--dense", path, "--llama-bench", "unused", "--budgets", "5000",
+                              "--rounds", "1", "--pp", "64", "--tg", "8", "--json", out]) == 0
+    costs = model_costs(GGUFFile(path), 64 + 8 + 16, 2, True, 512)
+    assert costs.dequantized_bytes > 0  # Q4_0 weights: our GEMM dequantizes them
+    assert reserves == [costs.reserve_bytes - costs.dequantized_bytes]

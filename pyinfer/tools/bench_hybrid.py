@@ -8,7 +8,8 @@ budget, on the same shapes, in alternating rounds (docs/BENCHMARKS.md, "Hybrid e
 A budget is a fraction of the model's bytes (our PowerGGUF's tensors). llama.cpp gets the same bytes two
 ways and the faster one counts: -ngl N (the most whole layers that fit) and -ngl 99 with the FFN weights of
 the first K layers kept on the CPU (-ot, the fewest K that fits). Both sides keep the same reserve for
-buffers, sized for the same prompt batch (-b: ours its batch, llama.cpp its -ub). Every row: t/s of each
+buffers, sized for the same prompt batch (-b: ours its batch, llama.cpp its -ub), less for llama.cpp the
+quantized rows our GEMM dequantizes (its kernels read them as they are). Every row: t/s of each
 side (median over rounds, with the range), the ratio, our plan's modelled t/s, the bytes bound at the
 measured bandwidths, our device bytes (the allocator's now and peak, the driver's at the end) against the
 budget, and how the CPU and GPU shared a token. Every run of ours places the model with one machine profile,
@@ -132,7 +133,8 @@ def measure_all(a: argparse.Namespace) -> int:
     for fraction in (float(f) for f in a.budgets.split(",")):
         budget = int(fraction * total)
         plan = solve(costs, machine, budget)
-        configs = llama_configs(dense, budget, costs.reserve_bytes)
+        # llama.cpp's quantized matmul kernels read the weights as they are: our GEMM's dequantized rows are ours
+        configs = llama_configs(dense, budget, costs.reserve_bytes - costs.dequantized_bytes)
         row = {"fraction": fraction, "budget": budget, "ours": [], "llama": {label: [] for label, _ in configs},
                "modelled_ts": plan.tokens_per_second, "bound_ts": bytes_bound(costs, plan, machine),
                "plan": {"attn_gpu": sum(plan.attn_gpu), "hot_rows": sum(plan.hot_rows),
