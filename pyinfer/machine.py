@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from pyinfer.errors import InvalidArgumentError, UnsupportedError
-from pyinfer.placement import MachineProfile
+from pyinfer.placement import MachineProfile, parse_bytes
 
 PRESETS_FILE = Path(__file__).with_name("machine_presets.json")
 WORKING_SET = 256 << 20  # weight bytes read per GPU measurement, and per CPU one at least
@@ -72,7 +72,6 @@ def last_level_cache(root: Path = CPUS, cpus=None) -> int:
     """Bytes of the last-level cache the CPUs this process may run on share among them (sysfs), 0 if unknown:
     every instance of the highest level counted once (an EPYC has one L3 per core complex; the H100 host one of
     300 MiB)."""
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     if cpus is None:
         cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
     instances: dict[tuple[int, str], int] = {}  # (level, the CPUs sharing it) -> bytes
@@ -81,11 +80,9 @@ def last_level_cache(root: Path = CPUS, cpus=None) -> int:
             try:
                 if (index / "type").read_text().strip() == "Instruction":
                     continue
-                size = (index / "size").read_text().strip().upper()
-                number = size.rstrip("KMG")
                 key = (int((index / "level").read_text()), (index / "shared_cpu_list").read_text().strip())
-                instances[key] = int(number) * units[size[len(number):]]
-            except (OSError, ValueError, KeyError):
+                instances[key] = parse_bytes((index / "size").read_text())  # sysfs writes "32768K": binary units
+            except (OSError, ValueError, InvalidArgumentError):
                 continue
     if not instances:
         return 0

@@ -362,13 +362,13 @@ def reserve_bytes(cfg, n_batch: int, largest_matrix: int = 0, neuron_row: int = 
     n_batch tokens (two (n_batch, n_ff) activations live at once, all logits of a perplexity batch), the host
     weights a prompt batch streams in (the graph planner reuses one chunk's memory for the next: one chunk of
     STREAM_ROWS neurons of gate, up and down_t, or the largest attention matrix), the GEMM's scratch (the
-    batch in 16 bits, and `dequantized` bytes of F16 weight rows where weights are not F16), the cuBLAS
+    batch in 16 bits, and `dequantized` bytes of F16 rows of weights that are not F16), the cuBLAS
     workspace and a margin. The driver measured 1.75-3.1x less than the earlier count of four activations and
     two chunks for F16 weights; Q4_0 weights, whose GEMM dequantizes 64 MiB of rows, used up to 1.06x the
     count without that scratch (docs/BENCHMARKS.md, "The prompt batch's reserve")."""
     widest = max(cfg.n_ff, 3 * cfg.n_embd)
     activations = 4 * n_batch * (2 * widest + 4 * cfg.n_embd + cfg.n_vocab)
-    gemm = 2 * n_batch * widest + dequantized if n_batch > GEMV_MAX_COLS else 0
+    gemm = 2 * n_batch * widest + dequantized
     chunk = 3 * min(STREAM_ROWS, cfg.n_ff) * neuron_row
     streamed = max(largest_matrix, chunk) if n_batch >= STREAM_MIN_TOKENS else 0
     return CUBLAS_WORKSPACE + DEVICE_MARGIN + activations + gemm + streamed
