@@ -166,8 +166,9 @@ class Tensor:
         check(lib.ggml_tensor_write(self.ptr, ffi.from_buffer(raw.reshape(-1)), 0, raw.size))
 
     def to_device(self) -> Tensor:
-        """Moves a leaf's data to the GPU."""
+        """Moves a leaf's data to the GPU and lets go of the host buffer it was read from."""
         check(lib.ggml_tensor_to_backend(self.ptr, lib.GGML_BACKEND_CUDA))
+        self._keep = None
         return self
 
 

@@ -4,11 +4,14 @@ on the GPU while the CPU keeps the rest. The split is a view: the rows of each p
 mmap'd file, and only the GPU's rows are copied to the device."""
 from __future__ import annotations
 
+import numpy as np
+
 from pyinfer import ggml
 from pyinfer.errors import UnsupportedError
 from pyinfer.placement import ATTENTION_PARTS, Plan
 
 FFN_PARTS = ("ffn_gate", "ffn_up", "ffn_down_t")  # a neuron is row i of each (down_t: the transposed down)
+QKV_PARTS = ("attn_q", "attn_k", "attn_v")
 
 
 def _require_gpu(what: str) -> None:
@@ -37,7 +40,32 @@ def _head_to_device(model) -> None:
     _to_device(model, ["output.weight", "output_norm.weight", "output_norm.bias"])
 
 
+def fuse_qkv(model, il: int) -> bool:
+    """Layer il's q, k and v projections as one matrix `attn_qkv` (the rows of q, then k, then v; their biases
+    likewise), which the graph reads through views (models.common.fused_qkv): on the GPU one GEMV instead of
+    three, each of which costs a launch and a latency-bound tail in a decode step. Only where the three share
+    a type and no per-head norm reads q and k (it would copy their views first). Whether it fused them."""
+    p = f"blk.{il}."
+    parts = {suffix: [model.file.tensors.get(f"{p}{part}.{suffix}") for part in QKV_PARTS]
+             for suffix in ("weight", "bias")}
+    mats, biases = parts["weight"], parts["bias"]
+    if (None in mats or len({m.type for m in mats}) > 1 or f"{p}attn_q_norm.weight" in model.file.tensors
+            or (None in biases and any(biases))):
+        return False
+    for suffix, infos in parts.items():
+        if infos[0] is None:
+            continue
+        fused = model.weights_ctx.new_tensor(infos[0].type, (sum(i.ne[-1] for i in infos), *reversed(infos[0].ne[:-1])))
+        fused.set_data(np.concatenate([np.frombuffer(i.data, np.uint8) for i in infos]))
+        fused.name = f"{p}attn_qkv.{suffix}"
+        model.weights[fused.name] = fused
+        for part in QKV_PARTS:
+            del model.weights[f"{p}{part}.{suffix}"]
+    return True
+
+
 def _attention_to_device(model, il: int) -> None:
+    fuse_qkv(model, il)
     _to_device(model, _layer_parts(il, ATTENTION_PARTS) + _layer_parts(il, ("fc1", "fc2")) + ["rope_freqs.weight"])
     model.kv_cache.k[il].to_device()
     model.kv_cache.v[il].to_device()

@@ -65,6 +65,31 @@ def test_split_layers_equal_the_unsplit_model(tiny_files, host_only, variant, sp
     assert a == b
 
 
+@pytest.mark.parametrize("variant,fused", [("llama_silu", True), ("qwen2", True), ("opt", True),
+                                           ("gemma3", False), ("falcon_relu", False)])
+def test_attention_on_the_gpu_takes_q_k_v_as_one_matrix(tiny_files, host_only, variant, fused):
+    """A layer whose attention goes to the GPU gets q, k and v (and their biases: Qwen2, OPT) as one attn_qkv
+    matrix, read through views; not where per-head q/k norms read them (Gemma 3) or the file has one already
+    (Falcon). Logits and greedy tokens equal the model with three matrices."""
+    path = tiny_files(variant, False)
+    whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2)
+    cfg = whole.config
+    gpu = Model(path, n_ctx=64, kv_type="f32", n_threads=2, plan=split_plan((cfg.n_ff,) * cfg.n_layer))
+    for il in range(cfg.n_layer):
+        assert (f"blk.{il}.attn_q.weight" in gpu.weights) == (not fused and variant != "falcon_relu")
+        assert (f"blk.{il}.attn_qkv.weight" in gpu.weights) == (fused or variant == "falcon_relu")
+    if variant in ("qwen2", "opt"):
+        assert "blk.0.attn_qkv.bias" in gpu.weights and "blk.0.attn_q.bias" not in gpu.weights
+    want, got = _decode(whole, TOKENS), _decode(gpu, TOKENS)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    np.testing.assert_allclose(gpu.logits(TOKENS), whole.logits(TOKENS), rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    whole.reset()
+    gpu.reset()
+    params = SamplerParams(temperature=0)
+    assert (list(whole.generate_tokens(TOKENS[:3], 16, params, stop_at_eos=False))
+            == list(gpu.generate_tokens(TOKENS[:3], 16, params, stop_at_eos=False)))
+
+
 def test_split_counts_the_cpu_neurons_only(tiny_files, host_only):
     """The realised density of a split model counts the neurons the host computes (the GPU's would cost a
     copy and a wait per layer and token): rows [k, n_ff) of each split layer."""

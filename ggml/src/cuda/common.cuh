@@ -197,6 +197,10 @@ int cuda_norm_mul(const struct ggml_tensor *norm, const struct ggml_tensor *w, s
 int cuda_op_rope(struct ggml_tensor *dst, cudaStream_t st);
 // rope's rows written into the cache slots of the kv_store that reads them (the rope -> kv_store fusion)
 int cuda_rope_store(const struct ggml_tensor *rope, struct ggml_tensor *store, cudaStream_t st);
+// rope of q into its rows, rope of k and v as they are into their kv_stores' cache slots, one kernel (q, k and v
+// views of one projection: the rope -> kv_store fusion for all three)
+int cuda_rope_qkv_store(const struct ggml_tensor *rope_q, const struct ggml_tensor *rope_k,
+                        const struct ggml_tensor *store_k, const struct ggml_tensor *store_v, cudaStream_t st);
 int cuda_op_soft_max(struct ggml_tensor *dst, cudaStream_t st);
 int cuda_op_kv_store(struct ggml_tensor *dst, cudaStream_t st);
 int cuda_op_attention(struct ggml_tensor *dst, cudaStream_t st);
@@ -241,7 +245,7 @@ int cuda_quantize_q8_1(const float *x, int64_t x_ld, int64_t k, int64_t m, void 
 // what a GEMV may do besides y = W x (fusions, ggml/src/cuda/fusion.cu); {} is the plain GEMV
 struct cuda_gemv_extra {
     const struct ggml_tensor *up; // GLU: y = act(W x) * (up x), up shaped and typed like W (one column)
-    int act;                      // GLU: GGML_OP_SILU, GGML_OP_GELU or GGML_OP_RELU
+    int act;                      // GGML_OP_SILU, _GELU, _GELU_ERF or _RELU: of the GLU's gate, or (no up) of W x
     const float *add;             // y += add[row] (one column)
     bool xq_ready;                // wdata already holds x as Q8_1 (the previous GEMV quantized the same x)
 };

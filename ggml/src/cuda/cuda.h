@@ -46,8 +46,10 @@ enum ggml_cuda_fusion {
     GGML_CUDA_FUSE_NONE,     // the node alone
     GGML_CUDA_FUSE_NORM_MUL, // rms_norm or layer_norm, then mul by a weight row
     GGML_CUDA_FUSE_GEMV_ADD, // one-column mul_mat, then add of a vector (bias or residual)
+    GGML_CUDA_FUSE_GEMV_ACT, // one-column mul_mat, then silu/gelu/relu of it (the predictor's first layer)
     GGML_CUDA_FUSE_GLU,      // mul_mat (gate), silu/gelu/relu, mul_mat (up) of the same x, mul
     GGML_CUDA_FUSE_ROPE_STORE, // rope, then kv_store of its rows
+    GGML_CUDA_FUSE_ROPE_QKV,   // rope q; k's view, rope, kv_store; v's view, kv_store (views of one projection)
     GGML_CUDA_FUSE_SPARSE_FFN, // one token's mul_mat_rows gate, act, mul_mat_rows up, mul, axpy_rows down
 };
 struct ggml_cuda_group {

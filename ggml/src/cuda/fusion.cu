@@ -3,8 +3,10 @@
 // pass over its data, so the common chains of a transformer layer run as one kernel:
 //   norm -> mul by the norm weight                 (norm_kernel with a weight row)
 //   GEMV -> add of a bias or the residual          (the GEMV adds it when it writes a row)
+//   GEMV -> silu/gelu/relu                         (the GEMV applies it when it writes a row)
 //   GEMV gate, act, GEMV up of the same x -> mul   (one GEMV over both matrices, act(gate) * up per row)
 //   rope -> kv_store                               (rotated rows written into their cache slots)
+//   rope q, rope k -> kv_store, kv_store v         (q, k, v views of one projection: one kernel for all three)
 //   one token's gate rows, act, up rows, mul -> axpy of down_t under the predictor's mask (sparse_ffn.cu)
 // and quantized GEMVs of the same x (q, k, v) quantize it once, or not at all when the norm that made x
 // left it quantized.
@@ -45,6 +47,16 @@ static int match_gemv_add(struct ggml_tensor *const *nd, const int *readers, int
     return private_run(nd, readers, 2) ? 2 : 0;
 }
 
+static bool is_act(const struct ggml_tensor *t) {
+    return t->op == GGML_OP_SILU || t->op == GGML_OP_GELU || t->op == GGML_OP_GELU_ERF || t->op == GGML_OP_RELU;
+}
+
+static int match_gemv_act(struct ggml_tensor *const *nd, const int *readers, int n) {
+    if (n < 2 || nd[0]->op != GGML_OP_MUL_MAT || !is_act(nd[1]) || nd[1]->src[0] != nd[0]) return 0;
+    if (!cuda_gemv_takes_extra(nd[0]->src[0], nd[0]->src[1])) return 0;
+    return private_run(nd, readers, 2) ? 2 : 0;
+}
+
 static int match_glu(struct ggml_tensor *const *nd, const int *readers, int n) {
     if (n < 4) return 0;
     const struct ggml_tensor *gate = nd[0], *act = nd[1], *up = nd[2], *mul = nd[3];
@@ -60,6 +72,27 @@ static int match_glu(struct ggml_tensor *const *nd, const int *readers, int n) {
 static int match_rope_store(struct ggml_tensor *const *nd, const int *readers, int n) {
     if (n < 2 || nd[0]->op != GGML_OP_ROPE || nd[1]->op != GGML_OP_KV_STORE || nd[1]->src[1] != nd[0]) return 0;
     return private_run(nd, readers, 2) ? 2 : 0;
+}
+
+// models/common.py's attention over a fused projection (q, k and v views of one GEMV's output): rope q, k's view,
+// rope k, its kv_store, v's view, its kv_store. Rope q is read later (by attention) and written as usual; the
+// views are read by the next node only, and every node's inputs come from before the run
+static int match_rope_qkv(struct ggml_tensor *const *nd, const int *readers, int n) {
+    if (n < 6) return 0;
+    const struct ggml_tensor *rq = nd[0], *vk = nd[1], *rk = nd[2], *sk = nd[3], *vv = nd[4], *sv = nd[5];
+    if (rq->op != GGML_OP_ROPE || vk->op != GGML_OP_VIEW || rk->op != GGML_OP_ROPE || sk->op != GGML_OP_KV_STORE ||
+        vv->op != GGML_OP_VIEW || sv->op != GGML_OP_KV_STORE)
+        return 0;
+    if (rk->src[0] != vk || sk->src[1] != rk || sv->src[1] != vv || vk->src[0] == rq) return 0;
+    for (int j = 0; j < 4; j++)
+        if (vv->src[0] == nd[j]) return 0;
+    // the same rotation for q and k
+    if (rq->src[1] != rk->src[1] || rq->src[2] != rk->src[2] || memcmp(rq->op_params, rk->op_params, 8 * sizeof(int32_t)))
+        return 0;
+    if (vv->type != GGML_TYPE_F32 || vv->nb[0] != sizeof(float)) return 0;
+    for (int j = 0; j < 6; j++)
+        if (!on_cuda(nd[j])) return 0;
+    return readers[1] == 1 && readers[2] == 1 && readers[4] == 1 ? 6 : 0;
 }
 
 // a mul_mat_rows or axpy_rows over all rows of w [k, n] with the F32 mask sel [n] of one token
@@ -118,8 +151,12 @@ extern "C" void ggml_cuda_plan_groups(struct ggml_tensor *const *nodes, int n, c
             g.kind = GGML_CUDA_FUSE_GLU;
         else if ((len = match_gemv_add(nodes + i, readers + i, n - i)))
             g.kind = GGML_CUDA_FUSE_GEMV_ADD;
+        else if ((len = match_gemv_act(nodes + i, readers + i, n - i)))
+            g.kind = GGML_CUDA_FUSE_GEMV_ACT;
         else if ((len = match_norm_mul(nodes + i, readers + i, n - i)))
             g.kind = GGML_CUDA_FUSE_NORM_MUL;
+        else if ((len = match_rope_qkv(nodes + i, readers + i, n - i)))
+            g.kind = GGML_CUDA_FUSE_ROPE_QKV;
         else if ((len = match_rope_store(nodes + i, readers + i, n - i)))
             g.kind = GGML_CUDA_FUSE_ROPE_STORE;
         g.len = len ? len : 1;
@@ -155,9 +192,13 @@ extern "C" int ggml_cuda_forward_group(const struct ggml_cuda_group *group, stru
     case GGML_CUDA_FUSE_NORM_MUL:
         return cuda_norm_mul(node, other_src(last, node), last, group->writes_xq ? wdata : NULL, st);
     case GGML_CUDA_FUSE_ROPE_STORE: return cuda_rope_store(node, last, st);
+    case GGML_CUDA_FUSE_ROPE_QKV: return cuda_rope_qkv_store(node, nodes[2], nodes[3], last, st);
     case GGML_CUDA_FUSE_SPARSE_FFN: return cuda_sparse_ffn(nodes, group->xq_ready, wdata, st);
     case GGML_CUDA_FUSE_GEMV_ADD:
         e.add = (const float *)other_src(last, node)->data;
+        return cuda_rows_dot(node->src[0], node->src[1], last, all, wdata, st, e);
+    case GGML_CUDA_FUSE_GEMV_ACT:
+        e.act = last->op;
         return cuda_rows_dot(node->src[0], node->src[1], last, all, wdata, st, e);
     case GGML_CUDA_FUSE_GLU:
         e.up = nodes[2]->src[0];

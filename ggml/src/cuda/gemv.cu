@@ -30,13 +30,13 @@ struct rows_params {
     cuda_rows_sel s;
     int R, tpr;       // candidates per block (per round of qrows_kernel), threads per row (rows_kernel)
     const uint8_t *w2; // GLU (dense, m = 1): y = act(w x) * (w2 x), w2 laid out like w
-    int act;
+    int act;           // GLU's activation; without w2 (dense, m = 1) y = act(w x); 0: none
     const float *add; // (m = 1) y[row] += add[row]
 };
 
 // a row's output from its dot product (and the up row's, for GLU) with the fused epilogue
 static __device__ __forceinline__ float row_out(const rows_params &p, int64_t row, float dot, float up) {
-    const float v = p.w2 ? cuda_act(p.act, dot) * up : dot;
+    const float v = p.w2 ? cuda_act(p.act, dot) * up : p.act ? cuda_act(p.act, dot) : dot;
     return p.add ? v + p.add[row] : v;
 }
 
@@ -331,7 +331,7 @@ __global__ void __launch_bounds__(QROWS_WARPS * 32, qrows_min_blocks<TYPE>) qrow
                     if (lane != 0 || g + r >= total) continue;
                     if (list)
                         p.y[r_of[r] + col * p.y_ld] = v;
-                    else if (p.add)
+                    else if (p.add || p.act)
                         p.y[r_of[r]] = row_out(p, r_of[r], v, 0.0f); // m = 1, dense
                     else
                         p.y[r_of[r] + j * p.y_ld] = s.mode != CUDA_SEL_MASK || mm == 1 || mask_on(s, r_of[r], j) ? v : 0.0f;
@@ -501,7 +501,7 @@ int cuda_rows_dot(const struct ggml_tensor *w, const struct ggml_tensor *x, stru
     p.w2 = e.up ? (const uint8_t *)e.up->data : NULL;
     p.act = e.act;
     p.add = e.add;
-    if ((p.w2 || p.add) && (s.mode != CUDA_SEL_ALL || !cuda_gemv_takes_extra(w, x)))
+    if ((p.w2 || p.add || p.act) && (s.mode != CUDA_SEL_ALL || !cuda_gemv_takes_extra(w, x)))
         return ggml_set_error(GGML_STATUS_INVALID_ARG, "CUDA GEMV: fused epilogue on an unsupported shape");
     const bool is_float = cuda_type_is_float(type);
     bool aligned = ((uintptr_t)p.w % 16 == 0) && p.w_nb1 % 16 == 0;
