@@ -113,20 +113,31 @@ steadiness() {  # NAME [ROUNDS]: CPU-only decode of the dense GGUF, ours and lla
     done | tee "$OUT/$name-steadiness.md"
 }
 
-table_bg() {  # issue 13's whole table in the background (a device call lasts at most 10 minutes): the build, the
-    # profiles on the quiet host first, the four synthetic models, the GPU tests, then every budget of each
-    # model against llama.cpp with those profiles; results in $W/out, fetched by `collect`
+table_bg() {  # [NAME...]: issue 13's table in the background (a device call lasts at most 10 minutes): the build,
+    # the profiles on the quiet host first, the synthetic models (default all four: l13f16 l70f16 l13q4 l70q4), the
+    # GPU tests, then every budget of each model against llama.cpp with those profiles; results in $W/out, fetched
+    # by `collect`
     rm -rf "$W/out"; rm -f "$W"/*.done  # an earlier run's results and models are not this one's
+    local names="${*:-l13f16 l70f16 l13q4 l70q4}"
     setsid bash -c "W=$W; . pyinfer/tools/gpu_session.sh; OUT=$W/out; mkdir -p \$OUT; setup > \$OUT/setup.log 2>&1
         build > \$OUT/build.log 2>&1; profiles > /dev/null 2>> \$OUT/profiles.err; llama_bg > \$OUT/llama.log 2>&1
-        models_bg l13f16 llama-13b f16 8; models_bg l70f16 llama-70b f16 4
-        models_bg l13q4 llama-13b q4_0 8; models_bg l70q4 llama-70b q4_0 4
+        for name in $names; do table_model \$name models_bg; done
         tests > /dev/null
-        for m in 'l13f16 13B F16, 8 of 40 layers' 'l70f16 70B-like GQA F16, 4 of 80 layers' \
-                 'l13q4 13B Q4_0, 8 of 40 layers' 'l70q4 70B-like GQA Q4_0, 4 of 80 layers'; do
-            name=\${m%% *}; type=\${name#l??}; type=\${type/q4/q4_0}
-            compare \$name \"SYNTHETIC \${m#* }\" --rounds 2 --reps 2 --machine $W/machine-\$type.json
-        done; touch \$OUT/ALL.done" > "$W/table.log" 2>&1 < /dev/null &
+        for name in $names; do table_model \$name compare_table; done; touch \$OUT/ALL.done" > "$W/table.log" 2>&1 < /dev/null &
+}
+
+table_model() {  # NAME STEP: STEP (models_bg or compare_table) with the table's arguments for model NAME
+    case $1 in
+    l13f16) "$2" l13f16 llama-13b f16 8 "13B F16, 8 of 40 layers" ;;
+    l70f16) "$2" l70f16 llama-70b f16 4 "70B-like GQA F16, 4 of 80 layers" ;;
+    l13q4) "$2" l13q4 llama-13b q4_0 8 "13B Q4_0, 8 of 40 layers" ;;
+    l70q4) "$2" l70q4 llama-70b q4_0 4 "70B-like GQA Q4_0, 4 of 80 layers" ;;
+    *) echo "no table model $1"; return 1 ;;
+    esac
+}
+
+compare_table() {  # NAME SHAPE TYPE LAYERS LABEL: one model's rows, planned with this machine's profile of TYPE
+    compare "$1" "SYNTHETIC $5" --rounds 2 --reps 2 --machine "$W/machine-$3.json"
 }
 
 collect() {  # [SECONDS]: waits for table_bg's end (default 560 s), then packs $W/out into $OUT/table.tgz
