@@ -485,12 +485,12 @@ def sparse_ffn_mask(n: int, density: float, hot_first: bool, rng) -> tuple[np.nd
 
 
 def sparse_ffn_graph(x, pred, weights, type_: int, act: str, fuse: bool = True, quantize_first=None,
-                     down_type: int | None = None):
+                     down_type: int | None = None, residual=None):
     """build(ctx) for one token's sparse FFN as sparse_ffn.rows_ffn builds it: gate rows under pred, act, up
     rows under pred or, for relu, under relu(gate), mul, axpy of down_t (of down_type, default type_).
     fuse=False also outputs the mul, which keeps the run from fusing (its activations, as the GPU computed
     them, come second); quantize_first: a weight whose quantized GEMV of x comes first (the group then finds
-    x's Q8_1 copy)."""
+    x's Q8_1 copy); residual: a vector the output is added to (as a layer adds its FFN to the residual stream)."""
     wg, wu, wdt = weights
 
     def build(ctx):
@@ -500,19 +500,22 @@ def sparse_ffn_graph(x, pred, weights, type_: int, act: str, fuse: bool = True, 
         sel = a if act == "relu" else p
         mul = ctx.mul(a, ctx.mul_mat_rows(tensor(ctx, wu, type_), h, sel))
         down = tensor(ctx, wdt, type_ if down_type is None else down_type)
-        return [*first, ctx.axpy_rows(down, mul, sel), *([] if fuse else [mul])]
+        y = ctx.axpy_rows(down, mul, sel)
+        y = ctx.add(tensor(ctx, residual), y) if residual is not None else y
+        return [*first, y, *([] if fuse else [mul])]
 
     return build
 
 
 def assert_fused_equals_unfused(x, pred, weights, type_, act, expect_fused: int, mem: int = 64 << 20,
-                                quantize_first=None, down_type: int | None = None) -> np.ndarray:
+                                quantize_first=None, down_type: int | None = None, residual=None) -> np.ndarray:
     """The fused group on CUDA against the same ops unfused on CUDA: the same activations, down_t rows summed
     in another order, so a tolerance of float32 sums (a row dropped or added shows); returns the fused y."""
     graphs = []
-    fused = run(sparse_ffn_graph(x, pred, weights, type_, act, True, quantize_first, down_type), "cuda", graphs, mem)
-    unfused = run(sparse_ffn_graph(x, pred, weights, type_, act, False, quantize_first, down_type), "cuda", graphs,
-                  mem)
+    fused = run(sparse_ffn_graph(x, pred, weights, type_, act, True, quantize_first, down_type, residual), "cuda",
+                graphs, mem)
+    unfused = run(sparse_ffn_graph(x, pred, weights, type_, act, False, quantize_first, down_type, residual), "cuda",
+                  graphs, mem)
     assert graphs == [expect_fused, 0], graphs
     got, want, act_gpu = fused[-1].reshape(-1), unfused[-2].reshape(-1), unfused[-1].reshape(-1)
     types = (type_, type_, type_ if down_type is None else down_type)
@@ -524,6 +527,7 @@ def assert_fused_equals_unfused(x, pred, weights, type_, act, expect_fused: int,
     flip = flippable * 1e-5 * gmag * (np.abs(wu64) @ np.abs(x))
     # float32 sums of up to thousands of rows in two orders
     tol = 1e-4 * (np.abs(act_gpu) @ np.abs(wd64)) + flip @ np.abs(wd64) + 1e-6
+    tol = tol + (1e-6 * np.abs(residual) if residual is not None else 0.0)
     bad = ~(np.abs(got - want) <= tol)
     assert not bad.any(), f"{bad.sum()} of {bad.size} off, got {got[bad][:3]} want {want[bad][:3]}"
     return got
@@ -535,7 +539,8 @@ def assert_fused_equals_unfused(x, pred, weights, type_, act, expect_fused: int,
 def test_fused_sparse_ffn(type_, data, seed, act, hot_first):
     """One token's sparse FFN runs on CUDA as one fused group: against the same ops unfused on CUDA (tight),
     float64 and the CPU graph (within the quantization's error), for masks of any density, hot-first or not,
-    down_t of gate's type or of its own (llama.cpp's Q4_K_M keeps ffn_down in Q6_K: the group had not fused)."""
+    down_t of gate's type or of its own (llama.cpp's Q4_K_M keeps ffn_down in Q6_K: the group had not fused),
+    with or without the residual added after it (the group's sum then starts from it)."""
     rng = np.random.default_rng(seed)
     down_type = data.draw(st.sampled_from([type_, *ggml.WEIGHT_TYPES]))
     # rows of both types: k a multiple of the larger block
@@ -544,9 +549,11 @@ def test_fused_sparse_ffn(type_, data, seed, act, hot_first):
     on, pred = sparse_ffn_mask(n, data.draw(st.sampled_from([0.0, 0.02, 0.1, 0.5, 1.0])), hot_first, rng)
     x = rng.standard_normal(k).astype(np.float32)
     weights = tuple(rng.standard_normal((n, k)).astype(np.float32) for _ in range(3))
+    residual = rng.standard_normal(k).astype(np.float32) if data.draw(st.booleans()) else None
     fuses = type_ in QUANT_TYPES or k % (4 if type_ == ggml.F32 else 8) == 0  # float rows: 16-byte aligned
-    got = assert_fused_equals_unfused(x, pred, weights, type_, act, 4 if fuses else 0, down_type=down_type)
-    (cpu,) = run(sparse_ffn_graph(x, pred, weights, type_, act, down_type=down_type), "cpu")
+    expect = (4 + (residual is not None)) if fuses else 0
+    got = assert_fused_equals_unfused(x, pred, weights, type_, act, expect, down_type=down_type, residual=residual)
+    (cpu,) = run(sparse_ffn_graph(x, pred, weights, type_, act, down_type=down_type, residual=residual), "cpu")
 
     wg64, wu64 = (weight_values(type_, w) for w in weights[:2])
     wd64 = weight_values(down_type, weights[2])
@@ -557,7 +564,7 @@ def test_fused_sparse_ffn(type_, data, seed, act, hot_first):
     want_act = np.where(computed, a * u, 0.0)
     # |d act| <= 1.13 |d g|; a relu row with |g| within its error may go either way
     tol_act = on * (1.13 * tol_g * (np.abs(u) + tol_u) + np.abs(a) * tol_u + 1e-4)
-    want = want_act @ wd64
+    want = want_act @ wd64 + (residual if residual is not None else 0.0)
     tol = tol_act @ np.abs(wd64) + DOT_TOL[down_type] * (np.abs(want_act) @ np.abs(wd64)) + 1e-4
     for name, result in (("cuda", got), ("cpu", cpu.reshape(-1))):
         bad = ~(np.abs(result - want) <= tol)

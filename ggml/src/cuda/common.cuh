@@ -271,8 +271,10 @@ bool cuda_blas_load(void);
 // device memory counted in ggml_cuda_allocated, without initialising the device (for init's own buffers)
 int cuda_device_alloc(void **ptr, size_t size);
 // the sparse FFN of one token, nodes[0..5) = gate rows, act, up rows, mul, axpy of down_t (sparse_ffn.cu;
-// fusion.cu matches them); xq_ready: wdata already holds x as Q8_1
-int cuda_sparse_ffn(struct ggml_tensor *const *nodes, bool xq_ready, void *wdata, cudaStream_t st);
+// fusion.cu matches them), into y starting from add (the residual; NULL: 0); xq_ready: wdata already holds x
+// as Q8_1
+int cuda_sparse_ffn(struct ggml_tensor *const *nodes, struct ggml_tensor *y, const float *add, bool xq_ready,
+                    void *wdata, cudaStream_t st);
 // its scratch, from down_t [d, n] (d is also x's length)
 size_t cuda_sparse_ffn_wsize(const struct ggml_tensor *wd);
 // multiprocessors of the current device (asked once)

@@ -7,7 +7,8 @@
 //   GEMV gate, act, GEMV up of the same x -> mul   (one GEMV over both matrices, act(gate) * up per row)
 //   rope -> kv_store                               (rotated rows written into their cache slots)
 //   rope q, rope k -> kv_store, kv_store v         (q, k, v views of one projection: one kernel for all three)
-//   one token's gate rows, act, up rows, mul -> axpy of down_t under the predictor's mask (sparse_ffn.cu)
+//   one token's gate rows, act, up rows, mul -> axpy of down_t under the predictor's mask (sparse_ffn.cu), and
+//   the residual add after it (the sum starts from the residual instead of 0)
 // and quantized GEMVs of the same x (q, k, v) quantize it once, or not at all when the norm that made x
 // left it quantized.
 #include "common.cuh"
@@ -128,6 +129,10 @@ static int match_sparse_ffn(struct ggml_tensor *const *nd, const int *readers, i
     const int inside[4] = {1, relu ? 3 : 1, 1, 1}; // readers of nodes 0..3, all within the run
     for (int j = 0; j < 4; j++)
         if (readers[j] != inside[j]) return 0;
+    if (n > 5 && readers[4] == 1 && nd[5]->op == GGML_OP_ADD && on_cuda(nd[5]) && nd[5]->type == GGML_TYPE_F32) {
+        const struct ggml_tensor *residual = other_src(nd[5], down);
+        if (residual && residual != down && is_f32_vector(residual, down->ne[0])) return 6;
+    }
     return 5;
 }
 
@@ -193,7 +198,9 @@ extern "C" int ggml_cuda_forward_group(const struct ggml_cuda_group *group, stru
         return cuda_norm_mul(node, other_src(last, node), last, group->writes_xq ? wdata : NULL, st);
     case GGML_CUDA_FUSE_ROPE_STORE: return cuda_rope_store(node, last, st);
     case GGML_CUDA_FUSE_ROPE_QKV: return cuda_rope_qkv_store(node, nodes[2], nodes[3], last, st);
-    case GGML_CUDA_FUSE_SPARSE_FFN: return cuda_sparse_ffn(nodes, group->xq_ready, wdata, st);
+    case GGML_CUDA_FUSE_SPARSE_FFN:
+        return cuda_sparse_ffn(nodes, last, group->len == 6 ? (const float *)other_src(last, nodes[4])->data : NULL,
+                               group->xq_ready, wdata, st);
     case GGML_CUDA_FUSE_GEMV_ADD:
         e.add = (const float *)other_src(last, node)->data;
         return cuda_rows_dot(node->src[0], node->src[1], last, all, wdata, st, e);

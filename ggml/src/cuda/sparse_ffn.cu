@@ -33,6 +33,7 @@ struct ffn_params {
     const uint8_t *wd;      // down_t [n, d]
     int64_t wd_nb1, d;
     float *y;               // [d]
+    const float *add;       // [d] what y starts from (the residual the graph adds next), NULL: 0
 };
 
 size_t cuda_sparse_ffn_wsize(const struct ggml_tensor *wd) {
@@ -43,7 +44,7 @@ size_t cuda_sparse_ffn_wsize(const struct ggml_tensor *wd) {
 __global__ void __launch_bounds__(CUDA_BLOCK) ffn_select_kernel(ffn_params p) {
     __shared__ int s_rows[CUDA_BLOCK], s_wcnt[CUDA_BLOCK / 32], s_base;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < p.d; i += (int64_t)gridDim.x * blockDim.x)
-        p.y[i] = 0.0f; // the down kernel adds into y
+        p.y[i] = p.add ? p.add[i] : 0.0f; // the down kernel adds into y
     const int64_t row = (int64_t)blockIdx.x * CUDA_BLOCK + threadIdx.x;
     const bool sel = row < p.n && *(const float *)(p.pred + row * p.pred_nb0) > 0.0f;
     const int total = block_compact_rows(sel, row, s_rows, s_wcnt);
@@ -133,10 +134,10 @@ struct ffn_down_launch {
     }
 };
 
-int cuda_sparse_ffn(struct ggml_tensor *const *nodes, bool xq_ready, void *wdata, cudaStream_t st) {
+int cuda_sparse_ffn(struct ggml_tensor *const *nodes, struct ggml_tensor *y, const float *add, bool xq_ready,
+                    void *wdata, cudaStream_t st) {
     const struct ggml_tensor *gate = nodes[0], *wg = gate->src[0], *x = gate->src[1], *pred = gate->src[2];
     const struct ggml_tensor *wu = nodes[2]->src[0], *wd = nodes[4]->src[0];
-    struct ggml_tensor *y = nodes[4];
     const enum ggml_type type = wg->type;
     ffn_params p;
     p.wg = (const uint8_t *)wg->data;
@@ -161,6 +162,7 @@ int cuda_sparse_ffn(struct ggml_tensor *const *nodes, bool xq_ready, void *wdata
     p.wd_nb1 = (int64_t)wd->nb[1];
     p.d = wd->ne[0];
     p.y = (float *)y->data;
+    p.add = add;
     if (!cuda_type_is_float(type)) {
         int rc = xq_ready ? GGML_STATUS_OK : cuda_quantize_q8_1(p.x, (int64_t)x->nb[1] / 4, p.k, 1, wdata, st);
         if (rc) return rc;
