@@ -8,10 +8,9 @@ import numpy as np
 
 from pyinfer import ggml
 from pyinfer.errors import UnsupportedError
-from pyinfer.placement import ATTENTION_PARTS, Plan
+from pyinfer.placement import ATTENTION_PARTS, QKV_PARTS, Plan
 
 FFN_PARTS = ("ffn_gate", "ffn_up", "ffn_down_t")  # a neuron is row i of each (down_t: the transposed down)
-QKV_PARTS = ("attn_q", "attn_k", "attn_v")
 
 
 def _require_gpu(what: str) -> None:

@@ -347,6 +347,7 @@ def _quiet_stdout():
 # ---------------------------------------------------------------------------------------------------
 # a model file's costs
 
+QKV_PARTS = ("attn_q", "attn_k", "attn_v")  # on the GPU one matrix where they share a type (offload.fuse_qkv)
 ATTENTION_PARTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "attn_q_norm", "attn_k_norm",
                    "post_attention_norm", "post_ffw_norm", "attn_qkv", "attn_norm_2")
 STREAM_ROWS = 2048  # a prompt batch copies host FFN weights to the GPU this many neurons at a time
@@ -409,6 +410,10 @@ def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch
     # cuBLAS gets a non-F16 matrix's rows dequantized to F16, at most GEMM_CHUNK bytes of them at a time
     not_f16 = [math.prod(info.ne) for info in tensors.values()
                if len(info.ne) == 2 and info.type != GGMLQuantizationType.F16]
+    for il in range(cfg.n_layer):  # q, k and v fused on the GPU: one matrix of all their rows
+        qkv = [tensors.get(f"blk.{il}.{part}.weight") for part in QKV_PARTS]
+        if None not in qkv and len({i.type for i in qkv}) == 1 and qkv[0].type != GGMLQuantizationType.F16:
+            not_f16.append(sum(math.prod(i.ne) for i in qkv))
     dequantized = min(GEMM_CHUNK, 2 * max(not_f16, default=0)) if n_batch > GEMV_MAX_COLS else 0
     return ModelCosts(layers, head_bytes=head, reserve_bytes=reserve_bytes(cfg, n_batch, largest, row, dequantized),
                       n_ctx=n_ctx, type_name=weight_type.name.lower(), dequantized_bytes=dequantized)

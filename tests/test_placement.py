@@ -472,6 +472,18 @@ def test_the_reserve_counts_the_dequantized_rows_of_non_f16_weights(tmp_path, mo
     assert costs.dequantized_bytes == seen[0]  # what bench_hybrid leaves out of llama.cpp's reserve
 
 
+def test_the_dequantized_rows_count_q_k_and_v_as_one_matrix(tmp_path, monkeypatch):
+    """Where a layer's attention is on the GPU its q, k and v are one matrix (offload.fuse_qkv), which a prompt's
+    GEMM dequantizes as one: with a narrow FFN that matrix is the largest."""
+    from pyinfer import placement, synthetic
+    from pyinfer.gguf_file import GGUFFile
+
+    monkeypatch.setitem(synthetic.SHAPES, "narrow", (1024, 2, 512, 16, 16, 512))  # q + k + v: 3072 rows of 1024
+    path = str(tmp_path / "m.gguf")
+    synthetic.make_llama(path, "narrow", synthetic.Q.Q4_0, ffn_kind="reglu", share_weights=True)
+    assert placement.model_costs(GGUFFile(path), 64, 2, True, 512).dequantized_bytes == 2 * 3072 * 1024
+
+
 @pytest.mark.parametrize("step_us", [0.0, 250.0])
 def test_a_steps_own_cost_adds_to_every_plan_and_moves_nothing(step_us):
     """MachineProfile.step_us (the graph's launch and sync, the host's work between tokens) is the same for every
