@@ -1,7 +1,8 @@
 """Where a decode step's GPU time goes: every CUDA kernel and copy of N generated tokens, as recorded by CUPTI
-(through torch.profiler, which the device machine has), summed per kernel name and divided by N.
+(through torch.profiler, which the device machine has), summed per kernel name and divided by N; with
+--prompt P, of one prompt batch of P tokens instead (per batch).
 
-    python -m pyinfer.tools.profile_decode -m MODEL.gguf [--budget 0.9 | -ngl 99] [-n 16] [-t 16]
+    python -m pyinfer.tools.profile_decode -m MODEL.gguf [--budget 0.9 | -ngl 99] [-n 16 | --prompt 512] [-t 16]
 
 --budget is a fraction of the file's bytes (as pyinfer.tools.bench_hybrid counts budgets). Prints a
 markdown table, slowest first, and the wall time per token next to the kernels' sum.
@@ -28,6 +29,8 @@ def parser() -> argparse.ArgumentParser:
     where.add_argument("--budget", type=float, help="VRAM budget as a fraction of the file's bytes")
     where.add_argument("-ngl", "--n-gpu-layers", type=int, help="whole layers on the GPU instead")
     p.add_argument("-n", "--tokens", type=int, default=16, help="decoded tokens profiled (after as many warm-up ones)")
+    p.add_argument("--prompt", type=int, default=0, metavar="P",
+                   help="profile one prompt batch of P tokens (after a warm-up batch) instead of decoding")
     p.add_argument("-t", "--threads", type=int, default=default_threads())
     p.add_argument("--machine", help="placement figures: a preset name or profile file (default: this machine's)")
     p.add_argument("--dense", action="store_true", help="the dense FFN even if the file has predictors")
@@ -50,7 +53,7 @@ def profile(a: argparse.Namespace) -> int:
     from pyinfer.gguf_file import GGUFFile
     from pyinfer.runtime import Model
 
-    options = {"n_threads": a.threads, "n_ctx": 2 * a.tokens + 16}
+    options = {"n_threads": a.threads, "n_ctx": max(2 * a.tokens, a.prompt) + 16, "n_batch": max(512, a.prompt)}
     if a.dense:
         options["sparse"] = False
     if a.budget is not None:
@@ -60,27 +63,35 @@ def profile(a: argparse.Namespace) -> int:
     else:
         options["n_gpu_layers"] = a.n_gpu_layers
     model = Model(a.model, **options)
-    tokens = np.random.default_rng(0).integers(0, model.config.n_vocab, size=2 * a.tokens)
-    for tok in tokens[:a.tokens]:  # warm-up: graphs built and captured
-        model.eval([int(tok)])
+    rng = np.random.default_rng(0)
+    if a.prompt:  # one batch, after a warm-up batch
+        steps, unit = [rng.integers(0, model.config.n_vocab, size=a.prompt).tolist()], f"batch of {a.prompt}"
+    else:  # decode steps, after as many warm-up ones
+        steps, unit = [[int(t)] for t in rng.integers(0, model.config.n_vocab, size=a.tokens)], "token"
+
+    def run_steps() -> None:
+        model.reset()
+        for step in steps:
+            model.eval(step)
+
+    run_steps()  # graphs built and captured
     times: dict[str, list[float]] = defaultdict(list)
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
-        for tok in tokens[a.tokens:]:
-            model.eval([int(tok)])
+        run_steps()
         wall = time.perf_counter() - t0
     for ev in prof.events():
         if ev.device_type.name == "CUDA":
             times[kernel_family(ev.name)].append(ev.device_time_total)
-    n = a.tokens
+    n = len(steps)
     rows = sorted(times.items(), key=lambda kv: -sum(kv[1]))
     busy = sum(sum(v) for v in times.values()) / n
     plan = model.plan
     where = (f"budget {a.budget:g} of the file: {sum(plan.attn_gpu)} attention layers and "
              f"{sum(plan.hot_rows)} FFN rows on the GPU" if plan else f"-ngl {a.n_gpu_layers}")
     print(f"{a.model}: {where}; {'sparse' if model.sparse_spec else 'dense'} FFN, {a.threads} threads")
-    print(f"wall {1e6 * wall / n:.1f} us per token, GPU kernels and copies {busy:.1f} us per token\n")
-    print("| kernel | calls per token | us per token | us per call | share |")
+    print(f"wall {1e6 * wall / n:.1f} us per {unit}, GPU kernels and copies {busy:.1f} us per {unit}\n")
+    print(f"| kernel | calls per {unit} | us per {unit} | us per call | share |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for name, v in rows:
         print(f"| {name[:60]} | {len(v) / n:.1f} | {sum(v) / n:.1f} | {sum(v) / len(v):.2f} | "
