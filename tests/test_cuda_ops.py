@@ -97,7 +97,7 @@ def assert_dot_close(got, want, bound, type_):
 # ---------------------------------------------------------------------------------------------------
 
 @SETTINGS
-@given(rows=st.integers(1, 9), cols=st.integers(1, 300), seed=st.integers(0, 2**31),
+@given(rows=st.integers(1, 9), cols=st.integers(1, 700), seed=st.integers(0, 2**31),
        op=st.sampled_from(["add", "mul", "add_b", "mul_b", "scale", "silu", "gelu", "gelu_erf", "relu", "view_add"]))
 def test_elementwise(rows, cols, seed, op):
     rng = np.random.default_rng(seed)
@@ -216,11 +216,12 @@ def test_soft_max(rows, cols, use_pos, seed):
 
 @SETTINGS
 @given(cache_type=st.sampled_from([ggml.F32, ggml.F16]), n_kv=st.integers(1, 3), group=st.integers(1, 3),
-       hd=st.sampled_from([8, 40, 64, 128, 256]), n_ctx=st.integers(1, 700), n_tokens=st.integers(1, 4),
-       seed=st.integers(0, 2**31), rope_k=st.booleans(), window=st.sampled_from([0, 1, 5, 64, 512]))
+       hd=st.sampled_from([8, 40, 64, 128, 256]), n_ctx=st.integers(1, 700),
+       n_tokens=st.sampled_from([1, 2, 3, 4, 16, 33, 70]), seed=st.integers(0, 2**31), rope_k=st.booleans(),
+       window=st.sampled_from([0, 1, 5, 64, 512]))
 def test_kv_store_and_attention(cache_type, n_kv, group, hd, n_ctx, n_tokens, seed, rope_k, window):
     """With rope_k the new keys are rotated first: on CUDA rope writes them into the cache (one fused kernel);
-    window > 0: a sliding-window layer's attention."""
+    window > 0: a sliding-window layer's attention; 16 tokens or more: a prompt batch's tiled kernel."""
     rng = np.random.default_rng(seed)
     n_tokens = min(n_tokens, n_ctx)
     n_head = n_kv * group
