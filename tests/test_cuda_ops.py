@@ -221,7 +221,7 @@ def test_soft_max(rows, cols, use_pos, seed):
        window=st.sampled_from([0, 1, 5, 64, 512]))
 def test_kv_store_and_attention(cache_type, n_kv, group, hd, n_ctx, n_tokens, seed, rope_k, window):
     """With rope_k the new keys are rotated first: on CUDA rope writes them into the cache (one fused kernel);
-    window > 0: a sliding-window layer's attention; 16 tokens or more: a prompt batch's tiled kernel."""
+    window > 0: a sliding-window layer's attention; up to 70 tokens: a prompt batch."""
     rng = np.random.default_rng(seed)
     n_tokens = min(n_tokens, n_ctx)
     n_head = n_kv * group

@@ -2,8 +2,7 @@
 // GQA (a sliding-window layer: slots (pos[t] - window, pos[t]] only). One block per (head, token); its 16
 // warps split the slots [0, pos[t]] round-robin, two slots at a
 // time (both slots' loads in flight before the math: short decode contexts are latency-bound), each warp
-// keeping an online softmax (running max, sum, weighted V); the 16 partial states merge at the end. Prompt
-// batches take a block per (head, 32 tokens) instead, the slots passing through shared memory (below).
+// keeping an online softmax (running max, sum, weighted V); the 16 partial states merge at the end.
 #include "common.cuh"
 
 #define ATT_WARPS 16
@@ -116,116 +115,6 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cuda_view q, 
     }
 }
 
-// Prompt batches: a block per (head, ATT_TILE_Q tokens), a warp per ATT_TILE_QPW of them. The cache slots any
-// of its tokens attends pass through shared memory ATT_TILE_K at a time, so a slot is read once per block, not
-// once per token: per token, a 512-token prompt's attention had re-read the cache, 0.96 ms a layer of a 13B
-// shape. Each token keeps an online softmax over the tiles (a tile's max first, then its weights).
-#define ATT_TILE_WARPS 8
-#define ATT_TILE_QPW 4
-#define ATT_TILE_Q (ATT_TILE_WARPS * ATT_TILE_QPW)
-#define ATT_TILE_K 16
-
-template <bool F16>
-__global__ void __launch_bounds__(ATT_TILE_WARPS * 32) attention_tile_kernel(cuda_view q, cuda_view k, cuda_view v,
-                                                                            const char *pos, int64_t pos_nb0,
-                                                                            cuda_view dst, float scale, int window) {
-    __shared__ float sk[ATT_TILE_K][ATT_MAX_DPL * 32], sv[ATT_TILE_K][ATT_MAX_DPL * 32];
-    __shared__ int64_t s_first[ATT_TILE_Q], s_last[ATT_TILE_Q]; // each token's slots (first > last: none)
-    const int hd = (int)q.ne[0], h = blockIdx.x, lane = threadIdx.x % 32, w = threadIdx.x / 32;
-    const int64_t n_tok = q.ne[2], t0 = (int64_t)blockIdx.y * ATT_TILE_Q;
-    const int64_t g = h / (q.ne[1] / k.ne[1]); // kv head of this query head
-    if (threadIdx.x < ATT_TILE_Q) {
-        const int64_t t = t0 + threadIdx.x;
-        int64_t first = 1, last = 0;
-        if (t < n_tok) {
-            last = *(const int32_t *)(pos + t * pos_nb0);
-            if (last >= k.ne[2]) last = k.ne[2] - 1;
-            first = window && last >= window ? last - window + 1 : 0;
-        }
-        s_first[threadIdx.x] = first;
-        s_last[threadIdx.x] = last;
-    }
-    __syncthreads();
-    int64_t lo = INT64_MAX, hi = -1; // the block's slots
-    for (int j = 0; j < ATT_TILE_Q; j++)
-        if (s_first[j] <= s_last[j]) {
-            lo = s_first[j] < lo ? s_first[j] : lo;
-            hi = s_last[j] > hi ? s_last[j] : hi;
-        }
-    float qr[ATT_TILE_QPW][ATT_MAX_DPL], acc[ATT_TILE_QPW][ATT_MAX_DPL], mx[ATT_TILE_QPW], sum[ATT_TILE_QPW];
-    int64_t qf[ATT_TILE_QPW], ql[ATT_TILE_QPW];
-#pragma unroll
-    for (int qi = 0; qi < ATT_TILE_QPW; qi++) {
-        const int jq = w * ATT_TILE_QPW + qi;
-        const int64_t t = t0 + jq;
-        qf[qi] = s_first[jq];
-        ql[qi] = s_last[jq];
-        const float *qrow = t < n_tok ? (const float *)(q.data + h * q.nb[1] + t * q.nb[2]) : NULL;
-#pragma unroll
-        for (int i = 0; i < ATT_MAX_DPL; i++) {
-            const int d = lane + 32 * i;
-            qr[qi][i] = qrow && d < hd ? qrow[d] * scale : 0.0f; // scale folded into q
-            acc[qi][i] = 0.0f;
-        }
-        mx[qi] = -INFINITY;
-        sum[qi] = 0.0f;
-    }
-    const char *kbase = k.data + g * k.nb[1], *vbase = v.data + g * v.nb[1];
-    for (int64_t s0 = lo; s0 <= hi; s0 += ATT_TILE_K) {
-        __syncthreads(); // the tile before is used up
-        for (int e = threadIdx.x; e < ATT_TILE_K * hd; e += blockDim.x) {
-            const int j = e / hd, d = e % hd;
-            const int64_t s = s0 + j;
-            sk[j][d] = s <= hi ? cache_at<F16>(kbase + s * k.nb[2], d) : 0.0f;
-            sv[j][d] = s <= hi ? cache_at<F16>(vbase + s * v.nb[2], d) : 0.0f;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int qi = 0; qi < ATT_TILE_QPW; qi++) {
-            if (s0 > ql[qi] || s0 + ATT_TILE_K <= qf[qi]) continue; // none of this token's slots (warp-uniform)
-            float sc[ATT_TILE_K], mt = -INFINITY;
-#pragma unroll
-            for (int j = 0; j < ATT_TILE_K; j++) {
-                float part = 0.0f;
-#pragma unroll
-                for (int i = 0; i < ATT_MAX_DPL; i++) {
-                    const int d = lane + 32 * i;
-                    if (d < hd) part += qr[qi][i] * sk[j][d];
-                }
-                const float score = warp_sum(part);
-                sc[j] = s0 + j >= qf[qi] && s0 + j <= ql[qi] ? score : -INFINITY;
-                mt = fmaxf(mt, sc[j]);
-            }
-            const float mnew = fmaxf(mx[qi], mt), c = expf(mx[qi] - mnew);
-            sum[qi] *= c;
-#pragma unroll
-            for (int i = 0; i < ATT_MAX_DPL; i++) acc[qi][i] *= c;
-#pragma unroll
-            for (int j = 0; j < ATT_TILE_K; j++) {
-                const float p = sc[j] == -INFINITY ? 0.0f : expf(sc[j] - mnew);
-                sum[qi] += p;
-#pragma unroll
-                for (int i = 0; i < ATT_MAX_DPL; i++) {
-                    const int d = lane + 32 * i;
-                    if (d < hd) acc[qi][i] += p * sv[j][d];
-                }
-            }
-            mx[qi] = mnew;
-        }
-    }
-#pragma unroll
-    for (int qi = 0; qi < ATT_TILE_QPW; qi++) {
-        const int64_t t = t0 + w * ATT_TILE_QPW + qi;
-        if (t >= n_tok) continue;
-        float *out = (float *)(dst.data + t * dst.nb[1]) + (int64_t)h * hd; // (hd)
-#pragma unroll
-        for (int i = 0; i < ATT_MAX_DPL; i++) {
-            const int d = lane + 32 * i;
-            if (d < hd) out[d] = acc[qi][i] / sum[qi];
-        }
-    }
-}
-
 int cuda_op_attention(struct ggml_tensor *dst, cudaStream_t st) {
     const struct ggml_tensor *q = dst->src[0], *k = dst->src[1], *v = dst->src[2], *pos = dst->src[3];
     if (q->type != GGML_TYPE_F32 || k->type != v->type || (k->type != GGML_TYPE_F32 && k->type != GGML_TYPE_F16))
@@ -235,23 +124,10 @@ int cuda_op_attention(struct ggml_tensor *dst, cudaStream_t st) {
                               ATT_MAX_DPL * 32);
     if (q->ne[1] > 65535 || q->ne[2] > 65535)
         return ggml_set_error(GGML_STATUS_UNSUPPORTED, "attention on CUDA: too many heads or tokens");
+    const dim3 grid((unsigned)q->ne[1], (unsigned)q->ne[2]);
     const float scale = ggml_op_param_f32(dst, 0);
     const int window = dst->op_params[1];
-    const bool f16 = k->type == GGML_TYPE_F16;
-    if (q->ne[2] >= ATT_TILE_Q / 2) { // a prompt batch
-        const dim3 tiles((unsigned)q->ne[1], (unsigned)((q->ne[2] + ATT_TILE_Q - 1) / ATT_TILE_Q));
-        if (f16)
-            attention_tile_kernel<true><<<tiles, ATT_TILE_WARPS * 32, 0, st>>>(
-                cuda_view_of(q), cuda_view_of(k), cuda_view_of(v), (const char *)pos->data, (int64_t)pos->nb[0],
-                cuda_view_of(dst), scale, window);
-        else
-            attention_tile_kernel<false><<<tiles, ATT_TILE_WARPS * 32, 0, st>>>(
-                cuda_view_of(q), cuda_view_of(k), cuda_view_of(v), (const char *)pos->data, (int64_t)pos->nb[0],
-                cuda_view_of(dst), scale, window);
-        return cuda_launch_status("attention");
-    }
-    const dim3 grid((unsigned)q->ne[1], (unsigned)q->ne[2]);
-    if (f16)
+    if (k->type == GGML_TYPE_F16)
         attention_kernel<true><<<grid, ATT_WARPS * 32, 0, st>>>(cuda_view_of(q), cuda_view_of(k), cuda_view_of(v),
                                                                 (const char *)pos->data, (int64_t)pos->nb[0],
                                                                 cuda_view_of(dst), scale, window);

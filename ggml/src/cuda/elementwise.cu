@@ -85,21 +85,13 @@ int cuda_op_get_rows(struct ggml_tensor *dst, cudaStream_t st) {
 // ADD, MUL (b is a's shape or one row broadcast over a's rows); SCALE, SILU, GELU, GELU_ERF, RELU
 // ---------------------------------------------------------------------------------------------------
 
-// blockIdx.y (and its grid stride) picks rows, x and threads the values in a row: a row's addresses are found
-// once, not per value (int64 divisions per value had made a 512-token add 7x slower than its bytes)
-static unsigned clamp_grid(int64_t n) { return (unsigned)(n < 65535 ? (n > 0 ? n : 1) : 65535); }
-
-static dim3 row_grid(int64_t n0, int64_t nrows) {
-    return dim3(clamp_grid((n0 + CUDA_BLOCK - 1) / CUDA_BLOCK), clamp_grid(nrows));
-}
-
 __global__ void binary_kernel(cuda_view a, cuda_view b, cuda_view dst, bool broadcast, bool is_add, int64_t nrows) {
-    const int64_t n0 = a.ne[0];
-    for (int64_t r = blockIdx.y; r < nrows; r += gridDim.y) {
-        const float *x = (const float *)cuda_row(a, r), *y = (const float *)(broadcast ? b.data : cuda_row(b, r));
-        float *out = (float *)cuda_row(dst, r);
-        for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n0; i += (int64_t)gridDim.x * blockDim.x)
-            out[i] = is_add ? x[i] + y[i] : x[i] * y[i];
+    const int64_t n0 = a.ne[0], n = n0 * nrows;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = e / n0, i = e % n0;
+        const float x = ((const float *)cuda_row(a, r))[i];
+        const float y = ((const float *)(broadcast ? b.data : cuda_row(b, r)))[i];
+        ((float *)cuda_row(dst, r))[i] = is_add ? x + y : x * y;
     }
 }
 
@@ -108,18 +100,17 @@ int cuda_op_binary(struct ggml_tensor *dst, cudaStream_t st) {
     if (a->type != GGML_TYPE_F32 || b->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32)
         return ggml_set_error(GGML_STATUS_UNSUPPORTED, "add/mul take F32 tensors");
     const int64_t nrows = ggml_nrows(a);
-    binary_kernel<<<row_grid(a->ne[0], nrows), CUDA_BLOCK, 0, st>>>(cuda_view_of(a), cuda_view_of(b), cuda_view_of(dst),
-                                                                    ggml_nrows(b) == 1, dst->op == GGML_OP_ADD, nrows);
+    binary_kernel<<<grid_for(a->ne[0] * nrows), CUDA_BLOCK, 0, st>>>(cuda_view_of(a), cuda_view_of(b), cuda_view_of(dst),
+                                                                     ggml_nrows(b) == 1, dst->op == GGML_OP_ADD, nrows);
     return cuda_launch_status("add/mul");
 }
 
 __global__ void unary_kernel(cuda_view a, cuda_view dst, int op, float s, int64_t nrows) {
-    const int64_t n0 = a.ne[0];
-    for (int64_t r = blockIdx.y; r < nrows; r += gridDim.y) {
-        const float *x = (const float *)cuda_row(a, r);
-        float *out = (float *)cuda_row(dst, r);
-        for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n0; i += (int64_t)gridDim.x * blockDim.x)
-            out[i] = op == GGML_OP_SCALE ? x[i] * s : cuda_act(op, x[i]);
+    const int64_t n0 = a.ne[0], n = n0 * nrows;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = e / n0, i = e % n0;
+        const float x = ((const float *)cuda_row(a, r))[i];
+        ((float *)cuda_row(dst, r))[i] = op == GGML_OP_SCALE ? x * s : cuda_act(op, x);
     }
 }
 
@@ -129,8 +120,8 @@ int cuda_op_unary(struct ggml_tensor *dst, cudaStream_t st) {
         return ggml_set_error(GGML_STATUS_UNSUPPORTED, "elementwise ops take F32 tensors");
     const float s = dst->op == GGML_OP_SCALE ? ggml_op_param_f32(dst, 0) : 0.0f;
     const int64_t nrows = ggml_nrows(a);
-    unary_kernel<<<row_grid(a->ne[0], nrows), CUDA_BLOCK, 0, st>>>(cuda_view_of(a), cuda_view_of(dst), (int)dst->op, s,
-                                                                   nrows);
+    unary_kernel<<<grid_for(a->ne[0] * nrows), CUDA_BLOCK, 0, st>>>(cuda_view_of(a), cuda_view_of(dst), (int)dst->op,
+                                                                    s, nrows);
     return cuda_launch_status("unary op");
 }
 
