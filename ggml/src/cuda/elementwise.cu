@@ -85,13 +85,38 @@ int cuda_op_get_rows(struct ggml_tensor *dst, cudaStream_t st) {
 // ADD, MUL (b is a's shape or one row broadcast over a's rows); SCALE, SILU, GELU, GELU_ERF, RELU
 // ---------------------------------------------------------------------------------------------------
 
+// Where rows hold whole 16-byte chunks, a thread moves four values a load (V = 4): one float a thread kept too
+// few bytes in flight, ~650 GB/s of an H100's 3350 on a 512-token prompt's adds.
+template <int V> struct vals;
+template <> struct vals<1> { using type = float; };
+template <> struct vals<4> { using type = float4; };
+
+static __device__ __forceinline__ float binop(float x, float y, bool add) { return add ? x + y : x * y; }
+static __device__ __forceinline__ float4 binop(float4 x, float4 y, bool add) {
+    return make_float4(binop(x.x, y.x, add), binop(x.y, y.y, add), binop(x.z, y.z, add), binop(x.w, y.w, add));
+}
+static __device__ __forceinline__ float unop(int op, float s, float x) {
+    return op == GGML_OP_SCALE ? x * s : cuda_act(op, x);
+}
+static __device__ __forceinline__ float4 unop(int op, float s, float4 x) {
+    return make_float4(unop(op, s, x.x), unop(op, s, x.y), unop(op, s, x.z), unop(op, s, x.w));
+}
+
+// whether t's rows are whole 16-byte chunks at 16-byte aligned addresses
+static bool rows_of_chunks(const struct ggml_tensor *t) {
+    return t->ne[0] % 4 == 0 && (uintptr_t)t->data % 16 == 0 && t->nb[1] % 16 == 0 && t->nb[2] % 16 == 0 &&
+           t->nb[3] % 16 == 0;
+}
+
+template <int V>
 __global__ void binary_kernel(cuda_view a, cuda_view b, cuda_view dst, bool broadcast, bool is_add, int64_t nrows) {
-    const int64_t n0 = a.ne[0], n = n0 * nrows;
+    using T = typename vals<V>::type;
+    const int64_t n0 = a.ne[0] / V, n = n0 * nrows;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = e / n0, i = e % n0;
-        const float x = ((const float *)cuda_row(a, r))[i];
-        const float y = ((const float *)(broadcast ? b.data : cuda_row(b, r)))[i];
-        ((float *)cuda_row(dst, r))[i] = is_add ? x + y : x * y;
+        const T x = ((const T *)cuda_row(a, r))[i];
+        const T y = ((const T *)(broadcast ? b.data : cuda_row(b, r)))[i];
+        ((T *)cuda_row(dst, r))[i] = binop(x, y, is_add);
     }
 }
 
@@ -100,17 +125,23 @@ int cuda_op_binary(struct ggml_tensor *dst, cudaStream_t st) {
     if (a->type != GGML_TYPE_F32 || b->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32)
         return ggml_set_error(GGML_STATUS_UNSUPPORTED, "add/mul take F32 tensors");
     const int64_t nrows = ggml_nrows(a);
-    binary_kernel<<<grid_for(a->ne[0] * nrows), CUDA_BLOCK, 0, st>>>(cuda_view_of(a), cuda_view_of(b), cuda_view_of(dst),
-                                                                     ggml_nrows(b) == 1, dst->op == GGML_OP_ADD, nrows);
+    const bool broadcast = ggml_nrows(b) == 1, add = dst->op == GGML_OP_ADD;
+    if (rows_of_chunks(a) && rows_of_chunks(b) && rows_of_chunks(dst))
+        binary_kernel<4><<<grid_for(a->ne[0] / 4 * nrows), CUDA_BLOCK, 0, st>>>(
+            cuda_view_of(a), cuda_view_of(b), cuda_view_of(dst), broadcast, add, nrows);
+    else
+        binary_kernel<1><<<grid_for(a->ne[0] * nrows), CUDA_BLOCK, 0, st>>>(
+            cuda_view_of(a), cuda_view_of(b), cuda_view_of(dst), broadcast, add, nrows);
     return cuda_launch_status("add/mul");
 }
 
+template <int V>
 __global__ void unary_kernel(cuda_view a, cuda_view dst, int op, float s, int64_t nrows) {
-    const int64_t n0 = a.ne[0], n = n0 * nrows;
+    using T = typename vals<V>::type;
+    const int64_t n0 = a.ne[0] / V, n = n0 * nrows;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = e / n0, i = e % n0;
-        const float x = ((const float *)cuda_row(a, r))[i];
-        ((float *)cuda_row(dst, r))[i] = op == GGML_OP_SCALE ? x * s : cuda_act(op, x);
+        ((T *)cuda_row(dst, r))[i] = unop(op, s, ((const T *)cuda_row(a, r))[i]);
     }
 }
 
@@ -120,8 +151,12 @@ int cuda_op_unary(struct ggml_tensor *dst, cudaStream_t st) {
         return ggml_set_error(GGML_STATUS_UNSUPPORTED, "elementwise ops take F32 tensors");
     const float s = dst->op == GGML_OP_SCALE ? ggml_op_param_f32(dst, 0) : 0.0f;
     const int64_t nrows = ggml_nrows(a);
-    unary_kernel<<<grid_for(a->ne[0] * nrows), CUDA_BLOCK, 0, st>>>(cuda_view_of(a), cuda_view_of(dst), (int)dst->op,
-                                                                    s, nrows);
+    if (rows_of_chunks(a) && rows_of_chunks(dst))
+        unary_kernel<4><<<grid_for(a->ne[0] / 4 * nrows), CUDA_BLOCK, 0, st>>>(cuda_view_of(a), cuda_view_of(dst),
+                                                                               (int)dst->op, s, nrows);
+    else
+        unary_kernel<1><<<grid_for(a->ne[0] * nrows), CUDA_BLOCK, 0, st>>>(cuda_view_of(a), cuda_view_of(dst),
+                                                                           (int)dst->op, s, nrows);
     return cuda_launch_status("unary op");
 }
 
