@@ -41,20 +41,7 @@ struct rope_job {
     int64_t nrows;
 };
 
-#define ROPE_MAX_PAIRS 128 // pairs whose angles a block keeps in shared memory (head sizes up to 256)
-
-// pair i's angle per unit position, in freq[i] (shared) for every pair of a: a block computes each once, not once
-// per value it rotates (a 512-token prompt's rope had taken 100 us a layer). Beyond ROPE_MAX_PAIRS, NULL.
-static __device__ __forceinline__ const double *rope_freqs(const rope_job &a, double *freq) {
-    const int half = a.n_dims / 2;
-    if (half > ROPE_MAX_PAIRS) return NULL;
-    for (int i = threadIdx.x; i < half; i += blockDim.x)
-        freq[i] = ggml_rope_pair_freq(i, a.n_dims, a.base, a.fscale, a.factors ? a.factors[i] : 1.0, a.ext, a.lo, a.hi);
-    __syncthreads();
-    return freq;
-}
-
-static __device__ __forceinline__ void rope_rows(const rope_job &a, const double *freq, int64_t first, int64_t step) {
+static __device__ __forceinline__ void rope_rows(const rope_job &a, int64_t first, int64_t step) {
     const int64_t hd = a.x.ne[0], half = a.n_dims / 2;
     const int64_t per_row = half + (hd - a.n_dims); // pairs, then the values passed through
     const int64_t n = per_row * a.nrows;
@@ -70,9 +57,8 @@ static __device__ __forceinline__ void rope_rows(const rope_job &a, const double
         }
         const int64_t t = (r / a.x.ne[1]) % a.x.ne[2];
         const double pt = (double)*(const int32_t *)(a.pos + t * a.pos_nb0);
-        const double theta = pt * (freq ? freq[i]
-                                        : ggml_rope_pair_freq((int)i, a.n_dims, a.base, a.fscale,
-                                                              a.factors ? a.factors[i] : 1.0, a.ext, a.lo, a.hi));
+        const double theta = pt * ggml_rope_pair_freq((int)i, a.n_dims, a.base, a.fscale,
+                                                      a.factors ? a.factors[i] : 1.0, a.ext, a.lo, a.hi);
         // sin and cos in float of the angle's fraction of a turn (reduced in double: positions reach thousands
         // of radians); double sin and cos made this latency-bound kernel twice as slow as a copy
         const double turns = theta * (0.5 / M_PI);
@@ -88,20 +74,18 @@ static __device__ __forceinline__ void rope_rows(const rope_job &a, const double
 }
 
 __global__ void rope_kernel(rope_job a) {
-    __shared__ double freq[ROPE_MAX_PAIRS];
-    rope_rows(a, rope_freqs(a, freq), blockIdx.x * (int64_t)blockDim.x + threadIdx.x, (int64_t)gridDim.x * blockDim.x);
+    rope_rows(a, blockIdx.x * (int64_t)blockDim.x + threadIdx.x, (int64_t)gridDim.x * blockDim.x);
 }
 
 // q rotated into its rows, k rotated and v copied into their cache slots, one job per blockIdx.y
 __global__ void rope_qkv_kernel(rope_job q, rope_job k, rope_job v) {
     const int64_t first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
-    __shared__ double freq[ROPE_MAX_PAIRS];
-    if (blockIdx.y == 0) // the same job for the whole block: rope_freqs' barrier is reached by all its threads
-        rope_rows(q, rope_freqs(q, freq), first, step);
+    if (blockIdx.y == 0)
+        rope_rows(q, first, step);
     else if (blockIdx.y == 1)
-        rope_rows(k, rope_freqs(k, freq), first, step);
+        rope_rows(k, first, step);
     else
-        rope_rows(v, NULL, first, step); // a copy: no angles
+        rope_rows(v, first, step);
 }
 
 static int rope_job_of(const struct ggml_tensor *rope, const rope_out &o, rope_job *a) {
@@ -123,8 +107,7 @@ static int store_out(const struct ggml_tensor *store, rope_out *o) {
     if (store->type != GGML_TYPE_F32 && store->type != GGML_TYPE_F16)
         return ggml_set_error(GGML_STATUS_UNSUPPORTED, "kv_store takes F32 rows into an F32/F16 cache");
     const struct ggml_tensor *pos = store->src[2];
-    *o = rope_out{cuda_view_of(store), true, store->type == GGML_TYPE_F16, (const char *)pos->data,
-                  (int64_t)pos->nb[0]};
+    *o = rope_out{cuda_view_of(store), true, store->type == GGML_TYPE_F16, (const char *)pos->data, (int64_t)pos->nb[0]};
     return GGML_STATUS_OK;
 }
 
