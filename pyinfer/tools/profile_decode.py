@@ -5,7 +5,7 @@
     python -m pyinfer.tools.profile_decode -m MODEL.gguf [--budget 0.9 | -ngl 99] [-n 16 | --prompt 512] [-t 16]
 
 --budget is a fraction of the file's bytes (as pyinfer.tools.bench_hybrid counts budgets). Prints a
-markdown table, slowest first, and the wall time per token next to the kernels' sum.
+markdown table, slowest first, and the wall time per token (or batch) next to the kernels' sum.
 """
 from __future__ import annotations
 
