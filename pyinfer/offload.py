@@ -8,7 +8,7 @@ import numpy as np
 
 from pyinfer import ggml
 from pyinfer.errors import UnsupportedError
-from pyinfer.placement import ATTENTION_PARTS, QKV_PARTS, Plan
+from pyinfer.placement import ATTENTION_PARTS, QKV_PARTS, Plan, fusable_qkv
 
 FFN_PARTS = ("ffn_gate", "ffn_up", "ffn_down_t")  # a neuron is row i of each (down_t: the transposed down)
 
@@ -42,24 +42,21 @@ def _head_to_device(model) -> None:
 def fuse_qkv(model, il: int) -> bool:
     """Layer il's q, k and v projections as one matrix `attn_qkv` (the rows of q, then k, then v; their biases
     likewise), which the graph reads through views (models.common.fused_qkv): on the GPU one GEMV instead of
-    three, each of which costs a launch and a latency-bound tail in a decode step. Only where the three share
-    a type and no per-head norm reads q and k (it would copy their views first). Whether it fused them."""
-    p = f"blk.{il}."
-    parts = {suffix: [model.file.tensors.get(f"{p}{part}.{suffix}") for part in QKV_PARTS]
-             for suffix in ("weight", "bias")}
-    mats, biases = parts["weight"], parts["bias"]
-    if (None in mats or len({m.type for m in mats}) > 1 or f"{p}attn_q_norm.weight" in model.file.tensors
-            or (None in biases and any(biases))):
+    three, each of which costs a launch and a latency-bound tail in a decode step. Where
+    placement.fusable_qkv allows it; whether it fused them."""
+    parts = fusable_qkv(model.file.tensors, il)
+    if parts is None:
         return False
     for suffix, infos in parts.items():
         if infos[0] is None:
             continue
-        fused = model.weights_ctx.new_tensor(infos[0].type, (sum(i.ne[-1] for i in infos), *reversed(infos[0].ne[:-1])))
+        shape = (sum(i.ne[-1] for i in infos), *reversed(infos[0].ne[:-1]))
+        fused = model.weights_ctx.new_tensor(infos[0].type, shape)
         fused.set_data(np.concatenate([np.frombuffer(i.data, np.uint8) for i in infos]))
-        fused.name = f"{p}attn_qkv.{suffix}"
+        fused.name = f"blk.{il}.attn_qkv.{suffix}"
         model.weights[fused.name] = fused
         for part in QKV_PARTS:
-            del model.weights[f"{p}{part}.{suffix}"]
+            del model.weights[f"blk.{il}.{part}.{suffix}"]
     return True
 
 

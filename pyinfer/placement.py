@@ -348,6 +348,18 @@ def _quiet_stdout():
 # a model file's costs
 
 QKV_PARTS = ("attn_q", "attn_k", "attn_v")  # on the GPU one matrix where they share a type (offload.fuse_qkv)
+
+
+def fusable_qkv(tensors, il: int) -> dict[str, list] | None:
+    """Layer il's q, k and v tensors {"weight": [q, k, v], "bias": [q, k, v] or [None] * 3} where they can be one
+    matrix (and one bias): every part present, of one type, and no per-head norm reading q or k (it would copy
+    their views first); else None."""
+    parts = {suffix: [tensors.get(f"blk.{il}.{part}.{suffix}") for part in QKV_PARTS] for suffix in ("weight", "bias")}
+    for infos in parts.values():
+        if (None in infos and any(infos)) or len({i.type for i in infos if i is not None}) > 1:
+            return None
+    norms = any(f"blk.{il}.{part}.weight" in tensors for part in ("attn_q_norm", "attn_k_norm"))
+    return None if parts["weight"][0] is None or norms else parts
 ATTENTION_PARTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "attn_q_norm", "attn_k_norm",
                    "post_attention_norm", "post_ffw_norm", "attn_qkv", "attn_norm_2")
 STREAM_ROWS = 2048  # a prompt batch copies host FFN weights to the GPU this many neurons at a time
@@ -411,9 +423,9 @@ def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch
     not_f16 = [math.prod(info.ne) for info in tensors.values()
                if len(info.ne) == 2 and info.type != GGMLQuantizationType.F16]
     for il in range(cfg.n_layer):  # q, k and v fused on the GPU: one matrix of all their rows
-        qkv = [tensors.get(f"blk.{il}.{part}.weight") for part in QKV_PARTS]
-        if None not in qkv and len({i.type for i in qkv}) == 1 and qkv[0].type != GGMLQuantizationType.F16:
-            not_f16.append(sum(math.prod(i.ne) for i in qkv))
+        qkv = fusable_qkv(tensors, il)
+        if qkv is not None and qkv["weight"][0].type != GGMLQuantizationType.F16:
+            not_f16.append(sum(math.prod(i.ne) for i in qkv["weight"]))
     dequantized = min(GEMM_CHUNK, 2 * max(not_f16, default=0)) if n_batch > GEMV_MAX_COLS else 0
     return ModelCosts(layers, head_bytes=head, reserve_bytes=reserve_bytes(cfg, n_batch, largest, row, dequantized),
                       n_ctx=n_ctx, type_name=weight_type.name.lower(), dequantized_bytes=dequantized)

@@ -472,6 +472,26 @@ def test_the_reserve_counts_the_dequantized_rows_of_non_f16_weights(tmp_path, mo
     assert costs.dequantized_bytes == seen[0]  # what bench_hybrid leaves out of llama.cpp's reserve
 
 
+def test_q_k_and_v_fuse_only_when_alike_and_without_head_norms():
+    """placement.fusable_qkv, offload.fuse_qkv's rule: the three present and of one type, their biases all there
+    (of one type) or none, no per-head q or k norm; otherwise they stay three matrices."""
+    from types import SimpleNamespace
+
+    from pyinfer import placement
+
+    def layer(types=("a", "a", "a"), biases=(None, None, None), norm=None) -> dict:
+        t = {f"blk.0.attn_{p}.weight": SimpleNamespace(type=ty) for p, ty in zip("qkv", types, strict=True)}
+        t |= {f"blk.0.attn_{p}.bias": SimpleNamespace(type=ty) for p, ty in zip("qkv", biases, strict=True) if ty}
+        return t | ({f"blk.0.{norm}.weight": SimpleNamespace(type="f32")} if norm else {})
+
+    assert placement.fusable_qkv(layer(), 0)["bias"] == [None] * 3
+    assert len(placement.fusable_qkv(layer(biases=("f32",) * 3), 0)["bias"]) == 3
+    refused = [layer(types=("a", "a", "b")), layer(biases=("f32", "f32", None)), layer(biases=("f32", "f32", "f16")),
+               layer(norm="attn_q_norm"), layer(norm="attn_k_norm"), {}]
+    assert [placement.fusable_qkv(t, 0) for t in refused] == [None] * len(refused)
+    assert placement.fusable_qkv(layer(), 1) is None  # no such layer
+
+
 def test_the_dequantized_rows_count_q_k_and_v_as_one_matrix(tmp_path, monkeypatch):
     """Where a layer's attention is on the GPU its q, k and v are one matrix (offload.fuse_qkv), which a prompt's
     GEMM dequantizes as one: with a narrow FFN that matrix is the largest."""
