@@ -348,6 +348,14 @@ def _quiet_stdout():
 # a model file's costs
 
 QKV_PARTS = ("attn_q", "attn_k", "attn_v")  # on the GPU one matrix where they share a type (offload.fuse_qkv)
+ATTENTION_PARTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "attn_q_norm", "attn_k_norm",
+                   "post_attention_norm", "post_ffw_norm", "attn_qkv", "attn_norm_2")
+STREAM_ROWS = 2048  # a prompt batch copies host FFN weights to the GPU this many neurons at a time
+STREAM_MIN_TOKENS = 32  # batches of at least this many tokens run there (llama.cpp's threshold too)
+CUBLAS_WORKSPACE = 32 << 20
+GEMM_CHUNK = 64 << 20  # ggml/src/cuda/gemm.cu's GEMM_CHUNK_BYTES: rows of a non-F16 weight dequantized for cuBLAS
+GEMV_MAX_COLS = 8  # ggml/src/cuda/gemv.cu: batches of at most this many tokens run as GEMVs, without GEMM scratch
+DEVICE_MARGIN = 128 << 20  # what the driver holds beyond the allocator: CUDA graphs, the cuBLAS handle (72-143 MB seen)
 
 
 def fusable_qkv(tensors, il: int) -> dict[str, list] | None:
@@ -360,14 +368,6 @@ def fusable_qkv(tensors, il: int) -> dict[str, list] | None:
             return None
     norms = any(f"blk.{il}.{part}.weight" in tensors for part in ("attn_q_norm", "attn_k_norm"))
     return None if parts["weight"][0] is None or norms else parts
-ATTENTION_PARTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "attn_q_norm", "attn_k_norm",
-                   "post_attention_norm", "post_ffw_norm", "attn_qkv", "attn_norm_2")
-STREAM_ROWS = 2048  # a prompt batch copies host FFN weights to the GPU this many neurons at a time
-STREAM_MIN_TOKENS = 32  # batches of at least this many tokens run there (llama.cpp's threshold too)
-CUBLAS_WORKSPACE = 32 << 20
-GEMM_CHUNK = 64 << 20  # ggml/src/cuda/gemm.cu's GEMM_CHUNK_BYTES: rows of a non-F16 weight dequantized for cuBLAS
-GEMV_MAX_COLS = 8  # ggml/src/cuda/gemv.cu: batches of at most this many tokens run as GEMVs, without GEMM scratch
-DEVICE_MARGIN = 128 << 20  # what the driver holds beyond the allocator: CUDA graphs, the cuBLAS handle (72-143 MB seen)
 
 
 def reserve_bytes(cfg, n_batch: int, largest_matrix: int = 0, neuron_row: int = 0, dequantized: int = 0) -> int:

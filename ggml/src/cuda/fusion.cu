@@ -88,7 +88,8 @@ static int match_rope_qkv(struct ggml_tensor *const *nd, const int *readers, int
     for (int j = 0; j < 4; j++)
         if (vv->src[0] == nd[j]) return 0;
     // the same rotation for q and k
-    if (rq->src[1] != rk->src[1] || rq->src[2] != rk->src[2] || memcmp(rq->op_params, rk->op_params, 8 * sizeof(int32_t)))
+    if (rq->src[1] != rk->src[1] || rq->src[2] != rk->src[2] ||
+        memcmp(rq->op_params, rk->op_params, sizeof rq->op_params))
         return 0;
     if (vv->type != GGML_TYPE_F32 || vv->nb[0] != sizeof(float)) return 0;
     for (int j = 0; j < 6; j++)
