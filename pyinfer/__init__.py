@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     # the native module loads on first use, so `pyinfer --help` works even before a build
     if name == "Model":
-        from pyinfer.runtime import Model
+        from pyinfer.engine.driver import Model
 
         return Model
     raise AttributeError(f"module 'pyinfer' has no attribute {name!r}")

@@ -21,7 +21,7 @@ def tiny_files(tmp_path_factory):
     from hf_tiny import build
 
     import pyinfer.converters.convert_hf_to_powergguf as conv
-    import pyinfer.synthetic as syn
+    from pyinfer.sparsity.synthetic_predictors import add_predictors
 
     cache = {}
 
@@ -32,7 +32,7 @@ def tiny_files(tmp_path_factory):
             cache[(variant, False)] = str(folder / "m.gguf")
             assert conv.main([str(folder / "hf"), "-o", cache[(variant, False)], "--outtype", "f32"]) == 0
             cache[(variant, True)] = str(folder / "sparse.gguf")
-            syn.add_predictors(cache[(variant, False)], cache[(variant, True)], density=0.3, rank=16, n_calib=64)
+            add_predictors(cache[(variant, False)], cache[(variant, True)], density=0.3, rank=16, n_calib=64)
         return cache[(variant, sparse)]
 
     return get

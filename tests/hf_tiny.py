@@ -72,7 +72,7 @@ def save_tokenizer(folder: str) -> None:
     """Train a ~280-token byte-level BPE and save it with transformers (tokenizer.json, config, template)."""
     from transformers import PreTrainedTokenizerFast
 
-    from pyinfer.tools.fuzz_seeds import train_bpe
+    from tools.fuzz.seeds import train_bpe
 
     fast = PreTrainedTokenizerFast(tokenizer_object=train_bpe(TEXT, SPECIALS), bos_token="<|im_start|>",
                                    eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pyinfer import ggml
+from pyinfer.native import ggml
 
 _POOLS: dict[int, ggml.ThreadPool] = {}
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pyinfer.pull import pull
+from pyinfer.hub.pull import pull
 
 ENGLISH = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined "
            "movable metal type with an oil-based ink and a wooden press. Within fifty years, printers in more "
@@ -51,8 +51,8 @@ def greedy_answers(model, hf, question: str, n: int) -> tuple[list[int], list[in
     ends at the end of its turn, transformers' is cut to the same length."""
     import torch
 
-    from pyinfer.chat_template import ChatTemplate
-    from pyinfer.sampling import SamplerParams
+    from pyinfer.engine.sampling import SamplerParams
+    from pyinfer.formats.chat_template import ChatTemplate
 
     template = ChatTemplate.from_tokenizer(model.tokenizer)
     prompt = template.encode(model.tokenizer, [{"role": "user", "content": question}])

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from pyinfer.tools.load_test import serve_in_background
+from tools.load_test import serve_in_background
 
 REPO = Path(__file__).resolve().parents[1]
 

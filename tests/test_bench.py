@@ -7,9 +7,9 @@ from gguf import GGMLQuantizationType as Q
 from hf_tiny import build
 
 import pyinfer.converters.convert_hf_to_powergguf as conv
-from pyinfer.bench import bench, file_type_name
-from pyinfer.ggml import cuda_available
-from pyinfer.machine import default_threads
+from pyinfer.apps.bench import bench, file_type_name
+from pyinfer.engine.threads import default_threads
+from pyinfer.native.ggml import cuda_available
 
 
 def test_file_type_comes_from_general_file_type():

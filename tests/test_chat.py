@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pyinfer.chat import REPEAT_PERIOD
-from pyinfer.pull import SMALLEST_MODEL, pull
+from pyinfer.apps.chat import REPEAT_PERIOD
+from pyinfer.hub.pull import SMALLEST_MODEL, pull
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "\n> "  # the REPL's prompt, at the start of a line
@@ -54,7 +54,7 @@ def env(tmp_path) -> dict:
 
 
 def chat_args(model: Path, *extra: str) -> list[str]:
-    return ["-m", "pyinfer.cli", "chat", "-m", str(model), "--temp", "0", "-t", "2", *extra]
+    return ["-m", "pyinfer", "chat", "-m", str(model), "--temp", "0", "-t", "2", *extra]
 
 
 def spawn(env: dict, model: Path, *extra: str) -> pexpect.spawn:
@@ -208,7 +208,7 @@ def test_runaway_answer_ends_with_a_notice(smollm, env):
 @given(st.lists(st.integers(0, 50), min_size=1, max_size=REPEAT_PERIOD, unique=True), st.integers(0, 40),
        st.lists(st.integers(51, 99), max_size=20))
 def test_repeats_itself_finds_loops_and_only_loops(piece, extra, head):
-    from pyinfer.chat import REPEAT_MIN_TOKENS, REPEAT_TIMES, repeats_itself
+    from pyinfer.apps.chat import REPEAT_MIN_TOKENS, REPEAT_TIMES, repeats_itself
 
     times = max(REPEAT_TIMES, -(-REPEAT_MIN_TOKENS // len(piece)))  # enough whole pieces to count
     assert repeats_itself(head + piece * (times + extra // len(piece)))
@@ -221,9 +221,9 @@ def test_repeats_itself_finds_loops_and_only_loops(piece, extra, head):
 # ---- scripted mode ----
 
 def test_scripted_json_reuses_the_kv_cache(tiny, env):
-    from pyinfer.chat import ChatSession
-    from pyinfer.runtime import Model
-    from pyinfer.sampling import SamplerParams
+    from pyinfer.apps.chat import ChatSession
+    from pyinfer.engine.driver import Model
+    from pyinfer.engine.sampling import SamplerParams
 
     lines = ["the quick brown fox", "judge my vow", "sphinx of black quartz"]
     res = scripted(env, tiny, lines, "--json", "-c", "512", "-n", "12", "--kv-type", "f32")

@@ -7,8 +7,8 @@ from datetime import datetime
 
 import pytest
 
-from pyinfer.chat_template import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError, load_template_file
 from pyinfer.errors import PyInferError
+from pyinfer.formats.chat_template import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError, load_template_file
 
 SMOLLM2_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -210,7 +210,7 @@ def test_smollm2_gguf_template():
     """The template a real GGUF carries (SmolLM2's) renders as transformers renders it."""
     import gguf
 
-    from pyinfer.pull import SMALLEST_MODEL, model_path
+    from pyinfer.hub.pull import SMALLEST_MODEL, model_path
 
     path = model_path(SMALLEST_MODEL)
     if not path.is_file():

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ["run", "chat", "serve", "bench", "plan", "pull", "convert", "perplexity", "profile", "train-predictors",
             "sparsify"]
 
 
 def _cli(*args: str, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pyinfer.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "pyinfer", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=120)
 
 
@@ -42,9 +43,9 @@ def test_truncated_model_is_one_line(command, tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory) -> str:
-    from pyinfer.tools import fuzz_seeds
+    from tools.fuzz.seeds import make_seeds
 
-    return fuzz_seeds.make_seeds(str(tmp_path_factory.mktemp("seeds")), None)["llama-bpe"]
+    return make_seeds(str(tmp_path_factory.mktemp("seeds")), None)["llama-bpe"]
 
 
 def _one_line_error(result: subprocess.CompletedProcess, words: str) -> None:
@@ -62,7 +63,7 @@ def test_prompt_file_not_utf8(tiny_gguf, tmp_path):
 
 
 def test_prompt_argument_not_utf8(tiny_gguf, tmp_path):
-    argv = [sys.executable.encode(), b"-m", b"pyinfer.cli", b"run", b"-m", tiny_gguf.encode(), b"-p", b"Hi \xff", b"-n",
+    argv = [sys.executable.encode(), b"-m", b"pyinfer", b"run", b"-m", tiny_gguf.encode(), b"-p", b"Hi \xff", b"-n",
             b"2"]
     result = subprocess.run(argv, cwd=tmp_path, capture_output=True, timeout=120)
     _one_line_error(result, "the prompt (-p) is not valid UTF-8 text (byte 0xff at character 3)")
@@ -86,17 +87,18 @@ def test_bad_numbers_are_one_line(tiny_gguf, tmp_path, flag, value, words):
 
 def test_an_error_message_of_several_lines_is_printed_as_one(tiny_gguf, capsys, monkeypatch):
     """Whatever a message holds (a name from a file, a library's text), the CLI prints one line."""
-    from pyinfer import cli, runtime
+    from pyinfer.apps import cli
+    from pyinfer.engine import driver
     from pyinfer.errors import ModelFormatError
 
     def broken(*args, **kwargs):
         raise ModelFormatError("first\nsecond")
-    monkeypatch.setattr(runtime, "Model", broken)
+    monkeypatch.setattr(driver, "Model", broken)
     assert cli.main(["run", "-m", tiny_gguf, "-p", "Hello"]) == 1
     assert capsys.readouterr().err == "error: first second\n"
 
 
-@pytest.mark.skipif(__import__("pyinfer.ggml").ggml.cuda_available(), reason="checks the message without a GPU")
+@pytest.mark.skipif(__import__("pyinfer.native.ggml").ggml.cuda_available(), reason="checks the message without a GPU")
 @pytest.mark.parametrize("budget,message", [("8GiB", "needs a CUDA build and a GPU"), ("lots", "not a size")])
 def test_vram_budget_without_gpu_is_one_line(budget, message, tmp_path):
     result = _cli("run", "-m", "no-such.gguf", "--vram-budget", budget, cwd=tmp_path)
@@ -113,23 +115,24 @@ def test_vram_budget_without_gpu_is_one_line(budget, message, tmp_path):
     ("compare_bench", ["--ours", "missing.json", "--llamacpp", "missing.json"], "missing.json"),
     ("factual_eval", ["-m", "missing.gguf"], "missing.gguf"),
 ])
-def test_tools_bad_input_is_one_line(tool, args, message, tmp_path):
+def test_tools_bad_input_is_one_line(tool, args, message):
     # the kernel benchmarks had printed a KeyError or ValueError traceback for a bad flag, factual_eval one for a
     # missing model
-    result = subprocess.run([sys.executable, "-m", f"pyinfer.tools.{tool}", *args], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", f"tools.{tool}", *args], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1 and message in lines[0], result.stderr
 
 
-# every runnable module of pyinfer.tools (python -m pyinfer.tools.NAME)
-TOOLS = sorted(p.stem for p in (Path(__file__).parents[1] / "pyinfer" / "tools").glob("*.py")
-               if 'if __name__ == "__main__":' in p.read_text())
+# every runnable developer tool: python -m tools.NAME from the repository's root (a module, or a folder with a
+# __main__.py)
+TOOLS = sorted([p.stem for p in (ROOT / "tools").glob("*.py") if 'if __name__ == "__main__":' in p.read_text()]
+               + [p.parent.name for p in (ROOT / "tools").glob("*/__main__.py")])
 
 
 @pytest.mark.parametrize("tool", TOOLS)
-def test_tools_answer_help(tool, tmp_path):
+def test_tools_answer_help(tool):
     # compare_bench's --help had died on a bare % in a help string
-    result = subprocess.run([sys.executable, "-m", f"pyinfer.tools.{tool}", "--help"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", f"tools.{tool}", "--help"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
     assert result.returncode == 0 and "usage:" in result.stdout, result.stderr

@@ -1,4 +1,4 @@
-"""pyinfer.completions without a server: stop strings against a plain cut of the whole text, the KV-cache
+"""pyinfer.engine.completions without a server: stop strings against a plain cut of the whole text, the KV-cache
 prefix reuse against fresh runs, finish reasons, request checks, and the OpenAI shapes of the Python API."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pyinfer.completions import CompletionOptions, Generation, StopStrings, chat_messages
+from pyinfer.engine.completions import CompletionOptions, Generation, StopStrings, chat_messages
+from pyinfer.engine.sampling import SamplerParams
 from pyinfer.errors import ContextFullError, InvalidArgumentError
-from pyinfer.sampling import SamplerParams
 
 GREEDY = SamplerParams(temperature=0)
 
@@ -18,7 +18,7 @@ def model(tmp_path_factory):
     from hf_tiny import build
 
     from pyinfer.converters.convert_hf_to_powergguf import convert
-    from pyinfer.runtime import Model
+    from pyinfer.engine.driver import Model
 
     folder = tmp_path_factory.mktemp("tiny")
     build("llama_silu", str(folder / "hf"))

@@ -16,11 +16,11 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
 from gguf.quants import dequantize, quantize
 from hf_tiny import CHAT_TEMPLATE, N_VOCAB, SPECIALS, VARIANTS, build, roundtrip_weights
+from reference import reference_ffn_activations, reference_logits
 
 import pyinfer.converters.convert_hf_to_powergguf as conv
-from pyinfer.converters.gguf_out import pick_type
-from pyinfer.gguf_file import GGUFFile
-from pyinfer.reference import reference_ffn_activations, reference_logits
+from pyinfer.formats.gguf_file import GGUFFile
+from pyinfer.formats.gguf_writer import pick_type
 
 TOKENS = [1, 5, 77, 200, 3, 9, 250, 11, 299]
 EXACT = 1e-8  # float64 vs float64: only the float32-stored eps / rope base differ
@@ -522,7 +522,7 @@ def test_gemma3_config_read_as_transformers_reads_it(config):
     and linear scale, the softmax scale, the head size."""
     import transformers as T
 
-    from pyinfer.model_config import ModelConfig
+    from pyinfer.formats.model_config import ModelConfig
 
     config = {**GEMMA_SIZES, **config}
     theirs = T.Gemma3TextConfig(**json.loads(json.dumps(config)))
@@ -554,7 +554,7 @@ def test_gemma3_gguf_scale_and_softcap_as_llama_cpp(n_layer):
     for the 27B (62 layers), as llama.cpp computes it; a final logit softcap (which llama.cpp reads) is refused
     in one line rather than ignored."""
     from pyinfer.errors import UnsupportedError
-    from pyinfer.model_config import ModelConfig
+    from pyinfer.formats.model_config import ModelConfig
 
     hp = conv._hparams({**GEMMA_SIZES, "num_hidden_layers": n_layer, "head_dim": 32}, "gemma3")
     meta = {k: v for k, v, *_ in conv._arch_kv("gemma3", hp, "t", Q.F32) if k != "gemma3.attention.scale"}
@@ -570,7 +570,7 @@ def test_gemma3_gguf_scale_and_softcap_as_llama_cpp(n_layer):
 def test_gemma3_window_flags_are_checked():
     """llama.cpp's per-layer form of attention.sliding_window_pattern: booleans, one per layer."""
     from pyinfer.errors import ModelFormatError
-    from pyinfer.model_config import ModelConfig
+    from pyinfer.formats.model_config import ModelConfig
 
     hp = conv._hparams({**GEMMA_SIZES, "num_hidden_layers": 3}, "gemma3")
     meta = {k: v for k, v, *_ in conv._arch_kv("gemma3", hp, "t", Q.F32)}
@@ -595,10 +595,10 @@ def test_yarn_metadata_gives_transformers_frequencies(rope):
     """The converter's YaRN keys, read back by ModelConfig, give transformers' scaled frequencies and cos/sin
     multiplier (through the float64 rope reference, which the rope op is tested against)."""
     import transformers as T
+    from reference_ops import rope_freqs
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from pyinfer.model_config import ModelConfig
-    from pyinfer.reference_ops import rope_freqs
+    from pyinfer.formats.model_config import ModelConfig
 
     params = {"rope_type": "yarn", "rope_theta": 10000.0, **rope}
     config = {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 256,

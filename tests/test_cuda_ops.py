@@ -1,4 +1,4 @@
-"""CUDA kernels against the CPU backend (the same graph built twice) and pyinfer.reference_ops (float64).
+"""CUDA kernels against the CPU backend (the same graph built twice) and reference_ops (float64).
 
 Every op, every weight type, hypothesis-drawn shapes (row lengths that are not multiples of a warp, of
 16 bytes or of a 256-value unit, so the unaligned kernel paths run too), masks of density 0..1, index
@@ -12,12 +12,12 @@ import gc
 
 import numpy as np
 import pytest
+import reference_ops as ref
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pyinfer import ggml
-from pyinfer import reference_ops as ref
-from pyinfer._native import check, ffi, lib
+from pyinfer.native import ggml
+from pyinfer.native.binding import check, ffi, lib
 
 pytestmark = pytest.mark.skipif(lib.ggml_cuda_device_count() == 0, reason="no CUDA device")
 

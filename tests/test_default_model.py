@@ -1,15 +1,15 @@
 """The default model (`pyinfer pull`, `pyinfer chat` without -m): Qwen2.5-Coder-0.5B-Instruct Q4_K_M.
 
-It was chosen by the factual questions of pyinfer/tools/factual_eval.py (the score is printed here, for every
+It was chosen by the factual questions of tools/factual_eval.py (the score is printed here, for every
 run); our engine on it is checked against transformers loading the same GGUF in float32."""
 from __future__ import annotations
 
 import pytest
 from real_models import CODE, ENGLISH, greedy_answers, logits_agreement, positions, with_oracle
 
-from pyinfer.pull import DEFAULT_MODEL
-from pyinfer.runtime import Model
-from pyinfer.tools import factual_eval
+from pyinfer.engine.driver import Model
+from pyinfer.hub.pull import DEFAULT_MODEL
+from tools import factual_eval
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def test_factual_questions_at_the_default_settings(default, capsys):
 @pytest.mark.parametrize("text", [ENGLISH, CODE], ids=["english", "code"])
 def test_teacher_forced_top1_agrees_with_transformers(default, text, precise, capsys):
     """64 positions. By default this model's matmuls round activations to 8 bits, as llama.cpp's do (it is
-    above runtime.PRECISE_MAX_BYTES); precise ones leave only float32's summation order."""
+    above driver.PRECISE_MAX_BYTES); precise ones leave only float32's summation order."""
     path, hf = default
     model = Model(path, n_ctx=512, kv_type="f32", n_threads=2, precise=precise)
     rate, _ = logits_agreement(model, hf, positions(model, text))

@@ -7,9 +7,9 @@ from gguf import GGMLQuantizationType as Q
 from hf_tiny import N_VOCAB, VARIANTS, build, roundtrip_weights
 
 import pyinfer.converters.convert_hf_to_powergguf as conv
+from pyinfer.engine.driver import Model
+from pyinfer.engine.sampling import SamplerParams
 from pyinfer.errors import ContextFullError, InvalidArgumentError
-from pyinfer.runtime import Model
-from pyinfer.sampling import SamplerParams
 
 RNG = np.random.default_rng(7)
 PROMPTS = [[5], RNG.integers(0, N_VOCAB, 9).tolist(), RNG.integers(0, N_VOCAB, 23).tolist()]

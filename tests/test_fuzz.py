@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from pyinfer import runtime
 from pyinfer.converters import convert_hf_to_powergguf
+from pyinfer.engine import driver
 from pyinfer.errors import ModelFormatError
-from pyinfer.gguf_file import GGUFFile
-from pyinfer.tools import fuzz_gguf
-from pyinfer.tools.fuzz_gguf import FAMILIES, Case, Limits, Prepared, Seeds
+from pyinfer.formats.gguf_file import GGUFFile
+from tools.fuzz import campaign
+from tools.fuzz.campaign import FAMILIES, Case, Limits, Prepared, Seeds
 
 CI_CASES = 312  # 12 per family; about 30 s on 2 cores
 CI_SEED = 14
@@ -29,9 +29,9 @@ def seeds(tmp_path_factory) -> Seeds:
 
 
 def test_seeded_run_has_no_bad_outcome(tmp_path):
-    report = fuzz_gguf.run(fuzz_gguf.plan(FAMILIES, CI_CASES), CI_SEED, Limits(timeout_s=20), str(tmp_path), None)
+    report = campaign.run(campaign.plan(FAMILIES, CI_CASES), CI_SEED, Limits(timeout_s=20), str(tmp_path), None)
     bad = [f"{c.family} --case {c.index} ({c.seed_name}): {c.outcome}: {c.detail}" for c in report.bad]
-    assert not bad, f"replay with: python -m pyinfer.tools.fuzz_gguf --seed {CI_SEED} --family F --case N\n" + \
+    assert not bad, f"replay with: python -m tools.fuzz --seed {CI_SEED} --family F --case N\n" + \
         "\n".join(bad)
     assert {c.family for c in report.cases} == set(FAMILIES)
     outcomes = {c.outcome for c in report.cases}
@@ -61,7 +61,7 @@ def test_a_case_is_replayed_exactly(seeds, tmp_path, family):
     first, second = tmp_path / "a", tmp_path / "b"
     for where in (first, second):
         where.mkdir()
-        fuzz_gguf.prepare(Case(family, 3), CI_SEED, seeds, str(where))
+        campaign.prepare(Case(family, 3), CI_SEED, seeds, str(where))
     assert _tree(first) == _tree(second)
 
 
@@ -70,7 +70,7 @@ def test_a_case_is_replayed_exactly(seeds, tmp_path, family):
 def _run(seeds, tmp_path, family: str = "values", timeout: float = 20.0, index: int = 0) -> Case:
     tmp_path.mkdir(exist_ok=True)
     case = Case(family, index)
-    fuzz_gguf.run_case(case, CI_SEED, seeds, str(tmp_path), Limits(timeout_s=timeout, memory_mb=2048))
+    campaign.run_case(case, CI_SEED, seeds, str(tmp_path), Limits(timeout_s=timeout, memory_mb=2048))
     return case
 
 
@@ -81,7 +81,7 @@ def _break_loading(monkeypatch, behaviour) -> None:
 
 
 def test_catches_silent_non_finite_logits(seeds, tmp_path, monkeypatch):
-    monkeypatch.setattr(runtime, "_check_finite", lambda logits, first_pos: None)
+    monkeypatch.setattr(driver, "_check_finite", lambda logits, first_pos: None)
     cases = [_run(seeds, tmp_path / str(i), "tensor_data", index=i) for i in range(8)]
     assert "nonfinite" in {c.outcome for c in cases}, [(c.outcome, c.detail) for c in cases]
 
@@ -136,7 +136,7 @@ def test_catches_a_left_over_temporary_file(seeds, tmp_path, monkeypatch):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     valid = Prepared(argv=[seeds.paths["hf-llama"], "-o", str(out_dir / "out.gguf")], out_dir=str(out_dir))
-    monkeypatch.setattr(fuzz_gguf, "prepare", lambda *args: valid)
+    monkeypatch.setattr(campaign, "prepare", lambda *args: valid)
 
     def leaves_a_part_file(outputs):
         (out_dir / ".out.gguf.1.part").write_bytes(b"")
@@ -151,14 +151,14 @@ def test_a_sigterm_while_the_child_writes_its_result_is_not_a_harness_crash(seed
     child wrote it. Results are now written whole or not at all."""
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    monkeypatch.setattr(fuzz_gguf, "prepare", lambda *args: Prepared(gguf="unused", out_dir=str(out_dir),
+    monkeypatch.setattr(campaign, "prepare", lambda *args: Prepared(gguf="unused", out_dir=str(out_dir),
                                                                     terminate_after=0.5))
-    monkeypatch.setattr(fuzz_gguf.fuzz_targets, "load_target", lambda path, workdir: ("ok", ""))
+    monkeypatch.setattr(campaign.targets, "load_target", lambda path, workdir: ("ok", ""))
 
     def slow_dump(obj, f):
         f.write("{")
         f.flush()
         time.sleep(5)
-    monkeypatch.setattr(fuzz_gguf.json, "dump", slow_dump)
+    monkeypatch.setattr(campaign.json, "dump", slow_dump)
     case = _run(seeds, tmp_path)
     assert case.outcome == "error" and "SIGTERM" in case.detail

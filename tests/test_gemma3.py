@@ -12,8 +12,8 @@ import sys
 import pytest
 from real_models import CODE, ENGLISH, logits_agreement, positions, with_oracle
 
-from pyinfer.chat_template import GEMMA_TEMPLATE, ChatTemplate
-from pyinfer.runtime import Model
+from pyinfer.engine.driver import Model
+from pyinfer.formats.chat_template import GEMMA_TEMPLATE, ChatTemplate
 
 NAME = "gemma3-270m"
 STRINGS = ["Hello world", "  leading and trailing spaces  ", "tabs\tand\nnewlines\n\n", "naïve café déjà vu",
@@ -77,7 +77,7 @@ def test_chat_answers_as_transformers_continues(gemma, tmp_path):
     stops = set(model.tokenizer.eot_ids)
     if stops & set(theirs):
         theirs = theirs[:min(theirs.index(t) for t in stops & set(theirs))]
-    res = subprocess.run([sys.executable, "-m", "pyinfer.cli", "chat", "-m", NAME, "--temp", "0", "-n", "24",
+    res = subprocess.run([sys.executable, "-m", "pyinfer", "chat", "-m", NAME, "--temp", "0", "-n", "24",
                           "-t", "2", "--kv-type", "f32"], input=question + "\n", capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0, res.stderr

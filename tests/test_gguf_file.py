@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyinfer.errors import ModelFormatError, UnsupportedError
-from pyinfer.gguf_file import GGUFFile
-from pyinfer.model_config import SUPPORTED_ARCHS
+from pyinfer.formats.gguf_file import GGUFFile
+from pyinfer.formats.model_config import SUPPORTED_ARCHS
 from pyinfer.models import BUILDERS, builder_for
 
 D, FF, NH, NKV, HD, NV = 32, 64, 2, 1, 16, 40

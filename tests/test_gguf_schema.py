@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pyinfer.errors import ModelFormatError
-from pyinfer.gguf_schema import Array, Float, Int, Str, arch_key, check_layer_names, check_metadata
+from pyinfer.formats.gguf_schema import Array, Float, Int, Str, arch_key, check_layer_names, check_metadata
 
 ANY = st.one_of(st.integers(-(2**70), 2**70), st.floats(allow_nan=True), st.booleans(), st.text(max_size=8),
                 st.none(), st.lists(st.integers(0, 3), max_size=2))

@@ -7,10 +7,10 @@ import pytest
 from hf_tiny import N_VOCAB, VARIANTS, build
 
 import pyinfer.converters.convert_hf_to_powergguf as conv
-from pyinfer import ggml
-from pyinfer._native import lib
-from pyinfer.runtime import Model
-from pyinfer.sampling import SamplerParams
+from pyinfer.engine.driver import Model
+from pyinfer.engine.sampling import SamplerParams
+from pyinfer.native import ggml
+from pyinfer.native.binding import lib
 
 pytestmark = pytest.mark.skipif(not ggml.cuda_available(), reason="no CUDA device")
 
@@ -97,7 +97,7 @@ def test_quantized_tiny_model_on_gpu(converted, outtype):
 
 
 def test_smollm2_greedy_64_tokens_equal_cpu():
-    from pyinfer.pull import SMALLEST_MODEL, model_path
+    from pyinfer.hub.pull import SMALLEST_MODEL, model_path
 
     path = model_path(SMALLEST_MODEL)
     if not path.is_file():  # the device machine has no network, and 98 MB do not travel to it

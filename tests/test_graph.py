@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pyinfer import ggml
-from pyinfer._native import ffi, lib
+from pyinfer.native import ggml
+from pyinfer.native.binding import ffi, lib
 
 
 def _spans(graph: ggml.Graph) -> list[tuple[int, int, object]]:

@@ -14,11 +14,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pyinfer.engine.driver import Model
 from pyinfer.errors import InvalidArgumentError, ModelFormatError, PyInferError, UnsupportedError
-from pyinfer.gguf_file import GGUFFile
-from pyinfer.runtime import Model
-from pyinfer.tools import fuzz_seeds
-from pyinfer.tools.fuzz_gguf_image import (
+from pyinfer.formats.gguf_file import GGUFFile
+from tools.fuzz.image import (
     ARRAY,
     BOOL,
     FLOAT32,
@@ -34,11 +33,12 @@ from pyinfer.tools.fuzz_gguf_image import (
     enc_str,
     nested_array,
 )
+from tools.fuzz.seeds import make_seeds
 
 
 @pytest.fixture(scope="module")
 def seeds(tmp_path_factory):
-    return fuzz_seeds.make_seeds(str(tmp_path_factory.mktemp("seeds")), None)
+    return make_seeds(str(tmp_path_factory.mktemp("seeds")), None)
 
 
 def image(seeds, name: str = "llama-bpe") -> GGUFImage:
@@ -375,7 +375,7 @@ def test_detokenize_checks_ids(tiny):
 @pytest.mark.parametrize("shape", [(2**63,), (2**62, 2**62), (2**31, 2**31, 4), (-1, 4), (2.0, 4)])
 def test_tensor_sizes_beyond_int64_are_refused_not_wrapped(shape):
     """A product of sizes past 2^63 wrapped to a small allocation in the C library."""
-    from pyinfer import ggml
+    from pyinfer.native import ggml
 
     with pytest.raises(InvalidArgumentError):
         ggml.Context(1 << 16).new_tensor(ggml.F32, shape)

@@ -11,12 +11,13 @@ import sys
 import numpy as np
 import pytest
 
-import pyinfer.synthetic as syn
-from pyinfer import ggml, machine
-from pyinfer.gguf_file import GGUFFile
-from pyinfer.placement import BudgetTooSmallError, MachineProfile, minimum_budget, model_costs
-from pyinfer.runtime import Model
-from pyinfer.sampling import SamplerParams
+import pyinfer.converters.synthetic as syn
+from pyinfer.engine import machine
+from pyinfer.engine.driver import Model
+from pyinfer.engine.placement import BudgetTooSmallError, MachineProfile, minimum_budget, model_costs
+from pyinfer.engine.sampling import SamplerParams
+from pyinfer.formats.gguf_file import GGUFFile
+from pyinfer.native import ggml
 
 pytestmark = pytest.mark.skipif(not ggml.cuda_available(), reason="no CUDA device")
 
@@ -128,7 +129,7 @@ def test_bench_reports_what_the_driver_saw_under_the_budget(tiny_files, tmp_path
     path = tiny_files("llama_relu", True)
     budget = budgets(path, 80, 32, True)[2]
     machine.save(SPLITTY, tmp_path / "splitty.json")
-    run = subprocess.run([sys.executable, "-m", "pyinfer.cli", "bench", "-m", path, "-p", "40", "-n", "32", "-b", "32",
+    run = subprocess.run([sys.executable, "-m", "pyinfer", "bench", "-m", path, "-p", "40", "-n", "32", "-b", "32",
                           "-r", "1", "-o", "json", "--vram-budget", str(budget), "--machine",
                           str(tmp_path / "splitty.json")], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
@@ -192,7 +193,7 @@ def test_cpu_node_reading_device_leaves():
 def test_split_layer_downloads_come_before_the_hot_rows(tiny_files):
     """The stream copies x and the CPU's mask out before it runs the hot rows, so the CPU's half starts while
     the GPU's runs (a download placed after them made the two halves take turns)."""
-    from pyinfer._native import lib
+    from pyinfer.native.binding import lib
 
     path = tiny_files("llama_relu", True)
     budget = budgets(path, 64, 32, True)[2]

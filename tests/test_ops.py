@@ -1,4 +1,4 @@
-"""CPU kernels of the dense ops against pyinfer.reference_ops (numpy float64).
+"""CPU kernels of the dense ops against reference_ops (numpy float64).
 
 Outputs are poisoned with NaN before each compute, so a kernel that skips an element fails.
 """
@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import reference_ops as ref
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from op_harness import compute, pool, tensor, weights
 
-from pyinfer import ggml
-from pyinfer import reference_ops as ref
 from pyinfer.errors import InvalidArgumentError
+from pyinfer.native import ggml
 
 SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 QUANT_TYPES = (ggml.Q8_0, ggml.Q4_0, ggml.Q4_1, ggml.Q5_0, ggml.Q4_K, ggml.Q6_K)

@@ -16,7 +16,7 @@ from hf_tiny import build
 
 import pyinfer
 import pyinfer.converters.convert_hf_to_powergguf as conv
-from pyinfer.runtime import Model
+from pyinfer.engine.driver import Model
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = Path(pyinfer.__file__).resolve().parent
@@ -25,7 +25,7 @@ DECOYS = ["models", "tools", "native", "converters"]
 
 def _python_files() -> list[Path]:
     return sorted([*PACKAGE.rglob("*.py"), *(ROOT / "tests").glob("*.py"), ROOT / "setup.py",
-                   *(ROOT / "docs").rglob("*.py")])
+                   *(ROOT / "docs").rglob("*.py"), *(ROOT / "tools").rglob("*.py")])
 
 
 def test_installed_top_level_names_are_only_pyinfer():
@@ -97,7 +97,7 @@ def test_works_from_a_folder_of_decoys(tiny_gguf, tmp_path):
                          text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     np.testing.assert_array_equal(np.load(out), want)
-    res = subprocess.run([sys.executable, "-m", "pyinfer.cli", "run", "-m", tiny_gguf, "-p", "The quick", "-n", "8",
+    res = subprocess.run([sys.executable, "-m", "pyinfer", "run", "-m", tiny_gguf, "-p", "The quick", "-n", "8",
                           "--temp", "0", "--ignore-eos"], cwd=decoys, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("The quick") and len(res.stdout) > len("The quick\n")
@@ -110,5 +110,5 @@ def test_chat_page_goes_into_wheels(tmp_path):
     res = subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(tmp_path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
-    page = tmp_path / "pyinfer" / "server" / "static" / "index.html"
-    assert page.read_bytes() == (PACKAGE / "server" / "static" / "index.html").read_bytes()
+    page = tmp_path / "pyinfer" / "apps" / "server" / "static" / "index.html"
+    assert page.read_bytes() == (PACKAGE / "apps" / "server" / "static" / "index.html").read_bytes()

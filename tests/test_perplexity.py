@@ -1,4 +1,4 @@
-"""pyinfer.perplexity against a numpy computation from the float64 reference logits, same chunking."""
+"""pyinfer.apps.perplexity against a numpy computation from the float64 reference logits, same chunking."""
 from __future__ import annotations
 
 import io
@@ -8,13 +8,13 @@ import re
 import numpy as np
 import pytest
 from hf_tiny import TEXT, build
+from reference import reference_logits
 
 import pyinfer.converters.convert_hf_to_powergguf as conv
-from pyinfer import perplexity as ppl_mod
+from pyinfer.apps import perplexity as ppl_mod
+from pyinfer.engine.driver import Model
 from pyinfer.errors import InvalidArgumentError
-from pyinfer.gguf_file import GGUFFile
-from pyinfer.reference import reference_logits
-from pyinfer.runtime import Model
+from pyinfer.formats.gguf_file import GGUFFile
 
 N_CTX = 16
 

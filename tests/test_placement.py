@@ -15,10 +15,7 @@ from gguf.quants import dequantize
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pyinfer.errors import InvalidArgumentError
-from pyinfer.ggml import WEIGHT_TYPES, type_name
-from pyinfer.ggml import cuda_available as ggml_cuda_available
-from pyinfer.placement import (
+from pyinfer.engine.placement import (
     BudgetTooSmallError,
     LayerCosts,
     MachineProfile,
@@ -29,6 +26,9 @@ from pyinfer.placement import (
     parse_bytes,
     solve,
 )
+from pyinfer.errors import InvalidArgumentError
+from pyinfer.native.ggml import WEIGHT_TYPES, type_name
+from pyinfer.native.ggml import cuda_available as ggml_cuda_available
 
 
 @st.composite
@@ -153,7 +153,7 @@ FLAGS = ["--cpu-dense-bw", "20", "--cpu-sparse-bw", "8", "--gpu-dense-bw", "2000
 
 
 def _plan_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pyinfer.cli", "plan", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "pyinfer", "plan", *args], capture_output=True, text=True,
                           timeout=120)
 
 
@@ -162,19 +162,19 @@ def tiny_sparse(tmp_path_factory) -> str:
     from hf_tiny import build
 
     import pyinfer.converters.convert_hf_to_powergguf as conv
-    import pyinfer.synthetic as syn
+    from pyinfer.sparsity.synthetic_predictors import add_predictors
 
     folder = tmp_path_factory.mktemp("plan")
     build("llama_relu", str(folder / "hf"))
     dense, sparse = str(folder / "m.gguf"), str(folder / "sparse.gguf")
     assert conv.main([str(folder / "hf"), "-o", dense, "--outtype", "f16"]) == 0
-    syn.add_predictors(dense, sparse, density=0.3, rank=16, n_calib=64)
+    add_predictors(dense, sparse, density=0.3, rank=16, n_calib=64)
     return sparse
 
 
 def test_plan_command_prints_and_matches_the_solver(tiny_sparse):
-    from pyinfer.gguf_file import GGUFFile
-    from pyinfer.placement import model_costs
+    from pyinfer.engine.placement import model_costs
+    from pyinfer.formats.gguf_file import GGUFFile
 
     f = GGUFFile(tiny_sparse)
     costs = model_costs(f, 64, 2, True, 32)
@@ -194,8 +194,8 @@ def test_plan_command_prints_and_matches_the_solver(tiny_sparse):
 
 def test_plan_command_says_what_a_smaller_prompt_batch_buys(tiny_sparse):
     # a 4096-token batch's reserve crowds a tight budget: half of it leaves room for more of the model
-    from pyinfer.gguf_file import GGUFFile
-    from pyinfer.placement import model_costs
+    from pyinfer.engine.placement import model_costs
+    from pyinfer.formats.gguf_file import GGUFFile
 
     costs = model_costs(GGUFFile(tiny_sparse), 64, 2, True, 4096)
     budget = costs.reserve_bytes + sum(la.attn_bytes + la.kv_bytes + la.pred_bytes + 40 * la.neuron_bytes
@@ -236,7 +236,8 @@ def test_plan_command_without_gpu_asks_for_a_target(tiny_sparse):
 @pytest.mark.parametrize("load, spread, cached", [(0.0, 1.05, True), (100.0, 1.05, False), (0.0, 1.6, False)])
 def test_machine_figures_from_a_busy_host_are_not_cached(tmp_path, monkeypatch, capsys, load, spread, cached):
     # a profile measured while llama.cpp compiled (load 9 on 16 cores) planned every later run of the machine
-    from pyinfer import ggml, machine
+    from pyinfer.engine import machine
+    from pyinfer.native import ggml
 
     monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
     figures = MachineProfile("here", 50.0, 40.0, 2000.0, 500.0, 20.0, 22.0, 45.0)
@@ -256,7 +257,7 @@ def _cache(root, cpu, index, level, size, shared, kind="Unified"):
 
 
 def test_last_level_cache_counts_each_instance_once(tmp_path):
-    from pyinfer import machine
+    from pyinfer.engine import machine
 
     # an EPYC-like part: per core L1/L2, one 32 MiB L3 per complex of four cores (cpus 0-3, 4-7)
     for cpu in range(8):
@@ -280,7 +281,8 @@ def test_last_level_cache_counts_each_instance_once(tmp_path):
 def test_measure_reads_the_plans_rates_beyond_the_cache_and_subtracts_the_small_models_at_theirs(monkeypatch):
     """measure(): the profile's CPU rates come from a read of cpu_working_set() bytes; the fixed costs, timed on
     small models a large cache may hold, subtract their bytes at the rates of a WORKING_SET read."""
-    from pyinfer import ggml, machine
+    from pyinfer.engine import machine
+    from pyinfer.native import ggml
 
     monkeypatch.setattr(ggml, "cuda_available", lambda: True)
     monkeypatch.setattr(machine, "cpu_working_set", lambda: 4 * machine.WORKING_SET)
@@ -304,7 +306,7 @@ def test_measure_reads_the_plans_rates_beyond_the_cache_and_subtracts_the_small_
 def test_cpu_measurements_read_well_beyond_the_last_level_cache(monkeypatch, cache, want):
     # the H100 host's 300 MiB L3 held the 256 MiB a measurement read: CPU rates came out 1.5-2x DRAM's and
     # 1.3-1.9x apart between rounds, and plans put too much on the CPU
-    from pyinfer import machine
+    from pyinfer.engine import machine
 
     monkeypatch.setattr(machine, "last_level_cache", lambda: cache)
     assert machine.cpu_working_set() == want
@@ -314,7 +316,8 @@ def test_cpu_measurements_read_well_beyond_the_last_level_cache(monkeypatch, cac
 def test_measured_bundle_repeats_its_drawn_neurons_and_every_one_fires(monkeypatch, type_name_, n):
     """A bundle larger than DISTINCT_BYTES repeats the neurons drawn (its bytes, not its values, are what a
     bandwidth measurement needs), and the sparse FFN over it reads every selected neuron: all of them fire."""
-    from pyinfer import ggml, machine
+    from pyinfer.engine import machine
+    from pyinfer.native import ggml
 
     type_ = getattr(ggml, type_name_.upper())
     k = 256
@@ -345,8 +348,9 @@ def test_measured_bundle_repeats_its_drawn_neurons_and_every_one_fires(monkeypat
 def test_machine_layer_models_of_every_weight_type(tmp_path, type_):
     """The machine profile decodes synthetic models of the weight type it profiles: they are written and run for
     every type a model's FFN can have (Q4_K had no file type name, so profiling for a Q4_K_M model raised)."""
-    from pyinfer import machine, synthetic
-    from pyinfer.runtime import Model
+    from pyinfer.converters import synthetic
+    from pyinfer.engine import machine
+    from pyinfer.engine.driver import Model
 
     path = str(tmp_path / "m.gguf")
     synthetic.make_llama(path, machine.LAYER_SHAPE, synthetic.Q(type_), ffn_kind="reglu", n_layer=1,
@@ -359,9 +363,11 @@ def test_fixed_costs_are_what_decoding_takes_beyond_the_modelled_bytes(monkeypat
     per step. With rates at which the head's bytes cost 20 ms, the per-step excess falls by those 20 ms against
     rates at which bytes are free, and the per-layer one by a layer's bytes at that rate (units, the per-layer
     division, the subtractions); and the two predict a model of another depth."""
-    from pyinfer import ggml, machine, synthetic
-    from pyinfer.gguf_file import GGUFFile
-    from pyinfer.placement import evaluate, model_costs
+    from pyinfer.converters import synthetic
+    from pyinfer.engine import machine
+    from pyinfer.engine.placement import evaluate, model_costs
+    from pyinfer.formats.gguf_file import GGUFFile
+    from pyinfer.native import ggml
 
     monkeypatch.setenv("PYINFER_CACHE", str(tmp_path / "cache"))
 
@@ -400,7 +406,8 @@ def test_fixed_costs_are_what_decoding_takes_beyond_the_modelled_bytes(monkeypat
 def test_fixed_costs_time_every_model_in_each_round(monkeypatch, tmp_path):
     """excess_costs times its models round by round, each model once a round, and keeps each one's median: a slow
     spell hits one round of every model (back to back, a split layer's cost had once read 131 us, once 0)."""
-    from pyinfer import ggml, machine
+    from pyinfer.engine import machine
+    from pyinfer.native import ggml
 
     monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
     order, spell, pools = [], {3}, []  # the host is slow in the fourth of the timed calls
@@ -439,7 +446,7 @@ MEASURED_PROMPT_BYTES = [((13824, 5120, 32000), "f16", 512, 226), ((13824, 5120,
 def test_the_reserve_holds_what_prompt_batches_took_on_a_gpu(shape, type_, n_batch, measured_mb):
     from types import SimpleNamespace
 
-    from pyinfer.placement import GEMM_CHUNK, reserve_bytes
+    from pyinfer.engine.placement import GEMM_CHUNK, reserve_bytes
 
     n_ff, n_embd, n_vocab = shape
     row = n_embd * 2 if type_ == "f16" else n_embd // 32 * 18  # bytes of one weight row
@@ -454,8 +461,9 @@ def test_the_reserve_holds_what_prompt_batches_took_on_a_gpu(shape, type_, n_bat
 def test_the_reserve_counts_the_dequantized_rows_of_non_f16_weights(tmp_path, monkeypatch, type_name_):
     """model_costs passes the GEMM's F16 copy of a non-F16 weight's rows (2 bytes a value of the largest such
     matrix, at most GEMM_CHUNK) to the reserve; an all-F16 model has none to make."""
-    from pyinfer import placement, synthetic
-    from pyinfer.gguf_file import GGUFFile
+    from pyinfer.converters import synthetic
+    from pyinfer.engine import placement
+    from pyinfer.formats.gguf_file import GGUFFile
 
     path = str(tmp_path / "m.gguf")
     synthetic.make_llama(path, "small", synthetic.Q[type_name_.upper()], ffn_kind="reglu", n_layer=1,
@@ -477,7 +485,7 @@ def test_q_k_and_v_fuse_only_when_alike_and_without_head_norms():
     (of one type) or none, no per-head q or k norm; otherwise they stay three matrices."""
     from types import SimpleNamespace
 
-    from pyinfer import placement
+    from pyinfer.engine import placement
 
     def layer(types=("a", "a", "a"), biases=(None, None, None), norm=None) -> dict:
         t = {f"blk.0.attn_{p}.weight": SimpleNamespace(type=ty) for p, ty in zip("qkv", types, strict=True)}
@@ -495,8 +503,9 @@ def test_q_k_and_v_fuse_only_when_alike_and_without_head_norms():
 def test_the_dequantized_rows_count_q_k_and_v_as_one_matrix(tmp_path, monkeypatch):
     """Where a layer's attention is on the GPU its q, k and v are one matrix (offload.fuse_qkv), which a prompt's
     GEMM dequantizes as one: with a narrow FFN that matrix is the largest."""
-    from pyinfer import placement, synthetic
-    from pyinfer.gguf_file import GGUFFile
+    from pyinfer.converters import synthetic
+    from pyinfer.engine import placement
+    from pyinfer.formats.gguf_file import GGUFFile
 
     monkeypatch.setitem(synthetic.SHAPES, "narrow", (1024, 2, 512, 16, 16, 512))  # q + k + v: 3072 rows of 1024
     path = str(tmp_path / "m.gguf")
@@ -521,9 +530,9 @@ def test_a_steps_own_cost_adds_to_every_plan_and_moves_nothing(step_us):
 def test_bench_hybrid_runs_ours_with_the_profile_it_modelled(tiny_sparse, tmp_path, monkeypatch):
     # a host too unsteady for the profile cache measured a new profile for every run of ours: one run planned
     # with a split layer's fixed cost at 0 and ran at 220 t/s beside a 269 t/s round (docs/BENCHMARKS.md)
-    import pyinfer.bench
-    import pyinfer.tools.bench_hybrid as bench_hybrid
-    from pyinfer import machine
+    import pyinfer.apps.bench
+    import tools.bench_hybrid as bench_hybrid
+    from pyinfer.engine import machine
 
     measured = iter(MachineProfile(f"measurement {i}", 50.0, 40.0, 2000.0, 500.0, 20.0 - i, 22.0, 45.0)
                     for i in range(20))
@@ -535,7 +544,7 @@ def test_bench_hybrid_runs_ours_with_the_profile_it_modelled(tiny_sparse, tmp_pa
         return json.dumps([{"test": "tg8", "median_ts": 1.0, "modelled_ts": 1.0, "device_bytes": 0,
                             "device_peak_bytes": 0, "driver_bytes": 0}])
 
-    monkeypatch.setattr(pyinfer.bench, "bench", bench)
+    monkeypatch.setattr(pyinfer.apps.bench, "bench", bench)
     monkeypatch.setattr(bench_hybrid, "run_llama", lambda *args: {"tg": 1.0})
     out = tmp_path / "run.json"
     assert bench_hybrid.main(["--ours", tiny_sparse, "--dense", tiny_sparse, "--llama-bench", "unused", "--budgets",
@@ -548,9 +557,9 @@ def test_bench_hybrid_gives_both_sides_the_same_prompt_batch(tiny_sparse, tmp_pa
     # a smaller batch shrinks the reserve, so both sides must have it: ours as -b, llama.cpp as -ub
     import subprocess
 
-    import pyinfer.bench
-    import pyinfer.tools.bench_hybrid as bench_hybrid
-    from pyinfer import machine
+    import pyinfer.apps.bench
+    import tools.bench_hybrid as bench_hybrid
+    from pyinfer.engine import machine
 
     profile = MachineProfile("preset", 50.0, 40.0, 2000.0, 500.0, 20.0, 22.0, 45.0)
     monkeypatch.setattr(machine, "resolve", lambda spec, weight_type, n_threads: profile)
@@ -565,7 +574,7 @@ def test_bench_hybrid_gives_both_sides_the_same_prompt_batch(tiny_sparse, tmp_pa
         commands.append(cmd)
         return subprocess.CompletedProcess(cmd, 0, json.dumps([{"n_prompt": 0, "n_gen": 8, "avg_ts": 2.0}]), "")
 
-    monkeypatch.setattr(pyinfer.bench, "bench", bench)
+    monkeypatch.setattr(pyinfer.apps.bench, "bench", bench)
     monkeypatch.setattr(bench_hybrid.subprocess, "run", run)
     out = tmp_path / "run.json"
     assert bench_hybrid.main(["--ours", tiny_sparse, "--dense", tiny_sparse, "--llama-bench", "llama-bench",
@@ -579,7 +588,7 @@ def test_bench_hybrid_gives_both_sides_the_same_prompt_batch(tiny_sparse, tmp_pa
 @pytest.mark.parametrize("driver, over", [(990, False), (1010, True)])
 def test_bench_hybrid_marks_a_row_over_its_budget(driver, over):
     # the driver's count passed two budgets in a run where the allocator's peak did not (docs/BENCHMARKS.md)
-    from pyinfer.tools.bench_hybrid import table
+    from tools.bench_hybrid import table
 
     ours = {"tg": 10.0, "pp": 100.0, "device_bytes": 900, "device_peak_bytes": 950, "driver_bytes": driver}
     row = {"fraction": 0.5, "budget": 1000, "ours": [ours], "llama": {"-ngl 1": [{"tg": 5.0, "pp": 50.0}]},
@@ -589,18 +598,19 @@ def test_bench_hybrid_marks_a_row_over_its_budget(driver, over):
 
 
 def test_bench_hybrid_leaves_our_dequantized_rows_out_of_llamas_reserve(tmp_path, monkeypatch):
-    import pyinfer.bench
-    import pyinfer.tools.bench_hybrid as bench_hybrid
-    from pyinfer import machine, synthetic
-    from pyinfer.gguf_file import GGUFFile
-    from pyinfer.placement import model_costs
+    import pyinfer.apps.bench
+    import tools.bench_hybrid as bench_hybrid
+    from pyinfer.converters import synthetic
+    from pyinfer.engine import machine
+    from pyinfer.engine.placement import model_costs
+    from pyinfer.formats.gguf_file import GGUFFile
 
     path = str(tmp_path / "q4.gguf")
     synthetic.make_llama(path, "small", synthetic.Q.Q4_0, ffn_kind="reglu", n_layer=1, share_weights=True)
 
     monkeypatch.setattr(machine, "resolve", lambda spec, weight_type, n_threads: MachineProfile(
         "preset", 50.0, 40.0, 2000.0, 500.0, 20.0, 22.0, 45.0))
-    monkeypatch.setattr(pyinfer.bench, "bench", lambda *args: json.dumps(
+    monkeypatch.setattr(pyinfer.apps.bench, "bench", lambda *args: json.dumps(
         [{"test": "tg8", "median_ts": 1.0, "modelled_ts": 1.0, "device_bytes": 0, "device_peak_bytes": 0,
           "driver_bytes": 0}]))
     reserves = []

@@ -10,14 +10,14 @@ import pytest
 from hf_tiny import build
 from hypothesis import given
 from hypothesis import strategies as st
+from reference import reference_ffn_activations, reference_logits
 
 import pyinfer.converters.convert_hf_to_powergguf as conv
-import pyinfer.tools.train_predictors as tp
+import pyinfer.sparsity.train_predictors as tp
 from pyinfer.errors import InvalidArgumentError
-from pyinfer.gguf_file import GGUFFile
-from pyinfer.reference import reference_ffn_activations, reference_logits
-from pyinfer.tools.profiler import calibration_chunks
-from pyinfer.tools.sparsify import main as sparsify
+from pyinfer.formats.gguf_file import GGUFFile
+from pyinfer.sparsity.profiler import calibration_chunks
+from pyinfer.sparsity.sparsify import main as sparsify
 
 
 @given(st.integers(0, 2**31), st.floats(0.5, 0.999))
@@ -122,8 +122,8 @@ def test_predictors_reach_reported_recall(sparsified):
 
 
 def test_sparse_quality_sweep(sparsified, tmp_path, capsys):
-    """pyinfer/tools/sparse_quality.py: more recall fires more rows and moves the output less; rows add up (ReGLU)."""
-    from pyinfer.tools import sparse_quality
+    """tools/sparse_quality.py: more recall fires more rows and moves the output less; rows add up (ReGLU)."""
+    from tools import sparse_quality
 
     _, out, _ = sparsified
     text = str(tmp_path / "eval.txt")
@@ -147,8 +147,8 @@ def test_sparse_quality_sweep(sparsified, tmp_path, capsys):
 
 
 def test_bench_sparse_runs_every_report(sparsified, capsys):
-    """pyinfer/tools/bench_sparse.py on a tiny sparsified model: tg, the FFN split and the per-operation split."""
-    from pyinfer.tools import bench_sparse
+    """tools/bench_sparse.py on a tiny sparsified model: tg, the FFN split and the per-operation split."""
+    from tools import bench_sparse
 
     _, out, _ = sparsified
     assert bench_sparse.main([out, "--tg", "4", "--ffn", "--ops", "--ffn-reps", "1", "-t", "2"]) == 0
@@ -158,7 +158,7 @@ def test_bench_sparse_runs_every_report(sparsified, capsys):
 
 def test_self_corpus_is_sampled_once_and_cached(sparsified, tmp_path, monkeypatch):
     """`--corpus self`: the model's own samples make the calibration chunks; a second call reads the cache."""
-    from pyinfer import corpus
+    from pyinfer.sparsity import corpus
 
     src, _, _ = sparsified
     monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
@@ -167,9 +167,9 @@ def test_self_corpus_is_sampled_once_and_cached(sparsified, tmp_path, monkeypatc
     assert all(0 <= t < GGUFFile(src).config.n_vocab for c in chunks for t in c)
     cached = list((tmp_path / "corpus" / "self").glob("*.json"))
     assert len(cached) == 1
-    import pyinfer.runtime
+    import pyinfer.engine.driver
 
-    monkeypatch.setattr(pyinfer.runtime, "Model", None)  # a cache hit must not sample again
+    monkeypatch.setattr(pyinfer.engine.driver, "Model", None)  # a cache hit must not sample again
     again, _ = calibration_chunks(src, ["self"], 192, 32, progress=False)
     assert all(np.array_equal(a, b) for a, b in zip(chunks, again, strict=True))
     with pytest.raises(InvalidArgumentError, match="self"):

@@ -7,12 +7,12 @@ import pytest
 from hf_tiny import N_VOCAB, build
 from hypothesis import given
 from hypothesis import strategies as st
+from reference import reference_ffn_activations
 
 import pyinfer.converters.convert_hf_to_powergguf as conv
-import pyinfer.tools.profiler as prof
-from pyinfer.corpus import token_chunks
-from pyinfer.gguf_file import GGUFFile
-from pyinfer.reference import reference_ffn_activations
+import pyinfer.sparsity.profiler as prof
+from pyinfer.formats.gguf_file import GGUFFile
+from pyinfer.sparsity.corpus import token_chunks
 
 
 @pytest.fixture(scope="module", params=["llama_relu", "llama_silu", "gemma3"])
@@ -56,7 +56,7 @@ def test_cache_resumes(tiny, monkeypatch):
     x0, h0 = first.layer(1)
     first.files[2].unlink()  # as if interrupted before chunk 2 was saved
     ran = []
-    from pyinfer.runtime import Model
+    from pyinfer.engine.driver import Model
 
     orig = Model.ffn_activations
     monkeypatch.setattr(Model, "ffn_activations", lambda self, t: ran.append(len(t)) or orig(self, t))

@@ -8,9 +8,9 @@ import zipfile
 
 import pytest
 
-from pyinfer import pull as pull_mod
 from pyinfer.errors import PyInferError
-from pyinfer.pull import ModelSource, model_path, pull
+from pyinfer.hub import pull as pull_mod
+from pyinfer.hub.pull import ModelSource, model_path, pull
 
 PARTS = [bytes(range(256)) * 700, b"second part \x00\xff" * 1000]
 
@@ -102,7 +102,7 @@ def test_the_three_models_by_name():
 
 
 def test_model_argument_takes_a_pull_name(local_index, monkeypatch, tmp_path):
-    from pyinfer.model_files import resolve_model
+    from pyinfer.hub.model_files import resolve_model
 
     monkeypatch.setenv("PYINFER_CACHE", str(local_index))
     monkeypatch.chdir(tmp_path)

@@ -21,9 +21,9 @@ from gguf import quants as gq
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pyinfer import ggml
-from pyinfer._native import check, ffi, lib
 from pyinfer.errors import InvalidArgumentError, UnsupportedError
+from pyinfer.native import ggml
+from pyinfer.native.binding import check, ffi, lib
 
 QT = GGMLQuantizationType
 EXACT_QUANT = [QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0]  # quantizers bit-exact with gguf.quants

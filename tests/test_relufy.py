@@ -1,15 +1,15 @@
-"""pyinfer/tools/relufy.py: GGUF -> transformers is exact, and the trained ReGLU student is written back exactly."""
+"""pyinfer/sparsity/relufy.py: GGUF -> transformers is exact, and the trained ReGLU student is written back exactly."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 from hf_tiny import N_VOCAB, build
+from reference import reference_logits
 
 import pyinfer.converters.convert_hf_to_powergguf as conv
-from pyinfer.gguf_file import GGUFFile
-from pyinfer.reference import reference_logits
-from pyinfer.tools import relufy
+from pyinfer.formats.gguf_file import GGUFFile
+from pyinfer.sparsity import relufy
 
 TOKENS = [1, 5, 77, 200, 3, 9, 250, 11, 299]
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hf_tiny import VARIANTS, build
+from reference import reference_logits
 
 import pyinfer.converters.convert_hf_to_powergguf as conv
-from pyinfer.gguf_file import GGUFFile
-from pyinfer.reference import reference_logits
-from pyinfer.runtime import Model
-from pyinfer.tools.reorder import hot_first_order, reorder_file
+from pyinfer.engine.driver import Model
+from pyinfer.formats.gguf_file import GGUFFile
+from pyinfer.sparsity.reorder import hot_first_order, reorder_file
 
 TOKENS = [1, 5, 77, 200, 3, 9, 250, 11, 299, 42]
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from pyinfer.sampling import (
+from pyinfer.engine.sampling import (
     Sampler,
     SamplerParams,
     min_p_keep,

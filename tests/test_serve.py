@@ -17,7 +17,7 @@ import openai
 import pytest
 from serve_harness import REPO, live_server
 
-from pyinfer.pull import SMALLEST_MODEL, pull
+from pyinfer.hub.pull import SMALLEST_MODEL, pull
 
 CONCISE = "You are a concise assistant. Answer in one sentence."
 QUESTIONS = ["What is the capital of France?", "What is the capital of Italy?", "Name a primary colour.",
@@ -75,7 +75,7 @@ def case(request):
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    res = subprocess.run([sys.executable, "-m", "pyinfer.cli", *args], cwd=REPO, capture_output=True, timeout=300)
+    res = subprocess.run([sys.executable, "-m", "pyinfer", *args], cwd=REPO, capture_output=True, timeout=300)
     assert res.returncode == 0, res.stderr.decode()
     return res
 
@@ -90,7 +90,7 @@ def run_oracle(model: Path, ctx: int, prompt: str, n: int, *sampling: str) -> st
 
 def chat_oracle(model: Path, ctx: int, question: str, n: int) -> str:
     """The REPL's answer (`pyinfer chat --json`, temperature 0) to one message after the concise system prompt."""
-    out = subprocess.run([sys.executable, "-m", "pyinfer.cli", "chat", "-m", str(model), "-c", str(ctx), "-t", "2",
+    out = subprocess.run([sys.executable, "-m", "pyinfer", "chat", "-m", str(model), "-c", str(ctx), "-t", "2",
                           "--temp", "0", "-n", str(n), "-sys", CONCISE, "--json"], cwd=REPO, capture_output=True,
                          input=(question + "\n").encode(), timeout=300)
     assert out.returncode == 0, out.stderr.decode()
@@ -103,7 +103,7 @@ def ask(client, question: str, **kwargs):
 
 
 def _greedy():
-    from pyinfer.sampling import SamplerParams
+    from pyinfer.engine.sampling import SamplerParams
 
     return SamplerParams(temperature=0)
 
@@ -115,7 +115,7 @@ def no_traceback(server) -> None:
 # ---- the endpoints with the official client ----
 
 def test_health_models_tokenize_detokenize(tiny_server, tiny):
-    from pyinfer.runtime import Model
+    from pyinfer.engine.driver import Model
 
     assert tiny_server.json("GET", "/health") == (200, {"status": "ok"})
     client = tiny_server.client()
@@ -140,7 +140,7 @@ def test_completion_at_temperature_0_equals_pyinfer_run(case):
     (choice,) = res.choices
     assert choice.text == want
     assert res.object == "text_completion" and res.model == model.stem
-    from pyinfer.runtime import Model
+    from pyinfer.engine.driver import Model
 
     m = Model(model, n_ctx=ctx, n_threads=2)
     tokens = list(m.generate_tokens(m.tokenize(prompt), n, _greedy()))
@@ -226,8 +226,8 @@ def test_seed_reproduces_pyinfer_run(case):
 
 
 def test_penalties_reach_the_sampler(tiny_server, tiny):
-    from pyinfer.runtime import Model
-    from pyinfer.sampling import SamplerParams
+    from pyinfer.engine.driver import Model
+    from pyinfer.engine.sampling import SamplerParams
 
     client = tiny_server.client()
     args = dict(model=tiny.stem, prompt="the the the", max_tokens=24, temperature=0, extra_body={
@@ -243,9 +243,9 @@ def test_penalties_reach_the_sampler(tiny_server, tiny):
 
 
 def test_eight_concurrent_clients_each_get_their_own_answer(case):
-    from pyinfer.chat import ChatSession
-    from pyinfer.runtime import Model
-    from pyinfer.sampling import SamplerParams
+    from pyinfer.apps.chat import ChatSession
+    from pyinfer.engine.driver import Model
+    from pyinfer.engine.sampling import SamplerParams
 
     model, server, ctx = case
     n = 16
@@ -296,7 +296,7 @@ def test_follow_up_turn_reuses_the_cache_and_metrics_count_it(tiny_server, tiny)
 
 
 def test_python_api_returns_what_the_server_sends(tiny_server, tiny):
-    from pyinfer.runtime import Model
+    from pyinfer.engine.driver import Model
 
     model = Model(tiny, n_ctx=512, n_threads=2)
     messages = [{"role": "user", "content": "sphinx of black quartz"}]
@@ -484,7 +484,7 @@ def test_port_in_use_is_one_line(tiny, tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        res = subprocess.run([sys.executable, "-m", "pyinfer.cli", "serve", "-m", str(tiny), "--port", str(port)],
+        res = subprocess.run([sys.executable, "-m", "pyinfer", "serve", "-m", str(tiny), "--port", str(port)],
                              cwd=REPO, capture_output=True, text=True, timeout=120)
     assert res.returncode == 1
     assert res.stderr.strip().splitlines()[-1].startswith(f"error: cannot listen on 127.0.0.1:{port}")
@@ -514,7 +514,7 @@ def test_waiting_requests_run_in_arrival_order(smol_server, smollm):
 
 
 def test_load_test_tool_reports_no_failures(tiny):
-    res = subprocess.run([sys.executable, "-m", "pyinfer.tools.load_test", "-m", str(tiny), "--clients", "2",
+    res = subprocess.run([sys.executable, "-m", "tools.load_test", "-m", str(tiny), "--clients", "2",
                           "--requests", "3", "--max-tokens", "8", "-c", "512", "-t", "2", "--json"], cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr

@@ -9,7 +9,7 @@ import shutil
 import pytest
 from serve_harness import live_server
 
-from pyinfer.pull import SMALLEST_MODEL, pull
+from pyinfer.hub.pull import SMALLEST_MODEL, pull
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")

@@ -6,9 +6,9 @@ import pytest
 from real_models import greedy_answers, hf_logits, logits_agreement, top1_agreement, with_oracle
 
 import pyinfer.converters.convert_hf_to_powergguf as conv
-from pyinfer.pull import SMALLEST_MODEL
-from pyinfer.runtime import Model
-from pyinfer.sampling import SamplerParams
+from pyinfer.engine.driver import Model
+from pyinfer.engine.sampling import SamplerParams
+from pyinfer.hub.pull import SMALLEST_MODEL
 
 TEXT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined "
         "movable metal type with an oil-based ink and a wooden press. Within fifty years, printers in more "

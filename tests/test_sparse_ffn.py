@@ -11,16 +11,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from hf_tiny import build
+from reference import reference_logits
 
 import pyinfer.converters.convert_hf_to_powergguf as conv
-import pyinfer.synthetic as syn
-from pyinfer import ggml
+from pyinfer.engine.driver import Model
 from pyinfer.errors import InvalidArgumentError
-from pyinfer.gguf_file import GGUFFile
+from pyinfer.formats.gguf_file import GGUFFile
 from pyinfer.models.common import Builder
 from pyinfer.models.sparse_ffn import SparseSpec, ffn_block
-from pyinfer.reference import reference_logits
-from pyinfer.runtime import Model
+from pyinfer.native import ggml
+from pyinfer.sparsity.synthetic_predictors import add_predictors
 
 TOKENS = [1, 5, 77, 200, 3, 9, 250, 11, 299]
 
@@ -49,7 +49,7 @@ def synthetic(power, tmp_path_factory):
         key = (variant, threshold)
         if key not in paths:
             paths[key] = str(tmp_path_factory.mktemp("syn") / "m.gguf")
-            syn.add_predictors(power(variant), paths[key], density=0.3, rank=16, threshold=threshold, n_calib=64)
+            add_predictors(power(variant), paths[key], density=0.3, rank=16, threshold=threshold, n_calib=64)
         return paths[key]
     return get
 
@@ -205,7 +205,7 @@ def test_block_threshold_matches_numpy(kind, bias_up, n, t):
 
 def test_density_line_says_whose_neurons_it_counts():
     # a model wholly on the GPU counts no neurons (its masks stay on the device): its density line had read 0 %
-    from pyinfer.runtime import Timings
+    from pyinfer.engine.driver import Timings
 
     t = Timings(eval_ms=10.0, eval_tokens=5, extra={"ffn_rows_active": 0, "ffn_rows_total": 0, "predictor_ms": 0.1})
     assert "sparse FFN density = not counted (every neuron on the GPU)" in t.report()

@@ -1,4 +1,4 @@
-"""Neuron-aware sparse kernels (mul_mat_rows, axpy_rows) against pyinfer.reference_ops.
+"""Neuron-aware sparse kernels (mul_mat_rows, axpy_rows) against reference_ops.
 
 Every weight type, selectors of every kind (none, F32 masks of density 0..1, I32 index lists),
 row ranges, 1..3 threads, outputs poisoned with NaN first.
@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import reference_ops as ref
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from op_harness import compute, tensor, weights
 
-from pyinfer import ggml
-from pyinfer import reference_ops as ref
 from pyinfer.errors import InvalidArgumentError
+from pyinfer.native import ggml
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -1,4 +1,4 @@
-"""Layers split by neurons (pyinfer.offload, the split FFN graphs), tested on the CPU: both halves of a split
+"""Layers split by neurons (pyinfer.engine.offload, the split FFN graphs), tested on the CPU: both halves of a split
 layer stay in host memory here, so the graph is the one a GPU runs in two halves, computed by one device.
 Oracle: the same model unsplit (and its float64 reference). The GPU runs of the same plans are in
 tests/test_hybrid.py."""
@@ -7,12 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pyinfer import ggml, offload
-from pyinfer._native import lib
+from pyinfer.engine import offload
+from pyinfer.engine.driver import Model
+from pyinfer.engine.placement import Plan
+from pyinfer.engine.sampling import SamplerParams
 from pyinfer.errors import InvalidArgumentError
-from pyinfer.placement import Plan
-from pyinfer.runtime import Model
-from pyinfer.sampling import SamplerParams
+from pyinfer.native import ggml
+from pyinfer.native.binding import lib
 
 TOKENS = [1, 5, 77, 200, 3, 9, 250, 11, 299, 42, 17]
 N_FF = 128  # the tiny checkpoints' FFN width
@@ -140,7 +141,7 @@ def streamed_on_cpu(host_only, monkeypatch):
             super().__init__(ctx, outputs, backend)
 
     monkeypatch.setattr(common, "STREAM_ROWS", 48)
-    monkeypatch.setattr("pyinfer.runtime.ggml.Graph", CpuGraph)
+    monkeypatch.setattr("pyinfer.engine.driver.ggml.Graph", CpuGraph)
     monkeypatch.setattr(Model, "pin_host_weights", lambda self: None)
 
 

@@ -1,5 +1,5 @@
 """The default thread count: one a core (SMT siblings once, a CPU quota's whole CPUs), one fewer from
-machine.SPARE_CORE_FROM cores."""
+threads.SPARE_CORE_FROM cores."""
 from __future__ import annotations
 
 import os
@@ -10,16 +10,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pyinfer import machine
-from pyinfer.machine import SPARE_CORE_FROM, cpu_quota, default_threads, physical_cores, threads_for
+from pyinfer.engine import threads
+from pyinfer.engine.threads import SPARE_CORE_FROM, cpu_quota, default_threads, physical_cores, threads_for
 
 
 @given(st.integers(1, 1024))
 def test_threads_leave_a_core_free_on_large_machines(cores):
-    threads = threads_for(cores)
-    assert 1 <= threads <= cores
-    assert threads == (cores - 1 if cores >= SPARE_CORE_FROM else cores)
-    assert threads_for(cores + 1) >= threads
+    n = threads_for(cores)
+    assert 1 <= n <= cores
+    assert n == (cores - 1 if cores >= SPARE_CORE_FROM else cores)
+    assert threads_for(cores + 1) >= n
 
 
 def test_physical_cores_match_proc_cpuinfo():
@@ -55,6 +55,6 @@ def test_cpu_quota_of_cgroup_v1_and_v2(tmp_path, files, want):
 
 @pytest.mark.parametrize("quota,want", [(None, 15), (4.0, 4), (1.5, 1), (0.5, 1), (64.0, 15)])
 def test_a_cpu_quota_caps_the_default_threads(monkeypatch, quota, want):
-    monkeypatch.setattr(machine, "physical_cores", lambda: 16)
-    monkeypatch.setattr(machine, "cpu_quota", lambda: quota)
+    monkeypatch.setattr(threads, "physical_cores", lambda: 16)
+    monkeypatch.setattr(threads, "cpu_quota", lambda: quota)
     assert default_threads() == want

@@ -10,7 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pyinfer.errors import PyInferError, UnsupportedError
-from pyinfer.tokenizer import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED, Tokenizer
+from pyinfer.formats.tokenizer import (
+    TOKEN_BYTE,
+    TOKEN_CONTROL,
+    TOKEN_NORMAL,
+    TOKEN_UNKNOWN,
+    TOKEN_USER_DEFINED,
+    Tokenizer,
+)
 
 TEXTS = [
     "",
@@ -267,7 +274,7 @@ def _read_tokenizer_meta(path) -> dict:
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from pyinfer.pull import SMALLEST_MODEL, pull
+    from pyinfer.hub.pull import SMALLEST_MODEL, pull
 
     try:
         path = pull(SMALLEST_MODEL, progress=False)

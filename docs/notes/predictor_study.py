@@ -1,7 +1,7 @@
 """Reproduces the tables of docs/notes/predictor_study.md: how well can any predictor of the active set
 |silu(g)*u| > t_l (S = 0.5) of a SwiGLU layer do, compared with the trained predictors of `pyinfer sparsify`?
 
-Reads a cached profile (pyinfer/tools/profiler.py: x and h of every token), the PowerGGUF it was taken from (for
+Reads a cached profile (pyinfer/sparsity/profiler.py: x and h of every token), the PowerGGUF it was taken from (for
 W_gate, W_up, W_down_t in the original neuron order) and the sparsified file (its stored predictors, neurons
 hot-first). Splits as tools.train_predictors.split: train on chunks 0-3, 5-8, ..., the recall cut on chunks
 4, 14, ..., metrics on chunks 9, 19, ...
@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 from scipy.special import expit
 
-import pyinfer.tools.train_predictors as tp
-from pyinfer.gguf_file import GGUFFile
-from pyinfer.tools.profiler import stats_of
-from pyinfer.tools.reorder import hot_first_order
+import pyinfer.sparsity.train_predictors as tp
+from pyinfer.formats.gguf_file import GGUFFile
+from pyinfer.sparsity.profiler import stats_of
+from pyinfer.sparsity.reorder import hot_first_order
 
 CACHE = Path.home() / ".cache/pyinfer"
 UPGATE_BYTES = 2 * 1536 * 360  # one SmolLM2 layer's ffn_up + ffn_gate, Q4_1
@@ -263,9 +263,10 @@ def first_matrix_rules(L: Layer, recall: float):
 def cmd_e2e(args):
     """llama.cpp-style PPL (chunks of 512, second half scored), KLD and top-1 against dense, of the float64
     reference forward whose FFN activation keeps only rows(gate, up) & |h| > t_l."""
-    import pyinfer.reference as ref
-    from pyinfer.perplexity import chunk_tokens, log_softmax
-    from pyinfer.tokenizer import Tokenizer
+    import reference as ref
+
+    from pyinfer.apps.perplexity import chunk_tokens, log_softmax
+    from pyinfer.formats.tokenizer import Tokenizer
 
     g = GGUFFile(args.model)
     g.dequantize = functools.lru_cache(maxsize=None)(g.dequantize)  # the reference dequantizes on every use

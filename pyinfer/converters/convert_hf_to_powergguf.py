@@ -27,9 +27,14 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUFValueType
 
-from pyinfer import gguf_schema
 from pyinfer.console import run_cli
-from pyinfer.converters.gguf_out import (
+from pyinfer.converters.hf_json import CONFIG
+from pyinfer.converters.hf_vocab import KV, read_json, vocab_metadata
+from pyinfer.converters.safetensors_source import SafetensorsSource
+from pyinfer.errors import ModelFormatError, UnsupportedError
+from pyinfer.formats import gguf_schema
+from pyinfer.formats.gguf_file import GGUFFile, expected_tensor_shapes
+from pyinfer.formats.gguf_writer import (
     FLOAT_TYPES,
     QUANTIZABLE,
     OutFile,
@@ -40,12 +45,7 @@ from pyinfer.converters.gguf_out import (
     pick_type,
     write_atomically,
 )
-from pyinfer.converters.hf_json import CONFIG
-from pyinfer.converters.hf_vocab import KV, read_json, vocab_metadata
-from pyinfer.converters.safetensors_source import SafetensorsSource
-from pyinfer.errors import ModelFormatError, UnsupportedError
-from pyinfer.gguf_file import GGUFFile, expected_tensor_shapes
-from pyinfer.model_config import ModelConfig, default_ffn_kind
+from pyinfer.formats.model_config import ModelConfig, default_ffn_kind
 
 PROG = "convert-hf-to-powergguf"
 OUTTYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1}

@@ -1,5 +1,5 @@
 """Strict JSON of HF checkpoints (config.json, tokenizer files, safetensors headers, shard indexes) and the
-typed schema of the config.json keys the converter reads, with the kinds of `pyinfer.gguf_schema`.
+typed schema of the config.json keys the converter reads, with the kinds of `pyinfer.formats.gguf_schema`.
 
 Checkpoints come from strangers as model files do: JSON must be UTF-8, at most MAX_JSON_BYTES, nested at
 most as deep as Python's parser goes, and without repeated keys (json would keep the last silently);
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyinfer.errors import ModelFormatError
-from pyinfer.gguf_schema import (
+from pyinfer.formats.gguf_schema import (
     MAX_LAYERS,
     MAX_SIZE,
     MAX_TOKEN_CHARS,

@@ -13,9 +13,8 @@ from gguf import GGUFValueType, TokenType
 
 from pyinfer.converters.hf_json import TOKENIZER_CONFIG, TOKENIZER_JSON, checked, read_json_file
 from pyinfer.errors import ModelFormatError, UnsupportedError
-from pyinfer.gguf_schema import Kind
-
-KV = tuple[str, Any, GGUFValueType, GGUFValueType | None]
+from pyinfer.formats.gguf_schema import Kind
+from pyinfer.formats.gguf_writer import KV
 
 
 def read_json(path: str, schema: Kind) -> dict[str, Any] | None:

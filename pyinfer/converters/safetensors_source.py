@@ -15,7 +15,7 @@ import numpy as np
 
 from pyinfer.converters.hf_json import Map, Obj, checked, parse_json, read_json_file
 from pyinfer.errors import ModelFormatError
-from pyinfer.gguf_schema import Array, Int, Str, show
+from pyinfer.formats.gguf_schema import Array, Int, Str, show
 
 # safetensors dtype -> (numpy storage dtype, bytes per element); BF16 is widened by hand
 _DTYPES = {"F64": (np.float64, 8), "F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (np.uint16, 2)}

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyinfer import ggml
 from pyinfer.errors import ModelFormatError
-from pyinfer.model_config import UNGATED_KINDS
-from pyinfer.placement import STREAM_ROWS
+from pyinfer.formats.model_config import UNGATED_KINDS
+from pyinfer.native import ggml
+
+STREAM_ROWS = 2048  # a prompt batch copies host FFN weights to the GPU this many neurons at a time
 
 
 @dataclass
@@ -199,8 +200,8 @@ def host_ffn(b: Builder, il: int) -> tuple[str, int] | None:
 
 
 def streamed_ffn(b: Builder, il: int, h: ggml.Tensor, pred: ggml.Tensor | None = None) -> ggml.Tensor:
-    """The FFN of a prompt batch on the GPU, its host neurons copied in chunk by chunk (placement.STREAM_ROWS
-    rows of each matrix at a time, so the copies need little device memory), the GPU's own hot rows as they
+    """The FFN of a prompt batch on the GPU, its host neurons copied in chunk by chunk (STREAM_ROWS rows
+    of each matrix at a time, so the copies need little device memory), the GPU's own hot rows as they
     are. pred: the sparse model's predictor logits (n, n_ff); the host neurons are then computed whole under
     the same mask, as sparse_ffn.rows_ffn does for large batches. -> (n_tokens, n_embd), down bias added."""
     from pyinfer.models import sparse_ffn

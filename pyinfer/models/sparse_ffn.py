@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pyinfer import ggml
 from pyinfer.errors import ModelFormatError
-from pyinfer.model_config import UNGATED_KINDS
+from pyinfer.formats.model_config import UNGATED_KINDS
+from pyinfer.native import ggml
 
 KINDS = ("relu", "threshold")
-# prompts of more tokens than this compute up/gate densely under the same mask. pyinfer/tools/bench_sparse.py --pp
+# prompts of more tokens than this compute up/gate densely under the same mask. tools/bench_sparse.py --pp
 # measured selected rows faster than dense mul_mat at every size from 1 to 512 tokens (SmolLM2, 51%
 # density, docs/BENCHMARKS.md), so by default no prompt takes the dense path; re-measure when mul_mat
 # gets a tiled GEMM.
@@ -112,7 +112,7 @@ def predict(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
 
 
 def fused_ffn(b, il: int, h: ggml.Tensor, pred: ggml.Tensor) -> tuple[ggml.Tensor, ggml.Tensor]:
-    """The sparse FFN as one sparse_ffn op over the layer's bundled rows (runtime.Model._bundle_ffns), which
+    """The sparse FFN as one sparse_ffn op over the layer's bundled rows (driver.Model._bundle_ffns), which
     are the CPU's neurons of a split layer: (output (n, n_embd), mask (n, rows) of the neurons summed)."""
     ctx, cfg, spec = b.ctx, b.cfg, b.sparse
     n = h.shape[0] if len(h.shape) == 2 else 1

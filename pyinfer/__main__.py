@@ -1,0 +1,7 @@
+"""`python -m pyinfer`: the `pyinfer` command."""
+
+import sys
+
+from pyinfer.apps.cli import main
+
+sys.exit(main())

@@ -1,0 +1,94 @@
+"""Starts `pyinfer serve`: loads the model, binds the address (a port in use is one line, before anything
+runs), and runs uvicorn until SIGINT or SIGTERM, which end the token in flight and exit 0."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from pyinfer.apps.flags import load_model, sampler_params
+from pyinfer.apps.server.app import Server, Settings
+from pyinfer.apps.server.engine import Engine
+from pyinfer.errors import PyInferError
+from pyinfer.formats.chat_template import ChatTemplate
+
+GRACEFUL_SHUTDOWN_S = 10  # uvicorn's wait for open connections after a stop signal
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family, backlog=128)
+    except OSError as exc:
+        raise PyInferError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def _uvicorn_server(config, engine: Engine):
+    import uvicorn
+
+    class StoppingServer(uvicorn.Server):
+        """uvicorn, but a stop signal first tells the engine to end the generation in flight at its next token
+        (uvicorn then waits for the open responses, which end promptly)."""
+
+        def handle_exit(self, sig, frame) -> None:
+            engine.stop()
+            super().handle_exit(sig, frame)
+
+    return StoppingServer(config)
+
+
+def serve(args) -> int:
+    import uvicorn
+
+    if args.queue < 0 or args.max_body <= 0:
+        raise PyInferError("--queue must be >= 0 and --max-body > 0")
+    path, model = load_model(args)
+    template = ChatTemplate.from_tokenizer(model.tokenizer, override=args.chat_template_file)
+    file = Path(path)
+    settings = Settings(model_name=args.alias or file.stem, model_aliases=frozenset({file.stem, file.name}),
+                        api_key=args.api_key or None, max_body=args.max_body << 20, queue=args.queue,
+                        sampling=sampler_params(args), max_tokens=args.n_predict if args.n_predict > 0 else None,
+                        seed=args.seed)
+    sock = _listen(args.host, args.port)
+    server = Server(model, template, settings)
+    # no lifespan: a second Ctrl-C makes uvicorn cancel it, and Starlette logs that as a traceback
+    config = uvicorn.Config(server.app(), log_level="warning", access_log=False, lifespan="off",
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+    host, port = sock.getsockname()[:2]
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    cfg = model.config
+    print(f"pyinfer serve: {file.name} ({cfg.arch}, {cfg.n_layer} layers) loaded in {model.timings.load_ms:.0f} ms; "
+          f"context {model.n_ctx} tokens, model name '{settings.model_name}', queue {settings.queue}",
+          file=sys.stderr)
+    if settings.api_key is None and not _is_loopback(host):
+        print(f"warning: {host} is reachable from other machines and there is no --api-key", file=sys.stderr)
+    print(f"listening on {url} (chat page at {url}/, OpenAI API at {url}/v1); Ctrl-C stops", file=sys.stderr,
+          flush=True)
+    _log_requests()
+    # uvicorn re-raises a stop signal, once it has shut down, to the handler it found at start: this one
+    # ignores it, so a requested stop is a clean exit 0
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
+    try:
+        _uvicorn_server(config, server.engine).run(sockets=[sock])
+    finally:
+        server.engine.close()
+    print("pyinfer serve: stopped", file=sys.stderr)
+    return 0
+
+
+def _is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def _log_requests() -> None:
+    """One line per completion on stderr, as llama-server logs its slots."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
+    log = logging.getLogger("pyinfer.apps.server")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False

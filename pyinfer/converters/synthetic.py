@@ -1,0 +1,198 @@
+"""SYNTHETIC PowerGGUF models for speed benchmarks, tests and the machine profile: random weights of a real
+model's shape, and predictor weights built so that neuron i of every layer fires with a chosen frequency f_i
+(the command: tools.make_synthetic_model).
+
+The frequencies follow a power law f_i = min(1, c (i+1)^-a) over neurons stored hot-first, with c and a
+solved for a mean density (default 10%) and a hot share (default: 17% of neurons carry 80% of the
+activations, PowerInfer's measurement on OPT-30B). Predictor, with x the FFN input:
+z = relu(fc1 x), fc1 a random (r, d) projection scaled so that z's entries are ~N(0, 1); fc2 rows are
+random zero-sum vectors g_i, so g_i . z ~ N(0, s_i^2) with s_i^2 = var(relu(N(0,1))) |g_i|^2; the bias
+b_i = s_i Phi^-1(f_i) then makes P(logit_i > 0) = f_i. For a real model's file the biases are instead
+calibrated on its own FFN inputs (pyinfer.sparsity.synthetic_predictors), since their scale is not known.
+Everything comes from --seed; the files say `pyinfer.synthetic = true` and their name says synthetic.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFValueType as V
+from scipy.special import ndtri
+
+from pyinfer.formats.gguf_writer import OutFile, OutTensor, file_type, write_atomically
+from pyinfer.native import ggml
+
+# name -> (n_embd, n_layer, n_ff, n_head, n_head_kv, n_vocab)
+SHAPES = {
+    "llama-7b": (4096, 32, 11008, 32, 32, 32000),
+    "llama-13b": (5120, 40, 13824, 40, 40, 32000),
+    "llama-70b": (8192, 80, 28672, 64, 8, 32000),  # GQA: 8 KV heads
+    "small": (1024, 4, 4096, 16, 4, 2048),
+    "tiny": (128, 2, 512, 4, 4, 512),
+}
+TYPES = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0}
+RELU_VAR = 0.5 - 1.0 / (2.0 * math.pi)  # variance of relu(N(0, 1))
+GATED_RELU = ("reglu", "drelu", "relu")
+
+
+# ---------------------------------------------------------------------------------------------------
+# frequencies and predictors
+
+
+def power_law_freqs(n: int, mean: float = 0.10, hot_frac: float = 0.17, hot_share: float = 0.80) -> np.ndarray:
+    """(n,) firing frequencies, descending: f_i = min(1, c (i+1)^-a) with mean `mean` and the first
+    hot_frac of neurons carrying hot_share of the sum (a = 0, uniform, when the share is <= hot_frac)."""
+    ranks = np.arange(1, n + 1, dtype=np.float64)
+    n_hot = max(1, round(hot_frac * n))
+
+    def freqs(a: float) -> np.ndarray:
+        lo, hi = 0.0, float(n) ** a  # c: mean(min(1, c r^-a)) rises with c
+        for _ in range(100):
+            c = 0.5 * (lo + hi)
+            lo, hi = (c, hi) if np.minimum(1.0, c * ranks**-a).mean() < mean else (lo, c)
+        return np.minimum(1.0, lo * ranks**-a)
+
+    def share(a: float) -> float:
+        f = freqs(a)
+        return float(f[:n_hot].sum() / f.sum())
+
+    a_lo, a_hi = 0.0, 8.0
+    if share(a_hi) < hot_share:
+        a_lo = a_hi
+    for _ in range(50):
+        a = 0.5 * (a_lo + a_hi)
+        a_lo, a_hi = (a, a_hi) if share(a) < hot_share else (a_lo, a)
+    return freqs(a_lo)
+
+
+def predictor(rng: np.random.Generator, n_embd: int, rank: int, freqs: np.ndarray,
+              x_rms: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """fc1 (rank, n_embd), fc2 (n_ff, rank), bias (n_ff,) with P(logit_i > 0) = freqs[i] for FFN inputs
+    of isotropic direction and per-entry RMS x_rms."""
+    fc1 = rng.standard_normal((rank, n_embd)) / (x_rms * math.sqrt(n_embd))  # z ~ N(0, 1) per entry
+    g = rng.standard_normal((len(freqs), rank))
+    g -= g.mean(axis=1, keepdims=True)  # E[relu(z)] is the same for every entry: zero-sum rows cancel it
+    g /= math.sqrt(rank)
+    s = np.sqrt(RELU_VAR * (g * g).sum(axis=1))  # (n_ff,)
+    bias = s * ndtri(np.clip(freqs, 1e-6, 1 - 1e-6))
+    return fc1.astype(np.float32), g.astype(np.float32), bias.astype(np.float32)
+
+
+def predictor_tensors(il: int, fc1, fc2, bias, freqs) -> list[OutTensor]:
+    def arr(a, dtype):
+        return lambda: np.ascontiguousarray(a, dtype=dtype)
+
+    return [OutTensor(f"blk.{il}.fc1.weight", fc1.shape, Q.F16, arr(fc1, np.float16)),
+            OutTensor(f"blk.{il}.fc2.weight", fc2.shape, Q.F16, arr(fc2, np.float16)),
+            OutTensor(f"blk.{il}.fc2.bias", bias.shape, Q.F32, arr(bias, np.float32)),
+            OutTensor(f"blk.{il}.ffn_act_freq", freqs.shape, Q.F32, arr(freqs, np.float32))]
+
+
+def sparsity_kv(kind: str, n_layer: int, density: float, rank: int, threshold: float) -> list:
+    f32s = V.FLOAT32
+    return [("pyinfer.sparsity.kind", kind, V.STRING, None),
+            ("pyinfer.sparsity.thresholds", [threshold] * n_layer, V.ARRAY, f32s),
+            ("pyinfer.sparsity.target", 1.0 - density, f32s, None),
+            ("pyinfer.predictor.ranks", [rank] * n_layer, V.ARRAY, V.UINT32),
+            ("pyinfer.synthetic", True, V.BOOL, None)]
+
+
+# ---------------------------------------------------------------------------------------------------
+# random weights
+
+
+def random_weight(rng: np.random.Generator, qtype: Q, shape: tuple[int, int], std: float) -> np.ndarray:
+    """Bytes of a (rows, k) matrix of random values of about `std`; Q4_0/Q8_0 blocks drawn directly."""
+    rows, k = shape
+    if qtype in (Q.Q4_0, Q.Q8_0):
+        block, size, q_std = (32, 18, 4.61) if qtype == Q.Q4_0 else (32, 34, 73.6)  # std of the quants
+        raw = rng.integers(0, 256, size=(rows * k // block, size), dtype=np.uint8)
+        if qtype == Q.Q8_0:
+            raw[:, 2:][raw[:, 2:] == 128] = 129  # int8 -128 would skew the symmetric range
+        raw[:, :2] = np.frombuffer(np.float16(std / q_std).tobytes(), dtype=np.uint8)
+        return raw.reshape(rows, -1)
+    values = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
+    if qtype == Q.F32:
+        return values
+    if qtype == Q.F16:
+        return values.astype(np.float16)
+    return ggml.quantize(int(qtype), values)
+
+
+def _vocab_kv(n_vocab: int) -> list:
+    """A byte-level vocabulary: the 256 bytes, one merge (llama.cpp requires the merges key and GGUF has
+    no empty arrays), then filler tokens."""
+    from pyinfer.formats.tokenizer import byte_to_unicode
+
+    byte_chars = list(byte_to_unicode().values())
+    space = byte_to_unicode()[ord(" ")]
+    tokens = ["<|endoftext|>", *byte_chars, space * 2, *(f"<|syn{i}|>" for i in range(n_vocab - 258))]
+    types = [3] + [1] * 257 + [4] * (n_vocab - 258)
+    return [("tokenizer.ggml.model", "gpt2", V.STRING, None), ("tokenizer.ggml.pre", "default", V.STRING, None),
+            ("tokenizer.ggml.tokens", tokens, V.ARRAY, V.STRING),
+            ("tokenizer.ggml.token_type", types, V.ARRAY, V.INT32),
+            ("tokenizer.ggml.merges", [f"{space} {space}"], V.ARRAY, V.STRING),
+            ("tokenizer.ggml.bos_token_id", 0, V.UINT32, None), ("tokenizer.ggml.eos_token_id", 0, V.UINT32, None)]
+
+
+def make_llama(path: str, shape: str, qtype: Q, *, seed: int = 0, density: float = 0.10, hot_frac: float = 0.17,
+               hot_share: float = 0.80, rank: int = 256, ffn_kind: str = "swiglu", n_layer: int | None = None,
+               dense: bool = False, share_weights: bool = False) -> None:
+    """A random LLaMA-shaped PowerGGUF with synthetic predictors, neurons hot-first; dense: a plain
+    llama.cpp GGUF instead (ffn_down, no predictors, no pyinfer keys) that both engines run.
+    n_layer overrides the shape's layer count (speed per layer is what such benchmarks compare).
+    share_weights: every layer's matrices hold the same random values (drawn once: a large file is then as
+    fast to write as its disk allows; each layer is still its own bytes, read on its own)."""
+    d, shape_layers, n_ff, n_head, n_head_kv, n_vocab = SHAPES[shape]
+    n_layer = n_layer or shape_layers
+    head_dim, kv_dim = d // n_head, d // n_head * n_head_kv
+    rng = np.random.default_rng(seed)
+    freqs = power_law_freqs(n_ff, density, hot_frac, hot_share)
+    u32, f32 = V.UINT32, V.FLOAT32
+    kv = [("general.name", f"synthetic {shape} (random weights)", V.STRING, None),
+          ("general.file_type", file_type(qtype), u32, None),
+          ("llama.vocab_size", n_vocab, u32, None), ("llama.context_length", 4096, u32, None),
+          ("llama.embedding_length", d, u32, None), ("llama.block_count", n_layer, u32, None),
+          ("llama.feed_forward_length", n_ff, u32, None), ("llama.attention.head_count", n_head, u32, None),
+          ("llama.attention.head_count_kv", n_head_kv, u32, None),
+          ("llama.attention.layer_norm_rms_epsilon", 1e-5, f32, None),
+          ("llama.rope.dimension_count", head_dim, u32, None), *_vocab_kv(n_vocab)]
+    if not dense:
+        kv += [("pyinfer.format_version", 1, u32, None), ("pyinfer.ffn_layout", "down_t", V.STRING, None),
+               ("pyinfer.neuron_order", "hot_first", V.STRING, None), ("pyinfer.ffn_kind", ffn_kind, V.STRING, None),
+               *sparsity_kv("relu" if ffn_kind in GATED_RELU else "threshold", n_layer, float(freqs.mean()),
+                             rank, 0.0)]
+
+    drawn: dict[tuple, np.ndarray] = {}
+
+    def mat(name: str, rows: int, k: int, std: float) -> OutTensor:
+        seed_i = int(rng.integers(2**63))
+        key = (name.split(".", 2)[-1], rows, k)
+
+        def produce() -> np.ndarray:
+            if not share_weights or not name.startswith("blk."):
+                return random_weight(np.random.default_rng(seed_i), qtype, (rows, k), std)
+            if key not in drawn:
+                drawn[key] = random_weight(np.random.default_rng(seed_i), qtype, (rows, k), std)
+            return drawn[key]
+
+        return OutTensor(name, (rows, k), qtype, produce)
+
+    def ones(name: str) -> OutTensor:
+        return OutTensor(name, (d,), Q.F32, lambda: np.ones(d, np.float32))
+
+    tensors = [mat("token_embd.weight", n_vocab, d, 1.0), ones("output_norm.weight"),
+               mat("output.weight", n_vocab, d, d**-0.5)]
+    for il in range(n_layer):
+        b = f"blk.{il}."
+        tensors += [ones(b + "attn_norm.weight"), mat(b + "attn_q.weight", d, d, d**-0.5),
+                    mat(b + "attn_k.weight", kv_dim, d, d**-0.5), mat(b + "attn_v.weight", kv_dim, d, d**-0.5),
+                    mat(b + "attn_output.weight", d, d, d**-0.5), ones(b + "ffn_norm.weight"),
+                    mat(b + "ffn_up.weight", n_ff, d, d**-0.5), mat(b + "ffn_gate.weight", n_ff, d, d**-0.5)]
+        if dense:
+            tensors.append(mat(b + "ffn_down.weight", d, n_ff, n_ff**-0.5))
+        else:
+            tensors += [mat(b + "ffn_down_t.weight", n_ff, d, n_ff**-0.5),
+                        *predictor_tensors(il, *predictor(rng, d, rank, freqs), freqs)]
+    write_atomically([OutFile(path, "llama", kv, tensors)])

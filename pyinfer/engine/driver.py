@@ -1,0 +1,530 @@
+"""The driver loop: load a GGUF, keep a KV cache, run the prompt in batches, then one native graph call
+per generated token. Sampling and detokenizing stay in Python; nothing per-op is."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pyinfer import arguments, models
+from pyinfer.engine.machine import resolve as resolve_machine
+from pyinfer.engine.offload import apply_plan, offload_layers
+from pyinfer.engine.placement import (
+    STREAM_MIN_TOKENS,
+    BudgetTooSmallError,
+    MachineProfile,
+    Plan,
+    format_bytes,
+    model_costs,
+    parse_bytes,
+    solve,
+)
+from pyinfer.engine.sampling import Sampler, SamplerParams
+from pyinfer.engine.threads import default_threads
+from pyinfer.errors import ContextFullError, InvalidArgumentError, ModelFormatError, UnsupportedError
+from pyinfer.formats.gguf_file import GGUFFile
+from pyinfer.formats.tokenizer import Tokenizer
+from pyinfer.models import sparse_ffn
+from pyinfer.models.common import Builder, GraphInputs
+from pyinfer.native import ggml
+from pyinfer.native.binding import lib
+
+KV_TYPES = {"f32": ggml.F32, "f16": ggml.F16}
+_MAX_CACHED_GRAPHS = 4  # decode graph, full prompt batch, and a few remainders
+# precise="auto": models whose weights are at most this many bytes get precise CPU matmuls. Small models
+# decide between near-equal tokens often (SmolLM2-135M Q4_1: "The" over "L" by 0.08 nats, flipped by the
+# 8-bit activations), and their matmuls are cheap enough to pay twice the arithmetic. Larger models pay more
+# (Qwen2.5-0.5B Q4_K_M, 491 MB: tg 0.6x, pp 0.5x on 2 cores; docs/BENCHMARKS.md) and gain nothing measurable
+PRECISE_MAX_BYTES = 256 << 20
+AUTO_MARGIN = 1 << 30  # --vram-budget auto: the GPU's free memory less this (other processes, fragmentation)
+# a budget of 0 puts nothing on the GPU: the figures are not used then
+_CPU_ONLY = MachineProfile("cpu only", 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0)
+_PLANS: dict[tuple, Plan] = {}
+
+
+class KVCache:
+    """Per layer K and V: (n_ctx, n_head_kv, head_dim) each, in one context."""
+
+    def __init__(self, cfg, n_ctx: int, kv_type: int):
+        per_tensor = ggml.row_size(kv_type, cfg.head_dim) * cfg.n_head_kv * n_ctx
+        self.ctx = ggml.Context(2 * cfg.n_layer * (per_tensor + 4096) + (1 << 16))
+        shape = (n_ctx, cfg.n_head_kv, cfg.head_dim)
+        self.k = [self.ctx.new_tensor(kv_type, shape) for _ in range(cfg.n_layer)]
+        self.v = [self.ctx.new_tensor(kv_type, shape) for _ in range(cfg.n_layer)]
+        self.n_ctx = n_ctx
+        self.nbytes = 2 * cfg.n_layer * per_tensor
+
+
+@dataclass
+class Timings:
+    """llama.cpp's perf counters: load, prompt eval and eval time, token counts."""
+
+    load_ms: float = 0.0
+    prompt_ms: float = 0.0
+    prompt_tokens: int = 0
+    eval_ms: float = 0.0
+    eval_tokens: int = 0
+    sample_ms: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def reset(self) -> None:
+        self.prompt_ms = self.eval_ms = self.sample_ms = 0.0
+        self.prompt_tokens = self.eval_tokens = 0
+        for key in ("ffn_rows_active", "ffn_rows_total"):
+            if key in self.extra:
+                self.extra[key] = 0
+
+    def report(self, prefix: str = "pyinfer_perf_context_print") -> str:
+        def rate(ms, n):
+            per = ms / n if n else 0.0
+            tps = 1e3 * n / ms if ms > 0 else 0.0
+            return f"({per:8.2f} ms per token, {tps:8.2f} tokens per second)"
+
+        total = self.load_ms + self.prompt_ms + self.eval_ms + self.sample_ms
+        return "\n".join([
+            f"{prefix}:        load time = {self.load_ms:10.2f} ms",
+            f"{prefix}: prompt eval time = {self.prompt_ms:10.2f} ms / {self.prompt_tokens:5d} tokens "
+            + rate(self.prompt_ms, self.prompt_tokens),
+            f"{prefix}:        eval time = {self.eval_ms:10.2f} ms / {self.eval_tokens:5d} runs   "
+            + rate(self.eval_ms, self.eval_tokens),
+            f"{prefix}:       total time = {total:10.2f} ms / {self.prompt_tokens + self.eval_tokens:5d} tokens",
+            *self._sparse_lines(prefix),
+        ])
+
+    def _sparse_lines(self, prefix: str) -> list[str]:
+        """The sparse FFN's realised density and the predictors' share of a decoded token's time."""
+        if "ffn_rows_total" not in self.extra:
+            return []
+        x = self.extra
+        # only the CPU's neurons are counted: the GPU's masks stay on the device
+        density = (f"{100.0 * x['ffn_rows_active'] / x['ffn_rows_total']:6.2f} % of the CPU's neurons"
+                   if x["ffn_rows_total"] else "not counted (every neuron on the GPU)")
+        pred_ms = x.get("predictor_ms", 0.0)
+        per_token = self.eval_ms / self.eval_tokens if self.eval_tokens else 0.0
+        share = 100.0 * pred_ms / per_token if per_token > 0 else 0.0
+        return [f"{prefix}:   sparse FFN density = {density}, predictors "
+                f"{pred_ms:.2f} ms per token ({share:.1f} % of eval time)"]
+
+
+class _StepGraph:
+    """One planned graph for a fixed number of tokens; inputs are written before each compute."""
+
+    def __init__(self, model: Model, n_tokens: int, n_out: int, capture: bool = False):
+        cfg = model.config
+        self.ctx = ggml.Context(8 << 20)
+        tokens = self.ctx.new_tensor(ggml.I32, (n_tokens,))
+        pos = self.ctx.new_tensor(ggml.I32, (n_tokens,))
+        pos_ids = self.ctx.new_tensor(ggml.I32, (n_tokens,)) if cfg.pos_offset else None
+        self.inputs = GraphInputs(tokens=tokens, pos=pos, n_out=n_out, pos_ids=pos_ids)
+        self.captured: dict[str, ggml.Tensor] = {}
+        spec = dataclasses.replace(model.sparse_spec, masks={}) if model.sparse_spec else None
+        # a prompt batch of a model partly in host memory runs on the GPU, its host weights streamed in
+        stream = n_tokens >= STREAM_MIN_TOKENS and model.streams_prompts and not capture
+        builder = Builder(self.ctx, cfg, model.weights, model.kv_cache, self.captured if capture else None, spec,
+                          hot_rows=model.hot_rows, stream=stream, precise=model.precise)
+        self.logits = models.builder_for(cfg.arch)(builder, self.inputs)  # (n_out, n_vocab)
+        # the masks the host can count for free: per layer (n_tokens, rows) of the neurons the CPU computes
+        # (the builder records no GPU layer's: reading one would cost a copy and a wait per layer and token)
+        masks = list(spec.masks.values()) if spec else []
+        if stream:
+            model.pin_host_weights()
+        self.graph = ggml.Graph(self.ctx, [self.logits, *self.captured.values(), *masks],
+                                stream_min_cols=STREAM_MIN_TOKENS if stream else 0).plan()
+        self.mask_tensors = masks
+        self.mask_rows = sum(m.shape[-1] for m in masks)  # neurons the masks cover per token
+        # host masks are read through views made once (a strided view costs microseconds a layer a token)
+        self._mask_views = [None if m.on_device else m.numpy() for m in masks]
+        self._tokens, self._pos = tokens.numpy(), pos.numpy()
+        self._pos_ids = pos_ids.numpy() if pos_ids is not None else None
+        self.shape = (n_out, cfg.n_vocab)
+        # host outputs are read through views made once; device outputs are copied after each compute
+        self._logits = None if self.logits.on_device else self.logits.numpy().reshape(self.shape)
+        self.pos_offset = cfg.pos_offset
+
+    @property
+    def masks(self) -> list[np.ndarray]:
+        return [m.numpy() if v is None else v for m, v in zip(self.mask_tensors, self._mask_views, strict=True)]
+
+    def run(self, pool: ggml.ThreadPool, tokens, n_past: int) -> np.ndarray:
+        self._tokens[:] = tokens
+        self._pos[:] = np.arange(n_past, n_past + len(tokens), dtype=np.int32)
+        if self._pos_ids is not None:
+            self._pos_ids[:] = self._pos + self.pos_offset
+        self.graph.compute(pool)
+        # the caller owns the result: host views are copied, device reads are fresh arrays already
+        return self.logits.numpy().reshape(self.shape) if self._logits is None else self._logits.copy()
+
+    def active_rows(self) -> int:
+        """Neurons (token, layer, row) the last compute's down projections summed."""
+        return sum(int(np.count_nonzero(m > 0)) for m in self.masks)
+
+
+class Model:
+    """A loaded model: `pyinfer.Model(path)`, then tokenize / logits / generate."""
+
+    def __init__(self, path: str | os.PathLike[str], *, n_ctx: int = 0, n_batch: int = 512,
+                 n_threads: int | None = None, kv_type: str = "f16", sparse: bool | None = None,
+                 sparsity_threshold: float = 0.0, oracle: bool = False, n_gpu_layers: int = 0,
+                 vram_budget: int | str | None = None, machine: MachineProfile | str | None = None,
+                 plan: Plan | None = None, timed: bool = False, precise: bool | str = "auto"):
+        """sparse: the predicted-neuron FFN (None: on when the file has predictors); sparsity_threshold is
+        added to the predictors' logit threshold (higher = fewer neurons); oracle (tests) masks with the
+        true active set, computed densely. n_gpu_layers: the last n layers (and, above n_layer, the output
+        head) live and run on the GPU, as llama.cpp's -ngl. vram_budget: bytes of GPU memory the model may
+        use ("auto": the free memory less a margin; 0: none), placed by pyinfer.engine.placement: per layer the
+        attention and the hot neurons on the GPU, the rest on the CPU, both computing at once. machine: the
+        figures the placement uses, or a preset name or profile file (default: measured on this machine once,
+        then cached). plan: an explicit placement instead (for this file and context size; pyinfer.engine.placement).
+        timed: each decode step records how long the CPU and the GPU were busy and overlapped (step_stats).
+        precise: CPU matmuls without the activations' 8-bit rounding (ggml_mul_mat_precise; about 1e-5
+        relative instead of 4e-3, for twice the arithmetic); "auto": for models of at most PRECISE_MAX_BYTES."""
+        t0 = time.perf_counter()
+        if kv_type not in KV_TYPES:
+            raise InvalidArgumentError(f"KV cache type must be one of {', '.join(KV_TYPES)}, not {kv_type!r}")
+        n_ctx = arguments.integer("n_ctx", n_ctx, 0, 2**31 - 1)
+        n_batch = arguments.integer("n_batch", n_batch, 1, 2**31 - 1)
+        n_threads = n_threads and arguments.integer("n_threads", n_threads, 1, 1024)
+        n_gpu_layers = arguments.integer("n_gpu_layers", n_gpu_layers)
+        sparsity_threshold = arguments.number("sparsity_threshold", sparsity_threshold)
+        if precise not in (True, False, "auto"):
+            raise InvalidArgumentError(f"precise must be True, False or 'auto', not {precise!r}")
+        self.file = GGUFFile(path)
+        self.config = cfg = self.file.config
+        weight_bytes = sum(info.data.nbytes for info in self.file.tensors.values())
+        self.precise = weight_bytes <= PRECISE_MAX_BYTES if precise == "auto" else precise
+        self.tokenizer = Tokenizer.from_gguf_metadata(self.file.metadata)
+        models.builder_for(cfg.arch)  # unsupported architectures fail before anything is allocated
+        self.n_ctx = min(n_ctx or 4096, cfg.n_ctx_train) if cfg.pos_offset else (n_ctx or min(cfg.n_ctx_train, 4096))
+        self.n_batch = n_batch
+        # with the whole model on the GPU the CPU only looks up embeddings: one thread, no barriers
+        self.n_threads = n_threads or (1 if n_gpu_layers > cfg.n_layer else default_threads())
+        self.weights_ctx = ggml.Context(1024 * (len(self.file.tensors) + cfg.n_layer + 16), no_alloc=True)
+        self.weights: dict[str, ggml.Tensor] = {}
+        for name, info in self.file.tensors.items():
+            try:
+                t = self.weights_ctx.new_tensor(info.type, tuple(reversed(info.ne)))
+            except InvalidArgumentError as exc:  # a type the engine lacks
+                raise UnsupportedError(f"{self.file.path}: tensor {name}: {exc}") from None
+            t.set_data(info.data)
+            t.name = name
+            self.weights[name] = t
+        self.kv_cache = KVCache(cfg, self.n_ctx, KV_TYPES[kv_type])
+        self.sparse_spec = self._sparse_spec(sparse, sparsity_threshold, oracle)
+        self.plan: Plan | None = None
+        self.hot_rows: dict[int, int] = {}  # layers split inside their FFN: rows [0, k) on the GPU
+        self.vram_budget: int | None = None
+        if bool(n_gpu_layers) + (vram_budget is not None) + (plan is not None) > 1:
+            raise InvalidArgumentError("-ngl, --vram-budget and a plan exclude each other: give one")
+        if plan is not None and len(plan.attn_gpu) != cfg.n_layer:
+            raise InvalidArgumentError(f"the plan is for {len(plan.attn_gpu)} layers, the model has {cfg.n_layer}")
+        if vram_budget is not None:
+            plan = self._solve(vram_budget, machine, kv_type)  # may measure the machine on models of its own
+        # device bytes held before anything of this model; its peak counts from here (0 without a GPU)
+        device_before = lib.ggml_cuda_peak_reset()
+        if plan is not None:
+            self.plan, self.vram_budget = plan, plan.budget
+            self.hot_rows = apply_plan(self, plan)
+            self.n_gpu_layers = sum(plan.attn_gpu) + plan.head_gpu
+        else:
+            self.n_gpu_layers = offload_layers(self, n_gpu_layers)
+        self.pool = ggml.ThreadPool(self.n_threads)
+        if self.sparse_spec is not None and not oracle:
+            self._bundle_ffns()
+        self._device_base = device_before
+        self.streams_prompts = self._has_host_weights_and_gpu()
+        self._pinned = None
+        self._graphs: OrderedDict[tuple[int, int, bool], _StepGraph] = OrderedDict()
+        self.timed = timed
+        self.step_stats: list[dict] = []  # per decode step when timed: wall, CPU/GPU busy and overlap (ms)
+        self.tokens: list[int] = []  # the sequence in the KV cache
+        self.timings = Timings(load_ms=1e3 * (time.perf_counter() - t0))
+        if self.sparse_spec is not None:
+            self.timings.extra.update(ffn_rows_active=0, ffn_rows_total=0, predictor_ms=self._predictor_ms())
+
+    def _solve(self, vram_budget: int | str, machine: MachineProfile | None, kv_type: str) -> Plan:
+        """The placement for a budget ("auto": the GPU's free memory less AUTO_MARGIN)."""
+        free = ggml.cuda_memory()[1] if ggml.cuda_available() else 0
+        if vram_budget == "auto":
+            vram_budget = max(0, free - AUTO_MARGIN) if ggml.cuda_available() else 0
+        elif isinstance(vram_budget, str):
+            vram_budget = parse_bytes(vram_budget)
+        if vram_budget < 0:
+            raise InvalidArgumentError(f"VRAM budget must be >= 0, not {vram_budget}")
+        sparse = self.sparse_spec is not None and not self.sparse_spec.oracle
+        costs = model_costs(self.file, self.n_ctx, 2 if kv_type == "f16" else 4, sparse, self.n_batch)
+        if vram_budget and not isinstance(machine, MachineProfile):
+            machine = resolve_machine(machine, self.file.tensors["blk.0.ffn_up.weight"].type, self.n_threads)
+        stat = os.stat(self.file.path)
+        key = (os.path.realpath(self.file.path), stat.st_size, stat.st_mtime_ns, self.n_ctx, kv_type, sparse,
+               self.n_batch, vram_budget, machine)
+        if key not in _PLANS:  # the solver can take seconds: a process that reloads a model reuses its plan
+            _PLANS[key] = solve(costs, machine, vram_budget) if vram_budget else solve(costs, _CPU_ONLY, 0)
+        plan = _PLANS[key]
+        if plan.uses_gpu and ggml.cuda_available() and plan.device_bytes > free:
+            raise BudgetTooSmallError(f"the plan needs {format_bytes(plan.device_bytes)} of GPU memory but only "
+                                      f"{format_bytes(free)} is free: give a smaller --vram-budget")
+        return plan
+
+    def _has_host_weights_and_gpu(self) -> bool:
+        """Some layer's weights live on the GPU and some in host memory (what prompt streaming helps)."""
+        if not self.n_gpu_layers:
+            return False
+        names = [f"blk.{il}.{part}.weight" for il in range(self.config.n_layer) for part in ("ffn_up", "attn_q")]
+        return any(il in self.hot_rows for il in range(self.config.n_layer)) or any(
+            not self.weights[n].on_device for n in names if n in self.weights)
+
+    def pin_host_weights(self) -> None:
+        """Registers the model file's mapping with the GPU once (read only), so the weights a prompt batch
+        streams in are copied at full speed and inside CUDA graphs. Without it they still stream, slower."""
+        if self._pinned is not None:
+            return
+        buffer = ggml.ffi.from_buffer(self.file.mmap_buffer)
+        if lib.ggml_cuda_host_register(buffer, len(buffer)) == lib.GGML_STATUS_OK:
+            self._pinned = weakref.finalize(self, lib.ggml_cuda_host_unregister, buffer)
+        else:
+            lib.ggml_clear_error()
+            self._pinned = False
+
+    @property
+    def device_bytes(self) -> int:
+        """GPU memory this model's engine holds now (weights, KV cache, graph buffers, scratch, and the cuBLAS
+        workspace when this model started the GPU)."""
+        return lib.ggml_cuda_allocated() - self._device_base
+
+    @property
+    def device_peak_bytes(self) -> int:
+        """The most GPU memory this model's engine has held at once: the library's high-water mark since this model
+        began to place its weights, so a model loaded meanwhile counts too and a later one starts it again."""
+        return lib.ggml_cuda_allocated_peak() - self._device_base
+
+    def _check_budget(self) -> None:
+        if self.vram_budget is not None and self.device_bytes > self.vram_budget:
+            raise BudgetTooSmallError(
+                f"the model now holds {format_bytes(self.device_bytes)} of GPU memory, over the --vram-budget of "
+                f"{format_bytes(self.vram_budget)}: its graph buffers for {self.n_batch}-token batches outgrew the "
+                f"reserve; give a larger budget or a smaller -b")
+
+    # --- sparse FFN ---
+    @property
+    def has_predictors(self) -> bool:
+        return "blk.0.fc1.weight" in self.file.tensors
+
+    def _sparse_spec(self, sparse: bool | None, logit_threshold: float, oracle: bool):
+        if sparse is None:
+            sparse = oracle or self.has_predictors
+        if not sparse:
+            return None
+        if not (oracle or self.has_predictors):
+            raise InvalidArgumentError(f"{self.file.path} has no predictors (blk.N.fc1/fc2): run pyinfer sparsify")
+        if self.file.ffn_layout != "down_t":
+            raise InvalidArgumentError("the sparse FFN needs a PowerGGUF (ffn_down_t): convert the model first")
+        n_ff = self.config.n_ff
+        self._sparse_ctx = ggml.Context(2 * self.config.n_layer * (4 * n_ff + 4096) + (1 << 16))
+        return sparse_ffn.make_spec(self._sparse_ctx, self.file.tensors, self.file.metadata, self.config,
+                                    logit_threshold=logit_threshold, oracle=oracle)
+
+    def _bundle_ffns(self) -> None:
+        """Adds blk.N.ffn_bundle for each CPU layer: its gate, up and down_t rows side by side, neuron by
+        neuron, the layout of the fused sparse_ffn op, where a predicted neuron is one contiguous read
+        instead of three scattered ones. Built once at load (as llama.cpp repacks Q4_0 for its CPU); the
+        file's own FFN matrices are no longer read by decoding and stay only in the page cache."""
+        cfg = self.config
+        if cfg.ffn_kind not in ggml.FFN_KINDS:  # the fused op has no such activation (Falcon's ungated GELU)
+            return
+        parts = ("ffn_gate", "ffn_up", "ffn_down_t") if cfg.gated else ("ffn_up", "ffn_down_t")
+        for il in range(cfg.n_layer):
+            tag = ".cold" if il in self.hot_rows else ""  # a split layer bundles the CPU's rows only
+            mats = [self.weights.get(f"blk.{il}.{name}{tag}.weight") for name in parts]
+            if (any(m is None or m.on_device or m.type != mats[0].type for m in mats)
+                    or any(f"blk.{il}.{name}.bias" in self.weights for name in parts)):
+                continue
+            n_rows = mats[0].ne[1]
+            row = ggml.row_size(mats[0].type, cfg.n_embd)
+            data = np.empty((n_rows, len(parts), row), np.uint8)
+            for k, m in enumerate(mats):
+                data[:, k] = m.raw().reshape(n_rows, row)
+            bundle = self.weights_ctx.new_tensor(mats[0].type, (len(parts) * n_rows, cfg.n_embd))
+            bundle.set_data(data)
+            bundle.name = f"blk.{il}.ffn_bundle.weight"
+            self.weights[bundle.name] = bundle
+
+    def _predictor_ms(self, reps: int = 5) -> float:
+        """Milliseconds one token spends in the predictors, timed on a graph of the predictors alone."""
+        if self.sparse_spec.oracle:
+            return 0.0
+        ctx = ggml.Context(1 << 20)
+        x = ctx.tensor_from_numpy(np.random.default_rng(0).standard_normal(self.config.n_embd))  # (n_embd,)
+        b = Builder(ctx, self.config, self.weights, None, sparse=self.sparse_spec)
+        graph = ggml.Graph(ctx, [sparse_ffn.predict(b, il, x) for il in range(self.config.n_layer)]).plan()
+        return graph.median_ms(self.pool, reps)
+
+    # --- tokens ---
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special=add_special)
+
+    def detokenize(self, ids) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    # --- evaluation ---
+    def _graph(self, n_tokens: int, n_out: int, capture: bool = False) -> _StepGraph:
+        key = (n_tokens, n_out, capture)
+        g = self._graphs.get(key)
+        if g is None:
+            if self.vram_budget is not None:
+                # under a VRAM budget one decode graph and one batch graph: each holds device buffers for its
+                # intermediates, and the reserve has room for one batch's (a 700-token prompt at -b 512 had kept
+                # the 512- and the 188-token graphs)
+                for same_kind in [k for k in self._graphs if (k[0] > 1) == (n_tokens > 1)]:
+                    del self._graphs[same_kind]
+            while len(self._graphs) >= _MAX_CACHED_GRAPHS:
+                self._graphs.popitem(last=False)
+            g = self._graphs[key] = _StepGraph(self, n_tokens, n_out, capture)
+            if self.timed:
+                g.graph.set_timed(True)
+            self._check_budget()
+        else:
+            self._graphs.move_to_end(key)
+        return g
+
+    def eval(self, tokens, all_logits: bool = False) -> np.ndarray:
+        """Appends tokens to the sequence in the KV cache; returns logits (n, n_vocab) of every new token
+        when all_logits, else (n_vocab,) of the last one."""
+        tokens = arguments.token_ids(tokens, self.config.n_vocab)
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise ContextFullError(
+                f"context full: {self.n_past} + {len(tokens)} tokens exceed the context size {self.n_ctx} (-c)")
+        outs = []
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start:start + self.n_batch]
+            last_chunk = start + self.n_batch >= len(tokens)
+            n_out = len(chunk) if all_logits else (1 if last_chunk else 0)
+            graph = self._graph(len(chunk), max(n_out, 1))
+            logits = graph.run(self.pool, chunk, self.n_past)
+            if n_out:
+                _check_finite(logits, self.n_past + len(chunk) - n_out)
+            if self.timed and len(chunk) == 1:
+                self.step_stats.append(graph.graph.stats())
+            if graph.mask_tensors:
+                self.timings.extra["ffn_rows_active"] += graph.active_rows()
+                self.timings.extra["ffn_rows_total"] += len(chunk) * graph.mask_rows
+            self.tokens.extend(int(t) for t in chunk)
+            if n_out:
+                outs.append(logits)
+        out = np.concatenate(outs) if all_logits else outs[-1][-1]
+        return out
+
+    @property
+    def n_past(self) -> int:
+        """Tokens in the KV cache."""
+        return len(self.tokens)
+
+    @property
+    def decode_graph_replayed(self) -> bool:
+        """True when single-token steps run as a captured CUDA graph."""
+        g = self._graphs.get((1, 1, False))
+        return g is not None and g.graph.replayed
+
+    def reset(self) -> None:
+        """Forgets the sequence (the KV cache is overwritten from position 0)."""
+        self.tokens.clear()
+
+    def truncate(self, n_keep: int) -> None:
+        """Keeps the first n_keep tokens of the sequence (later positions are overwritten when reused)."""
+        del self.tokens[max(0, n_keep):]
+
+    def reuse_prefix(self, tokens) -> int:
+        """Keeps the longest prefix of `tokens` that the KV cache already holds, but never all of them (the
+        last token must be evaluated for its logits); returns its length. Evaluate tokens[returned:] next."""
+        common = 0
+        for cached, wanted in zip(self.tokens, tokens[:-1], strict=False):
+            if cached != wanted:
+                break
+            common += 1
+        self.truncate(common)
+        return common
+
+    def ffn_activations(self, tokens) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Logits (n, n_vocab) of a fresh sequence (at most one batch) and, per layer il, the FFN input
+        `ffn_inp.{il}` (n, n_embd) and hidden activations `ffn_act.{il}` (n, n_ff): what a profiler counts."""
+        tokens = arguments.token_ids(tokens, self.config.n_vocab)
+        if not 0 < len(tokens) <= min(self.n_batch, self.n_ctx):
+            raise InvalidArgumentError(f"ffn_activations takes 1 to {min(self.n_batch, self.n_ctx)} tokens")
+        self.reset()
+        graph = self._graph(len(tokens), len(tokens), capture=True)
+        logits = graph.run(self.pool, tokens, 0)
+        self.tokens.extend(int(t) for t in tokens)
+        n = len(tokens)
+        acts = {name: t.numpy().reshape(n, -1).copy() for name, t in graph.captured.items()}
+        return logits, acts
+
+    def logits(self, tokens) -> np.ndarray:
+        """Logits (n, n_vocab) of every token of a fresh sequence."""
+        self.reset()
+        return self.eval(tokens, all_logits=True)
+
+    # --- generation ---
+    def generate_tokens(self, prompt_tokens, n_predict: int, params: SamplerParams | None = None,
+                        seed: int | None = None, stop_at_eos: bool = True,
+                        should_stop: Callable[[], bool] | None = None) -> Iterator[int]:
+        """Processes the prompt (after what is already cached) and yields up to n_predict sampled tokens."""
+        n_predict = arguments.integer("n_predict", n_predict)
+        sampler = Sampler(params or SamplerParams(), seed)
+        history = [*self.tokens, *prompt_tokens]  # penalties see the cached prefix too
+        t0 = time.perf_counter()
+        logits = self.eval(prompt_tokens)
+        self.timings.prompt_ms += 1e3 * (time.perf_counter() - t0)
+        self.timings.prompt_tokens += len(prompt_tokens)
+        stops = set(self.tokenizer.eot_ids) if stop_at_eos else set()
+        for i in range(n_predict):
+            t0 = time.perf_counter()
+            token = sampler.sample(logits, history)
+            self.timings.sample_ms += 1e3 * (time.perf_counter() - t0)
+            if token in stops:
+                return
+            yield token
+            history.append(token)
+            if i + 1 == n_predict or (should_stop and should_stop()):
+                return
+            if self.n_past + 1 > self.n_ctx:
+                raise ContextFullError(f"context full at {self.n_ctx} tokens (-c)")
+            t0 = time.perf_counter()
+            logits = self.eval([token])
+            self.timings.eval_ms += 1e3 * (time.perf_counter() - t0)
+            self.timings.eval_tokens += 1
+
+    def generate(self, prompt: str, n_predict: int = 128, params: SamplerParams | None = None,
+                 seed: int | None = None) -> str:
+        """Text continuation of prompt on a fresh sequence."""
+        self.reset()
+        ids = self.generate_tokens(self.tokenize(prompt), n_predict, params, seed)
+        return self.detokenize(list(ids))
+
+    # --- OpenAI-shaped completions, llama-cpp-python's API (pyinfer.engine.completions does the work) ---
+    def create_completion(self, prompt, **kwargs):
+        """An OpenAI text completion dict, or with stream=True an iterator of chunk dicts."""
+        from pyinfer.engine.completions import create_completion
+
+        return create_completion(self, prompt, **kwargs)
+
+    def create_chat_completion(self, messages, **kwargs):
+        """An OpenAI chat completion dict of `messages` through the model's chat template, or with
+        stream=True an iterator of chunk dicts: what `pyinfer serve` sends."""
+        from pyinfer.engine.completions import create_chat_completion
+
+        return create_chat_completion(self, messages, **kwargs)
+
+
+def _check_finite(logits: np.ndarray, first_pos: int) -> None:
+    """Logits with NaN or inf come from broken weights (a corrupt file, a wrong tensor type whose bytes
+    fit): said plainly rather than sampled from."""
+    if not np.isfinite(logits).all():
+        row = int(np.flatnonzero(~np.isfinite(logits).all(axis=-1))[0])
+        raise ModelFormatError(f"the model computed non-finite logits (NaN/inf) at position {first_pos + row}: "
+                               "its weights are corrupt")

@@ -1,0 +1,151 @@
+"""Open a GGUF / PowerGGUF file (mmap via gguf-py), validate it, and expose metadata, config and raw tensors."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from gguf.quants import dequantize as gguf_dequantize
+
+from pyinfer.errors import ModelFormatError, UnsupportedError
+from pyinfer.formats.gguf_reader import GGUFHeader, open_gguf
+from pyinfer.formats.model_config import ModelConfig
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor: ne in ggml order (ne[0] innermost), data the raw bytes inside the mmap."""
+
+    name: str
+    type: int
+    ne: tuple[int, ...]
+    data: np.ndarray  # (n_bytes,) uint8, read-only view of the file
+
+
+def expected_tensor_shapes(cfg: ModelConfig, ffn_layout: str) -> dict[str, tuple[int, ...]]:
+    """Every tensor the forward pass reads, name -> ne (ggml order); ffn_layout is 'down_t' or 'down'."""
+    d, q_dim, kv_dim = cfg.n_embd, cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (d, cfg.n_vocab), "output_norm.weight": (d,)}
+    norm_bias = cfg.norm_kind == "layer"
+    if norm_bias:
+        shapes["output_norm.bias"] = (d,)
+    if not cfg.tied_embeddings:
+        shapes["output.weight"] = (d, cfg.n_vocab)
+    if cfg.pos_offset or cfg.rope_mode is None:
+        shapes["position_embd.weight"] = (d, cfg.n_ctx_train + cfg.pos_offset)
+    for il in range(cfg.n_layer):
+        b = f"blk.{il}."
+        layer = {"attn_norm.weight": (d,), "attn_output.weight": (q_dim, d), "ffn_up.weight": (d, cfg.n_ff)}
+        if cfg.arch == "falcon":  # q, k and v in one matrix; attention and FFN read the same input (its norm)
+            layer["attn_qkv.weight"] = (d, q_dim + 2 * kv_dim)
+            if cfg.qkv_bias:
+                layer["attn_qkv.bias"] = (q_dim + 2 * kv_dim,)
+        else:
+            layer |= {"attn_q.weight": (d, q_dim), "attn_k.weight": (d, kv_dim), "attn_v.weight": (d, kv_dim),
+                      "ffn_norm.weight": (d,)}
+            if cfg.qkv_bias:
+                layer |= {"attn_q.bias": (q_dim,), "attn_k.bias": (kv_dim,), "attn_v.bias": (kv_dim,)}
+        if norm_bias:
+            layer |= {"attn_norm.bias": (d,)} | ({} if cfg.arch == "falcon" else {"ffn_norm.bias": (d,)})
+        if cfg.attn_out_bias:
+            layer["attn_output.bias"] = (d,)
+        if cfg.qk_norm:
+            layer |= {"attn_q_norm.weight": (cfg.head_dim,), "attn_k_norm.weight": (cfg.head_dim,)}
+        if cfg.post_norms:
+            layer |= {"post_attention_norm.weight": (d,), "post_ffw_norm.weight": (d,)}
+        if cfg.gated:
+            layer["ffn_gate.weight"] = (d, cfg.n_ff)
+        down = "ffn_down_t" if ffn_layout == "down_t" else "ffn_down"
+        layer[f"{down}.weight"] = (d, cfg.n_ff) if ffn_layout == "down_t" else (cfg.n_ff, d)
+        if cfg.ffn_bias:
+            layer |= {"ffn_up.bias": (cfg.n_ff,), f"{down}.bias": (d,)}
+            if cfg.gated:
+                layer["ffn_gate.bias"] = (cfg.n_ff,)
+        shapes |= {b + k: v for k, v in layer.items()}
+    return shapes
+
+
+class GGUFFile:
+    """A validated GGUF file. `ffn_layout` is 'down_t' (PowerGGUF) or 'down' (plain llama.cpp GGUF)."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = os.fspath(path)
+        if not os.path.exists(self.path):
+            raise ModelFormatError(f"{self.path}: no such file")
+        if not os.path.isfile(self.path):
+            raise ModelFormatError(f"{self.path}: not a regular file")
+        try:
+            self._mmap, header = open_gguf(self.path)
+        except ModelFormatError as exc:
+            raise ModelFormatError(f"{self.path}: not a valid GGUF file ({exc})") from None
+        self._header = header
+        self.version = header.version
+        self.alignment = header.alignment
+        self.metadata: dict[str, Any] = header.metadata
+        self.tensors: dict[str, TensorInfo] = self._read_tensors(header)
+        try:
+            self.config = ModelConfig.from_metadata(self.metadata, self.tensors.keys())
+        except (ModelFormatError, UnsupportedError) as exc:
+            raise type(exc)(f"{self.path}: {exc}") from None
+        self.ffn_layout = "down_t" if "blk.0.ffn_down_t.weight" in self.tensors else "down"
+        if self.metadata.get("pyinfer.ffn_layout", self.ffn_layout) != self.ffn_layout:
+            raise ModelFormatError(f"{self.path}: pyinfer.ffn_layout says "
+                                   f"{self.metadata['pyinfer.ffn_layout']!r} but the tensors are {self.ffn_layout!r}")
+        self._check_shapes()
+
+    def _read_tensors(self, header: GGUFHeader) -> dict[str, TensorInfo]:
+        """Tensor infos with their bytes; the reader has checked that each lies in the file, in order."""
+        data = np.frombuffer(self._mmap, dtype=np.uint8)  # (file_size,) read-only
+        return {t.name: TensorInfo(t.name, t.type, t.ne, data[header.data_offset + t.offset:][:t.nbytes])
+                for t in header.tensors}
+
+    def _check_shapes(self) -> None:
+        """Every tensor the model needs is present with the shape its config implies."""
+        freqs = self.tensors.get("rope_freqs.weight")
+        if freqs is not None and (freqs.type != 0 or freqs.ne != (self.config.n_rot // 2,)):  # 0: F32
+            raise ModelFormatError(f"{self.path}: rope_freqs must be F32 [{self.config.n_rot // 2}] (Llama 3's "
+                                   f"per-frequency factors), not type {freqs.type} {list(freqs.ne)}")
+        for name, ne in expected_tensor_shapes(self.config, self.ffn_layout).items():
+            info = self.tensors.get(name)
+            if info is None:
+                raise ModelFormatError(f"{self.path}: missing tensor {name}")
+            if info.ne != ne:
+                raise ModelFormatError(f"{self.path}: tensor {name} has shape {list(info.ne)}, expected {list(ne)}")
+            if len(ne) == 1 and info.type != GGMLQuantizationType.F32:  # the engine adds and multiplies F32 by F32
+                raise UnsupportedError(f"{self.path}: tensor {name} has type {GGMLQuantizationType(info.type).name}; "
+                                       "norms and biases must be F32")
+
+    @property
+    def mmap_buffer(self):
+        """The whole file's read-only mapping (for registering it with the GPU)."""
+        return self._mmap
+
+    def typed_metadata(self) -> list[tuple[str, Any, GGUFValueType, GGUFValueType | None]]:
+        """(key, value, value type, array element type) of every metadata field, for copying to a writer."""
+        out = []
+        for key, (vtype, etype) in self._header.value_types.items():
+            out.append((key, self.metadata[key], GGUFValueType(vtype), None if etype is None else GGUFValueType(etype)))
+        return out
+
+    def dequantize(self, name: str) -> np.ndarray:
+        """Tensor `name` as float64 in numpy order (shape = reversed ne)."""
+        info = self.tensors.get(name)
+        if info is None:
+            raise KeyError(name)
+        qtype = GGMLQuantizationType(info.type)
+        shape = tuple(reversed(info.ne))
+        block, type_size = GGML_QUANT_SIZES[qtype]
+        rows = info.data.reshape(-1, info.ne[0] // block * type_size)
+        try:
+            values = gguf_dequantize(rows, qtype)
+        except NotImplementedError:
+            raise UnsupportedError(f"{self.path}: cannot dequantize {qtype.name} tensor {name}") from None
+        return np.asarray(values, dtype=np.float64).reshape(shape)
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as a short single line."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:200]

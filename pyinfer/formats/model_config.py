@@ -1,0 +1,240 @@
+"""Model hyperparameters read from GGUF metadata (llama.cpp keys plus `pyinfer.*` keys)."""
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyinfer.errors import ModelFormatError, UnsupportedError
+from pyinfer.formats import gguf_schema
+
+SUPPORTED_ARCHS = ("falcon", "gemma3", "llama", "opt", "qwen2", "qwen3")
+FFN_KINDS = ("swiglu", "reglu", "drelu", "relu", "geglu", "gelu", "gelu_erf")
+UNGATED_KINDS = ("relu", "gelu", "gelu_erf")  # act(up), no gate: OPT, Falcon
+
+# arch -> (norm kind, rope mode, default ffn kind, learned-position offset)
+_ARCH_TRAITS: dict[str, tuple[str, str | None, str, int]] = {
+    "llama": ("rms", "normal", "swiglu", 0),
+    "qwen2": ("rms", "neox", "swiglu", 0),
+    "qwen3": ("rms", "neox", "swiglu", 0),
+    "gemma3": ("rms", "neox", "geglu", 0),
+    "falcon": ("layer", "neox", "gelu", 0),
+    # OPT's learned position table has 2 leading rows that no position uses
+    "opt": ("layer", None, "relu", 2),
+}
+
+
+def default_ffn_kind(arch: str) -> str:
+    """The FFN kind of `arch` when the file names none (llama.cpp's, whose files carry no activation key)."""
+    return _ARCH_TRAITS[arch][2]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What a forward pass needs to know besides the weights.
+
+    ffn_kind: swiglu = silu(gate)*up, reglu = relu(gate)*up, drelu = relu(gate)*relu(up),
+    geglu = gelu_tanh(gate)*up, relu = relu(up), gelu = gelu_tanh(up) and gelu_erf = exact gelu(up) with no
+    gate (OPT, Falcon; llama.cpp computes Falcon's GELU in the tanh form, transformers exactly).
+    rope_scale: position scaling; positions are divided by it (1.0 = none); with yarn_ext_factor > 0 it is YaRN's
+    factor (see rope_args).
+    sliding_window: > 0: windowed layers see the last sliding_window positions only (Mistral, Gemma 3);
+    swa_layers: which layers are windowed (Gemma 3: all but every 6th; empty: all). rope_base_swa,
+    rope_scale_swa: the windowed layers' RoPE
+    base and linear scaling (Gemma 3's local layers are never scaled: llama.cpp's rope_freq_scale_train_swa).
+    attn_scale: the softmax scale of q.k; embed_scale: token embeddings are multiplied by it (Gemma).
+    """
+
+    arch: str
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    norm_kind: str
+    norm_eps: float
+    rope_mode: str | None
+    rope_base: float
+    rope_scale: float
+    n_rot: int
+    ffn_kind: str
+    tied_embeddings: bool
+    qkv_bias: bool
+    attn_out_bias: bool
+    ffn_bias: bool
+    pos_offset: int
+    qk_norm: bool = False  # RMSNorm of each head's q and k (Qwen3, Gemma 3)
+    post_norms: bool = False  # norms after attention and after the FFN too (Gemma 3)
+    sliding_window: int = 0
+    swa_layers: tuple[bool, ...] = ()
+    rope_base_swa: float = 10000.0
+    rope_scale_swa: float = 1.0
+    attn_scale: float = 0.0  # 0: 1 / sqrt(head_dim)
+    embed_scale: float = 1.0
+    # YaRN (rope.scaling.type yarn): ext_factor > 0, the trained context, the ramp's betas, and attn_factor, the
+    # total multiplier of cos and sin (llama.cpp's rope.scaling.yarn_attn_factor, transformers' attention_factor)
+    yarn_ext_factor: float = 0.0
+    yarn_orig_ctx: int = 0
+    yarn_attn_factor: float = 1.0
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+
+    def windowed(self, il: int) -> bool:
+        """Whether layer il attends over the sliding window (else over the whole context)."""
+        return self.sliding_window > 0 and (not self.swa_layers or self.swa_layers[il])
+
+    def layer_window(self, il: int) -> int:
+        return self.sliding_window if self.windowed(il) else 0
+
+    def layer_rope(self, il: int) -> tuple[float, float]:
+        """Layer il's RoPE base and linear scale (positions are divided by it)."""
+        return (self.rope_base_swa, self.rope_scale_swa) if self.windowed(il) else (self.rope_base, self.rope_scale)
+
+    def rope_args(self, il: int) -> dict[str, Any]:
+        """Layer il's rope op arguments: base, frequency scale and YaRN's (ggml.Context.rope's keywords)."""
+        base, scale = self.layer_rope(il)
+        args = {"freq_base": base, "freq_scale": 1.0 / scale}
+        if self.yarn_ext_factor and scale == self.rope_scale:
+            # ggml's YaRN multiplies attn_factor by 1 + 0.1 ln(factor); the file's attn_factor is the total
+            args.update(n_ctx_orig=self.yarn_orig_ctx, ext_factor=self.yarn_ext_factor,
+                        attn_factor=self.yarn_attn_factor / (1.0 + 0.1 * math.log(self.rope_scale)),
+                        beta_fast=self.yarn_beta_fast, beta_slow=self.yarn_beta_slow)
+        return args
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.attn_scale or 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def gated(self) -> bool:
+        """True when the FFN has a gate projection (everything except OPT's and Falcon's)."""
+        return self.ffn_kind not in UNGATED_KINDS
+
+    @classmethod
+    def from_metadata(cls, meta: Mapping[str, Any],
+                      tensor_names: Collection[str] | None = None) -> ModelConfig:
+        """Read the config; tensor_names (when given) decide tied embeddings and biases as llama.cpp does,
+        and must hold exactly block_count layers."""
+        arch = gguf_schema.architecture(meta)
+        if arch not in _ARCH_TRAITS:
+            raise UnsupportedError(
+                f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}")
+        gguf_schema.check_metadata(meta)  # after: another architecture's keys follow rows pyinfer does not have
+        norm_kind, rope_mode, default_ffn, pos_offset = _ARCH_TRAITS[arch]
+
+        def key(name: str, default: Any = ...) -> Any:
+            full = gguf_schema.arch_key(arch, name)
+            if full in meta:
+                return meta[full]
+            if default is ...:
+                raise ModelFormatError(f"GGUF metadata lacks required key {full}")
+            return default
+
+        n_layer = key("block_count")
+        if tensor_names is not None:  # before anything is sized from it
+            gguf_schema.check_layer_names(n_layer, tensor_names, f"{arch}.block_count")
+        n_embd = int(key("embedding_length"))
+        n_head = int(key("attention.head_count"))
+        if f"{arch}.attention.key_length" not in meta and n_embd % n_head:
+            raise ModelFormatError(f"{arch}.embedding_length {n_embd} is not a multiple of {arch}.attention.head_count "
+                                   f"{n_head} (and no {arch}.attention.key_length gives the head size)")
+        head_dim = int(key("attention.key_length", n_embd // n_head))
+        if int(key("attention.value_length", head_dim)) != head_dim:
+            raise UnsupportedError(f"{arch}.attention.value_length differs from the key length {head_dim}")
+        n_vocab = key("vocab_size", None)
+        if n_vocab is None:
+            tokens = meta.get("tokenizer.ggml.tokens")
+            if tokens is None:
+                raise ModelFormatError(f"GGUF metadata lacks {arch}.vocab_size and tokenizer.ggml.tokens")
+            n_vocab = len(tokens)
+        eps_key = "attention.layer_norm_rms_epsilon" if norm_kind == "rms" else "attention.layer_norm_epsilon"
+        scaling = key("rope.scaling.type", "none")
+        if scaling not in ("none", "linear", "yarn"):
+            raise UnsupportedError(f"unsupported rope scaling {scaling!r}; supported: none, linear, yarn")
+        rope_scale = float(key("rope.scaling.factor", 1.0) or 1.0) if scaling != "none" else 1.0
+        yarn = scaling == "yarn"
+        if key("final_logit_softcapping", 0.0):
+            raise UnsupportedError(f"{arch}.final_logit_softcapping is not supported")
+        n_layer_27b = 62  # llama.cpp's Gemma 3 27B (by its layer count) scales q by 1/sqrt(n_embd / n_head)
+        attn_scale = 1.0 / math.sqrt(n_embd / n_head) if arch == "gemma3" and n_layer == n_layer_27b else 0.0
+        names = set(tensor_names) if tensor_names is not None else None
+
+        def has(name: str, default: bool) -> bool:
+            return default if names is None else name in names
+
+        cfg = cls(
+            arch=arch,
+            n_vocab=int(n_vocab),
+            n_ctx_train=int(key("context_length")),
+            n_embd=n_embd,
+            n_layer=n_layer,
+            n_ff=int(key("feed_forward_length")),
+            n_head=n_head,
+            n_head_kv=int(key("attention.head_count_kv", n_head)),
+            head_dim=head_dim,
+            norm_kind=norm_kind,
+            norm_eps=float(key(eps_key)),
+            rope_mode=rope_mode,
+            rope_base=float(key("rope.freq_base", 10000.0)),
+            rope_scale=rope_scale,
+            n_rot=int(key("rope.dimension_count", head_dim)) if rope_mode else 0,
+            ffn_kind=str(meta.get("pyinfer.ffn_kind", default_ffn)),
+            tied_embeddings=not has("output.weight", arch != "opt"),
+            qkv_bias=has("blk.0.attn_qkv.bias" if arch == "falcon" else "blk.0.attn_q.bias", arch in ("qwen2", "opt")),
+            attn_out_bias=has("blk.0.attn_output.bias", arch == "opt"),
+            ffn_bias=has("blk.0.ffn_up.bias", arch == "opt"),
+            pos_offset=pos_offset,
+            qk_norm=has("blk.0.attn_q_norm.weight", arch in ("qwen3", "gemma3")),
+            post_norms=arch == "gemma3",
+            sliding_window=int(key("attention.sliding_window", 0)),
+            swa_layers=_swa_layers(key("attention.sliding_window_pattern", 6 if arch == "gemma3" else 0), n_layer,
+                                   f"{arch}.attention.sliding_window_pattern"),
+            # llama.cpp's Gemma 3 files carry no local base: it is 10000 there
+            rope_base_swa=float(key("rope.freq_base_swa", 10000.0 if arch == "gemma3" else
+                                    key("rope.freq_base", 10000.0))),
+            rope_scale_swa=1.0 if arch == "gemma3" else rope_scale,
+            attn_scale=float(key("attention.scale", attn_scale)),
+            embed_scale=math.sqrt(n_embd) if arch == "gemma3" else 1.0,
+            yarn_ext_factor=float(key("rope.scaling.yarn_ext_factor", 1.0)) if yarn else 0.0,
+            yarn_orig_ctx=int(key("rope.scaling.original_context_length", key("context_length"))) if yarn else 0,
+            # transformers' default: 1 + 0.1 ln(factor) (1 for factors <= 1)
+            yarn_attn_factor=float(key("rope.scaling.yarn_attn_factor", 1.0 + 0.1 * math.log(max(rope_scale, 1.0)))),
+            yarn_beta_fast=float(key("rope.scaling.yarn_beta_fast", 32.0)),
+            yarn_beta_slow=float(key("rope.scaling.yarn_beta_slow", 1.0)),
+        )
+        cfg._check()
+        return cfg
+
+    def _check(self) -> None:
+        """Reject values no forward pass can run with, naming the first bad one."""
+        sizes = ("n_vocab", "n_ctx_train", "n_embd", "n_layer", "n_ff", "n_head", "n_head_kv", "head_dim")
+        for name in sizes:
+            if getattr(self, name) <= 0:
+                raise ModelFormatError(f"bad model size {name} = {getattr(self, name)}")
+        if self.n_head % self.n_head_kv:
+            raise ModelFormatError(f"head_count {self.n_head} is not a multiple of head_count_kv {self.n_head_kv}")
+        if self.rope_mode and (self.n_rot % 2 or not 0 < self.n_rot <= self.head_dim):
+            raise ModelFormatError(f"bad rope.dimension_count {self.n_rot} for head size {self.head_dim}")
+        if self.yarn_ext_factor and self.rope_scale < 1.0:
+            raise ModelFormatError(f"bad YaRN rope.scaling.factor {self.rope_scale:g} (below 1)")
+        if self.ffn_kind not in FFN_KINDS:
+            raise UnsupportedError(f"unsupported pyinfer.ffn_kind {self.ffn_kind!r}; supported: {', '.join(FFN_KINDS)}")
+        if (self.ffn_kind in UNGATED_KINDS) != (self.arch in ("opt", "falcon")) or (
+                self.arch == "opt" and self.ffn_kind != "relu"):
+            raise UnsupportedError(f"ffn kind {self.ffn_kind!r} does not fit architecture {self.arch}")
+        if self.norm_eps <= 0:
+            raise ModelFormatError(f"bad norm epsilon {self.norm_eps}")
+
+
+def _swa_layers(pattern: int | list[bool], n_layer: int, name: str) -> tuple[bool, ...]:
+    """Which layers are windowed, from llama.cpp's two forms of the key: every n-th layer global (as its
+    set_swa_pattern: layer il windowed where il % n < n - 1; 0: all windowed), or one flag per layer."""
+    if isinstance(pattern, list):
+        if len(pattern) != n_layer:
+            raise ModelFormatError(f"{name} has {len(pattern)} flags for {n_layer} layers")
+        return tuple(pattern)
+    return tuple(not pattern or il % pattern < pattern - 1 for il in range(n_layer))

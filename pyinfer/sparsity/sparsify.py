@@ -1,0 +1,131 @@
+"""Sparsify a model in one command: profile it on calibration text, pick per-layer thresholds, store the
+FFN neurons hot-first, train activation predictors, and write the PowerGGUF with all of it.
+
+Written: blk.N.fc1.weight F16 ne [n_embd, r_l], blk.N.fc2.weight F16 ne
+[r_l, n_ff], blk.N.fc2.bias F32 [n_ff] (a neuron is predicted active where fc2 @ relu(fc1 @ x) + bias > 0),
+blk.N.ffn_act_freq F32 [n_ff] (non-increasing), and the keys pyinfer.neuron_order, pyinfer.sparsity.kind,
+.thresholds, .target, .calibration, pyinfer.predictor.ranks, .recall. A JSON report goes next to the output.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+from gguf import GGUFValueType
+from tqdm import tqdm
+
+from pyinfer.console import run_cli
+from pyinfer.errors import InvalidArgumentError
+from pyinfer.formats.gguf_file import GGUFFile
+from pyinfer.formats.gguf_writer import OutTensor, Q
+from pyinfer.hub.pull import cache_dir
+from pyinfer.sparsity.profiler import add_profile_args, layer_table, profile_from_args, stats_of
+from pyinfer.sparsity.reorder import hot_first_order, reorder_file
+from pyinfer.sparsity.train_predictors import (
+    Predictor,
+    add_training_args,
+    cost_model,
+    parse_ranks,
+    report_row,
+    split,
+    train_layer,
+    write_json,
+)
+
+PROG = "pyinfer sparsify"
+
+
+def predictor_tensors(il: int, pred: Predictor, freq: np.ndarray) -> list[OutTensor]:
+    """Layer il's predictor and activation-frequency tensors (numpy shapes: fc1 (r, d), fc2 (n_ff, r))."""
+    b = f"blk.{il}."
+    fc1 = pred.fc1.astype(np.float16)
+    fc2 = pred.fc2.astype(np.float16)
+    bias = pred.bias.astype(np.float32)
+    freq = freq.astype(np.float32)
+    return [OutTensor(b + "fc1.weight", fc1.shape, Q.F16, lambda: fc1),
+            OutTensor(b + "fc2.weight", fc2.shape, Q.F16, lambda: fc2),
+            OutTensor(b + "fc2.bias", bias.shape, Q.F32, lambda: bias),
+            OutTensor(b + "ffn_act_freq", freq.shape, Q.F32, lambda: freq)]
+
+
+def sparsity_kv(kind: str, target: float, thresholds: list[float], ranks: list[int], recalls: list[float],
+                calibration: str) -> list[tuple]:
+    arr, f32, i32 = GGUFValueType.ARRAY, GGUFValueType.FLOAT32, GGUFValueType.INT32
+    return [("pyinfer.sparsity.kind", kind, GGUFValueType.STRING, None),
+            ("pyinfer.sparsity.thresholds", [float(t) for t in thresholds], arr, f32),
+            ("pyinfer.sparsity.target", float(target), f32, None),
+            ("pyinfer.sparsity.calibration", calibration, GGUFValueType.STRING, None),
+            ("pyinfer.predictor.ranks", [int(r) for r in ranks], arr, i32),
+            ("pyinfer.predictor.recall", [float(r) for r in recalls], arr, f32)]
+
+
+def default_output(model: str, sparsity: float) -> str:
+    """<cache>/sparse/<model stem>-s<percent>.gguf"""
+    stem = os.path.splitext(os.path.basename(model))[0].removesuffix("-power")
+    return str(cache_dir() / "sparse" / f"{stem}-s{round(100 * sparsity)}.gguf")
+
+
+def _sparsify(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    if not 0.0 < args.sparsity < 1.0:
+        raise InvalidArgumentError(f"--sparsity must be in (0, 1), not {args.sparsity}")
+    if not 0.0 < args.recall <= 1.0:
+        raise InvalidArgumentError(f"--recall must be in (0, 1], not {args.recall}")
+    ranks = parse_ranks(args.ranks)
+    path, profile, calibration = profile_from_args(args)
+    t_profile = time.perf_counter() - t0
+    g = GGUFFile(path)
+    out = args.output or default_output(path, args.sparsity)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    masks = split(profile.chunk_of_token())
+    perms, thresholds, sparsities, results, extra = [], [], [], [], []
+    for il in tqdm(range(profile.n_layer), desc="training predictors", file=sys.stderr, disable=None):
+        x, h = profile.layer(il)
+        a = np.abs(h)  # (n_tokens, n_ff)
+        stats = stats_of(a, args.sparsity, profile.kind)
+        perm = hot_first_order(stats.freq, stats.mass)
+        res = train_layer(x, a[:, perm], stats.threshold, masks, cost_model(g, il), ranks=ranks,
+                          recall=args.recall, epochs=args.epochs)
+        perms.append(perm)
+        thresholds.append(stats.threshold)
+        sparsities.append(stats.sparsity)
+        results.append(res)
+        extra += predictor_tensors(il, res.predictor, stats.freq[perm])
+    # relu models skip what they naturally skip; threshold models the asked fraction
+    target = float(np.mean(sparsities)) if profile.kind == "relu" else args.sparsity
+    kv = sparsity_kv(profile.kind, target, thresholds, [r.predictor.rank for r in results],
+                     [r.metrics.recall for r in results], calibration)
+    reorder_file(path, out, perms, kv, extra)
+    GGUFFile(out)  # the written file must load
+    rows = [report_row(il, t, r) for il, (t, r) in enumerate(zip(thresholds, results, strict=True))]
+    elapsed = time.perf_counter() - t0
+    print(f"{profile.kind} sparsity, target {target:.3f}; calibration: {calibration}")
+    print(layer_table(rows))
+    dense = sum(cost_model(g, il)(0, 1.0) for il in range(profile.n_layer))
+    sparse = sum(cost_model(g, il)(r.predictor.rank, r.metrics.density) for il, r in enumerate(results))
+    print(f"FFN bytes per token: sparse {sparse / 1e6:.2f} MB (predictors included) vs dense {dense / 1e6:.2f} MB; "
+          f"mean predicted density {np.mean([r.metrics.density for r in results]):.3f}")
+    print(f"time: profile {t_profile:.0f} s, total {elapsed:.0f} s")
+    report = os.path.splitext(out)[0] + ".json"
+    write_json(report, {"model": path, "output": out, "kind": profile.kind, "target": target,
+                        "recall_target": args.recall, "calibration": calibration, "seconds": elapsed,
+                        "ffn_bytes_per_token": {"sparse": sparse, "dense": dense},
+                        "layers": [row | {"tried": r.tried} for row, r in zip(rows, results, strict=True)]})
+    print(f"wrote {out}\nwrote {report}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_profile_args(p)
+    add_training_args(p)
+    p.add_argument("-o", "--output", help="output PowerGGUF (default: <cache>/sparse/<model>-s<percent>.gguf)")
+    return run_cli(PROG, p, _sparsify, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,1 +1,0 @@
-"""Offline steps (profiling, neuron reorder, predictor training, sparsify) and benchmarks."""

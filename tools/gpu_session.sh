@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# The GPU session on the device machine: one script, sourced by each call, whose steps build, check and
+# time the engine (docs/GPU_TEST_LOG.md, docs/BENCHMARKS.md). W is the machine's scratch folder.
+#   . tools/gpu_session.sh; setup; build; llama_bg; tests; ...
+# Issue 13's table in two calls: `table_bg; collect` in the first, `collect` in the next (within the warm window).
+W=${W:-/root/w}
+OUT=${OUT:-/tmp/out}
+export PYTHONUNBUFFERED=1 PYINFER_CACHE=$W/cache
+export LD_LIBRARY_PATH=$W/llama-src/build/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}  # llama.cpp's shared libraries
+mkdir -p "$W" "$OUT"
+
+setup() {  # the wheels the image lacks (cffi, pycparser, gguf)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site:$PWD
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc
+}
+
+build() { python3 setup.py build_native 2>&1 | tail -3; }
+
+llama_bg() {  # llama.cpp's CUDA build (~6 min) in the background: $W/llama-src/build/bin; or, where a session
+    # carries an earlier build's bin/ as .carry/llb/llb.part.* (split tar.xz), that one in seconds
+    [ -x "$W/llama-src/build/bin/llama-bench" ] && return
+    tar xJf .carry/llama-src.tar.xz -C "$W"
+    if compgen -G ".carry/llb/llb.part.*" > /dev/null; then
+        mkdir -p "$W/llama-src/build"
+        (set -o pipefail; cat .carry/llb/llb.part.* | xz -d | tar xf - -C "$W/llama-src/build") &&
+            [ -x "$W/llama-src/build/bin/llama-bench" ] && return
+        echo "the carried llama.cpp build did not unpack: building it"
+    fi
+    setsid bash .carry/llamacpp-baseline.sh build "$W/llama-src" cuda > "$W/llama-build.log" 2>&1 < /dev/null &
+}
+
+models_bg() {  # synthetic models: NAME SHAPE TYPE LAYERS (a PowerGGUF and the dense GGUF llama.cpp runs)
+    local name=$1 shape=$2 type=$3 layers=$4
+    setsid bash -c "python3 -m tools.make_synthetic_model $shape --type $type --layers $layers --ffn-kind reglu \
+        --share-weights -o $W/$name.gguf && python3 -m tools.make_synthetic_model $shape --type $type \
+        --layers $layers --ffn-kind reglu --share-weights --dense -o $W/$name-dense.gguf && touch $W/$name.done" \
+        > "$W/$name.log" 2>&1 < /dev/null &
+}
+
+wait_for() {  # FILE [SECONDS]: until FILE exists, at most SECONDS (default 420)
+    local t=0
+    while [ ! -e "$1" ] && [ $t -lt "${2:-420}" ]; do sleep 2; t=$((t + 2)); done
+    [ -e "$1" ] || { echo "gave up waiting for $1"; return 1; }
+}
+
+tests() {  # the GPU tests, log in $OUT
+    python3 -m pytest -q -s -p no:cacheprovider tests/test_hybrid.py tests/test_gpu_engine.py tests/test_cuda_ops.py \
+        tests/test_split.py "$@" 2>&1 | tee "$OUT/tests.log" | tail -40
+}
+
+profiles() {  # [THREADS]: this machine's placement figures (default: pyinfer's thread count), as
+    # $W/machine-f16.json and $W/machine-q4_0.json for --machine FILE, and in $OUT with the rounds' spread in
+    # $OUT/profiles.log; measure them before anything else loads the host
+    for t in f16 q4_0; do
+        rm -f "$W/machine-$t.json"  # a failed measurement leaves none, not an earlier call's
+        python3 - "$t" "$W/machine-$t.json" "${1:-0}" <<'EOF' | tee -a "$OUT/profiles.log"
+import sys
+from pathlib import Path
+from pyinfer.engine import machine
+from pyinfer.engine.threads import default_threads
+from pyinfer.native import ggml
+type_name, path, threads = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]) or default_threads()
+profile, spread = machine.measure(getattr(ggml, type_name.upper()), threads)
+machine.save(profile, path)
+print(f"{path.read_text().strip()} ({threads} threads, rounds {spread:.3f} apart)")
+EOF
+        cp "$W/machine-$t.json" "$OUT/"
+    done
+}
+
+idle() {  # until the 1-minute load average is below 2, at most 300 s: builds and model writes skew timings
+    local t=0
+    while awk '{exit !($1 >= 2)}' /proc/loadavg && [ $t -lt 300 ]; do sleep 5; t=$((t + 5)); done
+    echo "load $(cut -d' ' -f1-3 /proc/loadavg) after ${t} s"
+}
+
+compare() {  # NAME LABEL [bench_hybrid flags...]: ours under budgets against llama.cpp's best
+    local name=$1 label=$2; shift 2
+    wait_for "$W/$name.done" && wait_for "$W/llama-src/build/bin/llama-bench" || return 1
+    idle
+    python3 -m tools.bench_hybrid --ours "$W/$name.gguf" --dense "$W/$name-dense.gguf" \
+        --llama-bench "$W/llama-src/build/bin/llama-bench" --label "$label" --json "$OUT/$name.json" "$@" \
+        2> "$OUT/$name.log" | tee "$OUT/$name.md"
+}
+
+sparse_vs_dense() {  # NAME [ROUNDS]: the whole model on the GPU, its PowerGGUF (sparse) and dense GGUF alternating
+    local name=$1 rounds=${2:-2}
+    wait_for "$W/$name.done" || return 1
+    for r in $(seq "$rounds"); do
+        for f in "$name" "$name-dense"; do
+            echo "$f round $r: $(python3 -m pyinfer bench -m "$W/$f.gguf" -ngl 99 -p 0 -n 128 -r 3 2>/dev/null |
+                grep tg128)"
+        done
+    done | tee "$OUT/$name-sparse-vs-dense.md"
+}
+
+steadiness() {  # NAME [ROUNDS]: CPU-only decode of the dense GGUF, ours and llama.cpp alternating, quiet and beside
+    # one busy process (issue 13, item 5): ours with its default thread count (one fewer than the cores here)
+    # and with one a core, llama.cpp with one a core (its default)
+    local name=$1 rounds=${2:-3} f=$W/$1-dense.gguf busy cores
+    wait_for "$W/$name.done" && wait_for "$W/llama-src/build/bin/llama-bench" || return 1
+    idle
+    cores=$(python3 -c "from pyinfer.engine.threads import physical_cores; print(physical_cores())")
+    samples() { python3 -c 'import json, sys; d = json.load(sys.stdin)[0]; print(d.get("threads", d.get("n_threads")),
+        "threads:", *[round(x, 1) for x in d["samples_ts"]])'; }
+    ours_tg() { python3 -m pyinfer bench -m "$f" -ngl 0 -p 0 -n 32 -r 3 "$@" -o json 2>/dev/null | samples; }
+    for load in quiet busy; do
+        [ $load = busy ] && { python3 -c 'while True: pass' & busy=$!; }
+        for r in $(seq "$rounds"); do
+            echo "$load round $r: ours $(ours_tg) | ours $(ours_tg -t "$cores") | llama.cpp $("$W/llama-src/build/bin/llama-bench" \
+                -m "$f" -ngl 0 -p 0 -n 32 -r 3 -t "$cores" -o json 2>/dev/null | samples)"
+        done
+        [ $load = busy ] && kill "$busy"
+    done | tee "$OUT/$name-steadiness.md"
+}
+
+table_bg() {  # [NAME...]: issue 13's table in the background (a device call lasts at most 10 minutes): the build,
+    # the profiles on the quiet host first, the synthetic models (default all four: l13f16 l70f16 l13q4 l70q4), the
+    # GPU tests, then every budget of each model against llama.cpp with those profiles; results in $W/out, fetched
+    # by `collect`
+    rm -rf "$W/out"; rm -f "$W"/*.done  # an earlier run's results and models are not this one's
+    local names="${*:-l13f16 l70f16 l13q4 l70q4}"
+    setsid bash -c "W=$W; . tools/gpu_session.sh; OUT=$W/out; mkdir -p \$OUT; setup > \$OUT/setup.log 2>&1
+        build > \$OUT/build.log 2>&1; profiles > /dev/null 2>> \$OUT/profiles.err; llama_bg > \$OUT/llama.log 2>&1
+        for name in $names; do table_model \$name models_bg; done
+        tests > /dev/null
+        for name in $names; do table_model \$name compare_table; done; touch \$OUT/ALL.done" > "$W/table.log" 2>&1 < /dev/null &
+}
+
+table_model() {  # NAME STEP: STEP (models_bg or compare_table) with the table's arguments for model NAME
+    case $1 in
+    l13f16) "$2" l13f16 llama-13b f16 8 "13B F16, 8 of 40 layers" ;;
+    l70f16) "$2" l70f16 llama-70b f16 4 "70B-like GQA F16, 4 of 80 layers" ;;
+    l13q4) "$2" l13q4 llama-13b q4_0 8 "13B Q4_0, 8 of 40 layers" ;;
+    l70q4) "$2" l70q4 llama-70b q4_0 4 "70B-like GQA Q4_0, 4 of 80 layers" ;;
+    *) echo "no table model $1"; return 1 ;;
+    esac
+}
+
+compare_table() {  # NAME SHAPE TYPE LAYERS LABEL: one model's rows, planned with this machine's profile of TYPE
+    compare "$1" "SYNTHETIC $5" --rounds 2 --reps 2 --machine "$W/machine-$3.json"
+}
+
+collect() {  # [SECONDS]: waits for table_bg's end (default 560 s), then packs $W/out into $OUT/table.tgz
+    wait_for "$W/out/ALL.done" "${1:-560}"
+    tar czf "$OUT/table.tgz" -C "$W/out" .
+    cat "$W/out"/*.md 2>/dev/null
+}

@@ -1,0 +1,47 @@
+"""SYNTHETIC PowerGGUF models for speed benchmarks: random weights of a real model's shape, and predictor
+weights built so that neuron i of every layer fires with a chosen frequency f_i (pyinfer.converters.synthetic says how).
+
+    python -m tools.make_synthetic_model llama-7b -o /tmp/syn7b.gguf --type q4_0
+    python -m tools.make_synthetic_model --from smollm2.gguf -o /tmp/smollm2-syn.gguf --density 0.5
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pyinfer.converters.synthetic import SHAPES, TYPES, make_llama
+from pyinfer.sparsity.synthetic_predictors import add_predictors
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="make_synthetic_model", description=__doc__.split("\n\n")[0])
+    p.add_argument("shape", nargs="?", choices=sorted(SHAPES), help="random model of this shape")
+    p.add_argument("--from", dest="src", help="add synthetic predictors to this PowerGGUF instead")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--type", default="q4_0", choices=sorted(TYPES), help="weight type of a random model")
+    p.add_argument("--ffn-kind", default="swiglu", choices=("swiglu", "reglu", "drelu"))
+    p.add_argument("--density", type=float, default=0.10, help="mean firing frequency")
+    p.add_argument("--hot-frac", type=float, default=0.17)
+    p.add_argument("--hot-share", type=float, default=0.80)
+    p.add_argument("--rank", type=int, default=None, help="predictor rank (256 random, 64 --from)")
+    p.add_argument("--threshold", type=float, default=0.0, help="|h| threshold of --from (threshold kind)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layers", type=int, default=None, help="override the shape's layer count")
+    p.add_argument("--dense", action="store_true", help="plain llama.cpp GGUF (ffn_down, no predictors)")
+    p.add_argument("--share-weights", action="store_true",
+                   help="every layer reuses layer 0's random values (fast to make; for speed benchmarks)")
+    a = p.parse_args(argv)
+    if (a.shape is None) == (a.src is None):
+        p.error("give a shape or --from FILE")
+    common = dict(seed=a.seed, density=a.density, hot_frac=a.hot_frac, hot_share=a.hot_share)
+    if a.src:
+        add_predictors(a.src, a.output, rank=a.rank or 64, threshold=a.threshold, **common)
+    else:
+        make_llama(a.output, a.shape, TYPES[a.type], rank=a.rank or 256, ffn_kind=a.ffn_kind, n_layer=a.layers,
+                   dense=a.dense, share_weights=a.share_weights, **common)
+    print(f"wrote {a.output} (SYNTHETIC)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
