@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from pyinfer.native.ggml import cuda_available
+
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ["run", "chat", "serve", "bench", "plan", "pull", "convert", "perplexity", "profile", "train-predictors",
             "sparsify"]
@@ -98,7 +100,7 @@ def test_an_error_message_of_several_lines_is_printed_as_one(tiny_gguf, capsys, 
     assert capsys.readouterr().err == "error: first second\n"
 
 
-@pytest.mark.skipif(__import__("pyinfer.native.ggml").ggml.cuda_available(), reason="checks the message without a GPU")
+@pytest.mark.skipif(cuda_available(), reason="checks the message without a GPU")
 @pytest.mark.parametrize("budget,message", [("8GiB", "needs a CUDA build and a GPU"), ("lots", "not a size")])
 def test_vram_budget_without_gpu_is_one_line(budget, message, tmp_path):
     result = _cli("run", "-m", "no-such.gguf", "--vram-budget", budget, cwd=tmp_path)
