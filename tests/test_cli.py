@@ -138,3 +138,15 @@ def test_tools_answer_help(tool):
     result = subprocess.run([sys.executable, "-m", f"tools.{tool}", "--help"], cwd=ROOT, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0 and "usage:" in result.stdout, result.stderr
+
+
+# every runnable module of the package (python -m pyinfer.ROOM.NAME), from any folder: the installed package serves it
+MODULES = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "pyinfer").rglob("*.py")
+                 if 'if __name__ == "__main__":' in p.read_text())
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_package_modules_answer_help(module, tmp_path):
+    result = subprocess.run([sys.executable, "-m", module, "--help"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0 and "usage:" in result.stdout, result.stderr

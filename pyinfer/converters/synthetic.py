@@ -1,6 +1,6 @@
 """SYNTHETIC PowerGGUF models for speed benchmarks, tests and the machine profile: random weights of a real
 model's shape, and predictor weights built so that neuron i of every layer fires with a chosen frequency f_i
-(the command: tools.make_synthetic_model).
+(the command: `python -m tools.make_synthetic_model`).
 
 The frequencies follow a power law f_i = min(1, c (i+1)^-a) over neurons stored hot-first, with c and a
 solved for a mean density (default 10%) and a hot share (default: 17% of neurons carry 80% of the

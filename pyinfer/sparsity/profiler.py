@@ -172,7 +172,7 @@ def stats_of(a: np.ndarray, sparsity: float, kind: str) -> LayerStats:
 
 
 # ----------------------------------------------------------------------------
-# command line (shared by tools.train_predictors and tools.sparsify)
+# command line (shared by train_predictors and sparsify)
 
 
 def ensure_powergguf(path: str) -> str:
