@@ -98,11 +98,15 @@ def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: ModelConfig, wi
 
 
 def reference_logits(gguf_file: GGUFFile, tokens: list[int],
-                     capture: dict[str, list[np.ndarray]] | None = None) -> np.ndarray:
+                     capture: dict[str, list[np.ndarray]] | None = None,
+                     input_sparsity: tuple[list[float], list[float]] | None = None) -> np.ndarray:
     """Logits (n_tokens, n_vocab) for `tokens` at positions 0..n-1.
 
     capture, when given, gets per-layer lists: capture["ffn_in"][il] (n_tokens, n_embd) is the
     normalized FFN input, capture["ffn_h"][il] (n_tokens, n_ff) the activation act(gate)*up.
+    input_sparsity, when given, is per layer (t_x, t_h): the FFN input's entries with |x| <= t_x and the
+    activations with |h| <= t_h are zeroed, and gate and up are read from the channel-major ffn_gate_t and
+    ffn_up_t (what `sparsity kind "input"` runs).
     """
     cfg = gguf_file.config
     tok = np.asarray(tokens, dtype=np.int64)  # (T,)
@@ -161,9 +165,17 @@ def reference_logits(gguf_file: GGUFFile, tokens: list[int],
             a = 0.0
             # FFN: norm, up (and gate), activation, down, residual
             h = _norm(x, w(blk + "ffn_norm.weight"), opt_w(blk + "ffn_norm.bias"), cfg)  # (T, n_embd)
-        up = linear(h, blk + "ffn_up")  # (T, n_ff)
-        gate = linear(h, blk + "ffn_gate") if cfg.gated else None  # (T, n_ff)
-        act = _ffn_act(gate, up, cfg.ffn_kind)  # (T, n_ff)
+        if input_sparsity is not None:
+            t_x, t_h = input_sparsity[0][il], input_sparsity[1][il]
+            h = np.where(np.abs(h) > t_x, h, 0.0)
+            up = h @ w(blk + "ffn_up_t.weight")  # (T, n_embd) @ (n_embd, n_ff)
+            gate = h @ w(blk + "ffn_gate_t.weight")  # (T, n_ff)
+            act = _ffn_act(gate, up, cfg.ffn_kind)
+            act = np.where(np.abs(act) > t_h, act, 0.0)  # (T, n_ff)
+        else:
+            up = linear(h, blk + "ffn_up")  # (T, n_ff)
+            gate = linear(h, blk + "ffn_gate") if cfg.gated else None  # (T, n_ff)
+            act = _ffn_act(gate, up, cfg.ffn_kind)  # (T, n_ff)
         if capture is not None:
             capture.setdefault("ffn_in", []).append(h)
             capture.setdefault("ffn_h", []).append(act)

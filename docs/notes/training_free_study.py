@@ -17,9 +17,15 @@ at a fraction b of the FFN's weight bytes skipped (gate, up and down equal in si
 - teal-split: teal with more of the skipping on down's input h, whose magnitudes are far more skewed than x's
   (s_h = min(0.95, 1.8 b), s_x = (3 b - s_h) / 2);
 - gated: gate from the x kept at s_x = b / 2 (gate stored channel-major), up read for the neurons whose
-  |act(gate)| passes the b-quantile (up as stored), down for the |h| that pass the 1.5 b-quantile.
+  |act(gate)| passes the b-quantile (up as stored), down for the |h| that pass the 1.5 b-quantile;
+- greedy: teal's two thresholds chosen per layer (x for gate and up, h for down) by TEAL's greedy allocation:
+  in steps of 5 % of a matrix, the step that adds least relative error to its layer's FFN output on 512
+  calibration tokens per byte it skips, until b of all FFN bytes are skipped.
 Thresholds come from calibration text (shakespeare + bible), never from the held-out text (the Britannica 1911
-article on Shakespeare, as docs/BENCHMARKS.md's earlier sparsity studies).
+article on Shakespeare, as docs/BENCHMARKS.md's earlier sparsity studies). With --transposed-type T, gate and up
+are first stored channel-major in T and down neuron-major (in T where its rows of n_embd allow T's blocks, else
+Q8_0), as a converter would write them from the file's already quantized weights: the cost of the layouts the
+input axis needs, before any skipping.
 
     python docs/notes/training_free_study.py [--model qwen2.5-coder-0.5b-instruct] [--chunks 8] [--ctx 512]
 """
@@ -38,7 +44,9 @@ import torch
 from pyinfer.hub.pull import _pip_download, cache_dir, pull
 from pyinfer.sparsity.corpus import documents, token_chunks
 
-METHODS = ("teal", "wina", "cats", "griffin", "griffin+cats", "teal-split", "gated")
+METHODS = ("teal", "wina", "cats", "griffin", "griffin+cats", "teal-split", "gated", "greedy")
+GREEDY_TOKENS = 512  # calibration tokens whose FFN outputs the greedy allocation compares
+STEP = 0.05  # the greedy allocation's step, a share of one matrix's rows
 SAMPLES = 200_000  # entries of each score kept per layer and calibration chunk
 
 
@@ -70,6 +78,7 @@ class Sparsifier:
         self.t_h: list[float] = []
         self.t_g: list[float] = []
         self.griffin_slack = 0.0
+        self.cal_x = [torch.zeros(0) for _ in self.mlps]  # per layer GREEDY_TOKENS calibration FFN inputs (n, d)
         self.capture: list[dict[str, torch.Tensor]] | None = None
         n_layer = len(self.mlps)
         self.c_x = [torch.sqrt(m.gate_proj.weight.pow(2).sum(0) + m.up_proj.weight.pow(2).sum(0)) for m in self.mlps]
@@ -84,6 +93,8 @@ class Sparsifier:
             h = mlp.act_fn(gate) * mlp.up_proj(x)
             if self.capture is not None:
                 self.capture.append(self._samples(il, x[0], mlp.act_fn(gate)[0], h[0]))
+                if self.cal_x[il].shape[0] < GREEDY_TOKENS:
+                    self.cal_x[il] = torch.cat([self.cal_x[il], x[0].detach()])[:GREEDY_TOKENS]
             if self.method == "dense":
                 return mlp.down_proj(h)
             p = self.prompt
@@ -112,7 +123,7 @@ class Sparsifier:
             keep_h = h.abs() > self.t_h[il]
             self.kept[il] += float(keep_x.float().mean() + keep_n.float().mean() + keep_h.float().mean()) / 3
             return mlp.down_proj(torch.where(keep_h, h, torch.zeros_like(h)))
-        if m in ("teal", "wina", "teal-split"):
+        if m in ("teal", "wina", "teal-split", "greedy"):
             score_x = x.abs() * (self.c_x[il] if m == "wina" else 1.0)
             xs = torch.where(score_x > self.t_x[il], x, torch.zeros_like(x))
             h = mlp.act_fn(mlp.gate_proj(xs)) * mlp.up_proj(xs)
@@ -141,6 +152,21 @@ class Sparsifier:
         return mlp.down_proj(torch.where(keep, h, torch.zeros_like(h)))
 
 
+def requantize_transposed(hf, type_name: str) -> None:
+    """Every FFN matrix of hf as its transposed copy in type_name would hold it (see the module's docstring)."""
+    from pyinfer.native import ggml
+
+    for layer in hf.model.layers:
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            lin = getattr(layer.mlp, name)
+            wt = np.ascontiguousarray(lin.weight.detach().numpy().T)  # (in, out): one row per input channel
+            type_ = getattr(ggml, type_name.upper())
+            if wt.shape[1] % ggml.block_size(type_):
+                type_ = ggml.Q8_0
+            back = ggml.dequantize(type_, ggml.quantize(type_, wt), wt.size).reshape(wt.shape)
+            lin.weight.data = torch.from_numpy(np.ascontiguousarray(back.T))
+
+
 def calibrate(sp: Sparsifier, hf, chunks: list[np.ndarray]) -> list[dict[str, torch.Tensor]]:
     """Per layer the calibration text's samples of every score (Sparsifier._samples)."""
     sp.capture, sp.method = [], "dense"
@@ -156,6 +182,12 @@ def calibrate(sp: Sparsifier, hf, chunks: list[np.ndarray]) -> list[dict[str, to
 
 def quantile(t: torch.Tensor, q: float) -> float:
     return float(torch.quantile(t[:16_000_000].float(), q)) if q < 1 else float("inf")
+
+
+def quantiles(t: torch.Tensor, qs: list[float]) -> list[float]:
+    """quantile(t, q) for each q, from one sort."""
+    s = torch.sort(t.float()).values
+    return [float(s[min(len(s) - 1, round(q * (len(s) - 1)))]) for q in qs]
 
 
 def set_thresholds(sp: Sparsifier, cal: list[dict[str, torch.Tensor]], method: str, b: float) -> None:
@@ -179,6 +211,51 @@ def set_thresholds(sp: Sparsifier, cal: list[dict[str, torch.Tensor]], method: s
         sp.griffin_slack = b / 2
         inner = 1 - (1 - b) / (1 - b / 2)  # bytes still to skip inside the set, as a share of it
         sp.t_g = [quantile(c["g"], min(1.0, 1.5 * inner)) for c in cal]
+
+
+def greedy_allocation(sp: Sparsifier, cal: list[dict[str, torch.Tensor]],
+                      levels: list[float]) -> dict[float, tuple[list[float], list[float]]]:
+    """For each level b, per layer (t_x, t_h) of TEAL's greedy allocation (see the module's docstring)."""
+    grid = [round(i * STEP, 4) for i in range(int(0.95 / STEP) + 1)]
+    qx = [quantiles(c["x"], grid) for c in cal]
+    qh = [quantiles(c["h"], grid) for c in cal]
+    cache: dict[tuple[int, int, int], float] = {}
+
+    def error(il: int, ix: int, ih: int) -> float:
+        if (il, ix, ih) not in cache:
+            mlp, x = sp.mlps[il], sp.cal_x[il]
+            with torch.no_grad():
+                dense = mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+                xs = torch.where(x.abs() > qx[il][ix], x, torch.zeros_like(x)) if ix else x
+                h = mlp.act_fn(mlp.gate_proj(xs)) * mlp.up_proj(xs)
+                h = torch.where(h.abs() > qh[il][ih], h, torch.zeros_like(h)) if ih else h
+                cache[il, ix, ih] = float((mlp.down_proj(h) - dense).pow(2).sum() / dense.pow(2).sum())
+        return cache[il, ix, ih]
+
+    n_layer = len(sp.mlps)
+    ix, ih = [0] * n_layer, [0] * n_layer
+    skipped, found = 0.0, {}
+    for b in sorted(levels):
+        while skipped < b:
+            best = None
+            for il in range(n_layer):
+                here = error(il, ix[il], ih[il])
+                for axis, share in (("x", 2 / 3), ("h", 1 / 3)):
+                    i = (ix if axis == "x" else ih)[il] + 1
+                    if i >= len(grid):
+                        continue
+                    cost = (error(il, i, ih[il]) if axis == "x" else error(il, ix[il], i)) - here
+                    if best is None or cost / share < best[0]:
+                        best = (cost / share, il, axis, share)
+            if best is None:
+                break
+            _, il, axis, share = best
+            (ix if axis == "x" else ih)[il] += 1
+            skipped += STEP * share / n_layer
+        found[b] = ([qx[il][ix[il]] if ix[il] else -1.0 for il in range(n_layer)],
+                    [qh[il][ih[il]] if ih[il] else -1.0 for il in range(n_layer)])
+        print(f"greedy {b:.2f}: x skipped per layer {[grid[i] for i in ix]}, h {[grid[i] for i in ih]}", flush=True)
+    return found
 
 
 def nll(hf, sp: Sparsifier, chunks: list[np.ndarray]) -> float:
@@ -205,6 +282,7 @@ def main() -> None:
     ap.add_argument("--levels", type=float, nargs="+", default=[0.25, 0.4, 0.5, 0.6])
     ap.add_argument("--methods", nargs="+", default=list(METHODS))
     ap.add_argument("--json", default=None)
+    ap.add_argument("--transposed-type", default=None, help="q4_0, q4_k, q5_0, q6_k, q8_0 (see above)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     path = pull(args.model, progress=False)
@@ -215,9 +293,12 @@ def main() -> None:
     cal_chunks = token_chunks(encode, docs, args.calib_tokens, args.ctx)
     ids = encode(held_out_text())
     eval_chunks = [np.asarray(ids[i * args.ctx:(i + 1) * args.ctx]) for i in range(args.chunks)]
+    if args.transposed_type:
+        requantize_transposed(hf, args.transposed_type)
     sp = Sparsifier(hf)
     sp.prompt = args.ctx // 2
     cal = calibrate(sp, hf, cal_chunks)
+    allocation = greedy_allocation(sp, cal, args.levels) if "greedy" in args.methods else {}
     sp.method = "dense"
     base = nll(hf, sp, eval_chunks)
     rows = [{"method": "dense", "target": 0.0, "bytes_skipped": 0.0, "nll": base, "ppl_change": 0.0}]
@@ -228,6 +309,8 @@ def main() -> None:
             if method == "cats" and b > 2 / 3:
                 continue
             set_thresholds(sp, cal, method, b)
+            if method == "greedy":
+                sp.t_x, sp.t_h = allocation[b]
             sp.kept[:] = 0
             loss = nll(hf, sp, eval_chunks)
             skipped = 1 - float(sp.kept.mean()) / len(eval_chunks)

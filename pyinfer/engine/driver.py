@@ -235,7 +235,10 @@ class Model:
         else:
             self.n_gpu_layers = offload_layers(self, n_gpu_layers)
         self.pool = ggml.ThreadPool(self.n_threads)
-        if self.sparse_spec is not None and not oracle:
+        if self.sparse_spec is not None and self.sparse_spec.kind == "input" and self.hot_rows:
+            raise UnsupportedError("a file of input sparsity runs on the CPU or wholly on the GPU for now: give -ngl "
+                                   "or a --vram-budget that holds every FFN it puts on the GPU")
+        if self.sparse_spec is not None and not oracle and self.sparse_spec.kind != "input":
             self._bundle_ffns()
         self._device_base = device_before
         self.streams_prompts = self._has_host_weights_and_gpu()
@@ -316,12 +319,17 @@ class Model:
     def has_predictors(self) -> bool:
         return "blk.0.fc1.weight" in self.file.tensors
 
+    @property
+    def has_input_sparsity(self) -> bool:
+        """A file of pyinfer.sparsity.input_sparsity: thresholds and channel-major gate and up, no predictors."""
+        return self.file.metadata.get("pyinfer.sparsity.kind") == "input"
+
     def _sparse_spec(self, sparse: bool | None, logit_threshold: float, oracle: bool):
         if sparse is None:
-            sparse = oracle or self.has_predictors
+            sparse = oracle or self.has_predictors or self.has_input_sparsity
         if not sparse:
             return None
-        if not (oracle or self.has_predictors):
+        if not (oracle or self.has_predictors or self.has_input_sparsity):
             raise InvalidArgumentError(f"{self.file.path} has no predictors (blk.N.fc1/fc2): run pyinfer sparsify")
         if self.file.ffn_layout != "down_t":
             raise InvalidArgumentError("the sparse FFN needs a PowerGGUF (ffn_down_t): convert the model first")
@@ -357,7 +365,7 @@ class Model:
 
     def _predictor_ms(self, reps: int = 5) -> float:
         """Milliseconds one token spends in the predictors, timed on a graph of the predictors alone."""
-        if self.sparse_spec.oracle:
+        if self.sparse_spec.oracle or self.sparse_spec.kind == "input":
             return 0.0
         ctx = ggml.Context(1 << 20)
         x = ctx.tensor_from_numpy(np.random.default_rng(0).standard_normal(self.config.n_embd))  # (n_embd,)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pyinfer.engine.placement import ATTENTION_PARTS, QKV_PARTS, Plan, fusable_qkv
+from pyinfer.engine.placement import ATTENTION_PARTS, FFN_MATRICES, QKV_PARTS, Plan, fusable_qkv
 from pyinfer.errors import UnsupportedError
 from pyinfer.native import ggml
 
@@ -67,7 +67,7 @@ def _attention_to_device(model, il: int) -> None:
     model.kv_cache.v[il].to_device()
     spec = model.sparse_spec
     if spec is not None:
-        for tensors in (spec.pred_bias, spec.neg_thresholds):
+        for tensors in (spec.pred_bias, spec.neg_thresholds, spec.neg_input_thresholds):
             if il in tensors:
                 tensors[il].to_device()
 
@@ -82,7 +82,7 @@ def offload_layers(model, n_gpu_layers: int) -> int:
     _require_gpu("-ngl/--device cuda")
     for il in range(n_layer - min(n, n_layer), n_layer):
         _attention_to_device(model, il)
-        _to_device(model, _layer_parts(il, (*FFN_PARTS, "ffn_down")))
+        _to_device(model, _layer_parts(il, (*FFN_MATRICES, "ffn_down")))
     if n > n_layer:
         _head_to_device(model)
     return n
@@ -117,7 +117,7 @@ def apply_plan(model, plan: Plan) -> dict[int, int]:
         k = plan.hot_rows[il]
         ffn = _layer_parts(il, (*FFN_PARTS, "ffn_down"))
         if k == cfg.n_ff:
-            _to_device(model, ffn)
+            _to_device(model, _layer_parts(il, (*FFN_MATRICES, "ffn_down")))
         elif k > 0:
             for name in ffn:
                 _rows(model, name, 0, k, ".hot")

@@ -348,6 +348,9 @@ def _quiet_stdout():
 # ---------------------------------------------------------------------------------------------------
 # a model file's costs
 
+# a layer's FFN matrices: a neuron is a row of the first three; the channel-major gate and up of a file of input
+# sparsity (pyinfer.sparsity.input_sparsity) go where the rest of its FFN goes
+FFN_MATRICES = ("ffn_gate", "ffn_up", "ffn_down_t", "ffn_gate_t", "ffn_up_t")
 QKV_PARTS = ("attn_q", "attn_k", "attn_v")  # on the GPU one matrix where they share a type (offload.fuse_qkv)
 ATTENTION_PARTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "attn_q_norm", "attn_k_norm",
                    "post_attention_norm", "post_ffw_norm", "attn_qkv", "attn_norm_2")
@@ -402,8 +405,7 @@ def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
         attn = sum(nbytes(p + part + suffix) for part in ATTENTION_PARTS for suffix in (".weight", ".bias"))
-        ffn = sum(nbytes(p + part + suffix) for part in ("ffn_gate", "ffn_up", "ffn_down_t", "ffn_down")
-                  for suffix in (".weight", ".bias"))
+        ffn = sum(nbytes(p + part + suffix) for part in (*FFN_MATRICES, "ffn_down") for suffix in (".weight", ".bias"))
         freq = np.ones(cfg.n_ff)
         pred = 0
         if sparse:

@@ -224,6 +224,7 @@ KEYS: dict[str, Kind] = {
     "pyinfer.synthetic": Bool(),
     "pyinfer.sparsity.kind": Str(16),
     "pyinfer.sparsity.thresholds": Array(Float(lo=0.0)),
+    "pyinfer.sparsity.input_thresholds": Array(Float(lo=0.0)),  # kind "input": on |x|, gate's and up's input
     "pyinfer.sparsity.target": Float(0.0, 1.0),
 }
 

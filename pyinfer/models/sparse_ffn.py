@@ -1,5 +1,7 @@
 """PowerInfer's sparse FFN: predictor -> mask -> selected rows of up (and gate) -> activation -> (threshold)
--> AXPY over the same rows of ffn_down_t.
+-> AXPY over the same rows of ffn_down_t. Files of kind "input" (pyinfer.sparsity.input_sparsity) need no
+predictor: gate and up sum the rows of their channel-major copies whose input |x| passes t_x, down the rows of
+ffn_down_t whose |h| passes t_h (`input_ffn`).
 
 A mask is an F32 tensor (n_tokens, n_ff) whose positive entries select a neuron for that token, so the
 predictor's logits are a mask as they are. Neurons outside the mask contribute nothing, which makes the
@@ -17,11 +19,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pyinfer.errors import ModelFormatError
+from pyinfer.errors import ModelFormatError, UnsupportedError
 from pyinfer.formats.model_config import UNGATED_KINDS
 from pyinfer.native import ggml
 
-KINDS = ("relu", "threshold")
+KINDS = ("relu", "threshold", "input")
 # prompts of more tokens than this compute up/gate densely under the same mask. tools/bench_sparse.py --pp
 # measured selected rows faster than dense mul_mat at every size from 1 to 512 tokens (SmolLM2, 51%
 # density, docs/BENCHMARKS.md), so by default no prompt takes the dense path; re-measure when mul_mat
@@ -36,9 +38,11 @@ GPU_DENSE_ABOVE = 8
 class SparseSpec:
     """What the sparse FFN of a model needs besides its weights.
 
-    kind: "relu" (active = output != 0) or "threshold" (|act(gate)*up| <= thresholds[il] zeroed too).
+    kind: "relu" (active = output != 0), "threshold" (|act(gate)*up| <= thresholds[il] zeroed too) or "input"
+    (no predictor: input_ffn).
     pred_bias: per layer the predictor's output bias minus the run-time logit threshold, (n_ff,) F32.
     neg_thresholds: per layer (n_ff,) F32 filled with -t_l, for layers whose t_l > 0.
+    neg_input_thresholds: kind "input", per layer (n_embd,) F32 filled with -t_x.
     oracle: the mask is the true active set, computed densely (tests: sparse == dense).
     masks: filled while building a graph, layer -> (n_tokens, rows) down-projection mask of the neurons the
     CPU computes, which the runtime keeps as a graph output to count the realised density.
@@ -51,6 +55,7 @@ class SparseSpec:
     oracle: bool = False
     dense_above: int = DENSE_ABOVE
     masks: dict[int, ggml.Tensor] = field(default_factory=dict)
+    neg_input_thresholds: dict[int, ggml.Tensor] = field(default_factory=dict)
 
 
 def metadata_spec(meta: dict, n_layer: int) -> tuple[str, list[float]]:
@@ -70,6 +75,8 @@ def make_spec(ctx: ggml.Context, file_tensors, meta: dict, cfg, *, logit_thresho
               oracle: bool = False) -> SparseSpec:
     """The spec for a loaded PowerGGUF; its small tensors are allocated in ctx (which must outlive it)."""
     kind, thresholds = metadata_spec(meta, cfg.n_layer)
+    if kind == "input":
+        return _input_spec(ctx, file_tensors, meta, cfg, thresholds)
     pred_bias, neg_t = {}, {}
     for il in range(cfg.n_layer):
         if not oracle:
@@ -83,6 +90,36 @@ def make_spec(ctx: ggml.Context, file_tensors, meta: dict, cfg, *, logit_thresho
         if thresholds[il] > 0:
             neg_t[il] = ctx.tensor_from_numpy(np.full(cfg.n_ff, -thresholds[il], dtype=np.float32))
     return SparseSpec(kind, thresholds, pred_bias, neg_t, oracle=oracle)
+
+
+def _input_spec(ctx: ggml.Context, file_tensors, meta: dict, cfg, thresholds: list[float]) -> SparseSpec:
+    """Kind "input": the channel-major gate and up of every layer and its two thresholds."""
+    t_x = [float(t) for t in meta.get("pyinfer.sparsity.input_thresholds", [])]
+    if len(t_x) != cfg.n_layer:
+        raise ModelFormatError(f"pyinfer.sparsity.input_thresholds has {len(t_x)} values for {cfg.n_layer} layers")
+    if cfg.ffn_kind not in ("swiglu", "geglu") or cfg.ffn_bias:
+        raise ModelFormatError(f"sparsity kind 'input' needs a gated FFN without biases, not {cfg.ffn_kind}")
+    for il in range(cfg.n_layer):
+        for name in ("ffn_gate_t", "ffn_up_t"):
+            info = file_tensors.get(f"blk.{il}.{name}.weight")
+            if info is None or info.ne != (cfg.n_ff, cfg.n_embd):
+                raise ModelFormatError(f"sparsity kind 'input' needs blk.{il}.{name}.weight of shape "
+                                       f"[{cfg.n_ff}, {cfg.n_embd}]")
+    neg_t = {il: ctx.tensor_from_numpy(np.full(cfg.n_ff, -t, dtype=np.float32)) for il, t in enumerate(thresholds)}
+    neg_x = {il: ctx.tensor_from_numpy(np.full(cfg.n_embd, -t, dtype=np.float32)) for il, t in enumerate(t_x)}
+    return SparseSpec("input", thresholds, {}, neg_t, neg_input_thresholds=neg_x)
+
+
+def input_ffn(b, il: int, h: ggml.Tensor) -> tuple[ggml.Tensor, ggml.Tensor]:
+    """Kind "input": gate and up from the rows of their channel-major copies whose |x| passes t_x, down from
+    the rows of ffn_down_t whose |act| passes t_h. Returns (output (n, n_embd), the down mask (n, n_ff))."""
+    ctx, cfg, spec = b.ctx, b.cfg, b.sparse
+    sel_x = ctx.add(_abs(ctx, h), spec.neg_input_thresholds[il])  # (n, n_embd), positive: channel read
+    gate = ctx.axpy_rows(b.w(f"blk.{il}.ffn_gate_t"), h, sel_x)  # (n, n_ff)
+    up = ctx.axpy_rows(b.w(f"blk.{il}.ffn_up_t"), h, sel_x)  # (n, n_ff)
+    act = ctx.mul(ctx.silu(gate) if cfg.ffn_kind == "swiglu" else ctx.gelu(gate), up)  # (n, n_ff)
+    sel_h = ctx.add(_abs(ctx, act), spec.neg_thresholds[il])  # (n, n_ff), positive: neuron read
+    return ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t"), act, sel_h), sel_h
 
 
 def _abs(ctx: ggml.Context, x: ggml.Tensor) -> ggml.Tensor:
@@ -169,6 +206,15 @@ def ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
 
     ctx, cfg, spec = b.ctx, b.cfg, b.sparse
     n = h.shape[0] if len(h.shape) == 2 else 1
+    if spec.kind == "input":
+        if b.hot_rows.get(il) or (b.stream and host_ffn(b, il) is not None):
+            raise UnsupportedError("a file of input sparsity runs on the CPU or wholly on the GPU (-ngl) for now, "
+                                   "not split under a --vram-budget")
+        y, mask = input_ffn(b, il, h)
+        up = b.weights.get(f"blk.{il}.ffn_up_t.weight")
+        if up is None or not up.on_device:  # the realised density counts the CPU's layers, as for predictors
+            spec.masks[il] = mask
+        return y
     pred = predict(b, il, h)  # (n, n_ff)
     if b.stream and host_ffn(b, il) is not None:
         return streamed_ffn(b, il, h, pred)

@@ -1,5 +1,7 @@
 """Sparsify a model in one command: profile it on calibration text, pick per-layer thresholds, store the
-FFN neurons hot-first, train activation predictors, and write the PowerGGUF with all of it.
+FFN neurons hot-first, train activation predictors, and write the PowerGGUF with all of it. With `--method
+input` (SwiGLU/GeGLU, no training): thresholds on the FFN's input and activations for a target share of its
+weight bytes skipped, and channel-major gate and up (pyinfer.sparsity.input_sparsity).
 
 Written: blk.N.fc1.weight F16 ne [n_embd, r_l], blk.N.fc2.weight F16 ne
 [r_l, n_ff], blk.N.fc2.bias F32 [n_ff] (a neuron is predicted active where fc2 @ relu(fc1 @ x) + bias > 0),
@@ -22,7 +24,16 @@ from pyinfer.errors import InvalidArgumentError
 from pyinfer.formats.gguf_file import GGUFFile
 from pyinfer.formats.gguf_writer import OutTensor, Q
 from pyinfer.hub.pull import cache_dir
-from pyinfer.sparsity.profiler import add_profile_args, layer_table, profile_from_args, stats_of
+from pyinfer.sparsity import input_sparsity
+from pyinfer.sparsity.profiler import (
+    add_profile_args,
+    calibration_chunks,
+    collect,
+    ensure_powergguf,
+    layer_table,
+    profile_from_args,
+    stats_of,
+)
 from pyinfer.sparsity.reorder import hot_first_order, reorder_file
 from pyinfer.sparsity.train_predictors import (
     Predictor,
@@ -68,7 +79,36 @@ def default_output(model: str, sparsity: float) -> str:
     return str(cache_dir() / "sparse" / f"{stem}-s{round(100 * sparsity)}.gguf")
 
 
+def _input_sparsify(args: argparse.Namespace) -> int:
+    """--method input: calibration thresholds and channel-major gate and up, no predictors."""
+    from pyinfer.hub.model_files import resolve_model
+
+    t0 = time.perf_counter()
+    s_x, s_h = input_sparsity.split(args.sparsity)  # a bad target fails before anything runs
+    path = ensure_powergguf(resolve_model(args.model))
+    g = GGUFFile(path)
+    input_sparsity.check_source(g)
+    out = args.output or default_output(path, args.sparsity)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    chunks, calibration = calibration_chunks(path, args.corpus, args.tokens, args.ctx)
+    profile = collect(path, chunks, calibration, n_threads=args.threads)
+    layers = (profile.layer(il) for il in tqdm(range(profile.n_layer), desc="thresholds", file=sys.stderr,
+                                               disable=None))
+    t_x, t_h = input_sparsity.thresholds(layers, args.sparsity)
+    input_sparsity.write(path, out, t_x, t_h, args.sparsity, calibration)
+    GGUFFile(out)  # the written file must load
+    rows = [{"layer": il, "t_x": tx, "t_h": th} for il, (tx, th) in enumerate(zip(t_x, t_h, strict=True))]
+    print(f"input sparsity, target {args.sparsity:.3f} of the FFN's weight bytes: per layer {100 * s_x:.1f} % of "
+          f"gate's and up's input channels and {100 * s_h:.1f} % of down's neurons skipped on the calibration text "
+          f"({calibration})")
+    print(layer_table(rows))
+    print(f"time: {time.perf_counter() - t0:.0f} s\nwrote {out}")
+    return 0
+
+
 def _sparsify(args: argparse.Namespace) -> int:
+    if args.method == "input":
+        return _input_sparsify(args)
     t0 = time.perf_counter()
     if not 0.0 < args.sparsity < 1.0:
         raise InvalidArgumentError(f"--sparsity must be in (0, 1), not {args.sparsity}")
@@ -123,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_profile_args(p)
     add_training_args(p)
+    p.add_argument("--method", choices=["predictors", "input"], default="predictors",
+                   help="predictors: trained per-layer predictors (ReLU-family models); input: no training, "
+                        "thresholds on the FFN's input and activations (SwiGLU/GeGLU) (default predictors)")
+    p.add_argument("--target", dest="sparsity", type=float, metavar="B",
+                   help="--method input: the share of the FFN's weight bytes a decoded token skips (as --sparsity)")
     p.add_argument("-o", "--output", help="output PowerGGUF (default: <cache>/sparse/<model>-s<percent>.gguf)")
     return run_cli(PROG, p, _sparsify, argv)
 
