@@ -101,6 +101,24 @@ def test_axpy_rows(case):
     assert np.all(np.abs(y - want) <= 1e-5 * bound + 1e-30)  # exact zeros where nothing is selected
 
 
+@pytest.mark.parametrize("type_", ggml.WEIGHT_TYPES)
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_axpy_rows_of_a_channel_major_matrix(type_, threads):
+    """A channel-major gate (n_embd rows of n_ff): rows longer than there are rows take the threads' slices of d,
+    four rows at a time for one column; against float64, under a mask and with every row."""
+    rng = np.random.default_rng(type_ * 10 + threads)
+    n_rows, d = 48, 1024
+    ctx = ggml.Context(32 << 20)
+    wt, w64 = weights(ctx, rng.standard_normal((n_rows, d)), type_)
+    h = rng.standard_normal((1, n_rows)).astype(np.float32)
+    mask = np.where(rng.random((1, n_rows)) < 0.6, 1.0, -1.0).astype(np.float32)
+    masked, whole = ctx.axpy_rows(wt, tensor(ctx, h), tensor(ctx, mask)), ctx.axpy_rows(wt, tensor(ctx, h))
+    y_masked, y_whole = compute(ctx, [masked, whole], threads)
+    for y, keep in ((y_masked, mask > 0), (y_whole, np.ones_like(mask, bool))):
+        want = np.where(keep, h, 0.0) @ w64
+        np.testing.assert_allclose(y, want, atol=1e-5 * (np.abs(h) @ np.abs(w64)).max())
+
+
 @pytest.mark.parametrize("op", ["mul_mat_rows", "axpy_rows"])
 def test_index_list_entry_out_of_range_is_an_error(op):
     ctx = ggml.Context(4 << 20)

@@ -26,7 +26,7 @@ import numpy as np
 
 from pyinfer.engine.driver import Model
 from pyinfer.models.common import Builder, ffn_block
-from pyinfer.models.sparse_ffn import predict
+from pyinfer.models.sparse_ffn import _abs, input_ffn, predict
 from pyinfer.native import ggml
 
 FFN_PARTS = ("ffn_up.", "ffn_gate.", "ffn_down_t.")
@@ -124,6 +124,38 @@ def ffn_costs(model: Model, rng: np.random.Generator, reps: int) -> list[str]:
             f"{'met' if t_sparse <= 1.3 * rho * t_dense + t_pred else 'missed'}"]
 
 
+def input_ffn_costs(model: Model, rng: np.random.Generator, reps: int) -> list[str]:
+    """Lines of a report for a file of input sparsity: per layer the dense FFN and input_ffn on one real FFN
+    input per layer (the last of 32 random tokens: the thresholds need the model's own scale), and its parts:
+    the channel-major gate and up under the input mask, down_t under the activation mask, the masks."""
+    cfg, spec = model.config, dataclasses.replace(model.sparse_spec, masks={})
+    _, acts = model.ffn_activations(list(rng.integers(0, cfg.n_vocab, min(32, model.n_ctx, model.n_batch))))
+    ctx = ggml.Context(64 << 20)
+    xs = [ctx.tensor_from_numpy(acts[f"ffn_inp.{il}"][-1].copy()) for il in range(cfg.n_layer)]  # (n_embd,)
+    hs = [ctx.tensor_from_numpy(acts[f"ffn_act.{il}"][-1].copy()) for il in range(cfg.n_layer)]  # (n_ff,)
+    b = Builder(ctx, cfg, model.weights, None, sparse=spec)
+    sel_x = [ctx.add(_abs(ctx, x), spec.neg_input_thresholds[il]) for il, x in enumerate(xs)]
+    sel_h = [ctx.add(_abs(ctx, h), spec.neg_thresholds[il]) for il, h in enumerate(hs)]
+    variants = {
+        "dense FFN": [ffn_block(Builder(ctx, cfg, model.weights, None), il, x) for il, x in enumerate(xs)],
+        "input_ffn": [input_ffn(b, il, x)[0] for il, x in enumerate(xs)],
+        "masks": sel_x + sel_h,
+        "gate_t + up_t": [ctx.axpy_rows(b.w(f"blk.{il}.{m}"), xs[il], sel_x[il]) for il in range(cfg.n_layer)
+                          for m in ("ffn_gate_t", "ffn_up_t")],
+        "gate + up dense": [ctx.mul_mat(b.w(f"blk.{il}.{m}"), xs[il]) for il in range(cfg.n_layer)
+                            for m in ("ffn_gate", "ffn_up")],
+        "down_t masked": [ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t"), hs[il], sel_h[il]) for il in range(cfg.n_layer)],
+        "down_t dense": [ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t"), h) for il, h in enumerate(hs)],
+    }
+    times = interleaved_min_ms([ggml.Graph(ctx, nodes).plan() for nodes in variants.values()], model.pool, reps)
+    kept_x = np.mean([np.mean(np.abs(acts[f"ffn_inp.{il}"][-1]) > -spec.neg_input_thresholds[il].numpy()[0])
+                      for il in range(cfg.n_layer)])
+    kept_h = np.mean([np.mean(np.abs(acts[f"ffn_act.{il}"][-1]) > spec.thresholds[il]) for il in range(cfg.n_layer)])
+    return [f"per layer (mean of {cfg.n_layer}), input channels read {100 * kept_x:.1f} %, neurons read "
+            f"{100 * kept_h:.1f} %: " + ", ".join(f"{name} {ms / cfg.n_layer:.3f} ms" for name, ms in
+                                                  zip(variants, times, strict=True))]
+
+
 def op_costs(model: Model, rng: np.random.Generator, reps: int) -> list[str]:
     """Lines of a report: per layer, the gate GEMV and the down_t axpy dense and over the predicted rows."""
     cfg, ctx = model.config, ggml.Context(64 << 20)
@@ -170,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     kw = dict(n_ctx=max(a.tg, *[int(s) for s in a.pp.split(",") if s], 1) + 16, n_threads=a.threads)
     sparse = Model(a.model, sparse=True, sparsity_threshold=a.sparsity_threshold, **kw)
     if a.ffn:
-        print("\n".join(ffn_costs(sparse, rng, a.ffn_reps)))
+        costs = input_ffn_costs if sparse.sparse_spec.kind == "input" else ffn_costs
+        print("\n".join(costs(sparse, rng, a.ffn_reps)))
     if a.ops:
         print("\n".join(op_costs(sparse, rng, a.ffn_reps)))
     if a.ffn or a.ops:

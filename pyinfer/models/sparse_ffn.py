@@ -110,16 +110,17 @@ def _input_spec(ctx: ggml.Context, file_tensors, meta: dict, cfg, thresholds: li
     return SparseSpec("input", thresholds, {}, neg_t, neg_input_thresholds=neg_x)
 
 
-def input_ffn(b, il: int, h: ggml.Tensor) -> tuple[ggml.Tensor, ggml.Tensor]:
+def input_ffn(b, il: int, h: ggml.Tensor) -> tuple[ggml.Tensor, ggml.Tensor, ggml.Tensor]:
     """Kind "input": gate and up from the rows of their channel-major copies whose |x| passes t_x, down from
-    the rows of ffn_down_t whose |act| passes t_h. Returns (output (n, n_embd), the down mask (n, n_ff))."""
+    the rows of ffn_down_t whose |act| passes t_h. Returns (output (n, n_embd), the down mask (n, n_ff), the
+    activations before it)."""
     ctx, cfg, spec = b.ctx, b.cfg, b.sparse
     sel_x = ctx.add(_abs(ctx, h), spec.neg_input_thresholds[il])  # (n, n_embd), positive: channel read
     gate = ctx.axpy_rows(b.w(f"blk.{il}.ffn_gate_t"), h, sel_x)  # (n, n_ff)
     up = ctx.axpy_rows(b.w(f"blk.{il}.ffn_up_t"), h, sel_x)  # (n, n_ff)
     act = ctx.mul(ctx.silu(gate) if cfg.ffn_kind == "swiglu" else ctx.gelu(gate), up)  # (n, n_ff)
     sel_h = ctx.add(_abs(ctx, act), spec.neg_thresholds[il])  # (n, n_ff), positive: neuron read
-    return ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t"), act, sel_h), sel_h
+    return ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t"), act, sel_h), sel_h, act
 
 
 def _abs(ctx: ggml.Context, x: ggml.Tensor) -> ggml.Tensor:
@@ -210,10 +211,13 @@ def ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
         if b.hot_rows.get(il) or (b.stream and host_ffn(b, il) is not None):
             raise UnsupportedError("a file of input sparsity runs on the CPU or wholly on the GPU (-ngl) for now, "
                                    "not split under a --vram-budget")
-        y, mask = input_ffn(b, il, h)
+        y, mask, act = input_ffn(b, il, h)
         up = b.weights.get(f"blk.{il}.ffn_up_t.weight")
         if up is None or not up.on_device:  # the realised density counts the CPU's layers, as for predictors
             spec.masks[il] = mask
+        if b.capture is not None:
+            b.capture[f"ffn_inp.{il}"] = h  # (n, n_embd)
+            b.capture[f"ffn_act.{il}"] = act  # (n, n_ff), before the down mask
         return y
     pred = predict(b, il, h)  # (n, n_ff)
     if b.stream and host_ffn(b, il) is not None:

@@ -273,8 +273,9 @@ int ggml_cpu_op_mul_mat_rows(const struct ggml_compute_params *p, struct ggml_te
 // AXPY_ROWS: wt [d, n_rows], h [n_rows, m] -> dst [d, m] = sum over selected i of h[i, j] * wt[i].
 // Up to UNIT_SUMS_MAX_M columns: the threads split the selected rows, summing whole rows (contiguous reads
 // the prefetchers follow) into a [d, m] buffer per unit of work, then split d to add the buffers up. More
-// columns: the buffers would grow with m, so the threads split d into block-aligned slices instead, each
-// owning its slice of dst and walking every selected row (work per row grows with m).
+// columns, or rows longer than there are rows (a channel-major gate or up: n_embd rows of n_ff, where ~64
+// buffers of d floats to zero and add up had cost as many bytes as the rows read): the threads split d into
+// block-aligned slices instead, each owning its slice of dst and walking every selected row.
 // ---------------------------------------------------------------------------------------------------
 
 #define UNIT_SUMS_MAX_M 4 // columns up to which the sparse sums are kept per unit of work
@@ -390,9 +391,12 @@ static void axpy_prefetch(void *vctx, int64_t i) {
     prefetch_bytes((const char *)c->wt->data + i * (int64_t)c->wt->nb[1] + c->row_offs, c->row_bytes);
 }
 
+// whether the threads split d (each its slice of every selected row) rather than the rows (see above)
+static bool axpy_slices_d(const struct ggml_tensor *wt, int64_t m) { return m > UNIT_SUMS_MAX_M || wt->ne[0] > wt->ne[1]; }
+
 size_t ggml_cpu_axpy_rows_wsize(const struct ggml_tensor *dst, int n_threads) {
     const int64_t n_rows = dst->src[0]->ne[1];
-    size_t sums = dst->ne[1] <= UNIT_SUMS_MAX_M
+    size_t sums = !axpy_slices_d(dst->src[0], dst->ne[1])
                       ? (size_t)sel_max_units(n_rows, n_threads) * unit_sum_bytes(dst->ne[0], dst->ne[1]) : 0;
     return sel_wsize(dst->src[2], n_rows, n_threads) + sums;
 }
@@ -414,12 +418,15 @@ int ggml_cpu_op_axpy_rows(const struct ggml_compute_params *p, struct ggml_tenso
     int64_t v0, v1;
     block_slice(wt->type, d, ith, nth, &v0, &v1);
     const int64_t dst_stride = (int64_t)(dst->nb[1] / sizeof(float));
-    if (m > UNIT_SUMS_MAX_M) {
+    if (axpy_slices_d(wt, m)) {
         if (v0 >= v1) return GGML_STATUS_OK;
         zero_rows(dst, v0, v1);
-        struct axpy_ctx c = {{.batch = {.axpy = tw->axpy, .n = v1 - v0}, .y = (float *)dst->data + v0}, wt, h, &s,
+        // one column: every row adds into the same slice, four rows a load and store of it
+        struct axpy_ctx c = {{.batch = {.axpy = tw->axpy, .axpy4 = m == 1 ? tw->axpy4 : NULL, .n = v1 - v0},
+                              .y = (float *)dst->data + v0}, wt, h, &s,
                              dst_stride, (size_t)(v0 / tw->blck_size) * tw->type_size, ggml_row_size(wt->type, v1 - v0)};
         sel_walk(&s, ith, nth, true, p->chunk_next, &(struct sel_walk){axpy_visit, axpy_prefetch, NULL, &c});
+        batch_flush(&c.t.batch, c.t.y);
         return GGML_STATUS_OK;
     }
     struct axpy_ctx c = {{{.axpy = tw->axpy, .axpy4 = m == 1 ? tw->axpy4 : NULL, .n = d},
