@@ -13,6 +13,7 @@ from reference import reference_logits
 from pyinfer.engine.driver import Model
 from pyinfer.errors import InvalidArgumentError, UnsupportedError
 from pyinfer.formats.gguf_file import GGUFFile
+from pyinfer.native import ggml
 from pyinfer.sparsity import input_sparsity
 from pyinfer.sparsity.sparsify import main as sparsify
 
@@ -92,3 +93,14 @@ def test_sparsify_bad_input_is_one_line_and_writes_nothing(tiny_files, tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not out.exists()
+
+
+@pytest.mark.skipif(not ggml.cuda_available(), reason="no CUDA device")
+@pytest.mark.parametrize("ngl", [1, 99])
+def test_on_the_gpu_as_on_the_cpu(tiny_files, tmp_path, ngl):
+    """-ngl moves the channel-major copies with the layer: the GPU's masked axpy_rows give the CPU's logits."""
+    path, _, _ = _calibrated(tiny_files, "llama_silu", 0.4, tmp_path / "input.gguf")
+    cpu = Model(path, n_ctx=64, n_threads=2, kv_type="f32").logits(TOKENS)
+    gpu_model = Model(path, n_ctx=64, n_threads=2, kv_type="f32", n_gpu_layers=ngl)
+    assert gpu_model.weights["blk.1.ffn_gate_t.weight"].on_device
+    np.testing.assert_allclose(gpu_model.logits(TOKENS), cpu, atol=2e-3 * np.abs(cpu).max())

@@ -46,6 +46,7 @@ wait_for() {  # FILE [SECONDS]: until FILE exists, at most SECONDS (default 420)
 
 tests() {  # the GPU tests, log in $OUT
     python3 -m pytest -q -s -p no:cacheprovider tests/test_hybrid.py tests/test_gpu_engine.py tests/test_cuda_ops.py \
+        tests/test_input_sparsity.py \
         tests/test_split.py "$@" 2>&1 | tee "$OUT/tests.log" | tail -40
 }
 
