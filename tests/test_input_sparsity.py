@@ -77,6 +77,13 @@ def test_targets_outside_what_can_be_skipped_are_refused(target):
         input_sparsity.split(target)
 
 
+def test_a_sparsified_file_is_refused(tiny_files, tmp_path):
+    path, t_x, t_h = _calibrated(tiny_files, "llama_silu", 0.3, tmp_path / "input.gguf")
+    with pytest.raises(InvalidArgumentError, match="already sparsified"):
+        input_sparsity.write(path, str(tmp_path / "again.gguf"), t_x, t_h, 0.3, "none")
+    assert not (tmp_path / "again.gguf").exists()
+
+
 def test_a_relu_model_is_refused(tiny_files, tmp_path):
     with pytest.raises(UnsupportedError, match="SwiGLU/GeGLU"):
         input_sparsity.write(tiny_files("llama_relu", False), str(tmp_path / "x.gguf"), [0.0] * 2, [0.0] * 2, 0.5,
@@ -97,10 +104,13 @@ def test_sparsify_bad_input_is_one_line_and_writes_nothing(tiny_files, tmp_path,
 
 @pytest.mark.skipif(not ggml.cuda_available(), reason="no CUDA device")
 @pytest.mark.parametrize("ngl", [1, 99])
-def test_on_the_gpu_as_on_the_cpu(tiny_files, tmp_path, ngl):
-    """-ngl moves the channel-major copies with the layer: the GPU's masked axpy_rows give the CPU's logits."""
+@pytest.mark.parametrize("n_tokens", [12, 40])
+def test_on_the_gpu_as_on_the_cpu(tiny_files, tmp_path, ngl, n_tokens):
+    """-ngl moves the channel-major copies with the layer: the GPU's masked axpy_rows give the CPU's logits;
+    40 tokens with a layer left on the CPU stream its weights in (a prompt of 32 or more)."""
     path, _, _ = _calibrated(tiny_files, "llama_silu", 0.4, tmp_path / "input.gguf")
-    cpu = Model(path, n_ctx=64, n_threads=2, kv_type="f32").logits(TOKENS)
+    tokens = (TOKENS * 4)[:n_tokens]
+    cpu = Model(path, n_ctx=64, n_threads=2, kv_type="f32").logits(tokens)
     gpu_model = Model(path, n_ctx=64, n_threads=2, kv_type="f32", n_gpu_layers=ngl)
     assert gpu_model.weights["blk.1.ffn_gate_t.weight"].on_device
-    np.testing.assert_allclose(gpu_model.logits(TOKENS), cpu, atol=2e-3 * np.abs(cpu).max())
+    np.testing.assert_allclose(gpu_model.logits(tokens), cpu, atol=2e-3 * np.abs(cpu).max())

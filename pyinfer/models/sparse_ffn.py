@@ -208,7 +208,7 @@ def ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
     ctx, cfg, spec = b.ctx, b.cfg, b.sparse
     n = h.shape[0] if len(h.shape) == 2 else 1
     if spec.kind == "input":
-        if b.hot_rows.get(il) or (b.stream and host_ffn(b, il) is not None):
+        if b.hot_rows.get(il):  # a prompt's host layers need nothing special: their weight ops stream as any do
             raise UnsupportedError("a file of input sparsity runs on the CPU or wholly on the GPU (-ngl) for now, "
                                    "not split under a --vram-budget")
         y, mask, act = input_ffn(b, il, h)

@@ -73,7 +73,7 @@ def channel_major(g: GGUFFile, name: str) -> OutTensor:
 
 
 def check_source(g: GGUFFile) -> None:
-    """A PowerGGUF of a gated FFN with no sparsity of its own."""
+    """A PowerGGUF of a gated FFN without biases and with no sparsity of its own."""
     cfg = g.config
     if cfg.ffn_kind not in GATED_KINDS:
         raise UnsupportedError(f"{g.path}: input sparsity is for SwiGLU/GeGLU FFNs; this one is {cfg.ffn_kind} "
@@ -82,6 +82,9 @@ def check_source(g: GGUFFile) -> None:
         raise InvalidArgumentError(f"{g.path}: not a PowerGGUF (no ffn_down_t): convert it first")
     if cfg.ffn_bias:
         raise UnsupportedError(f"{g.path}: FFN biases are not supported by input sparsity")
+    if "pyinfer.sparsity.kind" in g.metadata:
+        raise InvalidArgumentError(f"{g.path}: already sparsified ({g.metadata['pyinfer.sparsity.kind']}): "
+                                   "sparsify the model it was made from")
 
 
 def write(src: str, out: str, t_x: list[float], t_h: list[float], target: float, calibration: str) -> None:

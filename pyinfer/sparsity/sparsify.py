@@ -73,10 +73,11 @@ def sparsity_kv(kind: str, target: float, thresholds: list[float], ranks: list[i
             ("pyinfer.predictor.recall", [float(r) for r in recalls], arr, f32)]
 
 
-def default_output(model: str, sparsity: float) -> str:
-    """<cache>/sparse/<model stem>-s<percent>.gguf"""
+def default_output(model: str, sparsity: float, method: str = "predictors") -> str:
+    """<cache>/sparse/<model stem>-s<percent>.gguf (--method input: -in<percent>)"""
     stem = os.path.splitext(os.path.basename(model))[0].removesuffix("-power")
-    return str(cache_dir() / "sparse" / f"{stem}-s{round(100 * sparsity)}.gguf")
+    tag = "in" if method == "input" else "s"
+    return str(cache_dir() / "sparse" / f"{stem}-{tag}{round(100 * sparsity)}.gguf")
 
 
 def _input_sparsify(args: argparse.Namespace) -> int:
@@ -88,7 +89,7 @@ def _input_sparsify(args: argparse.Namespace) -> int:
     path = ensure_powergguf(resolve_model(args.model))
     g = GGUFFile(path)
     input_sparsity.check_source(g)
-    out = args.output or default_output(path, args.sparsity)
+    out = args.output or default_output(path, args.sparsity, "input")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     chunks, calibration = calibration_chunks(path, args.corpus, args.tokens, args.ctx)
     profile = collect(path, chunks, calibration, n_threads=args.threads)
@@ -168,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                         "thresholds on the FFN's input and activations (SwiGLU/GeGLU) (default predictors)")
     p.add_argument("--target", dest="sparsity", type=float, metavar="B",
                    help="--method input: the share of the FFN's weight bytes a decoded token skips (as --sparsity)")
-    p.add_argument("-o", "--output", help="output PowerGGUF (default: <cache>/sparse/<model>-s<percent>.gguf)")
+    p.add_argument("-o", "--output", help="output PowerGGUF (default: <cache>/sparse/<model>-s<percent>.gguf, "
+                                          "with --method input -in<percent>.gguf)")
     return run_cli(PROG, p, _sparsify, argv)
 
 
