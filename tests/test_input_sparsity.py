@@ -104,13 +104,25 @@ def test_sparsify_bad_input_is_one_line_and_writes_nothing(tiny_files, tmp_path,
 
 @pytest.mark.skipif(not ggml.cuda_available(), reason="no CUDA device")
 @pytest.mark.parametrize("ngl", [1, 99])
-@pytest.mark.parametrize("n_tokens", [12, 40])
-def test_on_the_gpu_as_on_the_cpu(tiny_files, tmp_path, ngl, n_tokens):
-    """-ngl moves the channel-major copies with the layer: the GPU's masked axpy_rows give the CPU's logits;
-    40 tokens with a layer left on the CPU stream its weights in (a prompt of 32 or more)."""
-    path, _, _ = _calibrated(tiny_files, "llama_silu", 0.4, tmp_path / "input.gguf")
-    tokens = (TOKENS * 4)[:n_tokens]
-    cpu = Model(path, n_ctx=64, n_threads=2, kv_type="f32").logits(tokens)
-    gpu_model = Model(path, n_ctx=64, n_threads=2, kv_type="f32", n_gpu_layers=ngl)
-    assert gpu_model.weights["blk.1.ffn_gate_t.weight"].on_device
-    np.testing.assert_allclose(gpu_model.logits(tokens), cpu, atol=2e-3 * np.abs(cpu).max())
+def test_on_the_gpu_as_on_the_cpu(tiny_files, tmp_path, ngl):
+    """-ngl moves the channel-major copies with the layer. Decoding (float32 GEMVs on both devices) gives the
+    CPU's logits; 40-token batches run cuBLAS GEMMs in TF32 (and with a layer left on the CPU stream its weights
+    in), whose ~1e-3 error flips the masks of entries at their threshold, so they give the CPU's logits under
+    thresholds of 0, where nothing sits at a threshold, and the CPU's greedy tokens under calibrated ones."""
+    path, t_x, t_h = _calibrated(tiny_files, "llama_silu", 0.4, tmp_path / "input.gguf")
+    zero = str(tmp_path / "zero.gguf")
+    input_sparsity.write(tiny_files("llama_silu", False), zero, [0.0] * len(t_x), [0.0] * len(t_h), 0.4, "none")
+    tokens = (TOKENS * 4)[:40]
+    for f in (path, zero):
+        cpu, gpu = (Model(f, n_ctx=64, n_threads=2, kv_type="f32", n_gpu_layers=n) for n in (0, ngl))
+        assert gpu.weights["blk.1.ffn_gate_t.weight"].on_device
+        want = np.stack([cpu.eval([t]).copy() for t in TOKENS])
+        np.testing.assert_allclose(np.stack([gpu.eval([t]).copy() for t in TOKENS]), want,
+                                   atol=1e-4 * np.abs(want).max())
+        cpu.reset()
+        gpu.reset()
+        want, got = cpu.logits(tokens), gpu.logits(tokens)
+        if f == zero:
+            np.testing.assert_allclose(got, want, atol=2e-3 * np.abs(want).max())
+        else:
+            assert np.isfinite(got).all() and np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.9
