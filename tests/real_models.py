@@ -60,3 +60,13 @@ def greedy_answers(model, hf, question: str, n: int) -> tuple[list[int], list[in
     with torch.no_grad():
         theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=len(ours), do_sample=False)
     return ours, theirs[0, len(prompt):].tolist()
+
+
+def assert_answers_the_first_question_as_transformers(path, hf, n: int, n_ctx: int) -> None:
+    """The question new users ask first, greedily: our tokens are transformers' tokens, and they say Paris."""
+    from pyinfer.engine.driver import Model
+
+    model = Model(path, n_ctx=n_ctx, n_threads=2)
+    ours, theirs = greedy_answers(model, hf, "What is the capital of France?", n)
+    assert ours == theirs
+    assert "Paris" in model.detokenize(ours)

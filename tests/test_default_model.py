@@ -5,7 +5,14 @@ run); our engine on it is checked against transformers loading the same GGUF in 
 from __future__ import annotations
 
 import pytest
-from real_models import CODE, ENGLISH, greedy_answers, logits_agreement, positions, with_oracle
+from real_models import (
+    CODE,
+    ENGLISH,
+    assert_answers_the_first_question_as_transformers,
+    logits_agreement,
+    positions,
+    with_oracle,
+)
 
 from pyinfer.engine.driver import Model
 from pyinfer.hub.pull import DEFAULT_MODEL
@@ -44,8 +51,4 @@ def test_teacher_forced_top1_agrees_with_transformers(default, text, precise, ca
 
 
 def test_first_question_is_answered_as_transformers_answers(default):
-    path, hf = default
-    model = Model(path, n_ctx=512, n_threads=2)
-    ours, theirs = greedy_answers(model, hf, "What is the capital of France?", 16)
-    assert ours == theirs
-    assert "Paris" in model.detokenize(ours)
+    assert_answers_the_first_question_as_transformers(*default, n=16, n_ctx=512)

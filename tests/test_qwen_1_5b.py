@@ -3,7 +3,13 @@ sparsity work: the pulled file runs in our engine as transformers runs the same 
 from __future__ import annotations
 
 import pytest
-from real_models import ENGLISH, greedy_answers, logits_agreement, positions, with_oracle
+from real_models import (
+    ENGLISH,
+    assert_answers_the_first_question_as_transformers,
+    logits_agreement,
+    positions,
+    with_oracle,
+)
 
 from pyinfer.engine.driver import Model
 
@@ -26,8 +32,4 @@ def test_teacher_forced_top1_agrees_with_transformers(qwen15, capsys):
 
 
 def test_first_question_is_answered_as_transformers_answers(qwen15):
-    path, hf = qwen15
-    model = Model(path, n_ctx=256, n_threads=2)
-    ours, theirs = greedy_answers(model, hf, "What is the capital of France?", 12)
-    assert ours == theirs
-    assert "Paris" in model.detokenize(ours)
+    assert_answers_the_first_question_as_transformers(*qwen15, n=12, n_ctx=256)
