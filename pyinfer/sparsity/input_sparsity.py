@@ -9,6 +9,7 @@ prompt batches keep reading the row-major originals. Down is `ffn_down_t` alread
 Thresholds come from calibration text: per layer the s_x-quantile of |x| and the s_h-quantile of |h|, with more
 of the skip on h, whose magnitudes are far more skewed than x's (docs/BENCHMARKS.md, "Training-free sparsity of
 a SwiGLU FFN"): for a target b of the FFN's weight bytes, s_h = min(MAX_H, SPLIT_H b), s_x = (3 b - s_h) / 2.
+Measured best on Qwen2.5-Coder-0.5B; on the 1.5B model it beats an even split only near 25 %.
 """
 from __future__ import annotations
 
