@@ -26,7 +26,7 @@ import numpy as np
 
 from pyinfer.engine.driver import Model
 from pyinfer.models.common import Builder, ffn_block
-from pyinfer.models.sparse_ffn import _abs, input_ffn, predict
+from pyinfer.models.sparse_ffn import input_ffn, over_threshold, predict
 from pyinfer.native import ggml
 
 FFN_PARTS = ("ffn_up.", "ffn_gate.", "ffn_down_t.")
@@ -134,8 +134,8 @@ def input_ffn_costs(model: Model, rng: np.random.Generator, reps: int) -> list[s
     xs = [ctx.tensor_from_numpy(acts[f"ffn_inp.{il}"][-1].copy()) for il in range(cfg.n_layer)]  # (n_embd,)
     hs = [ctx.tensor_from_numpy(acts[f"ffn_act.{il}"][-1].copy()) for il in range(cfg.n_layer)]  # (n_ff,)
     b = Builder(ctx, cfg, model.weights, None, sparse=spec)
-    sel_x = [ctx.add(_abs(ctx, x), spec.neg_input_thresholds[il]) for il, x in enumerate(xs)]
-    sel_h = [ctx.add(_abs(ctx, h), spec.neg_thresholds[il]) for il, h in enumerate(hs)]
+    sel_x = [over_threshold(ctx, x, spec.neg_input_thresholds[il]) for il, x in enumerate(xs)]
+    sel_h = [over_threshold(ctx, h, spec.neg_thresholds[il]) for il, h in enumerate(hs)]
     variants = {
         "dense FFN": [ffn_block(Builder(ctx, cfg, model.weights, None), il, x) for il, x in enumerate(xs)],
         "input_ffn": [input_ffn(b, il, x)[0] for il, x in enumerate(xs)],
@@ -148,8 +148,8 @@ def input_ffn_costs(model: Model, rng: np.random.Generator, reps: int) -> list[s
         "down_t dense": [ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t"), h) for il, h in enumerate(hs)],
     }
     times = interleaved_min_ms([ggml.Graph(ctx, nodes).plan() for nodes in variants.values()], model.pool, reps)
-    kept_x = np.mean([np.mean(np.abs(acts[f"ffn_inp.{il}"][-1]) > -spec.neg_input_thresholds[il].numpy()[0])
-                      for il in range(cfg.n_layer)])
+    t_x = model.file.metadata["pyinfer.sparsity.input_thresholds"]
+    kept_x = np.mean([np.mean(np.abs(acts[f"ffn_inp.{il}"][-1]) > t_x[il]) for il in range(cfg.n_layer)])
     kept_h = np.mean([np.mean(np.abs(acts[f"ffn_act.{il}"][-1]) > spec.thresholds[il]) for il in range(cfg.n_layer)])
     return [f"per layer (mean of {cfg.n_layer}), input channels read {100 * kept_x:.1f} %, neurons read "
             f"{100 * kept_h:.1f} %: " + ", ".join(f"{name} {ms / cfg.n_layer:.3f} ms" for name, ms in

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from pyinfer.engine.placement import ATTENTION_PARTS, FFN_MATRICES, QKV_PARTS, Plan, fusable_qkv
+from pyinfer.engine.placement import ATTENTION_PARTS, FFN_MATRICES, NEURON_MATRICES, QKV_PARTS, Plan, fusable_qkv
 from pyinfer.errors import UnsupportedError
 from pyinfer.native import ggml
-
-FFN_PARTS = ("ffn_gate", "ffn_up", "ffn_down_t")  # a neuron is row i of each (down_t: the transposed down)
 
 
 def _require_gpu(what: str) -> None:
@@ -115,7 +113,7 @@ def apply_plan(model, plan: Plan) -> dict[int, int]:
         if plan.attn_gpu[il]:
             _attention_to_device(model, il)
         k = plan.hot_rows[il]
-        ffn = _layer_parts(il, (*FFN_PARTS, "ffn_down"))
+        ffn = _layer_parts(il, (*NEURON_MATRICES, "ffn_down"))
         if k == cfg.n_ff:
             _to_device(model, _layer_parts(il, (*FFN_MATRICES, "ffn_down")))
         elif k > 0:

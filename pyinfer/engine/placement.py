@@ -348,9 +348,10 @@ def _quiet_stdout():
 # ---------------------------------------------------------------------------------------------------
 # a model file's costs
 
-# a layer's FFN matrices: a neuron is a row of the first three; the channel-major gate and up of a file of input
-# sparsity (pyinfer.sparsity.input_sparsity) go where the rest of its FFN goes
-FFN_MATRICES = ("ffn_gate", "ffn_up", "ffn_down_t", "ffn_gate_t", "ffn_up_t")
+NEURON_MATRICES = ("ffn_gate", "ffn_up", "ffn_down_t")  # a neuron is row i of each (down_t: the transposed down)
+# a layer's FFN matrices: the channel-major gate and up of a file of input sparsity (pyinfer.sparsity.input_sparsity)
+# go where the rest of its FFN goes
+FFN_MATRICES = (*NEURON_MATRICES, "ffn_gate_t", "ffn_up_t")
 QKV_PARTS = ("attn_q", "attn_k", "attn_v")  # on the GPU one matrix where they share a type (offload.fuse_qkv)
 ATTENTION_PARTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "attn_q_norm", "attn_k_norm",
                    "post_attention_norm", "post_ffw_norm", "attn_qkv", "attn_norm_2")

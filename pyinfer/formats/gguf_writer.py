@@ -42,6 +42,11 @@ class OutTensor:
     qtype: GGMLQuantizationType
     produce: Callable[[], np.ndarray]
 
+    @classmethod
+    def as_stored(cls, info) -> OutTensor:
+        """A tensor of a file being read (gguf_file.TensorInfo), written with its bytes and type unchanged."""
+        return cls(info.name, tuple(reversed(info.ne)), GGMLQuantizationType(info.type), lambda: info.data)
+
     @property
     def nbytes(self) -> int:
         block, type_size = GGML_QUANT_SIZES[self.qtype]

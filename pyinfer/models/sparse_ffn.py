@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pyinfer.errors import ModelFormatError, UnsupportedError
+from pyinfer.errors import ModelFormatError
 from pyinfer.formats.model_config import UNGATED_KINDS
 from pyinfer.native import ggml
 
@@ -115,16 +115,21 @@ def input_ffn(b, il: int, h: ggml.Tensor) -> tuple[ggml.Tensor, ggml.Tensor, ggm
     the rows of ffn_down_t whose |act| passes t_h. Returns (output (n, n_embd), the down mask (n, n_ff), the
     activations before it)."""
     ctx, cfg, spec = b.ctx, b.cfg, b.sparse
-    sel_x = ctx.add(_abs(ctx, h), spec.neg_input_thresholds[il])  # (n, n_embd), positive: channel read
+    sel_x = over_threshold(ctx, h, spec.neg_input_thresholds[il])  # (n, n_embd), positive: channel read
     gate = ctx.axpy_rows(b.w(f"blk.{il}.ffn_gate_t"), h, sel_x)  # (n, n_ff)
     up = ctx.axpy_rows(b.w(f"blk.{il}.ffn_up_t"), h, sel_x)  # (n, n_ff)
     act = ctx.mul(ctx.silu(gate) if cfg.ffn_kind == "swiglu" else ctx.gelu(gate), up)  # (n, n_ff)
-    sel_h = ctx.add(_abs(ctx, act), spec.neg_thresholds[il])  # (n, n_ff), positive: neuron read
+    sel_h = over_threshold(ctx, act, spec.neg_thresholds[il])  # (n, n_ff), positive: neuron read
     return ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t"), act, sel_h), sel_h, act
 
 
 def _abs(ctx: ggml.Context, x: ggml.Tensor) -> ggml.Tensor:
     return ctx.add(ctx.relu(x), ctx.relu(ctx.scale(x, -1.0)))
+
+
+def over_threshold(ctx: ggml.Context, x: ggml.Tensor, neg_t: ggml.Tensor) -> ggml.Tensor:
+    """|x| - t, positive where an entry passes its threshold; neg_t holds -t per column."""
+    return ctx.add(_abs(ctx, x), neg_t)
 
 
 def _active(b, il: int, act: ggml.Tensor) -> ggml.Tensor:
@@ -134,8 +139,7 @@ def _active(b, il: int, act: ggml.Tensor) -> ggml.Tensor:
     neg_t = b.sparse.neg_thresholds.get(il)
     if neg_t is None and b.cfg.ffn_kind in ("relu", "drelu"):
         return act
-    a = _abs(ctx, act)
-    return ctx.add(a, neg_t) if neg_t is not None else a
+    return over_threshold(ctx, act, neg_t) if neg_t is not None else _abs(ctx, act)
 
 
 def predict(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
@@ -208,9 +212,6 @@ def ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
     ctx, cfg, spec = b.ctx, b.cfg, b.sparse
     n = h.shape[0] if len(h.shape) == 2 else 1
     if spec.kind == "input":
-        if b.hot_rows.get(il):  # a prompt's host layers need nothing special: their weight ops stream as any do
-            raise UnsupportedError("a file of input sparsity runs on the CPU or wholly on the GPU (-ngl) for now, "
-                                   "not split under a --vram-budget")
         y, mask, act = input_ffn(b, il, h)
         up = b.weights.get(f"blk.{il}.ffn_up_t.weight")
         if up is None or not up.on_device:  # the realised density counts the CPU's layers, as for predictors

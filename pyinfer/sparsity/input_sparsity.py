@@ -95,7 +95,7 @@ def write(src: str, out: str, t_x: list[float], t_h: list[float], target: float,
     n_layer = g.config.n_layer
     if len(t_x) != n_layer or len(t_h) != n_layer:
         raise InvalidArgumentError(f"need {n_layer} thresholds of each kind, got {len(t_x)} and {len(t_h)}")
-    tensors = [OutTensor(i.name, tuple(reversed(i.ne)), Q(i.type), lambda d=i.data: d) for i in g.tensors.values()]
+    tensors = [OutTensor.as_stored(info) for info in g.tensors.values()]
     for il in range(n_layer):
         tensors += [channel_major(g, f"blk.{il}.ffn_gate"), channel_major(g, f"blk.{il}.ffn_up")]
     arr, f32, s = GGUFValueType.ARRAY, GGUFValueType.FLOAT32, GGUFValueType.STRING

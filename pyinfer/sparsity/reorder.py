@@ -48,7 +48,7 @@ def reordered_tensors(g: GGUFFile, perms: list[np.ndarray]) -> list[OutTensor]:
         il = _layer_of(info.name)
         shape = tuple(reversed(info.ne))
         if il is None:
-            out.append(OutTensor(info.name, shape, Q(info.type), lambda d=info.data: d))
+            out.append(OutTensor.as_stored(info))
         else:
             rows = info.data.reshape(cfg.n_ff, -1)  # (n_ff, bytes per row)
             out.append(OutTensor(info.name, shape, Q(info.type), lambda r=rows, p=perms[il]: r[p].reshape(-1)))

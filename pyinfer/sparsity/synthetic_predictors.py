@@ -4,7 +4,6 @@ tokens), since the inputs' scale is not known. A stand-in for trained predictors
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType as V
 
 from pyinfer.converters.synthetic import GATED_RELU, power_law_freqs, predictor, predictor_tensors, sparsity_kv
@@ -40,9 +39,8 @@ def add_predictors(src: str, path: str, *, seed: int = 0, density: float = 0.10,
     kv = [t for t in f.typed_metadata() if t[0] not in replaced and t[0] != "general.architecture"]
     kv += [("general.name", f"{f.metadata.get('general.name', 'model')} + synthetic predictors", V.STRING, None),
            *sparsity_kv(kind, cfg.n_layer, density, rank, threshold)]
-    tensors = [OutTensor(name, tuple(reversed(info.ne)), Q(info.type), (lambda i=info: i.data))
-               for name, info in f.tensors.items() if ".fc1." not in name and ".fc2." not in name
-               and "ffn_act_freq" not in name]
+    tensors = [OutTensor.as_stored(info) for name, info in f.tensors.items()
+               if ".fc1." not in name and ".fc2." not in name and "ffn_act_freq" not in name]
     for il in range(cfg.n_layer):
         x = np.concatenate([r[f"ffn_inp.{il}"] for r in runs]).astype(np.float64)  # (n_calib, n_embd)
         x_rms = float(np.sqrt(np.mean(x * x)))

@@ -188,8 +188,7 @@ def with_spm_vocab(src: str, out: str) -> None:
     g = GGUFFile(src)
     kv = [t for t in g.typed_metadata() if not t[0].startswith("tokenizer.") and t[0] != "general.architecture"]
     kv += _spm_vocab(g.config.n_vocab)
-    tensors = [OutTensor(name, tuple(reversed(info.ne)), Q(info.type), (lambda i=info: i.data))
-               for name, info in g.tensors.items()]
+    tensors = [OutTensor.as_stored(info) for info in g.tensors.values()]
     write_atomically([OutFile(out, g.config.arch, kv, tensors)])
 
 
