@@ -36,3 +36,13 @@ def tiny_files(tmp_path_factory):
         return cache[(variant, sparse)]
 
     return get
+
+
+@pytest.fixture
+def host_only(monkeypatch):
+    """'Moving to the GPU' keeps tensors where they are: the split graphs run on the CPU."""
+    from pyinfer.engine import offload
+    from pyinfer.native import ggml
+
+    monkeypatch.setattr(offload, "_require_gpu", lambda what: None)
+    monkeypatch.setattr(ggml.Tensor, "to_device", lambda self: self)

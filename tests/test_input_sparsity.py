@@ -26,9 +26,14 @@ def _calibrated(tiny_files, variant: str, target: float, out) -> tuple[str, list
     model = Model(src, n_ctx=64, n_threads=2, kv_type="f32")
     _, acts = model.ffn_activations(list(np.random.default_rng(0).integers(0, model.config.n_vocab, 48)))
     layers = [(acts[f"ffn_inp.{il}"], acts[f"ffn_act.{il}"]) for il in range(model.config.n_layer)]
-    t_x, t_h = input_sparsity.thresholds(layers, target)
-    input_sparsity.write(src, str(out), t_x, t_h, target, "random tokens")
-    return str(out), t_x, t_h
+    calibrated = input_sparsity.calibrate(layers, target)
+    input_sparsity.write(src, str(out), calibrated, target, "random tokens")
+    return str(out), [c.t_x for c in calibrated], [c.t_h for c in calibrated]
+
+
+def _unthresholded(n_layer: int, n_ff: int) -> list[input_sparsity.LayerCalibration]:
+    """Thresholds of 0: every channel and neuron read (the engine's result is the dense FFN's)."""
+    return [input_sparsity.LayerCalibration(0.0, 0.0, 1.0, np.ones(n_ff), np.ones(n_ff))] * n_layer
 
 
 @pytest.mark.parametrize("variant", ["llama_silu", "llama_geglu"])
@@ -80,13 +85,13 @@ def test_targets_outside_what_can_be_skipped_are_refused(target):
 def test_a_sparsified_file_is_refused(tiny_files, tmp_path):
     path, t_x, t_h = _calibrated(tiny_files, "llama_silu", 0.3, tmp_path / "input.gguf")
     with pytest.raises(InvalidArgumentError, match="already sparsified"):
-        input_sparsity.write(path, str(tmp_path / "again.gguf"), t_x, t_h, 0.3, "none")
+        input_sparsity.write(path, str(tmp_path / "again.gguf"), _unthresholded(2, 64), 0.3, "none")
     assert not (tmp_path / "again.gguf").exists()
 
 
 def test_a_relu_model_is_refused(tiny_files, tmp_path):
     with pytest.raises(UnsupportedError, match="SwiGLU/GeGLU"):
-        input_sparsity.write(tiny_files("llama_relu", False), str(tmp_path / "x.gguf"), [0.0] * 2, [0.0] * 2, 0.5,
+        input_sparsity.write(tiny_files("llama_relu", False), str(tmp_path / "x.gguf"), _unthresholded(2, 64), 0.5,
                              "none")
     assert list(tmp_path.iterdir()) == []
 
@@ -111,7 +116,8 @@ def test_on_the_gpu_as_on_the_cpu(tiny_files, tmp_path, ngl):
     thresholds of 0, where nothing sits at a threshold, and the CPU's greedy tokens under calibrated ones."""
     path, t_x, t_h = _calibrated(tiny_files, "llama_silu", 0.4, tmp_path / "input.gguf")
     zero = str(tmp_path / "zero.gguf")
-    input_sparsity.write(tiny_files("llama_silu", False), zero, [0.0] * len(t_x), [0.0] * len(t_h), 0.4, "none")
+    n_ff = GGUFFile(path).config.n_ff
+    input_sparsity.write(tiny_files("llama_silu", False), zero, _unthresholded(len(t_x), n_ff), 0.4, "none")
     tokens = (TOKENS * 4)[:40]
     for f in (path, zero):
         cpu, gpu = (Model(f, n_ctx=64, n_threads=2, kv_type="f32", n_gpu_layers=n) for n in (0, ngl))
@@ -126,3 +132,118 @@ def test_on_the_gpu_as_on_the_cpu(tiny_files, tmp_path, ngl):
             np.testing.assert_allclose(got, want, atol=2e-3 * np.abs(want).max())
         else:
             assert np.isfinite(got).all() and np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.9
+
+
+def test_neurons_are_stored_hot_first_with_what_they_read(tiny_files, tmp_path):
+    """The file keeps, per layer, how often each neuron's |h| passed t_h on the calibration text (non-increasing:
+    the order a split gives the GPU) and the share of input channels read, which together are the target."""
+    path, _, _ = _calibrated(tiny_files, "llama_silu", 0.4, tmp_path / "input.gguf")
+    g = GGUFFile(path)
+    s_x, s_h = input_sparsity.split(0.4)
+    density = g.metadata["pyinfer.sparsity.input_density"]
+    for il in range(g.config.n_layer):
+        freq = g.dequantize(f"blk.{il}.ffn_act_freq")
+        assert np.all(np.diff(freq) <= 0) and freq[0] > freq[-1]
+        assert freq.mean() == pytest.approx(1 - s_h, abs=0.02)
+        assert density[il] == pytest.approx(1 - s_x, abs=0.02)
+    assert g.metadata["pyinfer.neuron_order"] == "hot_first"
+
+
+@pytest.mark.parametrize("hot_rows", [(64, 64), (1, 127), (96, 0)])
+def test_split_layers_equal_the_unsplit_model(tiny_files, host_only, tmp_path, hot_rows):
+    """A split layer (the GPU's columns of the channel-major copies and rows of down_t, here left in host memory)
+    computes what the whole layer computes, decoding and in a batch."""
+    from test_split import split_plan
+
+    path, _, _ = _calibrated(tiny_files, "llama_silu", 0.4, tmp_path / "input.gguf")
+    whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2)
+    split = Model(path, n_ctx=64, kv_type="f32", n_threads=2, plan=split_plan(hot_rows))
+    assert split.hot_rows == {il: k for il, k in enumerate(hot_rows) if 0 < k < 128}
+    for il, k in split.hot_rows.items():
+        d = split.config.n_embd  # F32 weights: 4 bytes a value
+        assert split.weights[f"blk.{il}.ffn_gate_t.hot.weight"].shape[0] == d
+        assert split.weights[f"blk.{il}.ffn_gate_t.hot.weight"].nbytes == 4 * d * k
+        assert split.weights[f"blk.{il}.ffn_down_t.cold.weight"].nbytes == 4 * (128 - k) * d
+    want = np.stack([whole.eval([t]).copy() for t in TOKENS])
+    got = np.stack([split.eval([t]).copy() for t in TOKENS])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    np.testing.assert_allclose(split.logits(TOKENS), whole.logits(TOKENS), rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    split_rows = sum(128 - k for k in split.hot_rows.values()) + 128 * (len(hot_rows) - len(split.hot_rows))
+    assert split.timings.extra["ffn_rows_total"] == 2 * len(TOKENS) * split_rows  # the CPU's neurons counted
+
+
+@given(st.sampled_from(["F16", "Q8_0", "Q4_0", "Q4_K", "Q6_K"]), st.integers(1, 4), st.integers(0, 4),
+       st.integers(1, 4), st.integers(0, 2**31))
+def test_a_column_split_is_whole_blocks_of_each_row(type_name, n_rows, first, width, seed):
+    """offload._columns against quantizing the columns alone: blocks are independent, so the bytes match."""
+    from types import SimpleNamespace
+
+    from pyinfer.engine import offload
+
+    qtype = getattr(ggml, type_name)
+    block = ggml.block_size(qtype)
+    n_cols = block * (first + width + 1)
+    values = np.random.default_rng(seed).standard_normal((n_rows, n_cols)).astype(np.float32)
+    stored = ggml.quantize(qtype, values)
+    info = SimpleNamespace(ne=(n_cols, n_rows), type=qtype, data=np.ascontiguousarray(stored).reshape(-1))
+    model = SimpleNamespace(file=SimpleNamespace(tensors={"blk.0.ffn_up_t.weight": info}), weights={},
+                            weights_ctx=ggml.Context(1 << 16, no_alloc=True))
+    c0, c1 = first * block, (first + width) * block
+    offload._columns(model, "blk.0.ffn_up_t.weight", c0, c1, ".hot")
+    t = model.weights["blk.0.ffn_up_t.hot.weight"]
+    np.testing.assert_array_equal(t.raw().reshape(n_rows, -1), ggml.quantize(qtype, values[:, c0:c1]))
+    if block > 1:
+        with pytest.raises(UnsupportedError, match="cuts a block"):
+            offload._columns(model, "blk.0.ffn_up_t.weight", c0 + 1, c1, ".cut")
+
+
+def test_placement_charges_what_the_kernels_read(tiny_files, tmp_path):
+    """model_costs of a file of input sparsity: a neuron is a column of the channel-major gate and up and a row of
+    down_t (the row-major originals stay in host memory), read at the layer's channel density and its own
+    frequency; a sparse-off load is charged whole for the row-major FFN it runs."""
+    from pyinfer.engine.placement import model_costs
+
+    path, _, _ = _calibrated(tiny_files, "llama_silu", 0.5, tmp_path / "input.gguf")
+    g = GGUFFile(path)
+    d, n_ff = g.config.n_embd, g.config.n_ff
+    density = g.metadata["pyinfer.sparsity.input_density"]
+    for il, layer in enumerate(model_costs(g, 64, 4, True, 32).layers):
+        assert layer.neuron_bytes == 3 * 4 * d  # F32 columns of gate_t and up_t, a row of down_t
+        freq = g.dequantize(f"blk.{il}.ffn_act_freq")
+        np.testing.assert_allclose(layer.freq, (2 * density[il] + freq) / 3, rtol=1e-6)
+        assert 0.35 < 1 - layer.freq.mean() < 0.65  # the target, 0.5, of the bytes skipped
+    dense = model_costs(g, 64, 4, False, 32).layers[0]
+    assert dense.neuron_bytes == 3 * 4 * d and np.all(dense.freq == 1) and dense.n_ff == n_ff
+
+
+@pytest.mark.skipif(not ggml.cuda_available(), reason="no CUDA device")
+def test_budgets_split_the_ffn_and_equal_the_cpu(tiny_files, tmp_path):
+    """Under budgets from the minimum to everything (figures that make splits pay), the GPU's neurons and the
+    CPU's rest decode the CPU's logits; batches give its greedy tokens (TF32 flips entries at a threshold);
+    device memory stays within each budget by the allocator's and the driver's counts."""
+    import gc
+
+    from test_hybrid import SPLITTY, _decode, budgets, rel_err
+
+    path, _, _ = _calibrated(tiny_files, "llama_silu", 0.5, tmp_path / "input.gguf")
+    cpu = Model(path, n_ctx=64, kv_type="f32", n_batch=32)
+    tokens = (TOKENS * 4)[:40]
+    want_steps, want_batch = _decode(cpu, TOKENS), cpu.logits(tokens)
+    split_seen = False
+    for budget in budgets(path, 64, 32, True):
+        _, free_before, _ = ggml.cuda_memory()
+        model = Model(path, n_ctx=64, kv_type="f32", n_batch=32, vram_budget=budget, machine=SPLITTY)
+        split_seen |= bool(model.hot_rows)
+        step_err = rel_err(_decode(model, TOKENS), want_steps)
+        got = model.logits(tokens)
+        _, free_after, _ = ggml.cuda_memory()
+        print(f"\ninput sparsity, budget {budget >> 10} KiB: hot rows {model.hot_rows or model.plan.hot_rows}, "
+              f"device {model.device_bytes >> 10} KiB (driver {(free_before - free_after) >> 10} KiB), decode err "
+              f"{step_err:.1e}")
+        assert model.device_bytes <= model.device_peak_bytes <= budget
+        assert free_before - free_after <= budget
+        assert step_err < 1e-4
+        assert np.isfinite(got).all() and np.mean(got.argmax(-1) == want_batch.argmax(-1)) >= 0.9
+        del model
+        gc.collect()
+    assert split_seen, "no budget split a layer: the test does not test the split"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pyinfer.engine import offload
 from pyinfer.engine.driver import Model
 from pyinfer.engine.placement import Plan
 from pyinfer.engine.sampling import SamplerParams
@@ -19,13 +18,6 @@ TOKENS = [1, 5, 77, 200, 3, 9, 250, 11, 299, 42, 17]
 N_FF = 128  # the tiny checkpoints' FFN width
 
 
-
-
-@pytest.fixture
-def host_only(monkeypatch):
-    """'Moving to the GPU' keeps tensors where they are: the split graphs run on the CPU."""
-    monkeypatch.setattr(offload, "_require_gpu", lambda what: None)
-    monkeypatch.setattr(ggml.Tensor, "to_device", lambda self: self)
 
 
 def split_plan(hot_rows: tuple[int, ...], head: bool = True) -> Plan:

@@ -5,7 +5,8 @@ budget, on the same shapes, in alternating rounds (docs/BENCHMARKS.md, "Hybrid e
         --budgets 0.333,0.667,0.9 [-t 16] [-b 512] [--tg 32] [--pp 512] [--rounds 2] [--machine NAME|FILE] \\
         [--json OUT.json]
 
-A budget is a fraction of the model's bytes (our PowerGGUF's tensors). llama.cpp gets the same bytes two
+A budget is a fraction of the model's bytes as llama.cpp loads them (the dense GGUF's tensors; our file holds
+more: predictors, or the unread row-major gate and up beside a file of input sparsity's channel-major copies). llama.cpp gets the same bytes two
 ways and the faster one counts: -ngl N (the most whole layers that fit) and -ngl 99 with the FFN weights of
 the first K layers kept on the CPU (-ot, the fewest K that fits). Both sides keep the same reserve for
 buffers, sized for the same prompt batch (-b: ours its batch, llama.cpp its -ub), less for llama.cpp the
@@ -102,7 +103,7 @@ def bytes_bound(costs, plan, machine) -> float:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench_hybrid", description=__doc__.split("\n\n")[0])
-    p.add_argument("--ours", required=True, help="our PowerGGUF (with predictors)")
+    p.add_argument("--ours", required=True, help="our PowerGGUF (with predictors, or of input sparsity)")
     p.add_argument("--dense", required=True, help="the plain GGUF of the same shape that llama.cpp runs")
     p.add_argument("--llama-bench", required=True, help="path of llama-bench")
     p.add_argument("--budgets", default="0.333,0.667,0.9", help="fractions of the model's bytes")
@@ -126,7 +127,7 @@ def measure_all(a: argparse.Namespace) -> int:
     from pyinfer.engine.placement import model_costs, solve
 
     ours, dense = GGUFFile(a.ours), GGUFFile(a.dense)
-    total = sum(t.data.nbytes for t in ours.tensors.values())
+    total = sum(t.data.nbytes for t in dense.tensors.values())
     machine = resolve(a.machine, ours.tensors["blk.0.ffn_up.weight"].type, a.threads)
     costs = model_costs(ours, a.pp + a.tg + 16, 2, True, a.batch_size)
     results = []

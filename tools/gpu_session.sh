@@ -38,6 +38,34 @@ models_bg() {  # synthetic models: NAME SHAPE TYPE LAYERS (a PowerGGUF and the d
         > "$W/$name.log" 2>&1 < /dev/null &
 }
 
+input_models_bg() {  # NAME SHAPE TYPE LAYERS TARGET: a SwiGLU PowerGGUF without predictors, calibrated by
+    # `pyinfer sparsify --method input --target TARGET` on 512 tokens ($W/NAME.gguf), and the dense GGUF llama.cpp runs
+    local name=$1 shape=$2 type=$3 layers=$4 target=$5
+    local common="$shape --type $type --layers $layers --ffn-kind swiglu --share-weights"
+    setsid bash -c "python3 -m tools.make_synthetic_model $common --no-predictors -o $W/$name-power.gguf &&
+        python3 -m pyinfer sparsify $W/$name-power.gguf --method input --target $target --tokens 512 \
+            -o $W/$name.gguf && rm $W/$name-power.gguf &&
+        python3 -m tools.make_synthetic_model $common --dense -o $W/$name-dense.gguf && touch $W/$name.done" \
+        > "$W/$name.log" 2>&1 < /dev/null &
+}
+
+input_table_bg() {  # issue 27's hybrid rows in the background, like table_bg: the build, the f16 profile, SwiGLU
+    # 13B (8 of 40 layers) and 70B-like (4 of 80) files of input sparsity at 50 %, the GPU tests, then each model
+    # under budgets against llama.cpp and, whole on the GPU, against its dense file; `collect` fetches
+    rm -rf "$W/out"; rm -f "$W"/*.done
+    setsid bash -c "W=$W; . tools/gpu_session.sh; OUT=$W/out; mkdir -p \$OUT; setup > \$OUT/setup.log 2>&1
+        build > \$OUT/build.log 2>&1; PROFILE_TYPES=f16 profiles > /dev/null 2>> \$OUT/profiles.err
+        llama_bg > \$OUT/llama.log 2>&1
+        input_models_bg l13in llama-13b f16 8 0.5; wait_for \$W/l13in.done 900; input_models_bg l70in llama-70b f16 4 0.5
+        tests > /dev/null; wait_for \$W/l70in.done 900
+        compare l13in 'SYNTHETIC 13B SwiGLU F16, 8 of 40 layers, input sparsity 50 %' --rounds 2 --reps 2 \
+            --machine \$W/machine-f16.json
+        sparse_vs_dense l13in
+        compare l70in 'SYNTHETIC 70B-like GQA SwiGLU F16, 4 of 80 layers, input sparsity 50 %' --rounds 2 --reps 2 \
+            --machine \$W/machine-f16.json
+        touch \$OUT/ALL.done" > "$W/table.log" 2>&1 < /dev/null &
+}
+
 wait_for() {  # FILE [SECONDS]: until FILE exists, at most SECONDS (default 420)
     local t=0
     while [ ! -e "$1" ] && [ $t -lt "${2:-420}" ]; do sleep 2; t=$((t + 2)); done
@@ -53,7 +81,7 @@ tests() {  # the GPU tests, log in $OUT
 profiles() {  # [THREADS]: this machine's placement figures (default: pyinfer's thread count), as
     # $W/machine-f16.json and $W/machine-q4_0.json for --machine FILE, and in $OUT with the rounds' spread in
     # $OUT/profiles.log; measure them before anything else loads the host
-    for t in f16 q4_0; do
+    for t in ${PROFILE_TYPES:-f16 q4_0}; do
         rm -f "$W/machine-$t.json"  # a failed measurement leaves none, not an earlier call's
         python3 - "$t" "$W/machine-$t.json" "${1:-0}" <<'EOF' | tee -a "$OUT/profiles.log"
 import sys

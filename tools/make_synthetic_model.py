@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--layers", type=int, default=None, help="override the shape's layer count")
     p.add_argument("--dense", action="store_true", help="plain llama.cpp GGUF (ffn_down, no predictors)")
+    p.add_argument("--no-predictors", action="store_true",
+                   help="a PowerGGUF without predictors (for pyinfer sparsify --method input)")
     p.add_argument("--share-weights", action="store_true",
                    help="every layer reuses layer 0's random values (fast to make; for speed benchmarks)")
     a = p.parse_args(argv)
@@ -38,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         add_predictors(a.src, a.output, rank=a.rank or 64, threshold=a.threshold, **common)
     else:
         make_llama(a.output, a.shape, TYPES[a.type], rank=a.rank or 256, ffn_kind=a.ffn_kind, n_layer=a.layers,
-                   dense=a.dense, share_weights=a.share_weights, **common)
+                   dense=a.dense, share_weights=a.share_weights, predictors=not a.no_predictors, **common)
     print(f"wrote {a.output} (SYNTHETIC)", file=sys.stderr)
     return 0
 

@@ -138,9 +138,10 @@ def _vocab_kv(n_vocab: int) -> list:
 
 def make_llama(path: str, shape: str, qtype: Q, *, seed: int = 0, density: float = 0.10, hot_frac: float = 0.17,
                hot_share: float = 0.80, rank: int = 256, ffn_kind: str = "swiglu", n_layer: int | None = None,
-               dense: bool = False, share_weights: bool = False) -> None:
+               dense: bool = False, share_weights: bool = False, predictors: bool = True) -> None:
     """A random LLaMA-shaped PowerGGUF with synthetic predictors, neurons hot-first; dense: a plain
-    llama.cpp GGUF instead (ffn_down, no predictors, no pyinfer keys) that both engines run.
+    llama.cpp GGUF instead (ffn_down, no predictors, no pyinfer keys) that both engines run; predictors False:
+    a PowerGGUF without them (what `pyinfer sparsify --method input` takes).
     n_layer overrides the shape's layer count (speed per layer is what such benchmarks compare).
     share_weights: every layer's matrices hold the same random values (drawn once: a large file is then as
     fast to write as its disk allows; each layer is still its own bytes, read on its own)."""
@@ -160,9 +161,11 @@ def make_llama(path: str, shape: str, qtype: Q, *, seed: int = 0, density: float
           ("llama.rope.dimension_count", head_dim, u32, None), *_vocab_kv(n_vocab)]
     if not dense:
         kv += [("pyinfer.format_version", 1, u32, None), ("pyinfer.ffn_layout", "down_t", V.STRING, None),
-               ("pyinfer.neuron_order", "hot_first", V.STRING, None), ("pyinfer.ffn_kind", ffn_kind, V.STRING, None),
+               ("pyinfer.ffn_kind", ffn_kind, V.STRING, None)]
+    if not dense and predictors:
+        kv += [("pyinfer.neuron_order", "hot_first", V.STRING, None),
                *sparsity_kv("relu" if ffn_kind in GATED_RELU else "threshold", n_layer, float(freqs.mean()),
-                             rank, 0.0)]
+                            rank, 0.0)]
 
     drawn: dict[tuple, np.ndarray] = {}
 
@@ -193,6 +196,7 @@ def make_llama(path: str, shape: str, qtype: Q, *, seed: int = 0, density: float
         if dense:
             tensors.append(mat(b + "ffn_down.weight", d, n_ff, n_ff**-0.5))
         else:
-            tensors += [mat(b + "ffn_down_t.weight", n_ff, d, n_ff**-0.5),
-                        *predictor_tensors(il, *predictor(rng, d, rank, freqs), freqs)]
+            tensors.append(mat(b + "ffn_down_t.weight", n_ff, d, n_ff**-0.5))
+        if not dense and predictors:
+            tensors += predictor_tensors(il, *predictor(rng, d, rank, freqs), freqs)
     write_atomically([OutFile(path, "llama", kv, tensors)])

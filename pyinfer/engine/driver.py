@@ -235,9 +235,6 @@ class Model:
         else:
             self.n_gpu_layers = offload_layers(self, n_gpu_layers)
         self.pool = ggml.ThreadPool(self.n_threads)
-        if self.sparse_spec is not None and self.sparse_spec.kind == "input" and self.hot_rows:
-            raise UnsupportedError("a file of input sparsity runs on the CPU or wholly on the GPU for now: give -ngl "
-                                   "or a --vram-budget that holds every FFN it puts on the GPU")
         if self.sparse_spec is not None and not oracle and self.sparse_spec.kind != "input":
             self._bundle_ffns()
         self._device_base = device_before
@@ -323,6 +320,11 @@ class Model:
     def has_input_sparsity(self) -> bool:
         """A file of pyinfer.sparsity.input_sparsity: thresholds and channel-major gate and up, no predictors."""
         return self.file.metadata.get("pyinfer.sparsity.kind") == "input"
+
+    @property
+    def reads_channel_major(self) -> bool:
+        """The FFN runs input sparsity: its graph reads the channel-major gate and up, not the row-major ones."""
+        return self.sparse_spec is not None and self.sparse_spec.kind == "input"
 
     def _sparse_spec(self, sparse: bool | None, logit_threshold: float, oracle: bool):
         if sparse is None:

@@ -1,12 +1,20 @@
 """Putting a loaded model's parts on the GPU: whole layers (-ngl, llama.cpp's layer offload), or a placement
 plan (--vram-budget): per layer its attention, KV cache and predictor, and its hot-first FFN neurons [0, k)
 on the GPU while the CPU keeps the rest. The split is a view: the rows of each part are slices of the
-mmap'd file, and only the GPU's rows are copied to the device."""
+mmap'd file, and only the GPU's rows are copied to the device. A file of input sparsity splits by neuron too:
+columns [0, k) of its channel-major gate and up (copied out of the file's rows) and rows [0, k) of ffn_down_t."""
 from __future__ import annotations
 
 import numpy as np
 
-from pyinfer.engine.placement import ATTENTION_PARTS, FFN_MATRICES, NEURON_MATRICES, QKV_PARTS, Plan, fusable_qkv
+from pyinfer.engine.placement import (
+    ATTENTION_PARTS,
+    FFN_MATRICES,
+    INPUT_FFN_MATRICES,
+    QKV_PARTS,
+    Plan,
+    fusable_qkv,
+)
 from pyinfer.errors import UnsupportedError
 from pyinfer.native import ggml
 
@@ -70,6 +78,11 @@ def _attention_to_device(model, il: int) -> None:
                 tensors[il].to_device()
 
 
+def _ffn_parts(model, il: int) -> list[str]:
+    """The FFN tensors layer il's graph reads (a file of input sparsity leaves its row-major gate and up unread)."""
+    return _layer_parts(il, INPUT_FFN_MATRICES if model.reads_channel_major else FFN_MATRICES)
+
+
 def offload_layers(model, n_gpu_layers: int) -> int:
     """The weights and KV cache of the last n_gpu_layers layers (above n_layer the output head too) on the
     GPU, as llama.cpp's -ngl; returns how many."""
@@ -80,7 +93,7 @@ def offload_layers(model, n_gpu_layers: int) -> int:
     _require_gpu("-ngl/--device cuda")
     for il in range(n_layer - min(n, n_layer), n_layer):
         _attention_to_device(model, il)
-        _to_device(model, _layer_parts(il, (*FFN_MATRICES, "ffn_down")))
+        _to_device(model, _ffn_parts(model, il))
     if n > n_layer:
         _head_to_device(model)
     return n
@@ -102,6 +115,40 @@ def _rows(model, name: str, r0: int, r1: int, tag: str) -> None:
     model.weights[t.name] = t
 
 
+def _columns(model, name: str, c0: int, c1: int, tag: str) -> None:
+    """weights[name + tag] = columns [c0, c1) of a matrix (whole quant blocks), copied out of the file."""
+    info = model.file.tensors[name]
+    n_cols, n_rows = info.ne
+    block = ggml.block_size(info.type)
+    if c0 % block or c1 % block:
+        raise UnsupportedError(f"{name}: a split at column {c0 if c0 % block else c1} cuts a block of {block}")
+    row = info.data.nbytes // n_rows
+    rows = np.frombuffer(info.data, np.uint8).reshape(n_rows, row)
+    part = np.ascontiguousarray(rows[:, row * c0 // n_cols:row * c1 // n_cols])
+    base, suffix = name.rsplit(".", 1)
+    t = model.weights_ctx.new_tensor(info.type, (n_rows, c1 - c0))
+    t.set_data(part)
+    t.name = f"{base}{tag}.{suffix}"
+    model.weights[t.name] = t
+
+
+def _split_input_ffn(model, il: int, k: int) -> None:
+    """Layer il of a file of input sparsity split at neuron k: the GPU's columns of the channel-major gate and up
+    and rows of ffn_down_t, and a host copy of the down threshold for the CPU's neurons (the layer's own moved to
+    the GPU with its attention, and an elementwise op runs where any input is)."""
+    n_ff = model.config.n_ff
+    for name in ("ffn_gate_t", "ffn_up_t"):
+        _columns(model, f"blk.{il}.{name}.weight", 0, k, ".hot")
+        _columns(model, f"blk.{il}.{name}.weight", k, n_ff, ".cold")
+    _rows(model, f"blk.{il}.ffn_down_t.weight", 0, k, ".hot")
+    _rows(model, f"blk.{il}.ffn_down_t.weight", k, n_ff, ".cold")
+    _to_device(model, [n for n in model.weights if n.startswith(f"blk.{il}.") and ".hot." in n])
+    spec = model.sparse_spec
+    cold = model.weights_ctx.new_tensor(ggml.F32, (n_ff - k,))
+    cold.set_data(np.full(n_ff - k, -spec.thresholds[il], dtype=np.float32))
+    spec.cold_thresholds[il] = cold
+
+
 def apply_plan(model, plan: Plan) -> dict[int, int]:
     """Moves what the plan puts on the GPU there; returns {layer: k} for the layers split inside their FFN
     (0 < k < n_ff), whose rows [0, k) are `blk.N.ffn_*.hot` on the GPU and [k, n_ff) `blk.N.ffn_*.cold`."""
@@ -113,9 +160,12 @@ def apply_plan(model, plan: Plan) -> dict[int, int]:
         if plan.attn_gpu[il]:
             _attention_to_device(model, il)
         k = plan.hot_rows[il]
-        ffn = _layer_parts(il, (*NEURON_MATRICES, "ffn_down"))
+        ffn = _layer_parts(il, FFN_MATRICES)
         if k == cfg.n_ff:
-            _to_device(model, _layer_parts(il, (*FFN_MATRICES, "ffn_down")))
+            _to_device(model, _ffn_parts(model, il))
+        elif k > 0 and model.reads_channel_major:
+            _split_input_ffn(model, il, k)
+            split[il] = k
         elif k > 0:
             for name in ffn:
                 _rows(model, name, 0, k, ".hot")

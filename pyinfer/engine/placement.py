@@ -25,6 +25,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from pyinfer.errors import InvalidArgumentError, PyInferError
 from pyinfer.models.common import STREAM_ROWS
+from pyinfer.native import ggml
 
 GROUP_ROWS = 64
 
@@ -349,9 +350,10 @@ def _quiet_stdout():
 # a model file's costs
 
 NEURON_MATRICES = ("ffn_gate", "ffn_up", "ffn_down_t")  # a neuron is row i of each (down_t: the transposed down)
-# a layer's FFN matrices: the channel-major gate and up of a file of input sparsity (pyinfer.sparsity.input_sparsity)
-# go where the rest of its FFN goes
-FFN_MATRICES = (*NEURON_MATRICES, "ffn_gate_t", "ffn_up_t")
+FFN_MATRICES = (*NEURON_MATRICES, "ffn_down")  # what a layer's FFN reads: one of ffn_down_t and ffn_down is there
+# what the FFN of a file of input sparsity (pyinfer.sparsity.input_sparsity) reads: a neuron is column i of the
+# channel-major gate and up and row i of ffn_down_t; its row-major gate and up stay unread in host memory
+INPUT_FFN_MATRICES = ("ffn_gate_t", "ffn_up_t", "ffn_down_t")
 QKV_PARTS = ("attn_q", "attn_k", "attn_v")  # on the GPU one matrix where they share a type (offload.fuse_qkv)
 ATTENTION_PARTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "attn_q_norm", "attn_k_norm",
                    "post_attention_norm", "post_ffw_norm", "attn_qkv", "attn_norm_2")
@@ -391,6 +393,24 @@ def reserve_bytes(cfg, n_batch: int, largest_matrix: int = 0, neuron_row: int = 
     return CUBLAS_WORKSPACE + DEVICE_MARGIN + activations + gemm + streamed
 
 
+def _input_ffn_costs(file, il: int) -> tuple[int, np.ndarray, int]:
+    """A layer of input sparsity: (its FFN's device bytes, per neuron the expected share of its bytes read a
+    token, the split's granularity). Gate and up read a neuron's column wherever a channel passes t_x (the
+    layer's input_density), down its row wherever its |h| passes t_h (ffn_act_freq, hot-first); a file without
+    them is charged whole. A split falls on whole quant blocks of the channel-major rows."""
+    cfg, tensors, p = file.config, file.tensors, f"blk.{il}."
+    gate_up = sum(int(tensors[p + name + ".weight"].data.nbytes) for name in ("ffn_gate_t", "ffn_up_t"))
+    down = int(tensors[p + "ffn_down_t.weight"].data.nbytes)
+    group = math.lcm(GROUP_ROWS, ggml.block_size(int(tensors[p + "ffn_gate_t.weight"].type)))
+    freq = np.ones(cfg.n_ff)
+    density = file.metadata.get("pyinfer.sparsity.input_density")
+    info = tensors.get(p + "ffn_act_freq")
+    if density is not None and len(density) == cfg.n_layer and info is not None and info.ne == (cfg.n_ff,):
+        down_freq = np.clip(np.frombuffer(info.data, dtype=np.float32).astype(np.float64), 0.0, 1.0)
+        freq = (gate_up * min(1.0, max(0.0, float(density[il]))) + down * down_freq) / (gate_up + down)
+    return gate_up + down, freq, min(group, cfg.n_ff)
+
+
 def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch: int) -> ModelCosts:
     """What placing each part of a GGUFFile costs, from its tensor table. sparse: the FFN computes only
     predicted neurons (their profiled frequencies weigh the neurons); else every neuron counts once."""
@@ -401,22 +421,26 @@ def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch
         return int(info.data.nbytes) if info is not None else 0
 
     split = file.ffn_layout == "down_t"  # neurons are rows of every FFN matrix: a layer can split anywhere
+    input_kind = sparse and file.metadata.get("pyinfer.sparsity.kind") == "input"
     kv = 2 * n_ctx * cfg.n_head_kv * cfg.head_dim * kv_bytes_per_value
     layers = []
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
         attn = sum(nbytes(p + part + suffix) for part in ATTENTION_PARTS for suffix in (".weight", ".bias"))
-        ffn = sum(nbytes(p + part + suffix) for part in (*FFN_MATRICES, "ffn_down") for suffix in (".weight", ".bias"))
+        ffn = sum(nbytes(p + part + suffix) for part in FFN_MATRICES for suffix in (".weight", ".bias"))
         freq = np.ones(cfg.n_ff)
         pred = 0
-        if sparse:
+        group = GROUP_ROWS if split else cfg.n_ff
+        if input_kind:
+            ffn, freq, group = _input_ffn_costs(file, il)
+            pred = 4 * (2 * cfg.n_ff + cfg.n_embd)  # the thresholds
+        elif sparse:
             pred = nbytes(p + "fc1.weight") + nbytes(p + "fc2.weight") + 2 * 4 * cfg.n_ff  # + bias, thresholds
             info = tensors.get(p + "ffn_act_freq")
             if info is not None and info.ne == (cfg.n_ff,):
                 freq = np.clip(np.frombuffer(info.data, dtype=np.float32).astype(np.float64), 0.0, 1.0)
         layers.append(LayerCosts(attn_bytes=attn, kv_bytes=kv, pred_bytes=pred,
-                                 neuron_bytes=math.ceil(ffn / cfg.n_ff), freq=freq, sparse=sparse,
-                                 group_rows=GROUP_ROWS if split else cfg.n_ff))
+                                 neuron_bytes=math.ceil(ffn / cfg.n_ff), freq=freq, sparse=sparse, group_rows=group))
     head = nbytes("output.weight") or nbytes("token_embd.weight")  # tied: the GPU gets a copy of the embeddings
     head += nbytes("output_norm.weight") + nbytes("output_norm.bias")
     weight_type = GGMLQuantizationType(tensors["blk.0.ffn_up.weight"].type)

@@ -46,6 +46,8 @@ class SparseSpec:
     oracle: the mask is the true active set, computed densely (tests: sparse == dense).
     masks: filled while building a graph, layer -> (n_tokens, rows) down-projection mask of the neurons the
     CPU computes, which the runtime keeps as a graph output to count the realised density.
+    cold_thresholds: kind "input", per split layer (n_ff - k,) F32 filled with -t_h in host memory, for the CPU's
+    neurons (engine.offload).
     """
 
     kind: str
@@ -56,6 +58,7 @@ class SparseSpec:
     dense_above: int = DENSE_ABOVE
     masks: dict[int, ggml.Tensor] = field(default_factory=dict)
     neg_input_thresholds: dict[int, ggml.Tensor] = field(default_factory=dict)
+    cold_thresholds: dict[int, ggml.Tensor] = field(default_factory=dict)
 
 
 def metadata_spec(meta: dict, n_layer: int) -> tuple[str, list[float]]:
@@ -110,17 +113,30 @@ def _input_spec(ctx: ggml.Context, file_tensors, meta: dict, cfg, thresholds: li
     return SparseSpec("input", thresholds, {}, neg_t, neg_input_thresholds=neg_x)
 
 
-def input_ffn(b, il: int, h: ggml.Tensor) -> tuple[ggml.Tensor, ggml.Tensor, ggml.Tensor]:
-    """Kind "input": gate and up from the rows of their channel-major copies whose |x| passes t_x, down from
-    the rows of ffn_down_t whose |act| passes t_h. Returns (output (n, n_embd), the down mask (n, n_ff), the
-    activations before it)."""
+def input_ffn(b, il: int, h: ggml.Tensor, part: str = "", sel_x: ggml.Tensor | None = None,
+              neg_t: ggml.Tensor | None = None) -> tuple[ggml.Tensor, ggml.Tensor, ggml.Tensor]:
+    """Kind "input": gate and up from the rows of their channel-major copies whose |x| passes t_x (sel_x, computed
+    here when None), down from the rows of ffn_down_t whose |act| passes t_h (neg_t: -t_h per neuron, the
+    layer's when None); part ".hot"/".cold" takes that share of a split layer's neurons. Returns (output
+    (n, n_embd), the down mask (n, rows), the activations before it)."""
     ctx, cfg, spec = b.ctx, b.cfg, b.sparse
-    sel_x = over_threshold(ctx, h, spec.neg_input_thresholds[il])  # (n, n_embd), positive: channel read
-    gate = ctx.axpy_rows(b.w(f"blk.{il}.ffn_gate_t"), h, sel_x)  # (n, n_ff)
-    up = ctx.axpy_rows(b.w(f"blk.{il}.ffn_up_t"), h, sel_x)  # (n, n_ff)
-    act = ctx.mul(ctx.silu(gate) if cfg.ffn_kind == "swiglu" else ctx.gelu(gate), up)  # (n, n_ff)
-    sel_h = over_threshold(ctx, act, spec.neg_thresholds[il])  # (n, n_ff), positive: neuron read
-    return ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t"), act, sel_h), sel_h, act
+    if sel_x is None:
+        sel_x = over_threshold(ctx, h, spec.neg_input_thresholds[il])  # (n, n_embd), positive: channel read
+    gate = ctx.axpy_rows(b.w(f"blk.{il}.ffn_gate_t{part}"), h, sel_x)  # (n, rows)
+    up = ctx.axpy_rows(b.w(f"blk.{il}.ffn_up_t{part}"), h, sel_x)  # (n, rows)
+    act = ctx.mul(ctx.silu(gate) if cfg.ffn_kind == "swiglu" else ctx.gelu(gate), up)  # (n, rows)
+    sel_h = over_threshold(ctx, act, spec.neg_thresholds[il] if neg_t is None else neg_t)  # positive: neuron read
+    return ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t{part}"), act, sel_h), sel_h, act
+
+
+def split_input_ffn(b, il: int, h: ggml.Tensor, k: int) -> ggml.Tensor:
+    """Kind "input", a split layer: the GPU's neurons [0, k) and the CPU's rest at the same time, under one
+    channel mask (computed where h is, on the GPU, and copied to the CPU once)."""
+    ctx, spec = b.ctx, b.sparse
+    sel_x = over_threshold(ctx, h, spec.neg_input_thresholds[il])  # (n, n_embd)
+    hot, _, _ = input_ffn(b, il, h, ".hot", sel_x, ctx.view(spec.neg_thresholds[il], (k,)))
+    cold, spec.masks[il], _ = input_ffn(b, il, h, ".cold", sel_x, spec.cold_thresholds[il])
+    return ctx.add(hot, cold)
 
 
 def _abs(ctx: ggml.Context, x: ggml.Tensor) -> ggml.Tensor:
@@ -211,6 +227,8 @@ def ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
 
     ctx, cfg, spec = b.ctx, b.cfg, b.sparse
     n = h.shape[0] if len(h.shape) == 2 else 1
+    if spec.kind == "input" and b.hot_rows.get(il):
+        return split_input_ffn(b, il, h, b.hot_rows[il])
     if spec.kind == "input":
         y, mask, act = input_ffn(b, il, h)
         up = b.weights.get(f"blk.{il}.ffn_up_t.weight")

@@ -10,8 +10,15 @@ Thresholds come from calibration text: per layer the s_x-quantile of |x| and the
 of the skip on h, whose magnitudes are far more skewed than x's (docs/BENCHMARKS.md, "Training-free sparsity of
 a SwiGLU FFN"): for a target b of the FFN's weight bytes, s_h = min(MAX_H, SPLIT_H b), s_x = (3 b - s_h) / 2.
 Measured best on Qwen2.5-Coder-0.5B; on the 1.5B model it beats an even split only near 25 %.
+
+Neurons are stored hot-first by how often their |h| passes t_h on the calibration text (`blk.N.ffn_act_freq`),
+and the share of input channels read per layer is `pyinfer.sparsity.input_density`: the placement charges a
+layer's host bytes at those rates and gives the GPU the neurons down reads most often. A split layer's GPU
+holds columns [0, k) of both channel-major copies and rows [0, k) of ffn_down_t (engine.offload).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGUFValueType
@@ -20,7 +27,7 @@ from pyinfer.errors import InvalidArgumentError, UnsupportedError
 from pyinfer.formats.gguf_file import GGUFFile
 from pyinfer.formats.gguf_writer import FLOAT_TYPES, OutFile, OutTensor, Q, encode, write_atomically
 from pyinfer.native import ggml
-from pyinfer.sparsity.reorder import carried_metadata
+from pyinfer.sparsity.reorder import carried_metadata, hot_first_order, reordered_tensors
 
 KIND = "input"
 SPLIT_H = 1.8  # s_h per b of bytes skipped
@@ -40,14 +47,32 @@ def split(target: float) -> tuple[float, float]:
     return s_x, s_h
 
 
-def thresholds(layers, target: float) -> tuple[list[float], list[float]]:
-    """Per layer (t_x, t_h) from calibration samples: layers yields (x (n, n_embd), h (n, n_ff)) per layer."""
+@dataclass(frozen=True)
+class LayerCalibration:
+    """One layer's thresholds and what they read on the calibration text, neurons in the source's order."""
+
+    t_x: float
+    t_h: float
+    x_density: float  # share of input channels whose |x| passes t_x
+    freq: np.ndarray  # (n_ff,) per neuron, the share of tokens whose |h| passes t_h
+    mass: np.ndarray  # (n_ff,) per neuron, mean |h| (breaks ties of freq in the hot-first order)
+
+    @property
+    def order(self) -> np.ndarray:
+        """(n_ff,) the hot-first permutation of the neurons."""
+        return hot_first_order(self.freq, self.mass)
+
+
+def calibrate(layers, target: float) -> list[LayerCalibration]:
+    """Per layer the thresholds from calibration samples: layers yields (x (n, n_embd), h (n, n_ff)) per layer."""
     s_x, s_h = split(target)
-    t_x, t_h = [], []
+    out = []
     for x, h in layers:
-        t_x.append(float(np.quantile(np.abs(x), s_x)))
-        t_h.append(float(np.quantile(np.abs(h), s_h)))
-    return t_x, t_h
+        ax, ah = np.abs(x), np.abs(h)
+        t_x, t_h = float(np.quantile(ax, s_x)), float(np.quantile(ah, s_h))
+        out.append(LayerCalibration(t_x, t_h, float(np.mean(ax > t_x)), np.mean(ah > t_h, axis=0),
+                                    np.mean(ah, axis=0, dtype=np.float64)))
+    return out
 
 
 def transposed_type(qtype: Q, n_ff: int) -> Q:
@@ -60,14 +85,15 @@ def transposed_type(qtype: Q, n_ff: int) -> Q:
     return Q.Q8_0 if n_ff % 32 == 0 else Q.F16
 
 
-def channel_major(g: GGUFFile, name: str) -> OutTensor:
-    """blk.N.ffn_gate or blk.N.ffn_up of g as its channel-major copy (name with _t)."""
+def channel_major(g: GGUFFile, name: str, order: np.ndarray | None = None) -> OutTensor:
+    """blk.N.ffn_gate or blk.N.ffn_up of g as its channel-major copy (name with _t), neurons in order."""
     info = g.tensors[f"{name}.weight"]
     n_embd, n_ff = info.ne
     qtype = transposed_type(Q(info.type), n_ff)
 
     def produce() -> np.ndarray:
-        values = np.ascontiguousarray(g.dequantize(f"{name}.weight").T, dtype=np.float32)  # (n_embd, n_ff)
+        rows = g.dequantize(f"{name}.weight")  # (n_ff, n_embd)
+        values = np.ascontiguousarray((rows if order is None else rows[order]).T, dtype=np.float32)  # (n_embd, n_ff)
         return encode(values, qtype) if qtype in FLOAT_TYPES else ggml.quantize(int(qtype), values)
 
     return OutTensor(f"{name}_t.weight", (n_embd, n_ff), qtype, produce)
@@ -88,20 +114,26 @@ def check_source(g: GGUFFile) -> None:
                                    "sparsify the model it was made from")
 
 
-def write(src: str, out: str, t_x: list[float], t_h: list[float], target: float, calibration: str) -> None:
-    """src's tensors and metadata, the channel-major gate and up, and the thresholds, written to out atomically."""
+def write(src: str, out: str, layers: list[LayerCalibration], target: float, calibration: str) -> None:
+    """src's tensors (neurons hot-first) and metadata, the channel-major gate and up, the neurons' frequencies
+    and the thresholds, written to out atomically."""
     g = GGUFFile(src)
     check_source(g)
     n_layer = g.config.n_layer
-    if len(t_x) != n_layer or len(t_h) != n_layer:
-        raise InvalidArgumentError(f"need {n_layer} thresholds of each kind, got {len(t_x)} and {len(t_h)}")
-    tensors = [OutTensor.as_stored(info) for info in g.tensors.values()]
-    for il in range(n_layer):
-        tensors += [channel_major(g, f"blk.{il}.ffn_gate"), channel_major(g, f"blk.{il}.ffn_up")]
+    if len(layers) != n_layer:
+        raise InvalidArgumentError(f"need the calibration of {n_layer} layers, got {len(layers)}")
+    orders = [c.order for c in layers]
+    tensors = reordered_tensors(g, orders)
+    for il, (c, order) in enumerate(zip(layers, orders, strict=True)):
+        freq = np.ascontiguousarray(c.freq[order], dtype=np.float32)
+        tensors += [channel_major(g, f"blk.{il}.ffn_gate", order), channel_major(g, f"blk.{il}.ffn_up", order),
+                    OutTensor(f"blk.{il}.ffn_act_freq", freq.shape, Q.F32, lambda f=freq: f)]
     arr, f32, s = GGUFValueType.ARRAY, GGUFValueType.FLOAT32, GGUFValueType.STRING
-    kv = carried_metadata(g) + [("pyinfer.sparsity.kind", KIND, s, None),
-                                ("pyinfer.sparsity.input_thresholds", [float(t) for t in t_x], arr, f32),
-                                ("pyinfer.sparsity.thresholds", [float(t) for t in t_h], arr, f32),
+    kv = carried_metadata(g) + [("pyinfer.neuron_order", "hot_first", s, None),
+                                ("pyinfer.sparsity.kind", KIND, s, None),
+                                ("pyinfer.sparsity.input_thresholds", [c.t_x for c in layers], arr, f32),
+                                ("pyinfer.sparsity.thresholds", [c.t_h for c in layers], arr, f32),
+                                ("pyinfer.sparsity.input_density", [c.x_density for c in layers], arr, f32),
                                 ("pyinfer.sparsity.target", float(target), f32, None),
                                 ("pyinfer.sparsity.calibration", calibration, s, None)]
     write_atomically([OutFile(out, g.config.arch, kv, tensors)])

@@ -95,13 +95,17 @@ def _input_sparsify(args: argparse.Namespace) -> int:
     profile = collect(path, chunks, calibration, n_threads=args.threads)
     layers = (profile.layer(il) for il in tqdm(range(profile.n_layer), desc="thresholds", file=sys.stderr,
                                                disable=None))
-    t_x, t_h = input_sparsity.thresholds(layers, args.sparsity)
-    input_sparsity.write(path, out, t_x, t_h, args.sparsity, calibration)
+    calibrated = input_sparsity.calibrate(layers, args.sparsity)
+    input_sparsity.write(path, out, calibrated, args.sparsity, calibration)
     GGUFFile(out)  # the written file must load
-    rows = [{"layer": il, "t_x": tx, "t_h": th} for il, (tx, th) in enumerate(zip(t_x, t_h, strict=True))]
+    rows = [{"layer": il, "t_x": c.t_x, "t_h": c.t_h, "channels read %": 100 * c.x_density,
+             "neurons read %": 100 * float(c.freq.mean()),
+             "bytes skipped %": 100 * (1 - (2 * c.x_density + float(c.freq.mean())) / 3)}
+            for il, c in enumerate(calibrated)]
+    skipped = float(np.mean([r["bytes skipped %"] for r in rows]))
     print(f"input sparsity, target {args.sparsity:.3f} of the FFN's weight bytes: per layer {100 * s_x:.1f} % of "
-          f"gate's and up's input channels and {100 * s_h:.1f} % of down's neurons skipped on the calibration text "
-          f"({calibration})")
+          f"gate's and up's input channels and {100 * s_h:.1f} % of down's neurons skipped; measured on the "
+          f"calibration text ({calibration}): {skipped:.1f} % of the FFN's bytes")
     print(layer_table(rows))
     print(f"time: {time.perf_counter() - t0:.0f} s\nwrote {out}")
     return 0
