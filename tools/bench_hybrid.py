@@ -6,16 +6,15 @@ budget, on the same shapes, in alternating rounds (docs/BENCHMARKS.md, "Hybrid e
         [--json OUT.json]
 
 A budget is a fraction of the model's bytes as llama.cpp loads them (the dense GGUF's tensors; our file holds
-more: predictors, or the unread row-major gate and up beside a file of input sparsity's channel-major copies). llama.cpp gets the same bytes two
-ways and the faster one counts: -ngl N (the most whole layers that fit) and -ngl 99 with the FFN weights of
-the first K layers kept on the CPU (-ot, the fewest K that fits). Both sides keep the same reserve for
-buffers, sized for the same prompt batch (-b: ours its batch, llama.cpp its -ub), less for llama.cpp the
-quantized rows our GEMM dequantizes (its kernels read them as they are). Every row: t/s of each
-side (median over rounds, with the range), the ratio, our plan's modelled t/s, the bytes bound at the
-measured bandwidths, our device bytes (the allocator's now and peak, the driver's at the end) against the
-budget, and how the CPU and GPU shared a token. Every run of ours places the model with one machine profile,
-the one the modelled column used (a host too unsteady for the profile cache would otherwise measure a new one
-per run).
+more: predictors, or the unread row-major gate and up beside input sparsity's channel-major copies). llama.cpp
+gets the same bytes two ways and the faster one counts: -ngl N (the most whole layers that fit) and -ngl 99 with
+the FFN weights of the first K layers kept on the CPU (-ot, the fewest K that fits). Both sides keep the same
+reserve for buffers, sized for the same prompt batch (-b: ours its batch, llama.cpp its -ub), less for llama.cpp
+the quantized rows our GEMM dequantizes (its kernels read them as they are). Every row: t/s of each side (median
+over rounds, with the range), the ratio, our plan's modelled t/s, the bytes bound at the measured bandwidths,
+our device bytes (the allocator's now and peak, the driver's at the end) against the budget, and how the CPU and
+GPU shared a token. Every run of ours places the model with one machine profile, the one the modelled column
+used (a host too unsteady for the profile cache would otherwise measure a new one per run).
 """
 from __future__ import annotations
 
