@@ -214,6 +214,10 @@ def test_placement_charges_what_the_kernels_read(tiny_files, tmp_path):
         assert 0.35 < 1 - layer.freq.mean() < 0.65  # the target, 0.5, of the bytes skipped
     dense = model_costs(g, 64, 4, False, 32).layers[0]
     assert dense.neuron_bytes == 3 * 4 * d and np.all(dense.freq == 1) and dense.n_ff == n_ff
+    # a prompt batch of the input FFN holds gate, up, their product and its mask: two activations more
+    widest = max(n_ff, 3 * d)
+    extra = model_costs(g, 64, 4, True, 512).reserve_bytes - model_costs(g, 64, 4, False, 512).reserve_bytes
+    assert extra == 2 * 4 * 512 * widest
 
 
 @pytest.mark.skipif(not ggml.cuda_available(), reason="no CUDA device")
@@ -225,12 +229,17 @@ def test_budgets_split_the_ffn_and_equal_the_cpu(tiny_files, tmp_path):
 
     from test_hybrid import SPLITTY, _decode, budgets, rel_err
 
+    from pyinfer.engine.placement import minimum_budget, model_costs
+
     path, _, _ = _calibrated(tiny_files, "llama_silu", 0.5, tmp_path / "input.gguf")
+    costs = model_costs(GGUFFile(path), 64, 4, True, 32)
+    # the tiny model's layers are two groups of neurons: the six steps may all fall on whole layers
+    half_layer = minimum_budget(costs) + costs.layers[0].n_ff // 2 * costs.layers[0].neuron_bytes
     cpu = Model(path, n_ctx=64, kv_type="f32", n_batch=32)
     tokens = (TOKENS * 4)[:40]
     want_steps, want_batch = _decode(cpu, TOKENS), cpu.logits(tokens)
     split_seen = False
-    for budget in budgets(path, 64, 32, True):
+    for budget in [half_layer, *budgets(path, 64, 32, True)]:
         _, free_before, _ = ggml.cuda_memory()
         model = Model(path, n_ctx=64, kv_type="f32", n_batch=32, vram_budget=budget, machine=SPLITTY)
         split_seen |= bool(model.hot_rows)

@@ -376,17 +376,19 @@ def fusable_qkv(tensors, il: int) -> dict[str, list] | None:
     return None if parts["weight"][0] is None or norms else parts
 
 
-def reserve_bytes(cfg, n_batch: int, largest_matrix: int = 0, neuron_row: int = 0, dequantized: int = 0) -> int:
+def reserve_bytes(cfg, n_batch: int, largest_matrix: int = 0, neuron_row: int = 0, dequantized: int = 0,
+                  input_ffn: bool = False) -> int:
     """Device bytes any GPU use needs besides weights and KV cache: the intermediates of a prompt batch of
-    n_batch tokens (two (n_batch, n_ff) activations live at once, all logits of a perplexity batch), the host
-    weights a prompt batch streams in (the graph planner reuses one chunk's memory for the next: one chunk of
-    STREAM_ROWS neurons of gate, up and down_t, or the largest attention matrix), the GEMM's scratch (the
-    batch in 16 bits, and `dequantized` bytes of F16 rows of weights that are not F16), the cuBLAS
-    workspace and a margin. The driver measured 1.75-3.1x less than the earlier count of four activations and
-    two chunks for F16 weights; Q4_0 weights, whose GEMM dequantizes 64 MiB of rows, used up to 1.06x the
-    count without that scratch (docs/BENCHMARKS.md, "The prompt batch's reserve")."""
+    n_batch tokens (two (n_batch, n_ff) activations live at once, four in an FFN of input sparsity: gate, up,
+    their product and its down mask; all logits of a perplexity batch), the host weights a prompt batch streams
+    in (the graph planner reuses one chunk's memory for the next: one chunk of STREAM_ROWS neurons of gate, up
+    and down_t, or the largest attention matrix), the GEMM's scratch (the batch in 16 bits, and `dequantized`
+    bytes of F16 rows of weights that are not F16), the cuBLAS workspace and a margin. The driver measured
+    1.75-3.1x less than the earlier count of four activations and two chunks for F16 weights; Q4_0 weights,
+    whose GEMM dequantizes 64 MiB of rows, used up to 1.06x the count without that scratch (docs/BENCHMARKS.md,
+    "The prompt batch's reserve")."""
     widest = max(cfg.n_ff, 3 * cfg.n_embd)
-    activations = 4 * n_batch * (2 * widest + 4 * cfg.n_embd + cfg.n_vocab)
+    activations = 4 * n_batch * ((4 if input_ffn else 2) * widest + 4 * cfg.n_embd + cfg.n_vocab)
     gemm = 2 * n_batch * widest + dequantized
     chunk = 3 * min(STREAM_ROWS, cfg.n_ff) * neuron_row
     streamed = max(largest_matrix, chunk) if n_batch >= STREAM_MIN_TOKENS else 0
@@ -454,7 +456,8 @@ def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch
         if qkv is not None and qkv["weight"][0].type != GGMLQuantizationType.F16:
             not_f16.append(sum(math.prod(i.ne) for i in qkv["weight"]))
     dequantized = min(GEMM_CHUNK, 2 * max(not_f16, default=0)) if n_batch > GEMV_MAX_COLS else 0
-    return ModelCosts(layers, head_bytes=head, reserve_bytes=reserve_bytes(cfg, n_batch, largest, row, dequantized),
+    return ModelCosts(layers, head_bytes=head, reserve_bytes=reserve_bytes(cfg, n_batch, largest, row, dequantized,
+                                                                         input_kind),
                       n_ctx=n_ctx, type_name=weight_type.name.lower(), dequantized_bytes=dequantized)
 
 

@@ -3,8 +3,9 @@ the input channels whose |x| passes t_x, down only the neurons whose |h| = |act(
 
 Skipping an input channel saves bytes only where a channel is a row, so the file gains channel-major copies of
 gate and up (`blk.N.ffn_gate_t`, `blk.N.ffn_up_t`, ne [n_ff, n_embd]: one row of n_ff values per input
-channel), quantized by the engine's own quantizer in the source's type where its blocks divide n_ff, else Q8_0;
-prompt batches keep reading the row-major originals. Down is `ffn_down_t` already.
+channel), quantized by the engine's own quantizer in the source's type where its blocks divide n_ff, else Q8_0.
+Prompt batches read the copies too, under the same masks (a batch's perplexity is the sparse decoder's); the
+row-major originals serve `--sparse off` and never reach the GPU. Down is `ffn_down_t` already.
 
 Thresholds come from calibration text: per layer the s_x-quantile of |x| and the s_h-quantile of |h|, with more
 of the skip on h, whose magnitudes are far more skewed than x's (docs/BENCHMARKS.md, "Training-free sparsity of
