@@ -50,16 +50,17 @@ input_models_bg() {  # NAME SHAPE TYPE LAYERS TARGET: a SwiGLU PowerGGUF without
         > "$W/$name.log" 2>&1 < /dev/null &
 }
 
-input_table_bg() {  # issue 27's hybrid rows in the background, like table_bg: the build, the f16 profile, a SwiGLU
-    # 13B file (8 of 40 layers) of input sparsity at 50 %, the GPU tests while it is written, then the model under
-    # budgets against llama.cpp and, whole on the GPU, against its dense file; `collect` fetches (two calls)
+input_table_bg() {  # [PYTEST ARGS...]: issue 27's hybrid rows in the background, like table_bg: the build, the f16
+    # profile, a SwiGLU 13B file (8 of 40 layers) of input sparsity at 50 %, the model under budgets against
+    # llama.cpp and, whole on the GPU, against its dense file, then the GPU tests (those the arguments pick) on a
+    # quiet host; `collect` fetches (two calls)
     rm -rf "$W/out"; rm -f "$W"/*.done
     setsid bash -c "W=$W; . tools/gpu_session.sh; OUT=$W/out; mkdir -p \$OUT; setup > \$OUT/setup.log 2>&1
         build > \$OUT/build.log 2>&1; PROFILE_TYPES=f16 profiles > /dev/null 2>> \$OUT/profiles.err
-        llama_bg > \$OUT/llama.log 2>&1; input_models_bg l13in llama-13b f16 8 0.5; tests > /dev/null
+        llama_bg > \$OUT/llama.log 2>&1; input_models_bg l13in llama-13b f16 8 0.5
         compare l13in 'SYNTHETIC 13B SwiGLU F16, 8 of 40 layers, input sparsity 50 %' --rounds 2 --reps 2 \
             --machine \$W/machine-f16.json
-        sparse_vs_dense l13in
+        sparse_vs_dense l13in; tests $* > /dev/null
         touch \$OUT/ALL.done" > "$W/table.log" 2>&1 < /dev/null &
 }
 
