@@ -60,8 +60,8 @@ input_table_bg() {  # [PYTEST ARGS...]: issue 27's hybrid rows in the background
         llama_bg > \$OUT/llama.log 2>&1; input_models_bg l13in llama-13b f16 8 0.5
         compare l13in 'SYNTHETIC 13B SwiGLU F16, 8 of 40 layers, input sparsity 50 %' --rounds 2 --reps 2 \
             --machine \$W/machine-f16.json
-        sparse_vs_dense l13in; tests $* > /dev/null
-        touch \$OUT/ALL.done" > "$W/table.log" 2>&1 < /dev/null &
+        sparse_vs_dense l13in; tests \"\$@\" > /dev/null
+        touch \$OUT/ALL.done" _ "$@" > "$W/table.log" 2>&1 < /dev/null &
 }
 
 wait_for() {  # FILE [SECONDS]: until FILE exists, at most SECONDS (default 420)
