@@ -220,6 +220,55 @@ def test_placement_charges_what_the_kernels_read(tiny_files, tmp_path):
     assert extra == 2 * 4 * 512 * widest
 
 
+def _words(seed: int, n: int) -> str:
+    rng = np.random.default_rng(seed)
+    return " ".join("".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz .,"), size=rng.integers(2, 9)))
+                    for _ in range(n))
+
+
+def _oracle_ppl(path: str, tokens: list[int], bos: int | None, thresholds=None) -> float:
+    """llama.cpp's perplexity over two 512-token chunks from the float64 numpy model (reference.py)."""
+    from pyinfer.apps.perplexity import chunk_tokens
+
+    nll = []
+    for chunk in chunk_tokens(tokens, 512, bos, 2):
+        logits = reference_logits(GGUFFile(path), list(chunk), input_sparsity=thresholds)[256:-1]
+        z = logits - logits.max(-1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+        nll += list(-logp[np.arange(len(logp)), chunk[257:]])
+    return float(np.exp(np.mean(nll)))
+
+
+def test_sparsify_reports_the_held_out_perplexity_change(tiny_files, tmp_path, capsys, monkeypatch):
+    """`pyinfer sparsify --method input` end to end: it prints the per-layer table and the perplexity of the
+    source and of its output on held-out text (other text than the calibration's), as the float64 numpy model
+    gives them dense and under the file's thresholds."""
+    import re
+
+    from pyinfer.sparsity import corpus
+
+    held_out = _words(5, 3000)
+    monkeypatch.setattr(corpus, "held_out_text", lambda progress=True: held_out)
+    calib = tmp_path / "calib.txt"
+    calib.write_text(_words(3, 3000))
+    src, out = tiny_files("llama_silu", False), tmp_path / "out.gguf"
+    assert sparsify([src, "--method", "input", "--target", "0.4", "--corpus", str(calib), "--tokens", "512",
+                     "--ctx", "64", "--eval-tokens", "1024", "-t", "2", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "bytes skipped %" in printed, printed
+    dense, sparse, change = (float(v) for v in re.search(
+        r"([\d.]+) dense, ([\d.]+) sparse: ([-+][\d.]+) %", printed).groups())
+    model = Model(src, n_ctx=512)
+    tokens, bos = model.tokenize(held_out), model.tokenizer.bos_id if model.tokenizer.add_bos else None
+    meta = GGUFFile(str(out)).metadata
+    thresholds = ([float(t) for t in meta["pyinfer.sparsity.input_thresholds"]],
+                  [float(t) for t in meta["pyinfer.sparsity.thresholds"]])
+    assert dense == pytest.approx(_oracle_ppl(src, tokens, bos), rel=2e-3)
+    assert sparse == pytest.approx(_oracle_ppl(str(out), tokens, bos, thresholds), rel=2e-3)
+    assert change == pytest.approx(100 * (sparse / dense - 1), abs=0.11)
+    assert sparse != dense
+
+
 @pytest.mark.skipif(not ggml.cuda_available(), reason="no CUDA device")
 def test_budgets_split_the_ffn_and_equal_the_cpu(tiny_files, tmp_path):
     """Under budgets from the minimum to everything (figures that make splits pay), the GPU's neurons and the

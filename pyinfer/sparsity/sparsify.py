@@ -47,6 +47,7 @@ from pyinfer.sparsity.train_predictors import (
 )
 
 PROG = "pyinfer sparsify"
+HELD_OUT_CTX = 512  # llama.cpp's perplexity scores the second half of each chunk
 
 
 def predictor_tensors(il: int, pred: Predictor, freq: np.ndarray) -> list[OutTensor]:
@@ -80,12 +81,38 @@ def default_output(model: str, sparsity: float, method: str = "predictors") -> s
     return str(cache_dir() / "sparse" / f"{stem}-{tag}{round(100 * sparsity)}.gguf")
 
 
+def held_out_report(src: str, out: str, n_tokens: int, threads: int | None) -> str:
+    """The perplexity of src and out on n_tokens of held-out text (corpus.held_out_text, which no calibration
+    corpus holds) in chunks of HELD_OUT_CTX, and the share of down's neurons out read there."""
+    import io
+
+    from pyinfer.apps.perplexity import Stats, perplexity
+    from pyinfer.engine.driver import Model
+    from pyinfer.sparsity.corpus import held_out_text
+
+    text, ppl = held_out_text(), []
+    n_chunks = max(1, n_tokens // HELD_OUT_CTX)
+    for path in tqdm((src, out), desc="held-out perplexity", file=sys.stderr, disable=None):
+        model = Model(path, n_ctx=HELD_OUT_CTX, n_threads=threads)
+        tokens = model.tokenize(text)
+        if len(tokens) < n_chunks * HELD_OUT_CTX:
+            raise InvalidArgumentError(f"the held-out text has {len(tokens)} tokens, fewer than --eval-tokens")
+        ppl.append(Stats.ppl(perplexity(model, tokens, HELD_OUT_CTX, n_chunks, out=io.StringIO()).nll)[0])
+        extra = model.timings.extra
+    read = (f"; {100 * extra['ffn_rows_active'] / extra['ffn_rows_total']:.1f} % of down's neurons read there"
+            if extra.get("ffn_rows_total") else "")
+    return (f"held-out perplexity (Britannica, {n_chunks} x {HELD_OUT_CTX} tokens, second halves scored): "
+            f"{ppl[0]:.3f} dense, {ppl[1]:.3f} sparse: {100 * (ppl[1] / ppl[0] - 1):+.1f} %{read}")
+
+
 def _input_sparsify(args: argparse.Namespace) -> int:
     """--method input: calibration thresholds and channel-major gate and up, no predictors."""
     from pyinfer.hub.model_files import resolve_model
 
     t0 = time.perf_counter()
     s_x, s_h = input_sparsity.split(args.sparsity)  # a bad target fails before anything runs
+    if args.eval_tokens < 0:
+        raise InvalidArgumentError(f"--eval-tokens must be >= 0, not {args.eval_tokens}")
     path = ensure_powergguf(resolve_model(args.model))
     g = GGUFFile(path)
     input_sparsity.check_source(g)
@@ -107,6 +134,8 @@ def _input_sparsify(args: argparse.Namespace) -> int:
           f"gate's and up's input channels and {100 * s_h:.1f} % of down's neurons skipped; measured on the "
           f"calibration text ({calibration}): {skipped:.1f} % of the FFN's bytes")
     print(layer_table(rows))
+    if args.eval_tokens:
+        print(held_out_report(path, out, args.eval_tokens, args.threads))
     print(f"time: {time.perf_counter() - t0:.0f} s\nwrote {out}")
     return 0
 
@@ -173,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
                         "thresholds on the FFN's input and activations (SwiGLU/GeGLU) (default predictors)")
     p.add_argument("--target", dest="sparsity", type=float, metavar="B",
                    help="--method input: the share of the FFN's weight bytes a decoded token skips (as --sparsity)")
+    p.add_argument("--eval-tokens", type=int, default=2 * HELD_OUT_CTX,
+                   help="--method input: held-out tokens on which to report the perplexity change (0: none; "
+                        f"default {2 * HELD_OUT_CTX})")
     p.add_argument("-o", "--output", help="output PowerGGUF (default: <cache>/sparse/<model>-s<percent>.gguf, "
                                           "with --method input -in<percent>.gguf)")
     return run_cli(PROG, p, _sparsify, argv)
