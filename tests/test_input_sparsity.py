@@ -220,6 +220,35 @@ def test_placement_charges_what_the_kernels_read(tiny_files, tmp_path):
     assert extra == 2 * 4 * 512 * widest
 
 
+def test_plan_places_an_input_file_sparse_and_says_the_gain(tiny_files, tmp_path):
+    """`pyinfer plan` runs a file of input sparsity sparse by default, as the driver does (it had planned it
+    dense: only predictors counted), and prints the modelled gain over its dense FFN."""
+    import json
+    import subprocess
+    import sys
+
+    from test_placement import FLAGS
+
+    from pyinfer.engine.machine import MachineProfile
+    from pyinfer.engine.placement import model_costs, solve
+
+    path, _, _ = _calibrated(tiny_files, "llama_silu", 0.5, tmp_path / "input.gguf")
+    costs = model_costs(GGUFFile(path), 64, 2, True, 32)
+    budget = costs.reserve_bytes + sum(la.attn_bytes + la.kv_bytes + la.pred_bytes + 40 * la.neuron_bytes
+                                       for la in costs.layers)
+    machine = MachineProfile("given figures", *(float(v) for v in FLAGS[1::2]))
+    args = [sys.executable, "-m", "pyinfer", "plan", "-m", path, "--vram-budget", str(budget), "-c", "64", "-b", "32",
+            *FLAGS]
+    got = json.loads(subprocess.run([*args, "--json"], capture_output=True, text=True, timeout=120, check=True).stdout)
+    sparse, dense = solve(costs, machine, budget), solve(model_costs(GGUFFile(path), 64, 2, False, 32), machine, budget)
+    assert got["token_us"] == pytest.approx(sparse.token_us) and tuple(got["hot_rows"]) == sparse.hot_rows
+    assert got["dense_tokens_per_second"] == pytest.approx(dense.tokens_per_second)
+    assert got["token_us"] != pytest.approx(dense.token_us)  # the plans differ: the test tells them apart
+    text = subprocess.run(args, capture_output=True, text=True, timeout=120, check=True).stdout
+    gain = sparse.tokens_per_second / dense.tokens_per_second
+    assert f"the sparse FFN's modelled gain {gain:.2f}x" in text, text
+
+
 def _words(seed: int, n: int) -> str:
     rng = np.random.default_rng(seed)
     return " ".join("".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz .,"), size=rng.integers(2, 9)))

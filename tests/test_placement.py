@@ -471,7 +471,7 @@ def test_the_reserve_counts_the_dequantized_rows_of_non_f16_weights(tmp_path, mo
     n_ff, n_embd = 4096, 1024  # synthetic.SHAPES["small"]: the FFN's matrices are the largest
     seen = []
     real = placement.reserve_bytes
-    monkeypatch.setattr(placement, "reserve_bytes", lambda *args: seen.append(args[-1]) or real(*args))
+    monkeypatch.setattr(placement, "reserve_bytes", lambda *args: seen.append(args[4]) or real(*args))
     costs = placement.model_costs(GGUFFile(path), 64, 2, True, 512)
     monkeypatch.setattr(placement, "GEMM_CHUNK", 1 << 20)
     placement.model_costs(GGUFFile(path), 64, 2, True, 512)

@@ -141,7 +141,7 @@ def test_sparsity_threshold_lowers_density(synthetic):
 
 def test_sparse_off_equals_dense(power, synthetic):
     base = Model(power("llama_silu"), n_ctx=64, n_threads=2)
-    assert base.sparse_spec is None and not base.has_predictors
+    assert base.sparse_spec is None and not base.file.has_predictors
     off = Model(synthetic("llama_silu"), n_ctx=64, n_threads=2, sparse=False)
     assert off.sparse_spec is None and "ffn_rows_total" not in off.timings.extra
     np.testing.assert_array_equal(off.logits(TOKENS), base.logits(TOKENS))

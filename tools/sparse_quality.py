@@ -104,7 +104,7 @@ def score(model: Model, chunks, base, preds, thresholds, desc: str) -> tuple[dic
 
 def _sweep(args: argparse.Namespace) -> int:
     dense = Model(args.model, n_ctx=args.ctx, n_batch=args.ctx, n_threads=args.threads, sparse=False)
-    if not dense.has_predictors:
+    if not dense.file.has_predictors:
         raise PyInferError(f"{args.model}: no predictors; run `pyinfer sparsify` first")
     if dense.config.ffn_kind == "drelu":
         raise UnsupportedError("dReLU rows are not counted here (up rows depend on the gate)")

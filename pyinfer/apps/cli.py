@@ -90,18 +90,25 @@ def cmd_plan(args) -> int:
         raise PyInferError("pyinfer plan needs --vram-budget SIZE")
     f = GGUFFile(resolve_model(args.model))
     n_ctx = args.ctx_size or min(f.config.n_ctx_train, 4096)
-    sparse = {"auto": "blk.0.fc1.weight" in f.tensors, "on": True, "off": False}[args.sparse]
+    sparse = {"auto": f.sparse_by_default, "on": True, "off": False}[args.sparse]
     kv_bytes = 2 if args.kv_type == "f16" else 4
     costs = model_costs(f, n_ctx, kv_bytes, sparse, args.batch_size)
     overrides = {name: getattr(args, name) for name in FIGURES}
     machine = resolve(args.machine, f.tensors["blk.0.ffn_up.weight"].type, args.threads or default_threads(), overrides)
-    plan = solve(costs, machine, parse_bytes(args.vram_budget))
+    budget = parse_bytes(args.vram_budget)
+    plan = solve(costs, machine, budget)
+    # the modelled gain of a sparse FFN: the same file and budget with every neuron computed
+    dense = solve(model_costs(f, n_ctx, kv_bytes, False, args.batch_size), machine, budget) if sparse else None
     if args.json:
         print(json.dumps({"budget": plan.budget, "device_bytes": plan.device_bytes, "head_gpu": plan.head_gpu,
                           "attn_gpu": plan.attn_gpu, "hot_rows": plan.hot_rows, "token_us": plan.token_us,
-                          "tokens_per_second": plan.tokens_per_second, "gap": plan.gap, "machine": machine.name}))
+                          "tokens_per_second": plan.tokens_per_second, "gap": plan.gap, "machine": machine.name,
+                          "dense_tokens_per_second": dense.tokens_per_second if dense else None}))
     else:
         print(describe(plan, costs, machine))
+        if dense:
+            print(f"the same file with the dense FFN (--sparse off): {dense.tokens_per_second:.1f} tokens per "
+                  f"second; the sparse FFN's modelled gain {plan.tokens_per_second / dense.tokens_per_second:.2f}x")
         hint = smaller_batch_hint(plan, costs, args.batch_size, machine,
                                   lambda n_batch: model_costs(f, n_ctx, kv_bytes, sparse, n_batch))
         if hint:

@@ -313,25 +313,16 @@ class Model:
 
     # --- sparse FFN ---
     @property
-    def has_predictors(self) -> bool:
-        return "blk.0.fc1.weight" in self.file.tensors
-
-    @property
-    def has_input_sparsity(self) -> bool:
-        """A file of pyinfer.sparsity.input_sparsity: thresholds and channel-major gate and up, no predictors."""
-        return self.file.metadata.get("pyinfer.sparsity.kind") == "input"
-
-    @property
     def reads_channel_major(self) -> bool:
         """The FFN runs input sparsity: its graph reads the channel-major gate and up, not the row-major ones."""
         return self.sparse_spec is not None and self.sparse_spec.kind == "input"
 
     def _sparse_spec(self, sparse: bool | None, logit_threshold: float, oracle: bool):
         if sparse is None:
-            sparse = oracle or self.has_predictors or self.has_input_sparsity
+            sparse = oracle or self.file.sparse_by_default
         if not sparse:
             return None
-        if not (oracle or self.has_predictors or self.has_input_sparsity):
+        if not (oracle or self.file.sparse_by_default):
             raise InvalidArgumentError(f"{self.file.path} has no predictors (blk.N.fc1/fc2): run pyinfer sparsify")
         if self.file.ffn_layout != "down_t":
             raise InvalidArgumentError("the sparse FFN needs a PowerGGUF (ffn_down_t): convert the model first")

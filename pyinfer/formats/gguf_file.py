@@ -118,6 +118,20 @@ class GGUFFile:
                                        "norms and biases must be F32")
 
     @property
+    def has_predictors(self) -> bool:
+        return "blk.0.fc1.weight" in self.tensors
+
+    @property
+    def has_input_sparsity(self) -> bool:
+        """A file of pyinfer.sparsity.input_sparsity: thresholds and channel-major gate and up, no predictors."""
+        return self.metadata.get("pyinfer.sparsity.kind") == "input"
+
+    @property
+    def sparse_by_default(self) -> bool:
+        """What `--sparse auto` runs: the sparse FFN wherever the file carries what it needs."""
+        return self.has_predictors or self.has_input_sparsity
+
+    @property
     def mmap_buffer(self):
         """The whole file's read-only mapping (for registering it with the GPU)."""
         return self._mmap
