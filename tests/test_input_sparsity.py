@@ -257,7 +257,7 @@ def _words(seed: int, n: int) -> str:
 
 def _oracle_ppl(path: str, tokens: list[int], bos: int | None, thresholds=None) -> float:
     """llama.cpp's perplexity over two 512-token chunks from the float64 numpy model (reference.py)."""
-    from pyinfer.apps.perplexity import chunk_tokens
+    from pyinfer.engine.scoring import chunk_tokens
 
     nll = []
     for chunk in chunk_tokens(tokens, 512, bos, 2):

@@ -13,6 +13,7 @@ from reference import reference_logits
 import pyinfer.converters.convert_hf_to_powergguf as conv
 from pyinfer.apps import perplexity as ppl_mod
 from pyinfer.engine.driver import Model
+from pyinfer.engine.scoring import Stats
 from pyinfer.errors import InvalidArgumentError
 from pyinfer.formats.gguf_file import GGUFFile
 
@@ -57,7 +58,7 @@ def test_perplexity_matches_numpy(tiny):
     want, running = _numpy_ppl(path, tokens, N_CTX, bos)
     out = io.StringIO()
     stats = ppl_mod.perplexity(model, tokens, N_CTX, out=out)
-    got, err = ppl_mod.Stats.ppl(stats.nll)
+    got, err = Stats.ppl(stats.nll)
     assert got == pytest.approx(want, rel=1e-4)
     assert len(stats.nll) == (len(tokens) // N_CTX) * (N_CTX - N_CTX // 2 - 1)
     assert 0 < err < got

@@ -21,9 +21,9 @@ import numpy as np
 from tqdm import tqdm
 
 from pyinfer import arguments
-from pyinfer.apps.perplexity import chunk_tokens, log_softmax
 from pyinfer.console import run_cli
 from pyinfer.engine.driver import Model
+from pyinfer.engine.scoring import chunk_tokens, log_softmax
 from pyinfer.errors import PyInferError, UnsupportedError
 from pyinfer.models.sparse_ffn import metadata_spec
 from pyinfer.native import ggml

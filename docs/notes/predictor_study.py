@@ -265,7 +265,7 @@ def cmd_e2e(args):
     reference forward whose FFN activation keeps only rows(gate, up) & |h| > t_l."""
     import reference as ref
 
-    from pyinfer.apps.perplexity import chunk_tokens, log_softmax
+    from pyinfer.engine.scoring import chunk_tokens, log_softmax
     from pyinfer.formats.tokenizer import Tokenizer
 
     g = GGUFFile(args.model)

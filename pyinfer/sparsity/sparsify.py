@@ -84,10 +84,8 @@ def default_output(model: str, sparsity: float, method: str = "predictors") -> s
 def held_out_report(src: str, out: str, n_tokens: int, threads: int | None) -> str:
     """The perplexity of src and out on n_tokens of held-out text (corpus.held_out_text, which no calibration
     corpus holds) in chunks of HELD_OUT_CTX, and the share of down's neurons out read there."""
-    import io
-
-    from pyinfer.apps.perplexity import Stats, perplexity
     from pyinfer.engine.driver import Model
+    from pyinfer.engine.scoring import Stats, chunk_tokens, scored_logprobs
     from pyinfer.sparsity.corpus import held_out_text
 
     text, ppl = held_out_text(), []
@@ -97,7 +95,11 @@ def held_out_report(src: str, out: str, n_tokens: int, threads: int | None) -> s
         tokens = model.tokenize(text)
         if len(tokens) < n_chunks * HELD_OUT_CTX:
             raise InvalidArgumentError(f"the held-out text has {len(tokens)} tokens, fewer than --eval-tokens")
-        ppl.append(Stats.ppl(perplexity(model, tokens, HELD_OUT_CTX, n_chunks, out=io.StringIO()).nll)[0])
+        stats = Stats()
+        for chunk in chunk_tokens(tokens, HELD_OUT_CTX, model.tokenizer.bos_id if model.tokenizer.add_bos else None,
+                                  n_chunks):
+            stats.add(scored_logprobs(model, chunk), chunk[HELD_OUT_CTX // 2 + 1:])
+        ppl.append(Stats.ppl(stats.nll)[0])
         extra = model.timings.extra
     read = (f"; {100 * extra['ffn_rows_active'] / extra['ffn_rows_total']:.1f} % of down's neurons read there"
             if extra.get("ffn_rows_total") else "")
