@@ -39,12 +39,14 @@ class LiveServer:
 
     def request(self, method: str, path: str, body: bytes | dict | list | None = None,
                 headers: dict | None = None) -> tuple[int, http.client.HTTPMessage, bytes]:
-        """(status, headers, body) of one request; dict and list bodies are sent as JSON."""
+        """(status, headers, body) of one request; dict and list bodies are sent as JSON (and say so)."""
+        headers = dict(headers or {})
         if isinstance(body, dict | list):
             body = json.dumps(body).encode()
+            headers.setdefault("Content-Type", "application/json")
         conn = self.connection()
         try:
-            conn.request(method, path, body=body, headers=headers or {})
+            conn.request(method, path, body=body, headers=headers)
             res = conn.getresponse()
             return res.status, res.headers, res.read()
         finally:

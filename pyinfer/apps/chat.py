@@ -78,6 +78,7 @@ class ChatSession:
     params: SamplerParams = field(default_factory=SamplerParams)
     seed: int | None = None
     n_predict: int = -1  # -1: until end of turn or the context is full
+    content_control_tokens: bool = False  # messages may spell control tokens (ChatTemplate.encode)
     messages: list[dict] = field(default_factory=list)
     last: TurnStats = field(default_factory=TurnStats)
     n_turns: int = 0
@@ -95,7 +96,7 @@ class ChatSession:
         self.model.reset()
 
     def _tokens(self, messages: list[dict] | None = None) -> list[int]:
-        return self.template.encode(self.model.tokenizer, self.conversation(messages))
+        return self.template.encode(self.model.tokenizer, self.conversation(messages), self.content_control_tokens)
 
     def _reserve(self) -> int:
         """Context kept free for the answer."""

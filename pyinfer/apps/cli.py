@@ -11,7 +11,15 @@ import sys
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from pyinfer import __version__
-from pyinfer.apps.flags import add_model_args, add_sampling_args, load_model, model_options, sampler_params, seed
+from pyinfer.apps.flags import (
+    add_model_args,
+    add_sampling_args,
+    add_template_args,
+    load_model,
+    model_options,
+    sampler_params,
+    seed,
+)
 from pyinfer.console import interrupted, one_line
 from pyinfer.errors import PyInferError
 
@@ -54,7 +62,8 @@ def cmd_chat(args) -> int:
     path, model = load_model(args)
     template = ChatTemplate.from_tokenizer(model.tokenizer, override=args.chat_template_file)
     session = ChatSession(model, system=args.system_prompt, template=template, params=sampler_params(args),
-                          seed=seed(args), n_predict=args.n_predict)
+                          seed=seed(args), n_predict=args.n_predict,
+                          content_control_tokens=args.content_control_tokens)
     cfg = model.config
     banner = (f"pyinfer chat: {Path(path).name} ({cfg.arch}, {cfg.n_layer} layers) loaded in "
               f"{model.timings.load_ms:.0f} ms; context {model.n_ctx} tokens")
@@ -163,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "first use. When stdin is not a terminal, each line is one message.")
     add_model_args(p)
     p.add_argument("-sys", "--system-prompt", default=None, help="system prompt")
-    p.add_argument("--chat-template-file", default=None, help="Jinja chat template to use instead of the model's")
+    add_template_args(p)
     p.add_argument("-n", "--n-predict", type=int, default=-1, help="most tokens per answer (default -1: no limit)")
     p.add_argument("--json", action="store_true", help="scripted mode: one JSON object per turn on stdout")
     add_sampling_args(p)
@@ -177,13 +186,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
-    p.add_argument("--api-key", default=os.environ.get("PYINFER_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' (default $PYINFER_API_KEY; none: no key)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' (default $PYINFER_API_KEY; none: no key); visible in "
+                        "ps: prefer --api-key-file or the variable")
+    p.add_argument("--api-key-file", default=None, metavar="FILE", help="read the API key from FILE's first line")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="a further name requests may give as Host (IP addresses, localhost and --host always may; "
+                        "others are refused against DNS rebinding; '*': any); repeatable")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a web origin (https://app.example) whose pages may call the API; repeatable (default: "
+                        "none, and browsers keep other sites' pages out)")
     p.add_argument("--alias", default=None, help="model name in the API (default: the file name without extension)")
     p.add_argument("--queue", type=int, default=16,
                    help="requests that may wait behind the running one; beyond that 429 (default 16)")
     p.add_argument("--max-body", type=int, default=8, help="largest request body in MiB (default 8)")
-    p.add_argument("--chat-template-file", default=None, help="Jinja chat template to use instead of the model's")
+    add_template_args(p)
     p.add_argument("-n", "--n-predict", type=int, default=-1,
                    help="max_tokens when a request gives none (default -1: until end of turn or the context is full)")
     add_sampling_args(p)

@@ -26,6 +26,14 @@ def add_model_args(p: argparse.ArgumentParser, model_required: bool = False) -> 
                    help="added to the predictors' threshold: higher skips more neurons (default 0)")
 
 
+def add_template_args(p: argparse.ArgumentParser) -> None:
+    """The chat template and how it treats control tokens spelled in a message (pyinfer chat and serve)."""
+    p.add_argument("--chat-template-file", default=None, help="Jinja chat template to use instead of the model's")
+    p.add_argument("--content-control-tokens", action="store_true",
+                   help="let a message's content spell control tokens such as <|im_end|> (the old behaviour; by "
+                        "default they stay text, so untrusted text cannot forge a turn)")
+
+
 def add_precise_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precise", choices=["auto", "on", "off"], default="auto",
                    help="CPU matmuls without rounding the activations to 8 bits (twice the arithmetic; off: "

@@ -292,12 +292,14 @@ def _run(llm, prompt_tokens, kind: _Kind, stream: bool, stream_options: Mapping 
 
 def create_chat_completion(llm, messages: Sequence[Mapping], *, stream: bool = False,
                            stream_options: Mapping | None = None, template: ChatTemplate | None = None,
-                           model: str | None = None, **options) -> dict | Iterator[dict]:
+                           model: str | None = None, content_control_tokens: bool = False,
+                           **options) -> dict | Iterator[dict]:
     """A chat completion of `messages` by the Model `llm` through its chat template (or `template`): the
     response dict, or with stream=True an iterator of chunk dicts. `model` names the model in them;
-    `options` are CompletionOptions' fields. Errors in the request raise before anything is generated."""
+    `options` are CompletionOptions' fields. Control tokens spelled in a message stay text unless
+    content_control_tokens. Errors in the request raise before anything is generated."""
     template = template or ChatTemplate.from_tokenizer(llm.tokenizer)
-    tokens = template.encode(llm.tokenizer, chat_messages(messages))
+    tokens = template.encode(llm.tokenizer, chat_messages(messages), content_control_tokens)
     return _run(llm, tokens, CHAT, stream, stream_options, model, options)
 
 

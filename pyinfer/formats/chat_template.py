@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
@@ -133,8 +135,32 @@ class ChatTemplate:
         except Exception as e:  # untrusted code, as above: TypeError, ZeroDivisionError, RecursionError, ...
             raise ChatTemplateError(f"chat template failed: {one_line(e)}") from e
 
-    def encode(self, tokenizer, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    def encode(self, tokenizer, messages: Sequence[Mapping[str, Any]],
+               content_control_tokens: bool = False) -> list[int]:
         """Prompt tokens of `messages` (a `pyinfer.formats.tokenizer.Tokenizer`'s), ending where the answer begins.
-        The template writes BOS itself where the model wants it; control tokens in the text are parsed."""
+        The template writes BOS itself where the model wants it. Its own control tokens are parsed; those spelled
+        inside a message's content stay text (untrusted text must not forge a turn), unless
+        content_control_tokens. Only a content that spells one is tokenized apart from the text around it, so
+        every other prompt tokenizes exactly as its whole rendered text does."""
         text = self.render(messages, add_generation_prompt=True)
-        return tokenizer.encode(text, add_special=False, parse_special=True)
+        pattern = tokenizer.control_text
+        spelled = [i for i, m in enumerate(messages)
+                   if pattern is not None and isinstance(m.get("content"), str) and pattern.search(m["content"])]
+        if content_control_tokens or not spelled:
+            return tokenizer.encode(text, add_special=False, parse_special=True)
+        # render once more with those contents as marks, to learn where the template put them
+        nonce = secrets.token_hex(8)
+        marks = {i: f"\ue000{nonce}{i}\ue001" for i in spelled}
+        marked = self.render([{**m, "content": marks[i]} if i in marks else m for i, m in enumerate(messages)],
+                             add_generation_prompt=True)
+        pieces = re.split(f"(\ue000{nonce}\\d+\ue001)", marked)  # template text, a mark, template text, ...
+        for trimmed in (False, True):  # as given, or trimmed as templates may trim it
+            content = {marks[i]: messages[i]["content"].strip() if trimmed else messages[i]["content"] for i in spelled}
+            if "".join(content.get(p, p) for p in pieces) != text:
+                continue
+            ids: list[int] = []
+            for p in pieces:
+                ids += tokenizer.encode(content.get(p, p), add_special=False, parse_special=p not in content)
+            return ids
+        raise ChatTemplateError("the chat template rewrites a message that spells control tokens, so they cannot be "
+                                "kept as text; remove them from the message")

@@ -96,6 +96,10 @@ class Tokenizer:
         else:
             raise UnsupportedError(f"tokenizer model {self.kind!r} is not supported (only gpt2 and llama)")
         self._special = [t in (TOKEN_CONTROL, TOKEN_UNKNOWN) for t in self.types]
+        controls = sorted({self.tokens[i] for i, t in enumerate(self.types) if t == TOKEN_CONTROL and self.tokens[i]},
+                          key=len, reverse=True)
+        # where a text spells a control token (which encode's parse_special would turn into that token)
+        self.control_text = re.compile("|".join(map(re.escape, controls))) if controls else None
         _library_call("tokenizer.ggml.tokens", self._add_special_tokens)
         self.eot_ids = self._find_eot_ids(meta)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
 import logging
 import os
@@ -18,6 +19,8 @@ from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
@@ -46,6 +49,9 @@ class Settings:
     sampling: SamplerParams  # for fields a request leaves out
     max_tokens: int | None
     seed: int | None
+    allowed_hosts: frozenset[str] = frozenset()  # Host names besides IP literals and localhost; "*": any
+    cors_origins: tuple[str, ...] = ()  # web origins whose pages may call the API (none: the browser's rule)
+    content_control_tokens: bool = False  # messages may spell control tokens (ChatTemplate.encode)
 
 
 class Server:
@@ -70,13 +76,19 @@ class Server:
             self._route("/detokenize", self.detokenize, "POST"),
             self._route("/metrics", self.metrics_text, "GET"),
         ]
-        return Starlette(routes=routes, exception_handlers={HTTPException: self._http_error})
+        cors = self.settings.cors_origins
+        middleware = [Middleware(CORSMiddleware, allow_origins=list(cors), allow_methods=["GET", "POST"],
+                                 allow_headers=["Authorization", "Content-Type"])] if cors else []
+        return Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: self._http_error})
 
     def _route(self, path: str, handler, method: str, public: bool = False) -> Route:
         async def endpoint(request: Request) -> Response:
             try:
+                self._check_host(request)
                 if not public:
                     self._authorize(request)
+                if method == "POST":
+                    _check_json(request)
                 answer = await handler(request)
             except Exception as exc:  # every failure is an error object; the server goes on
                 answer = _logged(exc, request).response()
@@ -97,6 +109,19 @@ class Server:
         return ApiError(exc.status_code, message, headers=exc.headers).response()
 
     # ---- checks every request passes ----
+
+    def _check_host(self, request: Request) -> None:
+        """DNS rebinding: a page whose own domain resolves to this machine sends its domain as Host. Only IP
+        literals, localhost and the names the user allowed (--host, --allowed-host) are this server's."""
+        allowed = self.settings.allowed_hosts
+        header = request.headers.get("host")
+        if header is None:
+            raise ApiError(400, "the request has no Host header", code="invalid_host")
+        name = _host_name(header)
+        if "*" in allowed or name == "localhost" or name.endswith(".localhost") or name in allowed or _is_ip(name):
+            return
+        raise ApiError(403, f"this server does not answer for the host '{name}': ask for it by its address or "
+                            "allow the name with --allowed-host", code="invalid_host")
 
     def _authorize(self, request: Request) -> None:
         key = self.settings.api_key
@@ -181,7 +206,9 @@ class Server:
     async def chat_completions(self, request: Request) -> Response:
         body = ChatCompletionRequest.parse(await self._body(request))
         messages = chat_messages(body.messages)
-        return await self._complete(request, body, CHAT, lambda: self.template.encode(self.model.tokenizer, messages))
+        special = self.settings.content_control_tokens
+        return await self._complete(request, body, CHAT,
+                                    lambda: self.template.encode(self.model.tokenizer, messages, special))
 
     async def completions(self, request: Request) -> Response:
         body = CompletionRequest.parse(await self._body(request))
@@ -246,6 +273,31 @@ class Server:
         while (await request.receive())["type"] != "http.disconnect":
             pass
         job.cancel()
+
+
+def _host_name(header: str) -> str:
+    """The lower-case name or address of a Host header, without its port ('[::1]:8080' -> '::1')."""
+    host = header.strip().lower()
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else host[1:]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_json(request: Request) -> None:
+    """Cross-site requests: a page may send another site a 'simple' POST (text/plain, no preflight); a body
+    only counts as JSON when it says so, which a browser lets a foreign page do only after a CORS preflight."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media != "application/json":
+        raise ApiError(415, f"the request body must be sent as 'Content-Type: application/json', not "
+                            f"'{media or 'none'}'", code="unsupported_media_type")
 
 
 def _logged(exc: BaseException, request: Request) -> ApiError:

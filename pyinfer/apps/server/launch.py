@@ -4,6 +4,7 @@ runs), and runs uvicorn until SIGINT or SIGTERM, which end the token in flight a
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import sys
@@ -15,6 +16,7 @@ from pyinfer.apps.server.engine import Engine
 from pyinfer.errors import PyInferError
 from pyinfer.formats.chat_template import ChatTemplate
 
+API_KEY_VARIABLE = "PYINFER_API_KEY"
 GRACEFUL_SHUTDOWN_S = 10  # uvicorn's wait for open connections after a stop signal
 
 
@@ -45,13 +47,15 @@ def serve(args) -> int:
 
     if args.queue < 0 or args.max_body <= 0:
         raise PyInferError("--queue must be >= 0 and --max-body > 0")
+    _api_key(args)  # a bad key file fails before the model loads
     path, model = load_model(args)
     template = ChatTemplate.from_tokenizer(model.tokenizer, override=args.chat_template_file)
     file = Path(path)
     settings = Settings(model_name=args.alias or file.stem, model_aliases=frozenset({file.stem, file.name}),
-                        api_key=args.api_key or None, max_body=args.max_body << 20, queue=args.queue,
+                        api_key=_api_key(args), max_body=args.max_body << 20, queue=args.queue,
                         sampling=sampler_params(args), max_tokens=args.n_predict if args.n_predict > 0 else None,
-                        seed=args.seed)
+                        seed=args.seed, allowed_hosts=frozenset(h.lower() for h in [args.host, *args.allowed_host]),
+                        cors_origins=tuple(args.cors_origin), content_control_tokens=args.content_control_tokens)
     sock = _listen(args.host, args.port)
     server = Server(model, template, settings)
     # no lifespan: a second Ctrl-C makes uvicorn cancel it, and Starlette logs that as a traceback
@@ -78,6 +82,21 @@ def serve(args) -> int:
         server.engine.close()
     print("pyinfer serve: stopped", file=sys.stderr)
     return 0
+
+
+def _api_key(args) -> str | None:
+    """--api-key, else the first line of --api-key-file, else $PYINFER_API_KEY (the last two stay out of `ps`)."""
+    if args.api_key and args.api_key_file:
+        raise PyInferError("give --api-key or --api-key-file, not both")
+    if args.api_key_file:
+        try:
+            lines = Path(args.api_key_file).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PyInferError(f"cannot read --api-key-file {args.api_key_file}: {exc}") from None
+        if not lines or not lines[0].strip():
+            raise PyInferError(f"--api-key-file {args.api_key_file} is empty")
+        return lines[0].strip()
+    return args.api_key or os.environ.get(API_KEY_VARIABLE) or None
 
 
 def _is_loopback(host: str) -> bool:
