@@ -424,7 +424,7 @@ BAD_INPUTS = {
     "two prompts": ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt", "one prompt"),
     "token id out of range": ("/v1/completions", {"prompt": [1, 99999]}, 400, None, "token ids"),
     "unknown model": ("/v1/chat/completions", _chat(model="gpt-4o"), 404, "model", "does not exist"),
-    "prompt longer than the context": ("/v1/completions", {"prompt": LONG}, 400, "messages", "context"),
+    "prompt longer than the context": ("/v1/completions", {"prompt": LONG}, 400, "prompt", "context"),
     "chat longer than the context": ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONG}]}, 400,
                                      "messages", "context"),
     "detokenize bad id": ("/detokenize", {"tokens": [-1]}, 400, "tokens", "token ids"),
@@ -632,3 +632,58 @@ def test_the_api_key_from_a_file_stays_out_of_ps(tiny, tmp_path):
                              cwd=REPO, capture_output=True, text=True, timeout=120)
         lines = res.stderr.strip().splitlines()
         assert res.returncode == 1 and len(lines) == 1 and words in lines[0], res.stderr
+
+
+def test_the_page_sends_security_headers_that_let_it_run(tiny_server):
+    """CSP: nothing from elsewhere, never framed; the inline script and style pass by their hashes (the browser
+    test runs the page under this policy)."""
+    import base64
+    import hashlib
+    import re
+
+    status, headers, page = tiny_server.request("GET", "/")
+    policy = headers["Content-Security-Policy"]
+    assert status == 200 and "default-src 'none'" in policy and "frame-ancestors 'none'" in policy
+    assert headers["X-Content-Type-Options"] == "nosniff" and headers["X-Frame-Options"] == "DENY"
+    script = re.search(rb"<script>(.*?)</script>", page, re.S)[1]
+    assert f"'sha256-{base64.b64encode(hashlib.sha256(script).digest()).decode()}'" in policy
+    assert "unsafe-inline" not in policy and "http" not in policy
+
+
+def _raw(server, data: bytes, then_close: bool = False, timeout: float = 60) -> bytes:
+    """What the server answers to raw bytes (after closing our side, if then_close: nothing is read)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(server.url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=timeout) as s:
+        s.sendall(data)
+        if then_close:
+            return b""
+        return b"".join(iter(lambda: s.recv(65536), b""))
+
+
+def test_uploads_that_are_too_big_stalled_or_abandoned(tiny, tmp_path):
+    """A body announced as 10^12 bytes is refused at once; one that stalls gets 408 after --body-timeout; a
+    client leaving mid-upload is a client error (499) in /metrics, not a 500."""
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n")
+    with live_server(tiny, tmp_path, "-c", "128", "--body-timeout", "1") as server:
+        t0 = time.monotonic()
+        answer = _raw(server, head % 10**12 + b'{"prompt": ')
+        assert answer.split()[1] == b"413" and b"request_too_large" in answer and time.monotonic() - t0 < 10
+        t0 = time.monotonic()
+        answer = _raw(server, head % 100 + b'{"prompt": ')
+        assert answer.split()[1] == b"408" and b"--body-timeout" in answer and time.monotonic() - t0 < 10
+        _raw(server, head % 100 + b'{"prompt": ', then_close=True)
+        _wait_for(lambda: server.metrics().get("pyinfer_requests_total{path=/v1/completions,status=499}", 0) >= 1)
+        assert not any("status=5" in k for k in server.metrics())
+        assert "Traceback" not in server.log
+
+
+def test_a_completion_prompt_too_long_names_the_prompt(tiny_server, tiny):
+    status, body = tiny_server.json("POST", "/v1/completions", {"prompt": "hello " * 2000, "max_tokens": 1})
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded" and body["error"]["param"] == "prompt"
+    status, body = tiny_server.json("POST", "/v1/chat/completions", _chat(max_tokens=1) | {
+        "messages": [{"role": "user", "content": "hello " * 2000}]})
+    assert status == 400 and body["error"]["param"] == "messages"

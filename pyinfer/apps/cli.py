@@ -200,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue", type=int, default=16,
                    help="requests that may wait behind the running one; beyond that 429 (default 16)")
     p.add_argument("--max-body", type=int, default=8, help="largest request body in MiB (default 8)")
+    p.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds a request body may stall before 408 (default 30)")
     add_template_args(p)
     p.add_argument("-n", "--n-predict", type=int, default=-1,
                    help="max_tokens when a request gives none (default -1: until end of turn or the context is full)")

@@ -5,11 +5,14 @@ is touched only by the engine's thread (generation) and, under a lock, by tokeni
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import hmac
 import ipaddress
 import json
 import logging
 import os
+import re
 import threading
 from dataclasses import dataclass
 from importlib import resources
@@ -21,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
@@ -29,14 +32,19 @@ from pyinfer.apps.server.engine import Engine, Job
 from pyinfer.apps.server.metrics import Metrics
 from pyinfer.apps.server.openai_errors import ApiError, from_exception
 from pyinfer.apps.server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from pyinfer.console import one_line
 from pyinfer.engine.completions import CHAT, TEXT, Generation, chat_messages, chunks, response, text_prompt_tokens
 from pyinfer.engine.sampling import SamplerParams
+from pyinfer.errors import ContextFullError
 from pyinfer.formats.chat_template import ChatTemplate
 
 log = logging.getLogger("pyinfer.apps.server")
 
 SHUTDOWN_GRACE_S = 5  # a stream's last event after a stop signal; uvicorn's own limit is longer
 DISCARD_LIMIT = 64 << 20  # an oversized body is read (and dropped) this far, so the client can read the 413
+# the page: its own inline style and script only (by hash), never framed, no sniffing, no referrer
+PAGE_HEADERS = {"X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer",
+                "Cache-Control": "no-cache"}
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,7 @@ class Settings:
     allowed_hosts: frozenset[str] = frozenset()  # Host names besides IP literals and localhost; "*": any
     cors_origins: tuple[str, ...] = ()  # web origins whose pages may call the API (none: the browser's rule)
     content_control_tokens: bool = False  # messages may spell control tokens (ChatTemplate.encode)
+    body_timeout_s: float = 30.0  # the longest pause inside a request body
 
 
 class Server:
@@ -63,6 +72,7 @@ class Server:
         self.metrics = Metrics(self.engine, settings.model_name, model.n_ctx)
         self._tokenizer_lock = threading.Lock()  # Tokenizer.encode is not thread-safe
         self._page = resources.files("pyinfer.apps.server").joinpath("static/index.html").read_bytes()
+        self._page_headers = {**PAGE_HEADERS, "Content-Security-Policy": _page_policy(self._page.decode())}
 
     def app(self) -> Starlette:
         routes = [
@@ -136,9 +146,21 @@ class Server:
     async def _body(self, request: Request) -> bytes:
         limit = self.settings.max_body
         declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit + DISCARD_LIMIT:  # not worth waiting for: answer now
+            raise _too_large(limit, {"Connection": "close"})
         over = declared.isdigit() and int(declared) > limit
         body, seen = bytearray(), 0
-        async for chunk in request.stream():
+        chunks = request.stream().__aiter__()
+        while True:
+            try:  # a stalled upload must not hold a connection forever
+                chunk = await asyncio.wait_for(chunks.__anext__(), self.settings.body_timeout_s)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                raise ApiError(408, f"the request body stalled for {self.settings.body_timeout_s:g} s (--body-timeout)",
+                               code="request_timeout", headers={"Connection": "close"}) from None
+            except ClientDisconnect:
+                raise ApiError(499, "the client went away during the upload", code="client_closed") from None
             seen += len(chunk)
             over = over or seen > limit
             if not over:
@@ -146,8 +168,7 @@ class Server:
             elif seen > limit + DISCARD_LIMIT:
                 break
         if over:
-            raise ApiError(413, f"the request body is larger than the limit of {limit} bytes (--max-body)",
-                           code="request_too_large")
+            raise _too_large(limit)
         return bytes(body)
 
     def _check_model(self, name: str | None) -> None:
@@ -166,7 +187,7 @@ class Server:
     # ---- endpoints ----
 
     async def page(self, request: Request) -> Response:
-        return HTMLResponse(self._page, headers={"Cache-Control": "no-cache"})
+        return HTMLResponse(self._page, headers=self._page_headers)
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -221,7 +242,11 @@ class Server:
         """Checks and queues one completion; streams its chunks or answers its response."""
         self._check_model(body.model)
         options = body.options(self.settings.max_tokens, self.settings.seed)
-        gen = Generation(self.model, await self._encode(tokens_of), options, self.settings.sampling)
+        try:
+            gen = Generation(self.model, await self._encode(tokens_of), options, self.settings.sampling)
+        except ContextFullError as exc:  # the field that made the prompt too long
+            raise ApiError(400, one_line(exc), param="messages" if kind is CHAT else "prompt",
+                           code="context_length_exceeded") from None
         job = Job(self._work(gen, kind, bool(body.stream), body.include_usage))
         self.engine.submit(job)
         if body.stream:
@@ -273,6 +298,21 @@ class Server:
         while (await request.receive())["type"] != "http.disconnect":
             pass
         job.cancel()
+
+
+def _too_large(limit: int, headers: dict | None = None) -> ApiError:
+    return ApiError(413, f"the request body is larger than the limit of {limit} bytes (--max-body)",
+                    code="request_too_large", headers=headers)
+
+
+def _page_policy(page: str) -> str:
+    """The page's Content-Security-Policy: nothing from elsewhere, its inline style and script by their hashes."""
+    def hashes(tag: str) -> str:
+        bodies = re.findall(f"<{tag}>(.*?)</{tag}>", page, re.S)
+        return " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(b.encode()).digest()).decode()}'" for b in bodies)
+
+    return (f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; connect-src 'self'; "
+            "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
 def _host_name(header: str) -> str:

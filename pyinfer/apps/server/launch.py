@@ -45,8 +45,8 @@ def _uvicorn_server(config, engine: Engine):
 def serve(args) -> int:
     import uvicorn
 
-    if args.queue < 0 or args.max_body <= 0:
-        raise PyInferError("--queue must be >= 0 and --max-body > 0")
+    if args.queue < 0 or args.max_body <= 0 or args.body_timeout <= 0:
+        raise PyInferError("--queue must be >= 0, --max-body and --body-timeout > 0")
     _api_key(args)  # a bad key file fails before the model loads
     path, model = load_model(args)
     template = ChatTemplate.from_tokenizer(model.tokenizer, override=args.chat_template_file)
@@ -55,7 +55,8 @@ def serve(args) -> int:
                         api_key=_api_key(args), max_body=args.max_body << 20, queue=args.queue,
                         sampling=sampler_params(args), max_tokens=args.n_predict if args.n_predict > 0 else None,
                         seed=args.seed, allowed_hosts=frozenset(h.lower() for h in [args.host, *args.allowed_host]),
-                        cors_origins=tuple(args.cors_origin), content_control_tokens=args.content_control_tokens)
+                        cors_origins=tuple(args.cors_origin), content_control_tokens=args.content_control_tokens,
+                        body_timeout_s=args.body_timeout)
     sock = _listen(args.host, args.port)
     server = Server(model, template, settings)
     # no lifespan: a second Ctrl-C makes uvicorn cancel it, and Starlette logs that as a traceback
