@@ -93,3 +93,36 @@ def test_chat_page_streams_answers_and_keeps_the_conversation(browser, tmp_path)
         assert cached > 0  # the second turn reused the first from the KV cache
         shot = tmp_path / "chat-page.png"
         assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 1000
+
+
+def test_answers_render_as_markdown_and_never_as_html(browser, tmp_path):
+    """The page's renderer, in the browser under the server's CSP: a fenced code block with a copy button,
+    inline code, bold, lists; HTML in the model's text (a script, an image with onerror) stays text, and
+    nothing of it runs. A stopped answer's stats count what arrived."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    answer = ("Use this:\n```python\nprint('<b>hi</b>')\n```\n- **bold** and `x<y`\n- <script>window.pwned=1</script>\n"
+              "<img src=x onerror=\"window.pwned=2\">\n```js\nunclosed(")
+    with live_server(pull(SMALLEST_MODEL, progress=False), tmp_path, "-c", "128") as server:
+        browser.get(server.url + "/")
+        WebDriverWait(browser, 30).until(lambda d: "context" in d.find_element(By.ID, "model").text)
+        got = browser.execute_script("""
+            const div = document.createElement('div');
+            div.className = 'text';
+            document.getElementById('messages').appendChild(div);
+            renderMarkdown(div, arguments[0]);
+            return {codes: [...div.querySelectorAll('pre > code')].map((c) => c.textContent),
+                    langs: [...div.querySelectorAll('pre > code')].map((c) => c.dataset.lang),
+                    buttons: div.querySelectorAll('pre > button').length,
+                    inline: [...div.querySelectorAll(':not(pre) > code')].map((c) => c.textContent),
+                    strong: [...div.querySelectorAll('strong')].map((c) => c.textContent),
+                    items: div.querySelectorAll('ul > li').length,
+                    html: div.querySelectorAll('script, img, b').length,
+                    text: div.textContent, pwned: window.pwned === undefined ? null : window.pwned,
+                    stopped: statsLine(null, null, 2.0, 7)};""", answer)
+    assert got["codes"] == ["print('<b>hi</b>')", "unclosed("] and got["langs"] == ["python", "js"]
+    assert got["buttons"] == 2 and got["inline"] == ["x<y"] and got["strong"] == ["bold"] and got["items"] == 2
+    assert got["html"] == 0 and got["pwned"] is None
+    assert "<script>window.pwned=1</script>" in got["text"] and '<img src=x onerror="window.pwned=2">' in got["text"]
+    assert got["stopped"] == "7 tokens \u00b7 3.5 tokens/s \u00b7 stopped \u00b7 2.00 s"
