@@ -687,3 +687,26 @@ def test_a_completion_prompt_too_long_names_the_prompt(tiny_server, tiny):
     status, body = tiny_server.json("POST", "/v1/chat/completions", _chat(max_tokens=1) | {
         "messages": [{"role": "user", "content": "hello " * 2000}]})
     assert status == 400 and body["error"]["param"] == "messages"
+
+
+def test_malformed_and_trickled_requests_get_the_error_object(tiny, tmp_path):
+    """What h11 refuses (a negative Content-Length, HTTP/1.1 without Host) is answered with the error object,
+    not uvicorn's plain text; a head that has not arrived after --head-timeout gets 408 and the connection
+    closes; a kept-alive connection still serves request after request."""
+    with live_server(tiny, tmp_path, "-c", "128", "--head-timeout", "1") as server:
+        for raw in (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: -5\r\n\r\n",
+                    b"GET /health HTTP/1.1\r\n\r\n", b"NOT HTTP AT ALL\r\n\r\n"):
+            head, _, body = _raw(server, raw).partition(b"\r\n\r\n")
+            assert head.split()[1] == b"400" and json.loads(body)["error"]["code"] == "invalid_http", raw
+        t0 = time.monotonic()
+        head, _, body = _raw(server, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n").partition(b"\r\n\r\n")
+        assert head.split()[1] == b"408" and "--head-timeout" in json.loads(body)["error"]["message"]
+        assert time.monotonic() - t0 < 5
+        conn = server.connection()
+        for _ in range(3):
+            conn.request("GET", "/health")
+            res = conn.getresponse()
+            assert res.status == 200 and json.loads(res.read()) == {"status": "ok"}
+            time.sleep(0.5)
+        conn.close()
+        assert "Traceback" not in server.log

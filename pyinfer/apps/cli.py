@@ -202,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-body", type=int, default=8, help="largest request body in MiB (default 8)")
     p.add_argument("--body-timeout", type=float, default=30.0,
                    help="seconds a request body may stall before 408 (default 30)")
+    p.add_argument("--head-timeout", type=float, default=10.0,
+                   help="seconds a request's head (its line and headers) may take to arrive before 408 (default 10)")
     add_template_args(p)
     p.add_argument("-n", "--n-predict", type=int, default=-1,
                    help="max_tokens when a request gives none (default -1: until end of turn or the context is full)")

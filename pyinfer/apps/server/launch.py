@@ -13,6 +13,7 @@ from pathlib import Path
 from pyinfer.apps.flags import load_model, sampler_params
 from pyinfer.apps.server.app import Server, Settings
 from pyinfer.apps.server.engine import Engine
+from pyinfer.apps.server.http_protocol import protocol
 from pyinfer.errors import PyInferError
 from pyinfer.formats.chat_template import ChatTemplate
 
@@ -45,8 +46,8 @@ def _uvicorn_server(config, engine: Engine):
 def serve(args) -> int:
     import uvicorn
 
-    if args.queue < 0 or args.max_body <= 0 or args.body_timeout <= 0:
-        raise PyInferError("--queue must be >= 0, --max-body and --body-timeout > 0")
+    if args.queue < 0 or min(args.max_body, args.body_timeout, args.head_timeout) <= 0:
+        raise PyInferError("--queue must be >= 0, --max-body, --body-timeout and --head-timeout > 0")
     _api_key(args)  # a bad key file fails before the model loads
     path, model = load_model(args)
     template = ChatTemplate.from_tokenizer(model.tokenizer, override=args.chat_template_file)
@@ -61,7 +62,7 @@ def serve(args) -> int:
     server = Server(model, template, settings)
     # no lifespan: a second Ctrl-C makes uvicorn cancel it, and Starlette logs that as a traceback
     config = uvicorn.Config(server.app(), log_level="warning", access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, http=protocol(args.head_timeout))
     host, port = sock.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     cfg = model.config
