@@ -431,6 +431,9 @@ BAD_INPUTS = {
     "body over the limit": ("/v1/completions", b'{"prompt": "' + b"x" * (3 << 19) + b'"}', 413, None,
                             "larger than the limit"),
     "unknown path": ("/v1/embeddings", {"input": "x"}, 404, None, "no such endpoint"),
+    "lone low surrogate": ("/v1/completions", b'{"prompt": "a\\udc00"}', 400, None, "surrogate (\\ud800-\\udfff)"),
+    "high surrogate unpaired": ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}',
+                                400, None, "without its other half"),
 }
 
 

@@ -57,7 +57,13 @@ def from_validation(exc: ValidationError) -> ApiError:
     errors = exc.errors(include_url=False)
     first = errors[0]
     if first["type"] == "json_invalid":
-        return ApiError(400, f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}")
+        reason = str(first.get("ctx", {}).get("error", first["msg"]))
+        if "surrogate" in reason or "hex escape" in reason:  # the parser's words for these are misleading
+            where = reason[reason.find(" at line"):] if " at line" in reason else ""
+            return ApiError(400, f"the request body holds a broken \\u escape{where}: a UTF-16 surrogate "
+                                 "(\\ud800-\\udfff) without its other half, or fewer than four hex digits; "
+                                 "send valid Unicode text")
+        return ApiError(400, f"the request body is not valid JSON: {reason}")
     if not first["loc"]:
         return ApiError(400, f"the request body must be a JSON object: {first['msg']}")
     param = str(first["loc"][0])  # deeper parts name union branches ("str", "list[str]"), not places
