@@ -121,8 +121,15 @@ def test_answers_render_as_markdown_and_never_as_html(browser, tmp_path):
                     html: div.querySelectorAll('script, img, b').length,
                     text: div.textContent, pwned: window.pwned === undefined ? null : window.pwned,
                     stopped: statsLine(null, null, 2.0, 7)};""", answer)
+        browser.find_element(By.TAG_NAME, "summary").click()  # open the settings
+        key = browser.find_element(By.ID, "api-key")
+        key.send_keys("sk-page")
+        browser.execute_script("arguments[0].dispatchEvent(new Event('change'));", key)
+        kept = browser.execute_script("return [sessionStorage.getItem('pyinfer.api-key'), "
+                                      "localStorage.getItem('pyinfer.api-key')];")
     assert got["codes"] == ["print('<b>hi</b>')", "unclosed("] and got["langs"] == ["python", "js"]
     assert got["buttons"] == 2 and got["inline"] == ["x<y"] and got["strong"] == ["bold"] and got["items"] == 2
     assert got["html"] == 0 and got["pwned"] is None
     assert "<script>window.pwned=1</script>" in got["text"] and '<img src=x onerror="window.pwned=2">' in got["text"]
     assert got["stopped"] == "7 tokens \u00b7 3.5 tokens/s \u00b7 stopped \u00b7 2.00 s"
+    assert kept == ["sk-page", None]  # the key lives for the tab's session, not in the browser for good
