@@ -82,6 +82,31 @@ def test_targets_outside_what_can_be_skipped_are_refused(target):
         input_sparsity.split(target)
 
 
+@given(st.floats(0.01, 0.6), st.floats(0.0, 0.99))
+def test_a_given_down_skip_leaves_the_rest_of_the_target_to_gate_and_up(target, down_skip):
+    if down_skip > 3 * target or (3 * target - down_skip) / 2 >= 1:
+        with pytest.raises(InvalidArgumentError, match="--down-skip|--target"):
+            input_sparsity.split(target, down_skip)
+        return
+    s_x, s_h = input_sparsity.split(target, down_skip)
+    assert s_h == down_skip and (2 * s_x + s_h) / 3 == pytest.approx(target)
+    rng = np.random.default_rng(0)
+    x, h = rng.standard_normal((64, 16)), rng.standard_normal((64, 32))
+    (layer,) = input_sparsity.calibrate([(x, h)], target, down_skip)
+    assert layer.t_h == pytest.approx(np.quantile(np.abs(h), down_skip))
+    assert layer.t_x == pytest.approx(np.quantile(np.abs(x), s_x))
+
+
+@pytest.mark.parametrize("down_skip", ["1.0", "-0.2", "0.95"])
+def test_sparsify_refuses_a_down_skip_it_cannot_use(tiny_files, tmp_path, capsys, down_skip):
+    out, model = tmp_path / "out.gguf", tiny_files("llama_silu", False)
+    capsys.readouterr()  # the fixture's conversion, when this test builds it
+    assert sparsify([model, "--method", "input", "--target", "0.2", "--down-skip", down_skip, "-o", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--down-skip" in err[0], err
+    assert not out.exists()
+
+
 def test_a_sparsified_file_is_refused(tiny_files, tmp_path):
     path, t_x, t_h = _calibrated(tiny_files, "llama_silu", 0.3, tmp_path / "input.gguf")
     with pytest.raises(InvalidArgumentError, match="already sparsified"):

@@ -36,15 +36,21 @@ MAX_H = 0.95
 GATED_KINDS = ("swiglu", "geglu")  # the activations whose FFN this method skips (ReLU ones have predictors)
 
 
-def split(target: float) -> tuple[float, float]:
+def split(target: float, down_skip: float | None = None) -> tuple[float, float]:
     """(s_x, s_h): the shares of gate's and up's input channels and of down's neurons skipped for a target
-    share of the FFN's weight bytes (gate, up and down of equal size)."""
+    share of the FFN's weight bytes (gate, up and down of equal size); s_h is down_skip when given."""
     if not 0.0 < target < 1.0:
         raise InvalidArgumentError(f"--target must be in (0, 1), not {target}")
-    s_h = min(MAX_H, SPLIT_H * target)
+    s_h = min(MAX_H, SPLIT_H * target) if down_skip is None else down_skip
+    if not 0.0 <= s_h < 1.0:
+        raise InvalidArgumentError(f"--down-skip must be in [0, 1), not {s_h}")
     s_x = (3 * target - s_h) / 2
     if s_x >= 1.0:
-        raise InvalidArgumentError(f"--target {target} would skip every input channel: at most {(2 + MAX_H) / 3:.2f}")
+        raise InvalidArgumentError(f"--target {target} would skip every input channel with down skipping {s_h:.2f} "
+                                   f"of its neurons: at most {(2 + s_h) / 3:.2f}")
+    if s_x < 0.0:
+        raise InvalidArgumentError(f"--down-skip {s_h} skips more than --target {target} asks "
+                                   f"(at most {3 * target:.2f})")
     return s_x, s_h
 
 
@@ -64,9 +70,10 @@ class LayerCalibration:
         return hot_first_order(self.freq, self.mass)
 
 
-def calibrate(layers, target: float) -> list[LayerCalibration]:
-    """Per layer the thresholds from calibration samples: layers yields (x (n, n_embd), h (n, n_ff)) per layer."""
-    s_x, s_h = split(target)
+def calibrate(layers, target: float, down_skip: float | None = None) -> list[LayerCalibration]:
+    """Per layer the thresholds from calibration samples: layers yields (x (n, n_embd), h (n, n_ff)) per layer;
+    down_skip as in split."""
+    s_x, s_h = split(target, down_skip)
     out = []
     for x, h in layers:
         ax, ah = np.abs(x), np.abs(h)

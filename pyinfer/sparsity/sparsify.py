@@ -112,7 +112,7 @@ def _input_sparsify(args: argparse.Namespace) -> int:
     from pyinfer.hub.model_files import resolve_model
 
     t0 = time.perf_counter()
-    s_x, s_h = input_sparsity.split(args.sparsity)  # a bad target fails before anything runs
+    s_x, s_h = input_sparsity.split(args.sparsity, args.down_skip)  # a bad target fails before anything runs
     if args.eval_tokens < 0:
         raise InvalidArgumentError(f"--eval-tokens must be >= 0, not {args.eval_tokens}")
     path = ensure_powergguf(resolve_model(args.model))
@@ -124,7 +124,7 @@ def _input_sparsify(args: argparse.Namespace) -> int:
     profile = collect(path, chunks, calibration, n_threads=args.threads)
     layers = (profile.layer(il) for il in tqdm(range(profile.n_layer), desc="thresholds", file=sys.stderr,
                                                disable=None))
-    calibrated = input_sparsity.calibrate(layers, args.sparsity)
+    calibrated = input_sparsity.calibrate(layers, args.sparsity, args.down_skip)
     input_sparsity.write(path, out, calibrated, args.sparsity, calibration)
     GGUFFile(out)  # the written file must load
     rows = [{"layer": il, "t_x": c.t_x, "t_h": c.t_h, "channels read %": 100 * c.x_density,
@@ -204,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
                         "thresholds on the FFN's input and activations (SwiGLU/GeGLU) (default predictors)")
     p.add_argument("--target", dest="sparsity", type=float, metavar="B",
                    help="--method input: the share of the FFN's weight bytes a decoded token skips (as --sparsity)")
+    p.add_argument("--down-skip", type=float, default=None, metavar="S",
+                   help="--method input: the share of down's neurons skipped (gate and up skip input channels for "
+                        "the rest of the target; default min(0.95, 1.8 B))")
     p.add_argument("--eval-tokens", type=int, default=2 * HELD_OUT_CTX,
                    help="--method input: held-out tokens on which to report the perplexity change (0: none; "
                         f"default {2 * HELD_OUT_CTX})")
