@@ -5,14 +5,10 @@ is touched only by the engine's thread (generation) and, under a lock, by tokeni
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
 import hmac
-import ipaddress
 import json
 import logging
 import os
-import re
 import threading
 from dataclasses import dataclass
 from importlib import resources
@@ -29,6 +25,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from pyinfer.apps.server.engine import Engine, Job
+from pyinfer.apps.server.guards import PAGE_HEADERS, check_host, check_json, page_policy
 from pyinfer.apps.server.metrics import Metrics
 from pyinfer.apps.server.openai_errors import ApiError, from_exception
 from pyinfer.apps.server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -42,9 +39,6 @@ log = logging.getLogger("pyinfer.apps.server")
 
 SHUTDOWN_GRACE_S = 5  # a stream's last event after a stop signal; uvicorn's own limit is longer
 DISCARD_LIMIT = 64 << 20  # an oversized body is read (and dropped) this far, so the client can read the 413
-# the page: its own inline style and script only (by hash), never framed, no sniffing, no referrer
-PAGE_HEADERS = {"X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer",
-                "Cache-Control": "no-cache"}
 
 
 @dataclass(frozen=True)
@@ -72,7 +66,7 @@ class Server:
         self.metrics = Metrics(self.engine, settings.model_name, model.n_ctx)
         self._tokenizer_lock = threading.Lock()  # Tokenizer.encode is not thread-safe
         self._page = resources.files("pyinfer.apps.server").joinpath("static/index.html").read_bytes()
-        self._page_headers = {**PAGE_HEADERS, "Content-Security-Policy": _page_policy(self._page.decode())}
+        self._page_headers = {**PAGE_HEADERS, "Content-Security-Policy": page_policy(self._page.decode())}
 
     def app(self) -> Starlette:
         routes = [
@@ -94,11 +88,11 @@ class Server:
     def _route(self, path: str, handler, method: str, public: bool = False) -> Route:
         async def endpoint(request: Request) -> Response:
             try:
-                self._check_host(request)
+                check_host(request, self.settings.allowed_hosts)
                 if not public:
                     self._authorize(request)
                 if method == "POST":
-                    _check_json(request)
+                    check_json(request)
                 answer = await handler(request)
             except Exception as exc:  # every failure is an error object; the server goes on
                 answer = _logged(exc, request).response()
@@ -119,19 +113,6 @@ class Server:
         return ApiError(exc.status_code, message, headers=exc.headers).response()
 
     # ---- checks every request passes ----
-
-    def _check_host(self, request: Request) -> None:
-        """DNS rebinding: a page whose own domain resolves to this machine sends its domain as Host. Only IP
-        literals, localhost and the names the user allowed (--host, --allowed-host) are this server's."""
-        allowed = self.settings.allowed_hosts
-        header = request.headers.get("host")
-        if header is None:
-            raise ApiError(400, "the request has no Host header", code="invalid_host")
-        name = _host_name(header)
-        if "*" in allowed or name == "localhost" or name.endswith(".localhost") or name in allowed or _is_ip(name):
-            return
-        raise ApiError(403, f"this server does not answer for the host '{name}': ask for it by its address or "
-                            "allow the name with --allowed-host", code="invalid_host")
 
     def _authorize(self, request: Request) -> None:
         key = self.settings.api_key
@@ -303,41 +284,6 @@ class Server:
 def _too_large(limit: int, headers: dict | None = None) -> ApiError:
     return ApiError(413, f"the request body is larger than the limit of {limit} bytes (--max-body)",
                     code="request_too_large", headers=headers)
-
-
-def _page_policy(page: str) -> str:
-    """The page's Content-Security-Policy: nothing from elsewhere, its inline style and script by their hashes."""
-    def hashes(tag: str) -> str:
-        bodies = re.findall(f"<{tag}>(.*?)</{tag}>", page, re.S)
-        return " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(b.encode()).digest()).decode()}'" for b in bodies)
-
-    return (f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; connect-src 'self'; "
-            "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
-
-
-def _host_name(header: str) -> str:
-    """The lower-case name or address of a Host header, without its port ('[::1]:8080' -> '::1')."""
-    host = header.strip().lower()
-    if host.startswith("["):
-        return host[1:host.find("]")] if "]" in host else host[1:]
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-
-
-def _is_ip(name: str) -> bool:
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
-
-
-def _check_json(request: Request) -> None:
-    """Cross-site requests: a page may send another site a 'simple' POST (text/plain, no preflight); a body
-    only counts as JSON when it says so, which a browser lets a foreign page do only after a CORS preflight."""
-    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if media != "application/json":
-        raise ApiError(415, f"the request body must be sent as 'Content-Type: application/json', not "
-                            f"'{media or 'none'}'", code="unsupported_media_type")
 
 
 def _logged(exc: BaseException, request: Request) -> ApiError:
