@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="--method input: the share of the FFN's weight bytes a decoded token skips (as --sparsity)")
     p.add_argument("--down-skip", type=float, default=None, metavar="S",
                    help="--method input: the share of down's neurons skipped (gate and up skip input channels for "
-                        "the rest of the target; default min(0.95, 1.8 B))")
+                        "the rest of the target; default min(0.95, 1.4 B))")
     p.add_argument("--eval-tokens", type=int, default=2 * HELD_OUT_CTX,
                    help="--method input: held-out tokens on which to report the perplexity change (0: none; "
                         f"default {2 * HELD_OUT_CTX})")
