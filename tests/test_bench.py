@@ -43,3 +43,32 @@ def test_bench_rows_on_a_tiny_model(tmp_path):
     assert default["threads"] == default_threads()
     table = bench(path, [8], [0], 1, "md", {"n_threads": 1})
     assert "| pp8 |" in table and "Q8_0" in table
+
+
+def test_depth_runs_every_test_after_that_many_tokens_in_the_cache(tmp_path):
+    """llama-bench's -d: each test starts with D tokens already in the cache (not timed), and is named
+    "pp8 @ d16" as llama-bench names it; a negative depth is one line of error."""
+    import subprocess
+    import sys
+
+    import numpy as np
+    import pytest
+
+    from pyinfer.apps.bench import run_test
+    from pyinfer.engine.driver import Model
+    from pyinfer.errors import InvalidArgumentError
+
+    oracle = build("llama_silu", str(tmp_path / "hf"))
+    path = str(tmp_path / "m.gguf")
+    assert conv.main([oracle.folder, "-o", path, "--outtype", "f32"]) == 0
+    rows = json.loads(bench(path, [8], [4], 1, "json", {"n_threads": 1}, [0, 16]))
+    assert [(r["test"], r["n_depth"]) for r in rows] == [("pp8", 0), ("tg4", 0), ("pp8 @ d16", 16), ("tg4 @ d16", 16)]
+    assert "| tg4 @ d16 |" in bench(path, [0], [4], 1, "md", {"n_threads": 1}, [16])
+    model = Model(path, n_ctx=40, n_threads=1)
+    run_test(model, "tg", 4, 1, np.random.default_rng(0), depth=16)
+    assert model.n_past == 16 + 4  # the timed tokens came after the depth's
+    with pytest.raises(InvalidArgumentError, match="depths must be >= 0"):
+        bench(path, [8], [0], 1, "json", {}, [-1])
+    res = subprocess.run([sys.executable, "-m", "pyinfer", "bench", "-m", path, "-d", "-4", "-p", "8", "-n", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1 and "depths" in res.stderr

@@ -1,7 +1,8 @@
 """`pyinfer bench`: llama-bench's pp/tg tests on our engine, markdown or JSON.
 
-pp N: N prompt tokens in one go from an empty cache; tg N: N single-token steps from an empty cache,
-as llama-bench measures them (no sampling, random token ids).
+pp N: N prompt tokens in one go; tg N: N single-token steps; each from an empty cache, or with -d D from a cache
+already holding D tokens (llama-bench's depth: "pp512 @ d4096"), as llama-bench measures them (no sampling,
+random token ids; filling the cache is not timed).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 import numpy as np
 
 from pyinfer.engine.driver import Model
+from pyinfer.errors import InvalidArgumentError
 from pyinfer.native import ggml
 
 # general.file_type -> llama.cpp's llama_model_ftype_name
@@ -67,12 +69,14 @@ def step_report(model: Model) -> dict:
             "cpu_nodes_per_token": last.get("n_cpu_nodes", 0)}
 
 
-def run_test(model: Model, kind: str, n: int, reps: int, rng: np.random.Generator) -> list[float]:
-    """Tokens per second of each repetition (after one warm-up run)."""
+def run_test(model: Model, kind: str, n: int, reps: int, rng: np.random.Generator, depth: int = 0) -> list[float]:
+    """Tokens per second of each repetition (after one warm-up run), each after `depth` tokens fill the cache."""
     rates = []
     for rep in range(reps + 1):
         tokens = rng.integers(0, model.config.n_vocab, size=n, dtype=np.int32)
         model.reset()
+        if depth:
+            model.eval(rng.integers(0, model.config.n_vocab, size=depth, dtype=np.int32))
         t0 = time.perf_counter()
         if kind == "pp":
             model.eval(tokens)
@@ -85,9 +89,13 @@ def run_test(model: Model, kind: str, n: int, reps: int, rng: np.random.Generato
     return rates
 
 
-def bench(path: str, pp: list[int], tg: list[int], reps: int, output: str, options: dict) -> str:
-    """options: Model() keyword arguments (the context size is set to fit the longest test)."""
-    n_ctx = max([*pp, *tg, 1]) + 16
+def bench(path: str, pp: list[int], tg: list[int], reps: int, output: str, options: dict,
+          depths: list[int] = (0,)) -> str:
+    """options: Model() keyword arguments (the context size is set to fit the deepest, longest test); every test
+    runs at every depth."""
+    if any(d < 0 for d in depths):
+        raise InvalidArgumentError(f"depths must be >= 0, not {', '.join(str(d) for d in depths if d < 0)}")
+    n_ctx = max([*pp, *tg, 1]) + max(depths, default=0) + 16
     # the driver's count besides the allocator's: CUDA graphs, the cuBLAS handle and workspace hold memory too
     free_before = ggml.cuda_memory()[1] if ggml.cuda_available() else None
     model = Model(path, **{**options, "n_ctx": n_ctx})
@@ -95,33 +103,32 @@ def bench(path: str, pp: list[int], tg: list[int], reps: int, output: str, optio
     label, size_gib, params_b = _model_label(model)
     rng = np.random.default_rng(1234)
     rows = []
-    for kind, sizes in (("pp", pp), ("tg", tg)):
-        for n in sizes:
-            if n <= 0:
-                continue
-            rates = run_test(model, kind, n, reps, rng)
-            steps = {}
-            if kind == "tg" and model.n_gpu_layers:  # one more run, timed: how CPU and GPU shared the tokens
-                model.timed, model.step_stats = True, []
-                for g in model._graphs.values():
-                    g.graph.set_timed(True)
-                run_test(model, kind, n, 0, rng)
-                steps = step_report(model)["median"]
-                model.timed = False
-                for g in model._graphs.values():
-                    g.graph.set_timed(False)
-            rows.append({
-                "model": label, "size_gib": size_gib, "params_b": params_b, "backend": backend,
-                "threads": model.n_threads, "n_gpu_layers": model.n_gpu_layers, "n_batch": model.n_batch,
-                "sparse": model.sparse_spec is not None, "precise": model.precise, "test": f"{kind}{n}",
-                "avg_ts": float(np.mean(rates)), "stddev_ts": float(np.std(rates)),
-                "median_ts": float(np.median(rates)), "samples_ts": rates,
-                "build": os.environ.get("PYINFER_BUILD_LABEL", ""),
-                "vram_budget": model.vram_budget, "device_bytes": model.device_bytes,
-                "device_peak_bytes": model.device_peak_bytes,
-                "modelled_ts": model.plan.tokens_per_second if model.plan else None,
-                **{f"step_{k}": v for k, v in steps.items()},
-            })
+    tests = [(kind, n, d) for d in depths for kind, sizes in (("pp", pp), ("tg", tg)) for n in sizes if n > 0]
+    for kind, n, depth in tests:
+        rates = run_test(model, kind, n, reps, rng, depth)
+        steps = {}
+        if kind == "tg" and model.n_gpu_layers:  # one more run, timed: how CPU and GPU shared the tokens
+            model.timed, model.step_stats = True, []
+            for g in model._graphs.values():
+                g.graph.set_timed(True)
+            run_test(model, kind, n, 0, rng, depth)
+            steps = step_report(model)["median"]
+            model.timed = False
+            for g in model._graphs.values():
+                g.graph.set_timed(False)
+        rows.append({
+            "model": label, "size_gib": size_gib, "params_b": params_b, "backend": backend,
+            "threads": model.n_threads, "n_gpu_layers": model.n_gpu_layers, "n_batch": model.n_batch,
+            "sparse": model.sparse_spec is not None, "precise": model.precise, "n_depth": depth,
+            "test": f"{kind}{n}" + (f" @ d{depth}" if depth else ""),
+            "avg_ts": float(np.mean(rates)), "stddev_ts": float(np.std(rates)),
+            "median_ts": float(np.median(rates)), "samples_ts": rates,
+            "build": os.environ.get("PYINFER_BUILD_LABEL", ""),
+            "vram_budget": model.vram_budget, "device_bytes": model.device_bytes,
+            "device_peak_bytes": model.device_peak_bytes,
+            "modelled_ts": model.plan.tokens_per_second if model.plan else None,
+            **{f"step_{k}": v for k, v in steps.items()},
+        })
     driver_bytes = free_before - ggml.cuda_memory()[1] if free_before is not None else None
     for row in rows:
         row["driver_bytes"] = driver_bytes  # after every test: what the model holds at the end of a generation

@@ -84,7 +84,7 @@ def cmd_bench(args) -> int:
     from pyinfer.hub.model_files import resolve_model
 
     print(bench(resolve_model(args.model), args.n_prompt, args.n_gen, args.repetitions, args.output,
-                model_options(args)))
+                model_options(args), args.n_depth))
     return 0
 
 
@@ -217,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompt sizes, comma separated (default 512)")
     p.add_argument("-n", "--n-gen", type=lambda s: [int(x) for x in s.split(",")], default=[128],
                    help="generation lengths, comma separated (default 128)")
+    p.add_argument("-d", "--n-depth", type=lambda s: [int(x) for x in s.split(",")], default=[0],
+                   help="tokens already in the cache when a test starts, comma separated (default 0)")
     p.add_argument("-r", "--repetitions", type=int, default=5, help="repetitions of each test (default 5)")
     p.add_argument("-o", "--output", choices=["md", "json"], default="md", help="output format (default md)")
     p.set_defaults(func=cmd_bench)
