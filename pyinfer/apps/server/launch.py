@@ -48,12 +48,12 @@ def serve(args) -> int:
 
     if args.queue < 0 or min(args.max_body, args.body_timeout, args.head_timeout) <= 0:
         raise PyInferError("--queue must be >= 0, --max-body, --body-timeout and --head-timeout > 0")
-    _api_key(args)  # a bad key file fails before the model loads
+    api_key = _api_key(args)  # a bad key file fails before the model loads
     path, model = load_model(args)
     template = ChatTemplate.from_tokenizer(model.tokenizer, override=args.chat_template_file)
     file = Path(path)
     settings = Settings(model_name=args.alias or file.stem, model_aliases=frozenset({file.stem, file.name}),
-                        api_key=_api_key(args), max_body=args.max_body << 20, queue=args.queue,
+                        api_key=api_key, max_body=args.max_body << 20, queue=args.queue,
                         sampling=sampler_params(args), max_tokens=args.n_predict if args.n_predict > 0 else None,
                         seed=args.seed, allowed_hosts=frozenset(h.lower() for h in [args.host, *args.allowed_host]),
                         cors_origins=tuple(args.cors_origin), content_control_tokens=args.content_control_tokens,
