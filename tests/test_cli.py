@@ -150,3 +150,12 @@ def test_package_modules_answer_help(module, tmp_path):
     result = subprocess.run([sys.executable, "-m", module, "--help"], cwd=tmp_path, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0 and "usage:" in result.stdout, result.stderr
+
+
+def test_the_cuda_kernel_benchmark_reads_the_checkouts_headers():
+    # its cffi declarations come from ggml-impl.h and cuda.h of the checkout; after tools/ moved to the top it looked
+    # for them one folder above the repository and died on the GPU machine before timing anything
+    from tools import bench_cuda_kernels
+
+    assert "struct ggml_tensor {" in bench_cuda_kernels._tensor_struct()
+    assert "ggml_cuda_forward" in bench_cuda_kernels._cuda_api()

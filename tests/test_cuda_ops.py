@@ -402,7 +402,8 @@ def test_axpy_rows(type_, data, seed):
 
     def build(ctx):
         ts = None if sel is None else tensor(ctx, sel)
-        return [ctx.axpy_rows(tensor(ctx, wt, type_), tensor(ctx, h), ts, begin, end)]
+        # precise: the CPU's float kernels (its 8-bit coefficients are tested in test_sparse_ops); CUDA's are float
+        return [ctx.axpy_rows(tensor(ctx, wt, type_), tensor(ctx, h), ts, begin, end, precise=True)]
 
     (got,), (cpu,) = both(build)
     w64 = weight_values(type_, wt)
@@ -501,7 +502,7 @@ def sparse_ffn_graph(x, pred, weights, type_: int, act: str, fuse: bool = True, 
         sel = a if act == "relu" else p
         mul = ctx.mul(a, ctx.mul_mat_rows(tensor(ctx, wu, type_), h, sel))
         down = tensor(ctx, wdt, type_ if down_type is None else down_type)
-        y = ctx.axpy_rows(down, mul, sel)
+        y = ctx.axpy_rows(down, mul, sel, precise=True)  # the CPU's float kernels, as CUDA's
         y = ctx.add(tensor(ctx, residual), y) if residual is not None else y
         return [*first, y, *([] if fuse else [mul])]
 

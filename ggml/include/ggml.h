@@ -110,6 +110,9 @@ int ggml_axpy(enum ggml_type type, int64_t n, float *y, float a, const void *row
 int ggml_axpy_ref(enum ggml_type type, int64_t n, float *y, float a, const void *row);
 // y[0..n) += a[r] * rows[r] for r = 0..3 in turn (the fast axpy4 where the type has one, else 4 axpy calls)
 int ggml_axpy4(enum ggml_type type, int64_t n, float *y, const float *a, const void *const *rows);
+// y[0..n) += sum of a[r] * rows[r] over r = 0..7 with the coefficients rounded to 8 bits where the type has
+// such a kernel (what axpy_rows runs unless precise), else 8 axpy calls
+int ggml_axpy8_rounded(enum ggml_type type, int64_t n, float *y, const float *a, const void *const *rows);
 
 // --- CPU features, chosen at run time ---
 bool ggml_cpu_has_avx2(void);
@@ -185,6 +188,8 @@ struct ggml_tensor *ggml_attention(struct ggml_context *ctx, struct ggml_tensor 
 struct ggml_tensor *ggml_mul_mat_rows(struct ggml_context *ctx, struct ggml_tensor *w, struct ggml_tensor *x, struct ggml_tensor *sel, int64_t begin, int64_t end);
 // wt: [d, n_rows] one row per neuron; h: [n_rows, m] F32 -> [d, m] F32 = sum_i h[i] * wt[i]
 struct ggml_tensor *ggml_axpy_rows(struct ggml_context *ctx, struct ggml_tensor *wt, struct ggml_tensor *h, struct ggml_tensor *sel, int64_t begin, int64_t end);
+// axpy_rows without rounding its coefficients to 8 bits on the CPU (as ggml_mul_mat_precise)
+struct ggml_tensor *ggml_axpy_rows_precise(struct ggml_context *ctx, struct ggml_tensor *wt, struct ggml_tensor *h, struct ggml_tensor *sel, int64_t begin, int64_t end);
 
 // the activation of a sparse_ffn: act(up) for RELU, act(gate) * up for the gated kinds (DRELU: relu(gate) * relu(up))
 enum ggml_ffn_kind { GGML_FFN_RELU, GGML_FFN_REGLU, GGML_FFN_DRELU, GGML_FFN_SWIGLU, GGML_FFN_GEGLU };

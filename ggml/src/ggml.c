@@ -603,6 +603,13 @@ struct ggml_tensor *ggml_axpy_rows(struct ggml_context *ctx, struct ggml_tensor 
     return sparse_op(ctx, GGML_OP_AXPY_ROWS, (int64_t[]){wt->ne[0], h->ne[1]}, wt, h, sel, wt->ne[1], begin, end);
 }
 
+struct ggml_tensor *ggml_axpy_rows_precise(struct ggml_context *ctx, struct ggml_tensor *wt, struct ggml_tensor *h,
+                                           struct ggml_tensor *sel, int64_t begin, int64_t end) {
+    struct ggml_tensor *t = ggml_axpy_rows(ctx, wt, h, sel, begin, end);
+    if (t) t->op_params[2] = 1;
+    return t;
+}
+
 struct ggml_tensor *ggml_sparse_ffn(struct ggml_context *ctx, struct ggml_tensor *bundle, struct ggml_tensor *x,
                                     struct ggml_tensor *sel, enum ggml_ffn_kind kind, float threshold) {
     CHECK_ARG(kind >= GGML_FFN_RELU && kind <= GGML_FFN_GEGLU, "unknown FFN kind %d", (int)kind);

@@ -644,6 +644,7 @@ static void quants_use_simd(bool enabled) {
         traits_live[t].vec_dot = src[t].vec_dot;
         traits_live[t].axpy = src[t].axpy;
         traits_live[t].axpy4 = src[t].axpy4;
+        traits_live[t].axpy8_rounded = src[t].axpy8_rounded;
         traits_live[t].to_float = src[t].to_float;     // SIMD conversions are bit-identical (F16C)
         traits_live[t].from_float = src[t].from_float;
         traits_live[t].quantize_act = src[t].quantize_act;
@@ -830,6 +831,30 @@ int ggml_axpy4(enum ggml_type type, int64_t n, float *y, const float *a, const v
         tt->axpy4(n, y, a, rows);
     } else {
         for (int r = 0; r < 4; r++) {
+            tt->axpy(n, y, a[r], rows[r]);
+        }
+    }
+    return GGML_STATUS_OK;
+}
+
+int ggml_axpy8_rounded(enum ggml_type type, int64_t n, float *y, const float *a, const void *const *rows) {
+    const struct ggml_type_traits *tt = NULL;
+    const int status = quants_row_check(type, n, rows, y, QUANTS_AXPY, &tt);
+    if (status != GGML_STATUS_OK) {
+        return status;
+    }
+    if (a == NULL) {
+        return ggml_set_error(GGML_STATUS_INVALID_ARG, "axpy8_rounded: null data");
+    }
+    for (int r = 0; r < 8; r++) {
+        if (rows[r] == NULL) {
+            return ggml_set_error(GGML_STATUS_INVALID_ARG, "axpy8_rounded: null data");
+        }
+    }
+    if (tt->axpy8_rounded) {
+        tt->axpy8_rounded(n, y, a, rows);
+    } else {
+        for (int r = 0; r < 8; r++) {
             tt->axpy(n, y, a[r], rows[r]);
         }
     }

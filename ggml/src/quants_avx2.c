@@ -877,6 +877,7 @@ void ggml_quants_install_avx2(struct ggml_type_traits *traits) {
     traits[GGML_TYPE_Q4_K].vec_dot = q4_K_vec_dot_avx2;
     traits[GGML_TYPE_Q6_K].vec_dot = q6_K_vec_dot_avx2;
     ggml_quants_install_axpy_avx2(traits); // quants_axpy_avx2.c: axpy for Q4_0, Q8_0, Q4_1, Q5_0, Q4_K, Q6_K
+    ggml_quants_install_axpy_rounded_avx2(traits); // quants_axpy_rounded_avx2.c: Q4_K, Q8_0
     traits[GGML_TYPE_Q8_0].quantize_act = q8_0_quantize_act_avx2;
     traits[GGML_TYPE_Q8_1].quantize_act = q8_1_quantize_act_avx2;
     traits[GGML_TYPE_Q8_K].quantize_act = q8_K_quantize_act_avx2;

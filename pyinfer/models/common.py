@@ -67,6 +67,10 @@ class Builder:
         """x @ w.T: (n, k) -> (n, rows of w), precise when the model asks for it."""
         return self.ctx.mul_mat(w, x, self.precise)
 
+    def axpy_rows(self, wt: ggml.Tensor, h: ggml.Tensor, sel: ggml.Tensor | None = None) -> ggml.Tensor:
+        """sum of h[i] * wt[i] over the selected rows: (n, rows of wt) -> (n, row length), precise as matmul."""
+        return self.ctx.axpy_rows(wt, h, sel, precise=self.precise)
+
     def linear(self, x: ggml.Tensor, name: str) -> ggml.Tensor:
         """x @ W.T (+ bias): (n, k) -> (n, rows of W)."""
         y = self.matmul(self.w(name), x)
@@ -164,7 +168,7 @@ def ffn_block(b: Builder, il: int, h: ggml.Tensor) -> ggml.Tensor:
         b.capture[f"ffn_act.{il}"] = act  # (n, n_ff)
     down = f"blk.{il}.ffn_down_t"
     if b.has(down):
-        y = b.ctx.axpy_rows(b.w(down), act)
+        y = b.axpy_rows(b.w(down), act)
     else:
         down = f"blk.{il}.ffn_down"
         y = b.matmul(b.w(down), act)
@@ -176,14 +180,14 @@ def split_dense_ffn(b: Builder, il: int, h: ggml.Tensor) -> ggml.Tensor:
     """A dense FFN split by neurons: the GPU sums rows [0, k), the CPU the rest (through its bundle when it
     has one), at the same time; (n_tokens, n_embd) -> (n_tokens, n_embd)."""
     ctx, cfg = b.ctx, b.cfg
-    hot = ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t.hot"), ffn_activation(b, il, h, ".hot"))  # (n, n_embd)
+    hot = b.axpy_rows(b.w(f"blk.{il}.ffn_down_t.hot"), ffn_activation(b, il, h, ".hot"))  # (n, n_embd)
     if b.has(f"blk.{il}.ffn_bundle"):
         n = h.shape[0] if len(h.shape) == 2 else 1
         n_cold = cfg.n_ff - b.hot_rows[il]
         out = ctx.sparse_ffn(b.w(f"blk.{il}.ffn_bundle"), h, None, cfg.ffn_kind)  # (n, n_embd + n_cold)
         cold = ctx.view(out, (n, cfg.n_embd), (4 * (cfg.n_embd + n_cold), 4))
     else:
-        cold = ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t.cold"), ffn_activation(b, il, h, ".cold"))
+        cold = b.axpy_rows(b.w(f"blk.{il}.ffn_down_t.cold"), ffn_activation(b, il, h, ".cold"))
     y = ctx.add(hot, cold)
     bias = b.get(f"blk.{il}.ffn_down_t.bias")
     return ctx.add(y, bias) if bias is not None else y
@@ -218,14 +222,14 @@ def streamed_ffn(b: Builder, il: int, h: ggml.Tensor, pred: ggml.Tensor | None =
             if b.has(f"blk.{il}.{name}{part}"):
                 b.rows(f"blk.{il}.{name}{part}", r0, r1, f".rows{r0}")
         if pred is None:
-            chunk = ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t{tag}"), ffn_activation(b, il, h, tag))
+            chunk = b.axpy_rows(b.w(f"blk.{il}.ffn_down_t{tag}"), ffn_activation(b, il, h, tag))
         else:
             sel = ctx.view(pred, (n, r1 - r0), (4 * cfg.n_ff, 4), offset=4 * (first + r0))
             chunk = sparse_ffn.rows_ffn(b, il, h, sel, tag, dense=True)[0]
         y = chunk if y is None else ctx.add(y, chunk)
     if first:  # the GPU's rows
         if pred is None:
-            y = ctx.add(y, ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t.hot"), ffn_activation(b, il, h, ".hot")))
+            y = ctx.add(y, b.axpy_rows(b.w(f"blk.{il}.ffn_down_t.hot"), ffn_activation(b, il, h, ".hot")))
         else:
             hot_sel = ctx.view(pred, (n, first), (4 * cfg.n_ff, 4))
             y = ctx.add(y, sparse_ffn.rows_ffn(b, il, h, hot_sel, ".hot", dense=True)[0])

@@ -122,11 +122,11 @@ def input_ffn(b, il: int, h: ggml.Tensor, part: str = "", sel_x: ggml.Tensor | N
     ctx, cfg, spec = b.ctx, b.cfg, b.sparse
     if sel_x is None:
         sel_x = over_threshold(ctx, h, spec.neg_input_thresholds[il])  # (n, n_embd), positive: channel read
-    gate = ctx.axpy_rows(b.w(f"blk.{il}.ffn_gate_t{part}"), h, sel_x)  # (n, rows)
-    up = ctx.axpy_rows(b.w(f"blk.{il}.ffn_up_t{part}"), h, sel_x)  # (n, rows)
+    gate = b.axpy_rows(b.w(f"blk.{il}.ffn_gate_t{part}"), h, sel_x)  # (n, rows)
+    up = b.axpy_rows(b.w(f"blk.{il}.ffn_up_t{part}"), h, sel_x)  # (n, rows)
     act = ctx.mul(ctx.silu(gate) if cfg.ffn_kind == "swiglu" else ctx.gelu(gate), up)  # (n, rows)
     sel_h = over_threshold(ctx, act, spec.neg_thresholds[il] if neg_t is None else neg_t)  # positive: neuron read
-    return ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t{part}"), act, sel_h), sel_h, act
+    return b.axpy_rows(b.w(f"blk.{il}.ffn_down_t{part}"), act, sel_h), sel_h, act
 
 
 def split_input_ffn(b, il: int, h: ggml.Tensor, k: int) -> ggml.Tensor:
@@ -218,7 +218,7 @@ def rows_ffn(b, il: int, h: ggml.Tensor, pred: ggml.Tensor, part: str = "", dens
         sel = _active(b, il, act)  # zero outside the computed rows
     else:
         sel = computed  # every computed row of a gated FFN is nonzero (but for exact zeros)
-    return ctx.axpy_rows(b.w(f"blk.{il}.ffn_down_t{part}"), act, sel), sel, act  # (n, n_embd)
+    return b.axpy_rows(b.w(f"blk.{il}.ffn_down_t{part}"), act, sel), sel, act  # (n, n_embd)
 
 
 def ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:

@@ -281,8 +281,12 @@ class Context:
     def mul_mat_rows(self, w: Tensor, x: Tensor, sel: Tensor | None = None, begin: int = 0, end: int = -1):
         return self._t(lib.ggml_mul_mat_rows(self.ptr, w.ptr, x.ptr, sel.ptr if sel else ffi.NULL, begin, end))
 
-    def axpy_rows(self, wt: Tensor, h: Tensor, sel: Tensor | None = None, begin: int = 0, end: int = -1):
-        return self._t(lib.ggml_axpy_rows(self.ptr, wt.ptr, h.ptr, sel.ptr if sel else ffi.NULL, begin, end))
+    def axpy_rows(self, wt: Tensor, h: Tensor, sel: Tensor | None = None, begin: int = 0, end: int = -1,
+                  precise: bool = False):
+        """sum of h[i] * wt[i] over the selected rows; precise: without rounding the CPU's coefficients to 8 bits
+        (see ggml_axpy_rows_precise)."""
+        fn = lib.ggml_axpy_rows_precise if precise else lib.ggml_axpy_rows
+        return self._t(fn(self.ptr, wt.ptr, h.ptr, sel.ptr if sel else ffi.NULL, begin, end))
 
     def sparse_ffn(self, bundle: Tensor, x: Tensor, sel: Tensor | None, kind: str, threshold: float = 0.0):
         """(m, d) -> (m, d + n_ff): the FFN output, then 1 for each neuron summed; kind one of FFN_KINDS."""

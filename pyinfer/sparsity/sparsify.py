@@ -20,7 +20,7 @@ from gguf import GGUFValueType
 from tqdm import tqdm
 
 from pyinfer.console import run_cli
-from pyinfer.errors import InvalidArgumentError
+from pyinfer.errors import InvalidArgumentError, PyInferError
 from pyinfer.formats.gguf_file import GGUFFile
 from pyinfer.formats.gguf_writer import OutTensor, Q
 from pyinfer.hub.pull import cache_dir
@@ -81,14 +81,24 @@ def default_output(model: str, sparsity: float, method: str = "predictors") -> s
     return str(cache_dir() / "sparse" / f"{stem}-{tag}{round(100 * sparsity)}.gguf")
 
 
-def held_out_report(src: str, out: str, n_tokens: int, threads: int | None) -> str:
-    """The perplexity of src and out on n_tokens of held-out text (corpus.held_out_text, which no calibration
-    corpus holds) in chunks of HELD_OUT_CTX, and the share of down's neurons out read there."""
-    from pyinfer.engine.driver import Model
-    from pyinfer.engine.scoring import Stats, chunk_tokens, scored_logprobs
+def fetch_held_out() -> str:
+    """corpus.held_out_text, fetched before any work: a machine that cannot download it learns so at once, with
+    the way around it."""
     from pyinfer.sparsity.corpus import held_out_text
 
-    text, ppl = held_out_text(), []
+    try:
+        return held_out_text()
+    except PyInferError as e:
+        raise PyInferError(f"the held-out text for the perplexity report: {e}; --eval-tokens 0 skips the report") from e
+
+
+def held_out_report(src: str, out: str, text: str, n_tokens: int, threads: int | None) -> str:
+    """The perplexity of src and out on n_tokens of held-out text (fetch_held_out: no calibration corpus holds
+    it) in chunks of HELD_OUT_CTX, and the share of down's neurons out read there."""
+    from pyinfer.engine.driver import Model
+    from pyinfer.engine.scoring import Stats, chunk_tokens, scored_logprobs
+
+    ppl = []
     n_chunks = max(1, n_tokens // HELD_OUT_CTX)
     for path in tqdm((src, out), desc="held-out perplexity", file=sys.stderr, disable=None):
         model = Model(path, n_ctx=HELD_OUT_CTX, n_threads=threads)
@@ -115,6 +125,7 @@ def _input_sparsify(args: argparse.Namespace) -> int:
     s_x, s_h = input_sparsity.split(args.sparsity, args.down_skip)  # a bad target fails before anything runs
     if args.eval_tokens < 0:
         raise InvalidArgumentError(f"--eval-tokens must be >= 0, not {args.eval_tokens}")
+    held_out = fetch_held_out() if args.eval_tokens else ""
     path = ensure_powergguf(resolve_model(args.model))
     g = GGUFFile(path)
     input_sparsity.check_source(g)
@@ -137,7 +148,7 @@ def _input_sparsify(args: argparse.Namespace) -> int:
           f"calibration text ({calibration}): {skipped:.1f} % of the FFN's bytes")
     print(layer_table(rows))
     if args.eval_tokens:
-        print(held_out_report(path, out, args.eval_tokens, args.threads))
+        print(held_out_report(path, out, held_out, args.eval_tokens, args.threads))
     print(f"time: {time.perf_counter() - t0:.0f} s\nwrote {out}")
     return 0
 

@@ -280,26 +280,39 @@ int ggml_cpu_op_mul_mat_rows(const struct ggml_compute_params *p, struct ggml_te
 
 #define UNIT_SUMS_MAX_M 4 // columns up to which the sparse sums are kept per unit of work
 
-// rows summed into one target four at a time where the type has an axpy4 (the target is then loaded and
-// stored once per four rows), else one by one
+// rows summed into one target several at a time where the type has a kernel for that (the target is then
+// loaded and stored once per group), else one by one
+#define AXPY_GROUP_MAX 8
 struct axpy_batch {
     ggml_axpy_fn axpy;
-    ggml_axpy4_fn axpy4; // NULL: every row on its own
+    ggml_axpy4_fn group; // NULL: every row on its own
+    int width;           // rows per group call: 4 (axpy4) or 8 (axpy8_rounded)
     int64_t n;           // values per row
-    int n_held;          // rows held for the next axpy4
-    float held_a[4];
-    const void *held_row[4];
+    int n_held;          // rows held for the next group
+    float held_a[AXPY_GROUP_MAX];
+    const void *held_row[AXPY_GROUP_MAX];
 };
 
+// the group kernel of axpy_rows with one column: coefficients rounded to 8 bits on the integer units unless
+// the op is precise (op_params[2], ggml_axpy_rows_precise)
+static struct axpy_batch axpy_batch_for(const struct ggml_tensor *dst, const struct ggml_type_traits *tw, int64_t m,
+                                        int64_t n) {
+    struct axpy_batch b = {.axpy = tw->axpy, .n = n};
+    if (m != 1) return b;
+    if (!dst->op_params[2] && tw->axpy8_rounded) b.group = tw->axpy8_rounded, b.width = 8;
+    else if (tw->axpy4) b.group = tw->axpy4, b.width = 4;
+    return b;
+}
+
 static inline void batch_add(struct axpy_batch *b, float *y, float a, const void *row) {
-    if (!b->axpy4) {
+    if (!b->group) {
         b->axpy(b->n, y, a, row);
         return;
     }
     b->held_a[b->n_held] = a;
     b->held_row[b->n_held++] = row;
-    if (b->n_held == 4) {
-        b->axpy4(b->n, y, b->held_a, b->held_row);
+    if (b->n_held == b->width) {
+        b->group(b->n, y, b->held_a, b->held_row);
         b->n_held = 0;
     }
 }
@@ -339,7 +352,7 @@ static void unit_sums_add(const struct unit_sums *u, int64_t n_units, struct ggm
 
 // where a walk's rows are summed: y, the current unit's buffer of sums (or a slice of dst)
 struct sum_target {
-    struct axpy_batch batch; // axpy4 only with one column
+    struct axpy_batch batch; // groups only with one column
     struct unit_sums sums;
     float *y;                // column 0 of the target
 };
@@ -422,14 +435,14 @@ int ggml_cpu_op_axpy_rows(const struct ggml_compute_params *p, struct ggml_tenso
         if (v0 >= v1) return GGML_STATUS_OK;
         zero_rows(dst, v0, v1);
         // one column: every row adds into the same slice, four rows a load and store of it
-        struct axpy_ctx c = {{.batch = {.axpy = tw->axpy, .axpy4 = m == 1 ? tw->axpy4 : NULL, .n = v1 - v0},
+        struct axpy_ctx c = {{.batch = axpy_batch_for(dst, tw, m, v1 - v0),
                               .y = (float *)dst->data + v0}, wt, h, &s,
                              dst_stride, (size_t)(v0 / tw->blck_size) * tw->type_size, ggml_row_size(wt->type, v1 - v0)};
         sel_walk(&s, ith, nth, true, p->chunk_next, &(struct sel_walk){axpy_visit, axpy_prefetch, NULL, &c});
         batch_flush(&c.t.batch, c.t.y);
         return GGML_STATUS_OK;
     }
-    struct axpy_ctx c = {{{.axpy = tw->axpy, .axpy4 = m == 1 ? tw->axpy4 : NULL, .n = d},
+    struct axpy_ctx c = {{axpy_batch_for(dst, tw, m, d),
                           unit_sums_at(p, sel_wsize(s.sel, s.n_rows, nth), d, m), NULL},
                          wt, h, &s, d, 0, wt->nb[1]};
     sel_walk(&s, ith, nth, false, p->chunk_next, &(struct sel_walk){axpy_visit, axpy_prefetch, target_unit, &c});
@@ -562,7 +575,7 @@ int ggml_cpu_op_sparse_ffn(const struct ggml_compute_params *p, struct ggml_tens
     if (s.sel && s.sel->type == GGML_TYPE_F32) sel_compact(&s, p->ith, p->nth);
     ggml_barrier(p->tp);
     const bool keep = m > UNIT_SUMS_MAX_M;
-    struct ffn_ctx c = {{{.axpy = tw->axpy, .axpy4 = m == 1 ? tw->axpy4 : NULL, .n = d}, unit_sums_at(p, sums_at, d, m), NULL},
+    struct ffn_ctx c = {{{.axpy = tw->axpy, .group = m == 1 ? tw->axpy4 : NULL, .width = 4, .n = d}, unit_sums_at(p, sums_at, d, m), NULL},
                         bundle->data, bundle->nb[1], rows, (enum ggml_ffn_kind)dst->op_params[2],
                         ggml_op_param_f32(dst, 3), &xc, tw->vec_dot, d, n_ff, dst, &s,
                         keep ? (float *)((char *)p->wdata + sums_at) : NULL, 0, 0, 0, 0};
