@@ -391,3 +391,39 @@ def test_budgets_split_the_ffn_and_equal_the_cpu(tiny_files, tmp_path):
         del model
         gc.collect()
     assert split_seen, "no budget split a layer: the test does not test the split"
+
+
+@pytest.mark.parametrize("narrow", [True, False])
+def test_down_t_takes_the_copies_type_unless_kept(tmp_path, narrow):
+    """A Q4_0 file's ffn_down_t in Q8_0 (as the converter stores it for GGUF sources below 8 bits) is written in
+    Q4_0 like the
+    channel-major copies: exactly gguf.quants' Q4_0 of the stored rows in hot-first order; kept as Q8_0 (the
+    stored rows reordered) with narrow_down=False."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf import quants
+    from hf_tiny import build
+
+    import pyinfer.converters.convert_hf_to_powergguf as conv
+
+    build("llama_silu", str(tmp_path / "hf"))
+    plain, src = str(tmp_path / "plain.gguf"), str(tmp_path / "q4_0.gguf")  # a llama.cpp-style Q4_0 file, converted
+    assert conv.main([str(tmp_path / "hf"), "-o", str(tmp_path / "x.gguf"), "--outtype", "q4_0", "--dense-gguf", plain]) == 0
+    assert conv.main([plain, "-o", src]) == 0
+    g = GGUFFile(src)
+    assert g.tensors["blk.0.ffn_down_t.weight"].type == Q.Q8_0 and g.tensors["blk.0.ffn_gate.weight"].type == Q.Q4_0
+    cfg = g.config
+    rng = np.random.default_rng(1)
+    layers = [(rng.standard_normal((32, cfg.n_embd)), rng.standard_normal((32, cfg.n_ff))) for _ in range(cfg.n_layer)]
+    calibrated = input_sparsity.calibrate(layers, 0.3)
+    out = tmp_path / "out.gguf"
+    input_sparsity.write(src, str(out), calibrated, 0.3, "random", narrow_down=narrow)
+    o = GGUFFile(str(out))
+    for il, c in enumerate(calibrated):
+        stored = g.dequantize(f"blk.{il}.ffn_down_t.weight")[c.order].astype(np.float32)  # (n_ff, n_embd)
+        got = o.tensors[f"blk.{il}.ffn_down_t.weight"]
+        if narrow:
+            assert got.type == Q.Q4_0
+            np.testing.assert_array_equal(np.asarray(got.data).reshape(-1), quants.quantize(stored, Q.Q4_0).reshape(-1))
+        else:
+            assert got.type == Q.Q8_0
+            np.testing.assert_array_equal(o.dequantize(f"blk.{il}.ffn_down_t.weight"), stored)

@@ -136,7 +136,7 @@ def _input_sparsify(args: argparse.Namespace) -> int:
     layers = (profile.layer(il) for il in tqdm(range(profile.n_layer), desc="thresholds", file=sys.stderr,
                                                disable=None))
     calibrated = input_sparsity.calibrate(layers, args.sparsity, args.down_skip)
-    input_sparsity.write(path, out, calibrated, args.sparsity, calibration)
+    input_sparsity.write(path, out, calibrated, args.sparsity, calibration, narrow_down=not args.keep_down_type)
     GGUFFile(out)  # the written file must load
     rows = [{"layer": il, "t_x": c.t_x, "t_h": c.t_h, "channels read %": 100 * c.x_density,
              "neurons read %": 100 * float(c.freq.mean()),
@@ -218,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--down-skip", type=float, default=None, metavar="S",
                    help="--method input: the share of down's neurons skipped (gate and up skip input channels for "
                         "the rest of the target; default min(0.95, 1.4 B))")
+    p.add_argument("--keep-down-type", action="store_true",
+                   help="--method input: keep ffn_down_t's stored type (Q8_0 for sources below 8 bits) instead of "
+                        "requantizing it to the type of gate's and up's channel-major copies")
     p.add_argument("--eval-tokens", type=int, default=2 * HELD_OUT_CTX,
                    help="--method input: held-out tokens on which to report the perplexity change (0: none; "
                         f"default {2 * HELD_OUT_CTX})")
