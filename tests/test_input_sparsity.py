@@ -416,7 +416,8 @@ def test_down_t_takes_the_copies_type_unless_kept(tmp_path, narrow):
 
     build("llama_silu", str(tmp_path / "hf"))
     plain, src = str(tmp_path / "plain.gguf"), str(tmp_path / "q4_0.gguf")  # a llama.cpp-style Q4_0 file, converted
-    assert conv.main([str(tmp_path / "hf"), "-o", str(tmp_path / "x.gguf"), "--outtype", "q4_0", "--dense-gguf", plain]) == 0
+    hf = str(tmp_path / "hf")
+    assert conv.main([hf, "-o", str(tmp_path / "x.gguf"), "--outtype", "q4_0", "--dense-gguf", plain]) == 0
     assert conv.main([plain, "-o", src]) == 0
     g = GGUFFile(src)
     assert g.tensors["blk.0.ffn_down_t.weight"].type == Q.Q8_0 and g.tensors["blk.0.ffn_gate.weight"].type == Q.Q4_0
