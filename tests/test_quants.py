@@ -465,15 +465,20 @@ def test_axpy_random_blocks_simd_vs_scalar(qtype, n_blocks, seed, a):
     assert (np.abs(fast - ref) <= tol).all()
 
 
-def c_axpy4(qtype, n: int, y: np.ndarray, a: np.ndarray, rows: list[np.ndarray]) -> np.ndarray:
+def c_axpy_group(fn, qtype, n: int, y: np.ndarray, a: np.ndarray, rows: list[np.ndarray]) -> np.ndarray:
+    """fn (ggml_axpy4 or ggml_axpy8_rounded) on y inside a NaN-poisoned buffer, which it must leave alone."""
     buf = np.full(n + 64, np.nan, np.float32)
     buf[32:32 + n] = y
     keep = [np.ascontiguousarray(r) for r in rows]
-    ptrs = ffi.new("void *[4]", [ffi.from_buffer(r) for r in keep])
-    check(lib.ggml_axpy4(int(qtype), n, ffi.from_buffer("float[]", buf[32:]),
-                         ffi.from_buffer("float[]", np.ascontiguousarray(a, np.float32)), ptrs))
+    ptrs = ffi.new(f"void *[{len(rows)}]", [ffi.from_buffer(r) for r in keep])
+    check(fn(int(qtype), n, ffi.from_buffer("float[]", buf[32:]),
+             ffi.from_buffer("float[]", np.ascontiguousarray(a, np.float32)), ptrs))
     assert np.isnan(buf[:32]).all() and np.isnan(buf[32 + n:]).all()
     return buf[32:32 + n].copy()
+
+
+def c_axpy4(qtype, n: int, y: np.ndarray, a: np.ndarray, rows: list[np.ndarray]) -> np.ndarray:
+    return c_axpy_group(lib.ggml_axpy4, qtype, n, y, a, rows)
 
 
 @pytest.mark.parametrize("qtype", [*AXPY_SIMD_TYPES, QT.F16, QT.BF16], ids=lambda t: t.name)
@@ -514,14 +519,7 @@ def q4_K_unit_scales(wq: np.ndarray, n: int) -> np.ndarray:
 
 
 def c_axpy8_rounded(qtype, n: int, y: np.ndarray, a: np.ndarray, rows: list[np.ndarray]) -> np.ndarray:
-    buf = np.full(n + 64, np.nan, np.float32)
-    buf[32:32 + n] = y
-    keep = [np.ascontiguousarray(r) for r in rows]
-    ptrs = ffi.new("void *[8]", [ffi.from_buffer(r) for r in keep])
-    check(lib.ggml_axpy8_rounded(int(qtype), n, ffi.from_buffer("float[]", buf[32:]),
-                                 ffi.from_buffer("float[]", np.ascontiguousarray(a, np.float32)), ptrs))
-    assert np.isnan(buf[:32]).all() and np.isnan(buf[32 + n:]).all()
-    return buf[32:32 + n].copy()
+    return c_axpy_group(lib.ggml_axpy8_rounded, qtype, n, y, a, rows)
 
 
 @given(n_blocks=st.integers(1, 6), seed=st.integers(0, 2**32 - 1), spread=st.sampled_from([1.0, 1e-3, 1e3]))

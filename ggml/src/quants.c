@@ -818,47 +818,39 @@ int ggml_axpy_ref(enum ggml_type type, int64_t n, float *y, float a, const void 
     return quants_axpy(type, n, y, a, row, true);
 }
 
-int ggml_axpy4(enum ggml_type type, int64_t n, float *y, const float *a, const void *const *rows) {
+// y[0..n) += sum of a[r] * rows[r] over n_rows rows: the group kernel (axpy4, or axpy8_rounded where rounded) where
+// the type has one, else one axpy a row
+static int quants_axpy_group(const char *what, enum ggml_type type, int64_t n, float *y, const float *a,
+                             const void *const *rows, int n_rows, bool rounded) {
     const struct ggml_type_traits *tt = NULL;
     const int status = quants_row_check(type, n, rows, y, QUANTS_AXPY, &tt);
     if (status != GGML_STATUS_OK) {
         return status;
     }
-    if (a == NULL || rows[0] == NULL || rows[1] == NULL || rows[2] == NULL || rows[3] == NULL) {
-        return ggml_set_error(GGML_STATUS_INVALID_ARG, "axpy4: null data");
+    bool null = a == NULL;
+    for (int r = 0; r < n_rows; r++) {
+        null = null || rows[r] == NULL;
     }
-    if (tt->axpy4) {
-        tt->axpy4(n, y, a, rows);
+    if (null) {
+        return ggml_set_error(GGML_STATUS_INVALID_ARG, "%s: null data", what);
+    }
+    const ggml_axpy4_fn group = rounded ? tt->axpy8_rounded : tt->axpy4;
+    if (group) {
+        group(n, y, a, rows);
     } else {
-        for (int r = 0; r < 4; r++) {
+        for (int r = 0; r < n_rows; r++) {
             tt->axpy(n, y, a[r], rows[r]);
         }
     }
     return GGML_STATUS_OK;
 }
 
+int ggml_axpy4(enum ggml_type type, int64_t n, float *y, const float *a, const void *const *rows) {
+    return quants_axpy_group("axpy4", type, n, y, a, rows, 4, false);
+}
+
 int ggml_axpy8_rounded(enum ggml_type type, int64_t n, float *y, const float *a, const void *const *rows) {
-    const struct ggml_type_traits *tt = NULL;
-    const int status = quants_row_check(type, n, rows, y, QUANTS_AXPY, &tt);
-    if (status != GGML_STATUS_OK) {
-        return status;
-    }
-    if (a == NULL) {
-        return ggml_set_error(GGML_STATUS_INVALID_ARG, "axpy8_rounded: null data");
-    }
-    for (int r = 0; r < 8; r++) {
-        if (rows[r] == NULL) {
-            return ggml_set_error(GGML_STATUS_INVALID_ARG, "axpy8_rounded: null data");
-        }
-    }
-    if (tt->axpy8_rounded) {
-        tt->axpy8_rounded(n, y, a, rows);
-    } else {
-        for (int r = 0; r < 8; r++) {
-            tt->axpy(n, y, a[r], rows[r]);
-        }
-    }
-    return GGML_STATUS_OK;
+    return quants_axpy_group("axpy8_rounded", type, n, y, a, rows, 8, true);
 }
 
 // true when the AVX2 kernels can run: AVX2, FMA and F16C together

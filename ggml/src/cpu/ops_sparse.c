@@ -434,7 +434,7 @@ int ggml_cpu_op_axpy_rows(const struct ggml_compute_params *p, struct ggml_tenso
     if (axpy_slices_d(wt, m)) {
         if (v0 >= v1) return GGML_STATUS_OK;
         zero_rows(dst, v0, v1);
-        // one column: every row adds into the same slice, four rows a load and store of it
+        // one column: every row adds into the same slice, a group of rows a load and store of it
         struct axpy_ctx c = {{.batch = axpy_batch_for(dst, tw, m, v1 - v0),
                               .y = (float *)dst->data + v0}, wt, h, &s,
                              dst_stride, (size_t)(v0 / tw->blck_size) * tw->type_size, ggml_row_size(wt->type, v1 - v0)};
