@@ -30,10 +30,9 @@ typedef void (*ggml_from_float_fn)(const float *src, void *dst, int64_t n);
 typedef void (*ggml_vec_dot_fn)(int64_t n, float *s, const void *w, const void *x);
 // y[0..n) += a * row, row of `type` (used by axpy_rows)
 typedef void (*ggml_axpy_fn)(int64_t n, float *y, float a, const void *row);
-// y[0..n) += a[r] * rows[r] for r = 0..3 in turn, y loaded and stored once (axpy_rows' groups of rows)
-typedef void (*ggml_axpy4_fn)(int64_t n, float *y, const float *a, const void *const *rows);
-// y[0..n) += sum of a[r] * rows[r] over r = 0..7, the coefficients rounded to 8 bits per block of y
-typedef void (*ggml_axpy8_fn)(int64_t n, float *y, const float *a, const void *const *rows);
+// y[0..n) += a[r] * rows[r] over a group of rows, y loaded and stored once (axpy_rows' groups: axpy4's 4 rows
+// in turn, axpy8_rounded's 8 with their coefficients rounded to 8 bits per block of y)
+typedef void (*ggml_axpy_group_fn)(int64_t n, float *y, const float *a, const void *const *rows);
 // a GGML_GEMM_TILE_ROWS x GGML_GEMM_TILE_COLS tile of w . x: s[j * ss + r] = w[r] . x[j], rows of w
 // bw bytes apart, columns of x (already in vec_dot_type) bx bytes apart, ss floats between output columns
 typedef void (*ggml_gemm_tile_fn)(int64_t n, float *s, int64_t ss, const void *w, size_t bw, const void *x, size_t bx);
@@ -52,8 +51,8 @@ struct ggml_type_traits {
     ggml_vec_dot_fn vec_dot_ref;         // scalar oracle
     ggml_axpy_fn axpy;
     ggml_axpy_fn axpy_ref;
-    ggml_axpy4_fn axpy4;                 // SIMD only, NULL where absent; its oracle: 4 axpy_ref calls
-    ggml_axpy8_fn axpy8_rounded;         // 8 rows on the integer units (axpy_rows unless precise); SIMD only,
+    ggml_axpy_group_fn axpy4;            // SIMD only, NULL where absent; its oracle: 4 axpy_ref calls
+    ggml_axpy_group_fn axpy8_rounded;    // 8 rows on the integer units (axpy_rows unless precise); SIMD only,
                                          // NULL where absent; its oracle: float64 within the rounding's bound
     ggml_gemm_tile_fn gemm_tile;         // register-tiled m > 1 kernel, SIMD only (its oracle: vec_dot_ref);
                                          // NULL: mul_mat loops over vec_dot

@@ -834,7 +834,7 @@ static int quants_axpy_group(const char *what, enum ggml_type type, int64_t n, f
     if (null) {
         return ggml_set_error(GGML_STATUS_INVALID_ARG, "%s: null data", what);
     }
-    const ggml_axpy4_fn group = rounded ? tt->axpy8_rounded : tt->axpy4;
+    const ggml_axpy_group_fn group = rounded ? tt->axpy8_rounded : tt->axpy4;
     if (group) {
         group(n, y, a, rows);
     } else {

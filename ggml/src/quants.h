@@ -103,6 +103,18 @@ GGML_QFN void ggml_q4_K_get_scale_min(const uint8_t *scales, int s, uint8_t *sc,
     }
 }
 
+// Q4_K: all 8 sub-blocks' six-bit scales (sc) and mins (m) at once, sub-block s in byte s of each word (what
+// ggml_q4_K_get_scale_min gives one at a time): sub-blocks 0..3 are the low 6 bits of bytes 0..3 (4..7), 4..7 the
+// nibbles of bytes 8..11 with the top 2 bits of bytes 0..3 (4..7) above
+GGML_QFN void ggml_q4_K_scales_mins(const uint8_t *scales, uint64_t *sc, uint64_t *m) {
+    uint32_t u[3];
+    for (int w = 0; w < 3; w++)
+        u[w] = (uint32_t)scales[4 * w] | (uint32_t)scales[4 * w + 1] << 8 | (uint32_t)scales[4 * w + 2] << 16 |
+               (uint32_t)scales[4 * w + 3] << 24;
+    *sc = (uint64_t)((u[2] & 0x0F0F0F0F) | ((u[0] >> 2) & 0x30303030)) << 32 | (u[0] & 0x3F3F3F3F);
+    *m = (uint64_t)(((u[2] >> 4) & 0x0F0F0F0F) | ((u[1] >> 2) & 0x30303030)) << 32 | (u[1] & 0x3F3F3F3F);
+}
+
 // --- F16 / BF16 <-> F32, integer only so that host and device agree bit for bit ---
 
 GGML_QFN uint32_t ggml_f32_bits(float f) {

@@ -347,19 +347,16 @@ static void q4_K_vec_dot_avx2(int64_t n, float *s, const void *w, const void *x)
     __m256 acc = _mm256_setzero_ps();
     float summ = 0.0f; // the mins' share, subtracted at the end
     for (int64_t i = 0; i < n / QK_K; i++) {
-        // unpack the 6-bit scales (sc) and mins (m) of the 8 sub-blocks, four per 32-bit word
-        uint32_t u[3];
-        memcpy(u, a[i].scales, sizeof u);
-        const uint32_t sc_lo = u[0] & 0x3F3F3F3F, sc_hi = (u[2] & 0x0F0F0F0F) | ((u[0] >> 2) & 0x30303030);
-        const uint32_t m_lo = u[1] & 0x3F3F3F3F, m_hi = ((u[2] >> 4) & 0x0F0F0F0F) | ((u[1] >> 2) & 0x30303030);
+        // the 6-bit scales (sc) and mins (m) of the 8 sub-blocks, one a byte
+        uint64_t sc_bytes, m_bytes;
+        ggml_q4_K_scales_mins(a[i].scales, &sc_bytes, &m_bytes);
         uint8_t sc[8];
-        memcpy(sc, &sc_lo, 4);
-        memcpy(sc + 4, &sc_hi, 4);
+        memcpy(sc, &sc_bytes, 8);
 
         // sum over sub-blocks of m * sum(qx), from the per-16 sums of the activations
         const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)b[i].bsums),
                                           _mm_loadu_si128((const __m128i *)(b[i].bsums + 8))); // (8,) per 32
-        const __m128i mins = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo));
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m_bytes));
         __m128i pm = _mm_madd_epi16(bs, mins);
         pm = _mm_add_epi32(pm, _mm_shuffle_epi32(pm, _MM_SHUFFLE(1, 0, 3, 2)));
         pm = _mm_add_epi32(pm, _mm_shuffle_epi32(pm, _MM_SHUFFLE(2, 3, 0, 1)));
@@ -717,13 +714,10 @@ VNNI_TARGET static void q4_K_gemm_tile_vnni(int64_t n, float *s, int64_t ss, con
         uint8_t sc[4][8];
         __m128i mins[4]; // (8,) int16 per row
         for (int r = 0; r < 4; r++) {
-            uint32_t u[3];
-            memcpy(u, wr[r][b].scales, sizeof u);
-            const uint32_t sc_lo = u[0] & 0x3F3F3F3F, sc_hi = (u[2] & 0x0F0F0F0F) | ((u[0] >> 2) & 0x30303030);
-            const uint32_t m_lo = u[1] & 0x3F3F3F3F, m_hi = ((u[2] >> 4) & 0x0F0F0F0F) | ((u[1] >> 2) & 0x30303030);
-            memcpy(sc[r], &sc_lo, 4);
-            memcpy(sc[r] + 4, &sc_hi, 4);
-            mins[r] = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo));
+            uint64_t sc_bytes, m_bytes;
+            ggml_q4_K_scales_mins(wr[r][b].scales, &sc_bytes, &m_bytes);
+            memcpy(sc[r], &sc_bytes, 8);
+            mins[r] = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m_bytes));
         }
         __m256i p[4][4]; // (row, column) int32 lanes
         for (int r = 0; r < 4; r++)

@@ -195,14 +195,10 @@ AXPY_INLINE void q4_K_axpy_rows(int64_t n, float *y, const float *a, const void 
         float dl[AXPY_MAX_ROWS][8], ml[AXPY_MAX_ROWS][8]; // (rows, sub-blocks) d * sc and -(dmin * m)
         for (int r = 0; r < nr; r++) {
             x[r] = (const block_q4_K *)rows[r] + i;
-            // the 6-bit scales and mins of sub-blocks 0..3 (low 6 bits of bytes 0..3, 4..7) and 4..7 (nibbles
-            // of bytes 8..11 with the top 2 bits of bytes 0..3, 4..7 above), four to a 32-bit word
-            uint32_t u[3];
-            memcpy(u, x[r]->scales, sizeof u);
-            const uint32_t sc[2] = {u[0] & 0x3F3F3F3F, (u[2] & 0x0F0F0F0F) | ((u[0] >> 2) & 0x30303030)};
-            const uint32_t m[2] = {u[1] & 0x3F3F3F3F, ((u[2] >> 4) & 0x0F0F0F0F) | ((u[1] >> 2) & 0x30303030)};
-            const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)((uint64_t)sc[1] << 32 | sc[0]))));
-            const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)((uint64_t)m[1] << 32 | m[0]))));
+            uint64_t sc_bytes, m_bytes;
+            ggml_q4_K_scales_mins(x[r]->scales, &sc_bytes, &m_bytes);
+            const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc_bytes)));
+            const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m_bytes)));
             _mm256_storeu_ps(dl[r], _mm256_mul_ps(_mm256_set1_ps(axpy_f16(x[r]->d)), scf));
             // dl * q + (-ml) is bit-identical to the scalar dl * q - ml
             _mm256_storeu_ps(ml[r], _mm256_mul_ps(_mm256_set1_ps(-axpy_f16(x[r]->dmin)), mf));

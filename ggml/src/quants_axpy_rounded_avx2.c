@@ -11,11 +11,6 @@
 #include "quants.h"
 
 #include <immintrin.h>
-#include <string.h>
-
-static inline float f16_to_f32(uint16_t h) {
-    return _cvtsh_ss(h);
-}
 
 // value j of row r at byte 4 j + r, 8 values a vector in value order: the dword permutation places the bytes
 // that the two unpack levels take from each 128-bit lane so that their outputs come out in order
@@ -79,16 +74,12 @@ static void q4_K_axpy8_rounded_avx2(int64_t n, float *y, const float *a, const v
         __m256 mins = _mm256_setzero_ps(); // -(sum over rows of a * dmin * m) per sub-block
         for (int r = 0; r < 8; r++) {
             x[r] = (const block_q4_K *)rows[r] + i;
-            // 6-bit scales and mins of sub-blocks 0..3 (low 6 bits of bytes 0..3, 4..7) and 4..7 (nibbles of
-            // bytes 8..11 with the top 2 bits of bytes 0..3, 4..7 above), four to a 32-bit word
-            uint32_t u[3];
-            memcpy(u, x[r]->scales, sizeof u);
-            const uint64_t sc = (uint64_t)((u[2] & 0x0F0F0F0F) | ((u[0] >> 2) & 0x30303030)) << 32 | (u[0] & 0x3F3F3F3F);
-            const uint64_t m = (uint64_t)(((u[2] >> 4) & 0x0F0F0F0F) | ((u[1] >> 2) & 0x30303030)) << 32 | (u[1] & 0x3F3F3F3F);
-            const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
-            const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m)));
-            c[r] = _mm256_mul_ps(_mm256_set1_ps(a[r] * f16_to_f32(x[r]->d)), scf);
-            mins = _mm256_fmadd_ps(_mm256_set1_ps(-a[r] * f16_to_f32(x[r]->dmin)), mf, mins);
+            uint64_t sc_bytes, m_bytes;
+            ggml_q4_K_scales_mins(x[r]->scales, &sc_bytes, &m_bytes);
+            const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc_bytes)));
+            const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m_bytes)));
+            c[r] = _mm256_mul_ps(_mm256_set1_ps(a[r] * _cvtsh_ss(x[r]->d)), scf);
+            mins = _mm256_fmadd_ps(_mm256_set1_ps(-a[r] * _cvtsh_ss(x[r]->dmin)), mf, mins);
         }
         struct rounded_coefs k;
         round_coefs(c, &k);

@@ -97,6 +97,12 @@ def transposed_type(qtype: Q, n_ff: int) -> Q:
     return Q.Q8_0 if n_ff % 32 == 0 else Q.F16
 
 
+def _stored(values: np.ndarray, qtype: Q) -> np.ndarray:
+    """values (rows, row length) as the bytes of qtype: float types encoded, the rest by the engine's quantizer."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    return encode(values, qtype) if qtype in FLOAT_TYPES else ggml.quantize(int(qtype), values)
+
+
 def channel_major(g: GGUFFile, name: str, order: np.ndarray | None = None) -> OutTensor:
     """blk.N.ffn_gate or blk.N.ffn_up of g as its channel-major copy (name with _t), neurons in order."""
     info = g.tensors[f"{name}.weight"]
@@ -105,8 +111,7 @@ def channel_major(g: GGUFFile, name: str, order: np.ndarray | None = None) -> Ou
 
     def produce() -> np.ndarray:
         rows = g.dequantize(f"{name}.weight")  # (n_ff, n_embd)
-        values = np.ascontiguousarray((rows if order is None else rows[order]).T, dtype=np.float32)  # (n_embd, n_ff)
-        return encode(values, qtype) if qtype in FLOAT_TYPES else ggml.quantize(int(qtype), values)
+        return _stored((rows if order is None else rows[order]).T, qtype)  # (n_embd, n_ff)
 
     return OutTensor(f"{name}_t.weight", (n_embd, n_ff), qtype, produce)
 
@@ -122,8 +127,7 @@ def narrowed_down_t(g: GGUFFile, il: int, order: np.ndarray) -> OutTensor | None
         return None
 
     def produce() -> np.ndarray:
-        rows = np.ascontiguousarray(g.dequantize(name)[order], dtype=np.float32)  # (n_ff, n_embd)
-        return ggml.quantize(int(qtype), rows)
+        return _stored(g.dequantize(name)[order], qtype)  # (n_ff, n_embd)
 
     return OutTensor(name, (n_ff, n_embd), qtype, produce)
 

@@ -285,7 +285,7 @@ int ggml_cpu_op_mul_mat_rows(const struct ggml_compute_params *p, struct ggml_te
 #define AXPY_GROUP_MAX 8
 struct axpy_batch {
     ggml_axpy_fn axpy;
-    ggml_axpy4_fn group; // NULL: every row on its own
+    ggml_axpy_group_fn group; // NULL: every row on its own
     int width;           // rows per group call: 4 (axpy4) or 8 (axpy8_rounded)
     int64_t n;           // values per row
     int n_held;          // rows held for the next group
