@@ -13,7 +13,7 @@ extern "C" {
 
 // CFFI-BEGIN
 #define GGML_MAX_DIMS 4
-#define GGML_MAX_SRC 6
+#define GGML_MAX_SRC 8
 #define GGML_MAX_OP_PARAMS 8
 
 // Type ids are GGUF's, so a tensor's type in a file maps directly.
@@ -64,6 +64,8 @@ enum ggml_op {
     GGML_OP_MUL_MAT_ROWS, // mul_mat for selected rows only; unselected rows give 0
     GGML_OP_AXPY_ROWS,    // out = sum over selected rows i of h[i] * Wt[i]
     GGML_OP_SPARSE_FFN,   // a whole FFN over the selected neurons, each neuron's rows read together
+    GGML_OP_TOP_K,        // I32 indices of each row's k largest values, largest first
+    GGML_OP_MOE_FFN,      // the FFN of a mixture of experts: each token's routed experts, weighted and summed
     GGML_OP_TRANSFER,     // inserted by the planner: src0's bytes copied to another backend
     GGML_OP_COUNT,
 };
@@ -198,6 +200,18 @@ enum ggml_ffn_kind { GGML_FFN_RELU, GGML_FFN_REGLU, GGML_FFN_DRELU, GGML_FFN_SWI
 // (sum over selected neurons of act * down_t), rows [d, d + n_ff) 1 where a neuron's down row was summed
 // (|act| > threshold), else 0
 struct ggml_tensor *ggml_sparse_ffn(struct ggml_context *ctx, struct ggml_tensor *bundle, struct ggml_tensor *x, struct ggml_tensor *sel, enum ggml_ffn_kind kind, float threshold);
+
+// mixtures of experts. top_k: a [n, m] F32 -> [k, m] I32, the indices of each column's k largest values,
+// largest first, ties to the lower index (a router's choice of experts)
+struct ggml_tensor *ggml_top_k(struct ggml_context *ctx, struct ggml_tensor *a, int k);
+// gate, up: [d, n_ff, n_local] and down: [n_ff, d, n_local], one matrix per expert (llama.cpp's ffn_*_exps);
+// x: [d, m] F32; ids: [k, m] I32 the experts each token is routed to (top_k of the router's logits);
+// logits: [n_expert, m] F32 the router's logits; slots: NULL (n_local == n_expert: expert e is matrix e) or
+// I32 [n_expert], expert e's matrix or -1 where this op does not hold it (a device's share of the experts).
+// -> [d, m] F32: sum over the token's experts e this op holds of weight_e * down_e(act(gate_e x) * up_e x),
+// weight_e = exp(logit_e) / Z, Z summed over the k chosen experts (norm: the weights of the k add up to 1,
+// Mixtral and Qwen3-MoE) or over all experts (OLMoE). kind: SWIGLU or GEGLU.
+struct ggml_tensor *ggml_moe_ffn(struct ggml_context *ctx, struct ggml_tensor *gate, struct ggml_tensor *up, struct ggml_tensor *down, struct ggml_tensor *x, struct ggml_tensor *ids, struct ggml_tensor *logits, struct ggml_tensor *slots, enum ggml_ffn_kind kind, bool norm);
 
 // --- graphs: built from output tensors, planned once (buffers for intermediates), computed many times ---
 struct ggml_cgraph *ggml_graph_new(struct ggml_context *ctx);

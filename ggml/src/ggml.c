@@ -627,3 +627,57 @@ struct ggml_tensor *ggml_sparse_ffn(struct ggml_context *ctx, struct ggml_tensor
     ggml_set_op_param_f32(t, 3, threshold);
     return t;
 }
+
+struct ggml_tensor *ggml_top_k(struct ggml_context *ctx, struct ggml_tensor *a, int k) {
+    CHECK_ARG(a, "null tensor");
+    CHECK_ARG(a->type == GGML_TYPE_F32 && ggml_n_dims(a) <= 2 && ggml_is_contiguous(a), "top_k takes an F32 matrix");
+    CHECK_ARG(k >= 1 && k <= a->ne[0], "top_k: k = %d outside [1, %lld]", k, (long long)a->ne[0]);
+    struct ggml_tensor *t = op_new(ctx, GGML_OP_TOP_K, GGML_TYPE_I32, 2, (int64_t[]){k, a->ne[1]}, a, NULL, NULL, NULL);
+    if (t) t->op_params[0] = k;
+    return t;
+}
+
+// the experts' matrices: n_local of them, each [cols, rows], the ffn_*_exps layout
+static const char *check_experts(const struct ggml_tensor *w, int64_t cols, int64_t rows, int64_t n_local) {
+    static _Thread_local char msg[160];
+    if (!w) return "null tensor";
+    if (!ggml_is_contiguous(w) || !ggml_get_type_traits(w->type)->vec_dot) return "experts must be contiguous, of a type with a dot product";
+    if (w->ne[0] != cols || w->ne[1] != rows || w->ne[2] != n_local || w->ne[3] != 1) {
+        snprintf(msg, sizeof msg, "an expert tensor is [%lld, %lld, %lld], expected [%lld, %lld, %lld]", (long long)w->ne[0],
+                 (long long)w->ne[1], (long long)w->ne[2], (long long)cols, (long long)rows, (long long)n_local);
+        return msg;
+    }
+    return NULL;
+}
+
+struct ggml_tensor *ggml_moe_ffn(struct ggml_context *ctx, struct ggml_tensor *gate, struct ggml_tensor *up,
+                                 struct ggml_tensor *down, struct ggml_tensor *x, struct ggml_tensor *ids,
+                                 struct ggml_tensor *logits, struct ggml_tensor *slots, enum ggml_ffn_kind kind, bool norm) {
+    CHECK_ARG(gate && up && down && x && ids && logits, "null tensor");
+    CHECK_ARG(kind == GGML_FFN_SWIGLU || kind == GGML_FFN_GEGLU, "moe_ffn: FFN kind %d is not gated by silu or gelu", (int)kind);
+    CHECK_ARG(x->type == GGML_TYPE_F32 && ggml_n_dims(x) <= 2 && ggml_is_contiguous(x), "moe_ffn takes F32 activations [d, m]");
+    const int64_t d = x->ne[0], m = x->ne[1], n_ff = gate->ne[1], n_local = gate->ne[2], n_expert = logits->ne[0];
+    const char *err = check_experts(gate, d, n_ff, n_local);
+    if (!err) err = check_experts(up, d, n_ff, n_local);
+    if (!err) err = check_experts(down, n_ff, d, n_local);
+    CHECK_ARG(!err, "moe_ffn: %s", err);
+    CHECK_ARG(gate->type == up->type, "moe_ffn: gate and up differ in type");
+    CHECK_ARG(ids->type == GGML_TYPE_I32 && ggml_is_contiguous(ids) && ids->ne[1] == m && ids->ne[0] <= n_expert,
+              "moe_ffn: ids must be I32 [k <= n_expert, m]");
+    CHECK_ARG(logits->type == GGML_TYPE_F32 && ggml_is_contiguous(logits) && logits->ne[1] == m,
+              "moe_ffn: logits must be F32 [n_expert, m]");
+    if (slots)
+        CHECK_ARG(slots->type == GGML_TYPE_I32 && ggml_nelements(slots) == n_expert && ggml_is_contiguous(slots),
+                  "moe_ffn: slots must be I32 [n_expert]");
+    else
+        CHECK_ARG(n_local == n_expert, "moe_ffn: %lld expert matrices for %lld experts need slots", (long long)n_local,
+                  (long long)n_expert);
+    struct ggml_tensor *t = op_new(ctx, GGML_OP_MOE_FFN, GGML_TYPE_F32, 2, (int64_t[]){d, m}, gate, up, down, x);
+    if (!t) return NULL;
+    t->src[4] = ids;
+    t->src[5] = logits;
+    t->src[6] = slots;
+    t->op_params[0] = (int32_t)kind;
+    t->op_params[1] = norm;
+    return t;
+}

@@ -171,6 +171,7 @@ static enum ggml_backend node_backend(const struct ggml_cgraph *g, const struct 
         if (g->stream_min_cols > 0 && t->src[1]->ne[1] >= g->stream_min_cols) return GGML_BACKEND_CUDA;
         return ggml_get_backend(t->src[0]);
     case GGML_OP_SPARSE_FFN:
+    case GGML_OP_MOE_FFN:
     case GGML_OP_GET_ROWS: return ggml_get_backend(t->src[0]);
     case GGML_OP_ATTENTION: return ggml_get_backend(t->src[1]);
     default:
@@ -188,6 +189,7 @@ static bool follows_inputs(const struct ggml_tensor *t) {
     case GGML_OP_MUL_MAT_ROWS:
     case GGML_OP_AXPY_ROWS:
     case GGML_OP_SPARSE_FFN:
+    case GGML_OP_MOE_FFN:
     case GGML_OP_GET_ROWS:
     case GGML_OP_ATTENTION: return false;
     default: return true;

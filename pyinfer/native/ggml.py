@@ -295,6 +295,21 @@ class Context:
         return self._t(lib.ggml_sparse_ffn(self.ptr, bundle.ptr, x.ptr, sel.ptr if sel else ffi.NULL,
                                            FFN_KINDS.index(kind), threshold))
 
+    def top_k(self, a: Tensor, k: int) -> Tensor:
+        """(m, n) F32 -> (m, k) I32: each row's k largest values' indices, largest first, ties to the lower."""
+        return self._t(lib.ggml_top_k(self.ptr, a.ptr, k))
+
+    def moe_ffn(self, gate: Tensor, up: Tensor, down: Tensor, x: Tensor, ids: Tensor, logits: Tensor,
+                slots: Tensor | None, kind: str, norm: bool) -> Tensor:
+        """(m, d) -> (m, d): each token's routed experts (ids (m, k) of the router's logits (m, n_expert)),
+        weighted by the logits' softmax over the k (norm) or over all experts, summed; gate and up
+        (n_local, n_ff, d), down (n_local, d, n_ff); slots (n_expert,) I32: expert e's matrix here or -1
+        (None: matrix e). kind "swiglu" or "geglu"."""
+        if kind not in FFN_KINDS:
+            raise InvalidArgumentError(f"unknown FFN kind {kind!r}; known: {', '.join(FFN_KINDS)}")
+        return self._t(lib.ggml_moe_ffn(self.ptr, gate.ptr, up.ptr, down.ptr, x.ptr, ids.ptr, logits.ptr,
+                                        slots.ptr if slots else ffi.NULL, FFN_KINDS.index(kind), norm))
+
 
 class ThreadPool:
     """Persistent CPU workers (`-t N`)."""

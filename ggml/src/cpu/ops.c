@@ -11,6 +11,7 @@ size_t ggml_cpu_op_wsize(const struct ggml_tensor *node, int n_threads) {
     case GGML_OP_MUL_MAT_ROWS: return ggml_cpu_mul_mat_rows_wsize(node, n_threads);
     case GGML_OP_AXPY_ROWS: return ggml_cpu_axpy_rows_wsize(node, n_threads);
     case GGML_OP_SPARSE_FFN: return ggml_cpu_sparse_ffn_wsize(node, n_threads);
+    case GGML_OP_MOE_FFN: return ggml_cpu_moe_ffn_wsize(node, n_threads);
     default: return 0;
     }
 }
@@ -42,6 +43,8 @@ int ggml_cpu_forward(const struct ggml_compute_params *params, struct ggml_tenso
     case GGML_OP_MUL_MAT_ROWS: return ggml_cpu_op_mul_mat_rows(params, node);
     case GGML_OP_AXPY_ROWS: return ggml_cpu_op_axpy_rows(params, node);
     case GGML_OP_SPARSE_FFN: return ggml_cpu_op_sparse_ffn(params, node);
+    case GGML_OP_TOP_K: return ggml_cpu_op_top_k(params, node);
+    case GGML_OP_MOE_FFN: return ggml_cpu_op_moe_ffn(params, node);
     default: break; // TRANSFER and other executor-level ops never reach the CPU kernels
     }
     return ggml_set_error(GGML_STATUS_UNSUPPORTED, "op %d has no CPU kernel", (int)node->op);

@@ -77,3 +77,8 @@ int ggml_cpu_op_axpy_rows(const struct ggml_compute_params *p, struct ggml_tenso
 size_t ggml_cpu_axpy_rows_wsize(const struct ggml_tensor *dst, int n_threads);
 int ggml_cpu_op_sparse_ffn(const struct ggml_compute_params *p, struct ggml_tensor *dst);
 size_t ggml_cpu_sparse_ffn_wsize(const struct ggml_tensor *dst, int n_threads);
+
+// --- ops_moe.c ---
+int ggml_cpu_op_top_k(const struct ggml_compute_params *p, struct ggml_tensor *dst);
+int ggml_cpu_op_moe_ffn(const struct ggml_compute_params *p, struct ggml_tensor *dst);
+size_t ggml_cpu_moe_ffn_wsize(const struct ggml_tensor *dst, int n_threads);

@@ -1,0 +1,218 @@
+// ops_moe.c: a mixture of experts on the CPU: the router's choice (top_k) and the routed experts' FFN (moe_ffn).
+// moe_ffn groups a batch's (token, expert) pairs by expert, so each expert's rows are read once per batch and
+// dotted with every token routed to it while they are in cache. Phase 1: x converted to the experts'
+// vec_dot_type, ids checked (every thread, identically), thread 0 sorts the pairs by expert and computes their
+// weights; barrier. Phase 2: chunks of an expert's gate and up rows, first come, first served: act(gate x) * up x
+// per pair; barrier. Phase 3: the activations converted to down's vec_dot_type; barrier. Phase 4: chunks of the
+// output rows: each expert's down rows dotted with its pairs' activations, weighted, summed per token.
+#include "ops_kernels.h"
+
+#include <string.h>
+
+#define MOE_ROWS 32 // gate/up rows (phase 2) and down rows (phase 4) per chunk
+
+// ---------------------------------------------------------------------------------------------------
+// TOP_K: a [n, m] -> [k, m] I32, largest first, ties to the lower index, NaN below everything
+// ---------------------------------------------------------------------------------------------------
+
+int ggml_cpu_op_top_k(const struct ggml_compute_params *p, struct ggml_tensor *dst) {
+    const struct ggml_tensor *a = dst->src[0];
+    const int k = dst->op_params[0];
+    const int64_t n = a->ne[0];
+    float best[k];
+    int64_t j0, j1;
+    ggml_thread_range(a->ne[1], p->ith, p->nth, &j0, &j1);
+    for (int64_t j = j0; j < j1; j++) {
+        const float *v = (const float *)((const char *)a->data + j * (int64_t)a->nb[1]);
+        int32_t *out = (int32_t *)((char *)dst->data + j * (int64_t)dst->nb[1]);
+        int have = 0;
+        for (int64_t i = 0; i < n; i++) {
+            const float x = isnan(v[i]) ? -INFINITY : v[i];
+            if (have == k && !(x > best[k - 1])) continue; // an equal later value loses the tie
+            int at = have < k ? have++ : k - 1;
+            while (at > 0 && best[at - 1] < x) {
+                best[at] = best[at - 1];
+                out[at] = out[at - 1];
+                at--;
+            }
+            best[at] = x;
+            out[at] = (int32_t)i;
+        }
+    }
+    return GGML_STATUS_OK;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// MOE_FFN: gate, up [d, n_ff, n_local], down [n_ff, d, n_local], x [d, m], ids [k, m], logits [n_expert, m],
+// slots [n_expert] or NULL -> [d, m]
+// ---------------------------------------------------------------------------------------------------
+
+// the pairs this op computes, grouped by expert (in wdata, written by thread 0 in phase 1)
+struct moe_pairs {
+    int32_t *first;    // [n_local + 1] where each matrix's pairs start
+    int32_t *token;    // [k m] each pair's token
+    float *weight;     // [k m] each pair's routing weight
+};
+
+struct moe_layout { // scratch offsets in wdata
+    size_t xq, pairs, act, actq, end;
+};
+
+static struct moe_layout moe_layout_of(const struct ggml_tensor *dst) {
+    const struct ggml_tensor *gate = dst->src[0], *down = dst->src[2], *x = dst->src[3], *ids = dst->src[4];
+    const int64_t n_pairs = ggml_nelements(ids), n_local = gate->ne[2], n_ff = gate->ne[1];
+    const enum ggml_type vdt = ggml_get_type_traits(down->type)->vec_dot_type;
+    struct moe_layout l;
+    l.xq = 0;
+    l.pairs = l.xq + ggml_cpu_xcols_wsize(gate, x);
+    l.act = l.pairs + ggml_cpu_align_up(sizeof(int32_t) * (size_t)(n_local + 1 + 2 * n_pairs));
+    l.actq = l.act + ggml_cpu_align_up(sizeof(float) * (size_t)(n_pairs * n_ff));
+    l.end = l.actq + (vdt == GGML_TYPE_F32 ? 0 : ggml_cpu_align_up((size_t)n_pairs * ggml_row_size(vdt, n_ff)));
+    return l;
+}
+
+size_t ggml_cpu_moe_ffn_wsize(const struct ggml_tensor *dst, int n_threads) {
+    (void)n_threads;
+    return moe_layout_of(dst).end;
+}
+
+static struct moe_pairs moe_pairs_at(void *wdata, const struct moe_layout *l, int64_t n_local, int64_t n_pairs) {
+    int32_t *ints = (int32_t *)((char *)wdata + l->pairs);
+    return (struct moe_pairs){ints, ints + n_local + 1, (float *)(ints + n_local + 1 + n_pairs)};
+}
+
+// the matrix that holds expert e here, or -1
+static inline int32_t moe_slot(const struct ggml_tensor *slots, int32_t e) {
+    return slots ? ((const int32_t *)slots->data)[e] : e;
+}
+
+// thread 0: the pairs (token j, its s-th expert) whose expert this op holds, counted by expert, with weights
+static void moe_sort_pairs(const struct ggml_tensor *dst, struct moe_pairs *mp) {
+    const struct ggml_tensor *ids = dst->src[4], *logits = dst->src[5], *slots = dst->src[6];
+    const int64_t k = ids->ne[0], m = ids->ne[1], n_local = dst->src[0]->ne[2], n_expert = logits->ne[0];
+    const bool norm = dst->op_params[1];
+    int32_t *count = mp->first + 1; // counts per matrix, then running starts
+    memset(mp->first, 0, sizeof(int32_t) * (size_t)(n_local + 1));
+    for (int64_t j = 0; j < m; j++)
+        for (int64_t s = 0; s < k; s++) {
+            const int32_t e = moe_slot(slots, ((const int32_t *)ids->data)[j * k + s]);
+            if (e >= 0) count[e]++;
+        }
+    for (int64_t e = 0; e < n_local; e++) mp->first[e + 1] += mp->first[e];
+    // first[e] is where matrix e's pairs start: fill them by advancing it, then shift the ends back by one
+    int32_t *next = mp->first;
+    for (int64_t j = 0; j < m; j++) {
+        const float *l = (const float *)((const char *)logits->data + j * (int64_t)logits->nb[1]);
+        const int32_t *row = (const int32_t *)ids->data + j * k;
+        float top = -INFINITY, z = 0.0f;
+        if (norm)
+            for (int64_t s = 0; s < k; s++) top = fmaxf(top, l[row[s]]);
+        else
+            for (int64_t e = 0; e < n_expert; e++) top = fmaxf(top, l[e]);
+        if (norm)
+            for (int64_t s = 0; s < k; s++) z += expf(l[row[s]] - top);
+        else
+            for (int64_t e = 0; e < n_expert; e++) z += expf(l[e] - top);
+        for (int64_t s = 0; s < k; s++) {
+            const int32_t e = moe_slot(slots, row[s]);
+            if (e < 0) continue;
+            const int32_t at = next[e]++;
+            mp->token[at] = (int32_t)j;
+            mp->weight[at] = expf(l[row[s]] - top) / z;
+        }
+    }
+    // after filling, next[e] is where expert e's pairs end, i.e. where e + 1's start: shift by one
+    for (int64_t e = n_local; e > 0; e--) mp->first[e] = mp->first[e - 1];
+    mp->first[0] = 0;
+}
+
+static inline float moe_act(enum ggml_ffn_kind kind, float g, float u) {
+    return (kind == GGML_FFN_SWIGLU ? ggml_silu_f32(g) : ggml_gelu_f32(g)) * u;
+}
+
+int ggml_cpu_op_moe_ffn(const struct ggml_compute_params *p, struct ggml_tensor *dst) {
+    const struct ggml_tensor *gate = dst->src[0], *up = dst->src[1], *down = dst->src[2], *x = dst->src[3];
+    const struct ggml_tensor *ids = dst->src[4], *slots = dst->src[6];
+    const int64_t d = x->ne[0], n_ff = gate->ne[1], n_local = gate->ne[2], n_expert = dst->src[5]->ne[0];
+    const int64_t n_pairs = ggml_nelements(ids);
+    const enum ggml_ffn_kind kind = (enum ggml_ffn_kind)dst->op_params[0];
+    for (int64_t i = 0; i < n_pairs; i++) { // every thread checks all of them: all fail alike, before any barrier
+        const int32_t e = ((const int32_t *)ids->data)[i];
+        if (e < 0 || e >= n_expert)
+            return ggml_set_error(GGML_STATUS_INVALID_ARG, "moe_ffn: expert id %d outside [0, %lld)", e, (long long)n_expert);
+    }
+    if (slots)
+        for (int64_t e = 0; e < n_expert; e++) {
+            const int32_t s = ((const int32_t *)slots->data)[e];
+            if (s < -1 || s >= n_local)
+                return ggml_set_error(GGML_STATUS_INVALID_ARG, "moe_ffn: expert %lld's slot %d outside [-1, %lld)",
+                                      (long long)e, s, (long long)n_local);
+        }
+    const struct moe_layout l = moe_layout_of(dst);
+    struct moe_pairs mp = moe_pairs_at(p->wdata, &l, n_local, n_pairs);
+    struct ggml_cpu_xcols xc;
+    int st = ggml_cpu_xcols_prepare(p, gate, x, &xc);
+    if (st) return st;
+    if (p->ith == 0) moe_sort_pairs(dst, &mp);
+    ggml_barrier(p->tp);
+    int32_t active[n_local]; // the matrices with pairs, ascending
+    int64_t n_active = 0;
+    for (int64_t e = 0; e < n_local; e++)
+        if (mp.first[e + 1] > mp.first[e]) active[n_active++] = (int32_t)e;
+
+    // phase 2: act[pair][r] = act(gate_e[r] . x_j) * (up_e[r] . x_j)
+    const struct ggml_type_traits *tw = ggml_get_type_traits(gate->type), *td = ggml_get_type_traits(down->type);
+    float *act = (float *)((char *)p->wdata + l.act);
+    const int64_t chunks = (n_ff + MOE_ROWS - 1) / MOE_ROWS;
+    int64_t u0, u1;
+    while (ggml_next_chunk(p->chunk_next, n_active * chunks, 1, &u0, &u1)) {
+        const int32_t e = active[u0 / chunks];
+        const int64_t r0 = u0 % chunks * MOE_ROWS, r1 = r0 + MOE_ROWS < n_ff ? r0 + MOE_ROWS : n_ff;
+        const char *wg = (const char *)gate->data + e * (int64_t)gate->nb[2];
+        const char *wu = (const char *)up->data + e * (int64_t)up->nb[2];
+        for (int64_t r = r0; r < r1; r++)
+            for (int32_t q = mp.first[e]; q < mp.first[e + 1]; q++) {
+                const char *xj = xc.base + (size_t)mp.token[q] * xc.stride;
+                float g, u;
+                tw->vec_dot(d, &g, wg + r * (int64_t)gate->nb[1], xj);
+                tw->vec_dot(d, &u, wu + r * (int64_t)up->nb[1], xj);
+                act[q * n_ff + r] = moe_act(kind, g, u);
+            }
+    }
+    ggml_barrier(p->tp);
+
+    // phase 3: the activations as down's vec_dot takes them (the counter is free again: reset before the barrier)
+    if (p->ith == 0) atomic_store_explicit(p->chunk_next, 0, memory_order_relaxed);
+    const char *aq = (const char *)act;
+    size_t aq_row = sizeof(float) * (size_t)n_ff;
+    if (td->vec_dot_type != GGML_TYPE_F32) {
+        const struct ggml_type_traits *tv = ggml_get_type_traits(td->vec_dot_type);
+        aq_row = ggml_row_size(td->vec_dot_type, n_ff);
+        aq = (const char *)p->wdata + l.actq;
+        int64_t q0, q1;
+        ggml_thread_range(n_pairs, p->ith, p->nth, &q0, &q1);
+        for (int64_t q = q0; q < q1 && q < mp.first[n_local]; q++)
+            tv->quantize_act(act + q * n_ff, (char *)aq + (size_t)q * aq_row, n_ff);
+    }
+    ggml_barrier(p->tp);
+
+    // phase 4: y[j][r] = sum over j's pairs q of weight[q] * down_e[r] . act[q]
+    const int64_t out_chunks = (d + MOE_ROWS - 1) / MOE_ROWS;
+    while (ggml_next_chunk(p->chunk_next, out_chunks, 1, &u0, &u1)) {
+        const int64_t r0 = u0 * MOE_ROWS, r1 = r0 + MOE_ROWS < d ? r0 + MOE_ROWS : d;
+        for (int64_t j = 0; j < x->ne[1]; j++)
+            memset((char *)dst->data + j * (int64_t)dst->nb[1] + r0 * (int64_t)sizeof(float), 0,
+                   sizeof(float) * (size_t)(r1 - r0));
+        for (int64_t a = 0; a < n_active; a++) {
+            const int32_t e = active[a];
+            const char *wd = (const char *)down->data + e * (int64_t)down->nb[2];
+            for (int64_t r = r0; r < r1; r++)
+                for (int32_t q = mp.first[e]; q < mp.first[e + 1]; q++) {
+                    float v;
+                    td->vec_dot(n_ff, &v, wd + r * (int64_t)down->nb[1], aq + (size_t)q * aq_row);
+                    ((float *)((char *)dst->data + mp.token[q] * (int64_t)dst->nb[1]))[r] += mp.weight[q] * v;
+                }
+        }
+    }
+    return GGML_STATUS_OK;
+}

@@ -1,0 +1,177 @@
+"""The mixture-of-experts ops (top_k, moe_ffn) on the CPU against float64 numpy.
+
+Every weight type, hypothesis-drawn shapes and routings (ties, every token to one expert, experts no token
+picks, a share of the experts held by the op through slots), 1..3 threads, outputs poisoned first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from op_harness import compute, tensor, weights
+
+from pyinfer.errors import InvalidArgumentError
+from pyinfer.native import ggml
+
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def top_k_reference(a: np.ndarray, k: int) -> np.ndarray:
+    """(m, n) -> (m, k): largest first, ties to the lower index (a stable sort of -a)."""
+    return np.argsort(-a, axis=1, kind="stable")[:, :k].astype(np.int32)
+
+
+def as_kernel_sees(x: np.ndarray, weight_type: int) -> np.ndarray:
+    """x (float32) round-tripped through weight_type's vec_dot_type, in float64."""
+    vdt = ggml.lib.ggml_vec_dot_type(weight_type)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if vdt == ggml.F32:
+        return x.astype(np.float64)
+    return ggml.dequantize(vdt, ggml.quantize(vdt, x), x.size).reshape(x.shape).astype(np.float64)
+
+
+def act64(kind: str, g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    if kind == "swiglu":
+        return g / (1.0 + np.exp(-g)) * u
+    return 0.5 * g * (1.0 + np.tanh(0.7978845608028654 * (g + 0.044715 * g**3))) * u
+
+
+def moe_reference(x, ids, logits, slots, gate, up, down, kind, norm, gate_type, down_type):
+    """(m, d) float64: each token's experts held here (slots[e] >= 0), weighted by the logits' softmax."""
+    m, k = ids.shape
+    y = np.zeros((m, x.shape[1]))
+    bound = np.zeros_like(y)  # sum of |weight| |down| |act|: the scale of the rounding error
+    xs = as_kernel_sees(x, gate_type)
+    for j in range(m):
+        chosen = logits[j, ids[j]].astype(np.float64)
+        pool = chosen if norm else logits[j].astype(np.float64)
+        top = pool.max()
+        z = np.exp(pool - top).sum()
+        for s in range(k):
+            e = slots[ids[j, s]] if slots is not None else ids[j, s]
+            if e < 0:
+                continue
+            w = np.exp(chosen[s] - top) / z
+            a = act64(kind, gate[e] @ xs[j], up[e] @ xs[j])
+            a_seen = as_kernel_sees(a.astype(np.float32)[None], down_type)[0]
+            y[j] += w * (down[e] @ a_seen)
+            bound[j] += w * (np.abs(down[e]) @ np.abs(a))
+    return y, bound
+
+
+@given(st.integers(1, 40), st.integers(1, 9), st.integers(1, 3), st.integers(0, 2**31))
+@SETTINGS
+def test_top_k_matches_a_stable_sort(n, m, n_threads, seed):
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(1, n + 1))
+    a = rng.normal(size=(m, n)).astype(np.float32)
+    a[rng.random((m, n)) < 0.3] = 0.5  # ties
+    if m > 1:
+        a[0] = 1.0  # a row of equal values
+    ctx = ggml.Context(1 << 20)
+    (got,) = compute(ctx, [ctx.top_k(tensor(ctx, a), k)], n_threads)
+    np.testing.assert_array_equal(got.reshape(m, k), top_k_reference(a, k))
+
+
+def test_top_k_rejects_k_outside_the_row():
+    ctx = ggml.Context(1 << 20)
+    a = tensor(ctx, np.zeros((2, 4), np.float32))
+    for k in (0, 5):
+        with pytest.raises(InvalidArgumentError, match="top_k"):
+            ctx.top_k(a, k)
+
+
+@st.composite
+def moe_case(draw):
+    gate_type = draw(st.sampled_from(ggml.WEIGHT_TYPES))
+    down_type = draw(st.sampled_from(ggml.WEIGHT_TYPES))
+    blk = max(ggml.block_size(gate_type), ggml.block_size(down_type))
+    d = blk * draw(st.integers(1, 2)) if blk > 1 else draw(st.integers(1, 40))
+    n_ff = blk * draw(st.integers(1, 2)) if blk > 1 else draw(st.integers(1, 40))
+    n_expert = draw(st.integers(1, 9))
+    k = draw(st.integers(1, n_expert))
+    m = draw(st.sampled_from([1, 1, 2, 5, 17]))
+    routing = draw(st.sampled_from(["random", "one expert", "ties"]))
+    held = draw(st.sampled_from(["all", "some", "none"]))
+    return gate_type, down_type, d, n_ff, n_expert, k, m, routing, held, draw(st.booleans()), draw(
+        st.sampled_from(["swiglu", "geglu"])), draw(st.integers(1, 3)), draw(st.integers(0, 2**31))
+
+
+@given(moe_case())
+@SETTINGS
+def test_moe_ffn_matches_float64(case):
+    gate_type, down_type, d, n_ff, n_expert, k, m, routing, held, norm, kind, n_threads, seed = case
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(m, n_expert)).astype(np.float32)
+    if routing == "ties":
+        logits[:, : n_expert // 2 + 1] = 0.25
+    ids = top_k_reference(logits, k)
+    if routing == "one expert":  # every token to expert 0 first (the rest of its k as chosen)
+        logits[:, 0] = logits.max() + 1.0
+        ids = top_k_reference(logits, k)
+    slots = None
+    n_local = n_expert
+    if held != "all":
+        mine = rng.random(n_expert) < 0.5 if held == "some" else np.zeros(n_expert, bool)
+        slots = np.full(n_expert, -1, np.int32)
+        slots[mine] = np.arange(mine.sum())
+        n_local = max(int(mine.sum()), 1)  # no expert held: one matrix nobody routes to
+    x = rng.normal(size=(m, d)).astype(np.float32)
+    ctx = ggml.Context(16 << 20)
+    gate_t, gate64 = weights(ctx, rng.normal(size=(n_local, n_ff, d)) / np.sqrt(d), gate_type)
+    up_t, up64 = weights(ctx, rng.normal(size=(n_local, n_ff, d)) / np.sqrt(d), gate_type)
+    down_t, down64 = weights(ctx, rng.normal(size=(n_local, d, n_ff)) / np.sqrt(n_ff), down_type)
+    if gate_t.ne[2] != n_local:  # ggml drops an outer axis of 1
+        gate_t, up_t, down_t = (ctx.reshape(t, (n_local, *reversed(t.ne[:2]))) for t in (gate_t, up_t, down_t))
+    out = ctx.moe_ffn(gate_t, up_t, down_t, tensor(ctx, x), ctx.tensor_from_numpy(ids), tensor(ctx, logits),
+                      ctx.tensor_from_numpy(slots) if slots is not None else None, kind, norm)
+    (got,) = compute(ctx, [out], n_threads)
+    want, bound = moe_reference(x, ids, logits, slots, gate64, up64, down64, kind, norm, gate_type, down_type)
+    tol = {ggml.F32: 1e-5, ggml.F16: 2e-3, ggml.BF16: 1e-2}.get(down_type, 1e-2)
+    np.testing.assert_allclose(got.reshape(m, d), want, rtol=0, atol=1e-5 + tol * bound.max())
+
+
+def test_moe_ffn_halves_add_up_to_the_whole():
+    """Two ops holding complementary experts (a CPU and a GPU share) sum to the op that holds all."""
+    rng = np.random.default_rng(7)
+    d, n_ff, n_expert, k, m = 64, 96, 8, 3, 6
+    logits = rng.normal(size=(m, n_expert)).astype(np.float32)
+    ids = top_k_reference(logits, k)
+    mats = [rng.normal(size=(n_expert, n_ff, d)), rng.normal(size=(n_expert, n_ff, d)), rng.normal(size=(n_expert, d, n_ff))]
+    first = np.array([0, 2, 5, 7])
+    slots_a = np.full(n_expert, -1, np.int32)
+    slots_a[first] = np.arange(len(first))
+    rest = np.setdiff1d(np.arange(n_expert), first)
+    slots_b = np.full(n_expert, -1, np.int32)
+    slots_b[rest] = np.arange(len(rest))
+    ctx = ggml.Context(16 << 20)
+    x_t, ids_t, l_t = tensor(ctx, rng.normal(size=(m, d)).astype(np.float32)), ctx.tensor_from_numpy(ids), tensor(ctx, logits)
+
+    def op(which, slots):
+        ws = [tensor(ctx, w[which].astype(np.float32), ggml.Q8_0) for w in mats]
+        return ctx.moe_ffn(*ws, x_t, ids_t, l_t, ctx.tensor_from_numpy(slots) if slots is not None else None, "swiglu", True)
+
+    whole, a, b = compute(ctx, [op(np.arange(n_expert), None), op(first, slots_a), op(rest, slots_b)], 2)
+    np.testing.assert_allclose(a + b, whole, rtol=1e-5, atol=1e-5)
+
+
+def test_moe_ffn_rejects_bad_shapes_and_ids():
+    ctx = ggml.Context(1 << 20)
+    d, n_ff, n_expert = 32, 16, 4
+    g = ctx.new_tensor(ggml.F32, (n_expert, n_ff, d))
+    down = ctx.new_tensor(ggml.F32, (n_expert, d, n_ff))
+    x = ctx.new_tensor(ggml.F32, (2, d))
+    logits = ctx.new_tensor(ggml.F32, (2, n_expert))
+    ids = ctx.tensor_from_numpy(np.array([[0, 1], [2, 9]], np.int32))
+    with pytest.raises(InvalidArgumentError, match="expert tensor"):
+        ctx.moe_ffn(g, g, ctx.new_tensor(ggml.F32, (n_expert - 1, d, n_ff)), x, ids, logits, None, "swiglu", True)
+    with pytest.raises(InvalidArgumentError, match="need slots"):
+        ctx.moe_ffn(g, g, down, x, ids, ctx.new_tensor(ggml.F32, (2, n_expert + 1)), None, "swiglu", True)
+    with pytest.raises(InvalidArgumentError, match="kind"):
+        ctx.moe_ffn(g, g, down, x, ids, logits, None, "relu", True)
+    out = ctx.moe_ffn(g, g, down, x, ids, logits, None, "swiglu", True)
+    graph = ggml.Graph(ctx, [out]).plan()
+    with pytest.raises(InvalidArgumentError, match="expert id 9"):
+        graph.compute(ggml.ThreadPool(2))
