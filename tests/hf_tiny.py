@@ -42,6 +42,11 @@ VARIANTS = {
                           "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
                           "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
     "opt": ("opt", {}),
+    # mixtures of experts: 4 experts, 2 a token, one routing the way each family does it
+    "qwen3moe": ("qwen3moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
+                              "norm_topk_prob": True}),
+    "mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "olmoe": ("olmoe", {"num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": False}),
     # Falcon-7B's layout (multi-query, one LayerNorm, exact GELU) and Falcon-40B's (grouped KV, two, GELU's tanh
     # form); ReLU-Falcon
     "falcon_7b": ("falcon", {"multi_query": True, "new_decoder_architecture": False, "activation": "gelu"}),
@@ -94,9 +99,12 @@ def _config(arch: str, extra: dict):
         return T.Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
                                   num_key_value_heads=2, head_dim=16, vocab_size=N_VOCAB, max_position_embeddings=4096,
                                   rms_norm_eps=1e-6, attn_implementation="eager", **extra)
-    cls = {"llama": T.LlamaConfig, "qwen2": T.Qwen2Config, "qwen3": T.Qwen3Config, "mistral": T.MistralConfig}[arch]
+    cls = {"llama": T.LlamaConfig, "qwen2": T.Qwen2Config, "qwen3": T.Qwen3Config, "mistral": T.MistralConfig,
+           "qwen3moe": T.Qwen3MoeConfig, "mixtral": T.MixtralConfig, "olmoe": T.OlmoeConfig}[arch]
     extra = dict(extra)
     act = extra.pop("hidden_act", "silu")
+    if "num_experts_per_tok" in extra:  # the loop over experts: the grouped GEMM takes no float64
+        extra["experts_implementation"] = "eager"
     return cls(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2, vocab_size=N_VOCAB, max_position_embeddings=64, rms_norm_eps=1e-5,
                hidden_act="relu" if act == "drelu" else act, attn_implementation="eager", **extra)
@@ -165,7 +173,8 @@ def build(variant: str, folder: str, seed: int = 0, dtype: torch.dtype = torch.f
     arch, extra = VARIANTS[variant]
     cfg = _config(arch, extra)
     cls = {"llama": T.LlamaForCausalLM, "qwen2": T.Qwen2ForCausalLM, "qwen3": T.Qwen3ForCausalLM,
-           "mistral": T.MistralForCausalLM,
+           "mistral": T.MistralForCausalLM, "qwen3moe": T.Qwen3MoeForCausalLM, "mixtral": T.MixtralForCausalLM,
+           "olmoe": T.OlmoeForCausalLM,
            "gemma3": T.Gemma3ForCausalLM, "falcon": T.FalconForCausalLM, "opt": T.OPTForCausalLM}[arch]
     torch.manual_seed(seed)
     model = cls(cfg).eval()

@@ -69,6 +69,23 @@ def _ffn_act(gate: np.ndarray | None, up: np.ndarray, kind: str) -> np.ndarray:
     return relu(up, 0.0)
 
 
+def _experts(h: np.ndarray, blk: str, cfg: ModelConfig, w) -> np.ndarray:
+    """A mixture of experts' FFN (T, n_embd): each token's top n_expert_used experts by router logit (ties to the
+    lower index), weighted by the router's softmax over all experts, renormalised over the chosen ones when
+    the model says so."""
+    logits = h @ w(blk + "ffn_gate_inp.weight").T  # (T, n_expert)
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    gate, up, down = (w(blk + f"ffn_{m}_exps.weight") for m in ("gate", "up", "down"))  # (E, n_ff, d), (E, d, n_ff)
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        chosen = np.argsort(-logits[t], kind="stable")[:cfg.n_expert_used]
+        weights = probs[t, chosen] / (probs[t, chosen].sum() if cfg.expert_norm else 1.0)
+        for e, wt in zip(chosen, weights, strict=True):
+            out[t] += wt * (down[e] @ _ffn_act(gate[e] @ h[t], up[e] @ h[t], cfg.ffn_kind))
+    return out
+
+
 def _gelu(x: np.ndarray) -> np.ndarray:
     """GELU, tanh approximation (as ggml and llama.cpp compute it)."""
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
@@ -147,10 +164,13 @@ def reference_logits(gguf_file: GGUFFile, tokens: list[int],
                       if blk + "attn_norm_2.weight" in gguf_file.tensors else h)
         else:
             q, k, v = linear(h, blk + "attn_q"), linear(h, blk + "attn_k"), linear(h, blk + "attn_v")
+            if cfg.qk_norm_whole:  # OLMoE: over all of q and of k
+                q = _norm(q, w(blk + "attn_q_norm.weight"), None, cfg)
+                k = _norm(k, w(blk + "attn_k_norm.weight"), None, cfg)
         q = q.reshape(n_tok, cfg.n_head, cfg.head_dim)  # (T, n_head, hd)
         k = k.reshape(n_tok, cfg.n_head_kv, cfg.head_dim)  # (T, n_head_kv, hd)
         v = v.reshape(n_tok, cfg.n_head_kv, cfg.head_dim)  # (T, n_head_kv, hd)
-        if cfg.qk_norm:  # per head
+        if cfg.qk_norm and not cfg.qk_norm_whole:  # per head
             q = _norm(q, w(blk + "attn_q_norm.weight"), None, cfg)
             k = _norm(k, w(blk + "attn_k_norm.weight"), None, cfg)
         if cfg.rope_mode:
@@ -165,6 +185,9 @@ def reference_logits(gguf_file: GGUFFile, tokens: list[int],
             a = 0.0
             # FFN: norm, up (and gate), activation, down, residual
             h = _norm(x, w(blk + "ffn_norm.weight"), opt_w(blk + "ffn_norm.bias"), cfg)  # (T, n_embd)
+        if cfg.is_moe:
+            x = x + _experts(h, blk, cfg, w)
+            continue
         if input_sparsity is not None:
             t_x, t_h = input_sparsity[0][il], input_sparsity[1][il]
             h = np.where(np.abs(h) > t_x, h, 0.0)

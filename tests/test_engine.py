@@ -51,6 +51,7 @@ def test_f32_logits_match_transformers(tiny, variant):
 
 
 @pytest.mark.parametrize("variant", ["llama_silu", "llama_relu", "qwen2", "qwen3", "gemma3", "mistral", "llama3_rope",
+                                     "qwen3moe", "mixtral", "olmoe",
                                      "llama_yarn", "falcon_7b", "falcon_40b", "opt"])
 def test_greedy_32_steps_equal_transformers(tiny, variant):
     """Greedy decoding through the KV cache equals argmax of the float64 oracle recomputed from scratch;

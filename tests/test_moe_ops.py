@@ -1,7 +1,8 @@
-"""The mixture-of-experts ops (top_k, moe_ffn) on the CPU against float64 numpy.
+"""The mixture-of-experts ops (top_k, moe_ffn) on the CPU and the GPU against float64 numpy.
 
 Every weight type, hypothesis-drawn shapes and routings (ties, every token to one expert, experts no token
-picks, a share of the experts held by the op through slots), 1..3 threads, outputs poisoned first.
+picks, a share of the experts held by the op through slots), 1..3 threads, outputs poisoned first. The GPU
+cases skip without a GPU.
 """
 
 from __future__ import annotations
@@ -10,12 +11,29 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from op_harness import compute, tensor, weights
+from op_harness import compute, pool, tensor, weights
 
 from pyinfer.errors import InvalidArgumentError
 from pyinfer.native import ggml
+from pyinfer.native.binding import check, ffi, lib
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+needs_gpu = pytest.mark.skipif(not ggml.cuda_available(), reason="no CUDA device")
+
+
+def compute_on_gpu(ctx: ggml.Context, outputs: list[ggml.Tensor]) -> list[np.ndarray]:
+    """The graph of outputs with every leaf on the GPU, outputs poisoned (NaN) there first."""
+    g = ggml.Graph(ctx, outputs, backend="cuda").plan()
+    for t in outputs:
+        poison = np.full(t.nbytes // 4, np.nan, np.float32).view(np.uint8 if t.type == ggml.F32 else np.int32)
+        check(lib.ggml_tensor_write(t.ptr, ffi.from_buffer(poison), 0, t.nbytes))
+    g.compute(pool(2))
+    results = []
+    for t in outputs:
+        raw = np.empty(t.nbytes, np.uint8)
+        check(lib.ggml_tensor_read(t.ptr, ffi.from_buffer(raw), 0, t.nbytes))
+        results.append(raw.view(np.float32 if t.type == ggml.F32 else np.int32).reshape(tuple(reversed(t.ne))[2:]))
+    return results
 
 
 def top_k_reference(a: np.ndarray, k: int) -> np.ndarray:
@@ -61,9 +79,10 @@ def moe_reference(x, ids, logits, slots, gate, up, down, kind, norm, gate_type, 
     return y, bound
 
 
-@given(st.integers(1, 40), st.integers(1, 9), st.integers(1, 3), st.integers(0, 2**31))
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=needs_gpu)])
+@given(n=st.integers(1, 40), m=st.integers(1, 9), n_threads=st.integers(1, 3), seed=st.integers(0, 2**31))
 @SETTINGS
-def test_top_k_matches_a_stable_sort(n, m, n_threads, seed):
+def test_top_k_matches_a_stable_sort(backend, n, m, n_threads, seed):
     rng = np.random.default_rng(seed)
     k = int(rng.integers(1, n + 1))
     a = rng.normal(size=(m, n)).astype(np.float32)
@@ -71,7 +90,8 @@ def test_top_k_matches_a_stable_sort(n, m, n_threads, seed):
     if m > 1:
         a[0] = 1.0  # a row of equal values
     ctx = ggml.Context(1 << 20)
-    (got,) = compute(ctx, [ctx.top_k(tensor(ctx, a), k)], n_threads)
+    out = ctx.top_k(tensor(ctx, a), k)
+    (got,) = compute(ctx, [out], n_threads) if backend == "cpu" else compute_on_gpu(ctx, [out])
     np.testing.assert_array_equal(got.reshape(m, k), top_k_reference(a, k))
 
 
@@ -99,9 +119,10 @@ def moe_case(draw):
         st.sampled_from(["swiglu", "geglu"])), draw(st.integers(1, 3)), draw(st.integers(0, 2**31))
 
 
-@given(moe_case())
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=needs_gpu)])
+@given(case=moe_case())
 @SETTINGS
-def test_moe_ffn_matches_float64(case):
+def test_moe_ffn_matches_float64(backend, case):
     gate_type, down_type, d, n_ff, n_expert, k, m, routing, held, norm, kind, n_threads, seed = case
     rng = np.random.default_rng(seed)
     logits = rng.normal(size=(m, n_expert)).astype(np.float32)
@@ -127,9 +148,10 @@ def test_moe_ffn_matches_float64(case):
         gate_t, up_t, down_t = (ctx.reshape(t, (n_local, *reversed(t.ne[:2]))) for t in (gate_t, up_t, down_t))
     out = ctx.moe_ffn(gate_t, up_t, down_t, tensor(ctx, x), ctx.tensor_from_numpy(ids), tensor(ctx, logits),
                       ctx.tensor_from_numpy(slots) if slots is not None else None, kind, norm)
-    (got,) = compute(ctx, [out], n_threads)
+    (got,) = compute(ctx, [out], n_threads) if backend == "cpu" else compute_on_gpu(ctx, [out])
     want, bound = moe_reference(x, ids, logits, slots, gate64, up64, down64, kind, norm, gate_type, down_type)
-    tol = {ggml.F32: 1e-5, ggml.F16: 2e-3, ggml.BF16: 1e-2}.get(down_type, 1e-2)
+    # the GPU quantizes activations for every quantized type to Q8_1 (the CPU to the type's vec_dot_type)
+    tol = {ggml.F32: 1e-5, ggml.F16: 2e-3, ggml.BF16: 1e-2}.get(down_type, 1e-2 if backend == "cpu" else 3e-2)
     np.testing.assert_allclose(got.reshape(m, d), want, rtol=0, atol=1e-5 + tol * bound.max())
 
 

@@ -51,7 +51,9 @@ PROG = "convert-hf-to-powergguf"
 OUTTYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1}
 HF_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
             "MistralForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3", "FalconForCausalLM": "falcon",
-            "OPTForCausalLM": "opt"}
+            "OPTForCausalLM": "opt", "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe",
+            "OlmoeForCausalLM": "olmoe"}
+MOE_HF = {"MixtralForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM"}
 # Falcon's "gelu" is exact (nn.GELU) in transformers; llama.cpp's files run it in the tanh form ("gelu")
 FALCON_ACTS = {"gelu": "gelu_erf", "gelu_pytorch_tanh": "gelu", "gelu_new": "gelu", "relu": "relu"}
 LLAMA_ACTS = {"silu": "swiglu", "relu": "reglu", "drelu": "drelu", "gelu_pytorch_tanh": "geglu", "gelu_new": "geglu"}
@@ -170,8 +172,28 @@ def _hparams(config: dict[str, Any], arch: str) -> dict[str, Any]:
             "rope_theta": theta, "rope_scaling": scaling, "ffn_kind": acts[act],
             "qkv_bias": arch == "qwen2" or bool(config.get("attention_bias")),
             "out_bias": bool(config.get("attention_bias")), "ffn_bias": bool(config.get("mlp_bias")),
-            "qk_norm": arch in ("qwen3", "gemma3"), "sliding_window": int(config.get("sliding_window") or 0),
-            **(_gemma3(config, head_dim) if gemma else {})}
+            "qk_norm": arch in ("qwen3", "gemma3", "qwen3moe", "olmoe"),
+            "sliding_window": int(config.get("sliding_window") or 0),
+            **(_gemma3(config, head_dim) if gemma else {}), **_experts(config, arch)}
+
+
+def _experts(config: dict[str, Any], arch: str) -> dict[str, Any]:
+    """A mixture of experts' sizes (none for a dense model): every layer routes to its experts, as
+    llama.cpp's qwen3moe, olmoe and llama (Mixtral) graphs have them."""
+    n_expert = config.get("num_local_experts") or config.get("num_experts")
+    if not n_expert:
+        return {}
+    if config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1:
+        raise UnsupportedError("a mixture of experts with dense layers (mlp_only_layers, decoder_sparse_step) is not "
+                               "supported")
+    if config.get("shared_expert_intermediate_size"):
+        raise UnsupportedError("shared experts (shared_expert_intermediate_size) are not supported")
+    if config.get("clip_qkv") is not None:
+        raise UnsupportedError("clip_qkv is not supported")
+    return {"n_expert": int(n_expert), "n_expert_used": int(_need(config, "num_experts_per_tok")),
+            "n_ff_exp": int(config.get("moe_intermediate_size") or _need(config, "intermediate_size")),
+            # Mixtral always normalises; Qwen3-MoE and OLMoE say so (transformers' defaults: true / false)
+            "expert_norm": arch == "llama" or bool(config.get("norm_topk_prob", arch == "qwen3moe"))}
 
 
 def _falcon(config: dict[str, Any]) -> dict[str, Any]:
@@ -266,10 +288,13 @@ def tensor_map(arch: str, hp: dict[str, Any]) -> list[tuple[str, str, str]]:
             proj = [("attn_q", "self_attn.q_proj", "perm_q" if perm else "", hp["qkv_bias"]),
                     ("attn_k", "self_attn.k_proj", "perm_k" if perm else "", hp["qkv_bias"]),
                     ("attn_v", "self_attn.v_proj", "", hp["qkv_bias"]),
-                    ("attn_output", "self_attn.o_proj", "", hp["out_bias"]),
-                    ("ffn_gate", "mlp.gate_proj", "", hp["ffn_bias"]),
-                    ("ffn_up", "mlp.up_proj", "", hp["ffn_bias"]),
-                    ("ffn_down", "mlp.down_proj", "down", hp["ffn_bias"])]
+                    ("attn_output", "self_attn.o_proj", "", hp["out_bias"])]
+            if "n_expert" in hp:
+                out += _expert_map(b, h, hp["n_expert"], arch)
+            else:
+                proj += [("ffn_gate", "mlp.gate_proj", "", hp["ffn_bias"]),
+                         ("ffn_up", "mlp.up_proj", "", hp["ffn_bias"]),
+                         ("ffn_down", "mlp.down_proj", "down", hp["ffn_bias"])]
             if arch == "gemma3":
                 out += [(b + "attn_norm.weight", h + "input_layernorm.weight", norm),
                         (b + "post_attention_norm.weight", h + "post_attention_layernorm.weight", norm),
@@ -287,6 +312,17 @@ def tensor_map(arch: str, hp: dict[str, Any]) -> list[tuple[str, str, str]]:
     if not hp["tied"]:
         out.append(("output.weight", "lm_head.weight", ""))
     return out
+
+
+def _expert_map(b: str, h: str, n_expert: int, arch: str) -> list[tuple[str, str, str]]:
+    """A layer's router and its experts' matrices, each stacked from n_expert HF tensors (HF name with {e})."""
+    moe, (gate, up, down) = (("block_sparse_moe.", ("w1", "w3", "w2")) if arch == "llama" else
+                             ("mlp.", ("gate_proj", "up_proj", "down_proj")))
+    stack = f"experts:{n_expert}"
+    return [(b + "ffn_gate_inp.weight", h + moe + "gate.weight", ""),
+            (b + "ffn_gate_exps.weight", h + moe + "experts.{e}." + gate + ".weight", stack),
+            (b + "ffn_up_exps.weight", h + moe + "experts.{e}." + up + ".weight", stack),
+            (b + "ffn_down_exps.weight", h + moe + "experts.{e}." + down + ".weight", stack)]
 
 
 def _resolve(src: SafetensorsSource, hf_name: str) -> str:
@@ -357,6 +393,11 @@ def _arch_kv(arch: str, hp: dict[str, Any], name: str, outtype: Q) -> list[KV]:
            (f"{arch}.rope.dimension_count", head_dim, u32, None)]
     if arch == "llama" and hp["sliding_window"]:  # Mistral
         kv.append((f"{arch}.attention.sliding_window", hp["sliding_window"], u32, None))
+    if "n_expert" in hp:
+        kv += [(f"{arch}.expert_count", hp["n_expert"], u32, None),
+               (f"{arch}.expert_used_count", hp["n_expert_used"], u32, None),
+               (f"{arch}.expert_feed_forward_length", hp["n_ff_exp"], u32, None),
+               (f"{arch}.expert_weights_norm", hp["expert_norm"], GGUFValueType.BOOL, None)]
     if arch == "gemma3":
         kv += [(f"{arch}.attention.sliding_window", hp["sliding_window"], u32, None),
                (f"{arch}.rope.freq_base_swa", hp["rope_theta_swa"], f32, None)]
@@ -370,11 +411,12 @@ def _arch_kv(arch: str, hp: dict[str, Any], name: str, outtype: Q) -> list[KV]:
     return kv
 
 
-def _pyinfer_kv(ffn_kind: str) -> list[KV]:
-    """The PowerGGUF keys of a freshly converted (not yet profiled) model."""
+def _pyinfer_kv(ffn_kind: str, layout: str = "down_t") -> list[KV]:
+    """The PowerGGUF keys of a freshly converted (not yet profiled) model; a mixture of experts keeps its
+    experts as llama.cpp stores them (layout "down")."""
     s = GGUFValueType.STRING
     return [("pyinfer.format_version", FORMAT_VERSION, GGUFValueType.UINT32, None),
-            ("pyinfer.ffn_layout", "down_t", s, None), ("pyinfer.neuron_order", "original", s, None),
+            ("pyinfer.ffn_layout", layout, s, None), ("pyinfer.neuron_order", "original", s, None),
             ("pyinfer.ffn_kind", ffn_kind, s, None)]
 
 
@@ -421,6 +463,15 @@ def _plan_hf(folder: str, outtype: Q, out_path: str, dense_path: str | None) -> 
             factors = hp["rope_freqs"]
             tensors.append(OutTensor("rope_freqs.weight", factors.shape, Q.F32, lambda: encode(factors, Q.F32)))
         for gname, hname, transform in tensor_map(arch, hp):
+            if transform.startswith("experts:"):
+                hnames = [_resolve(src, hname.format(e=e)) for e in range(int(transform[8:]))]
+                shapes = {src.tensors[n].shape for n in hnames}
+                if len(shapes) != 1:
+                    raise ModelFormatError(f"{hname}: the experts' matrices differ in shape ({sorted(shapes)})")
+                shape = (len(hnames), *shapes.pop())
+                qtype = pick_type(gname, shape[1:], outtype, notes)
+                tensors.append(OutTensor(gname, shape, qtype, _stacked(src, hnames, qtype)))
+                continue
             hname = _resolve(src, hname)
             shape = src.tensors[hname].shape
             if transform == "down" and transposed:
@@ -431,8 +482,9 @@ def _plan_hf(folder: str, outtype: Q, out_path: str, dense_path: str | None) -> 
         return tensors
 
     power = plan(transposed=True)
-    kv = base_kv + _pyinfer_kv(hp["ffn_kind"])
-    _check_plan(arch, kv, power, "down_t", folder)
+    layout = "down" if "n_expert" in hp else "down_t"
+    kv = base_kv + _pyinfer_kv(hp["ffn_kind"], layout)
+    _check_plan(arch, kv, power, layout, folder)
     outputs = [OutFile(out_path, arch, kv, power)]
     if dense_path is not None:
         dense = plan(transposed=False)
@@ -455,6 +507,11 @@ def _check_checkpoint(src: SafetensorsSource, arch: str, hp: dict[str, Any]) -> 
     if emb.shape != (hp["n_vocab"], hp["n_embd"]):
         raise ModelFormatError(f"{emb.name} has shape {list(emb.shape)} but config.json says vocab_size "
                                f"{hp['n_vocab']} and hidden size {hp['n_embd']}")
+
+
+def _stacked(src: SafetensorsSource, hnames: list[str], qtype: Q) -> Callable[[], np.ndarray]:
+    """The experts' matrices (HF tensors hnames, in expert order) as one (n_expert, rows, cols) tensor."""
+    return lambda: encode(np.stack([src.load(n) for n in hnames]), qtype)
 
 
 def _producer(src: SafetensorsSource, hname: str, transform: str, transposed: bool,

@@ -145,6 +145,15 @@ CONFIG = Obj(tuple({
     "enable_bias": Bool(),
     "layer_norm_elementwise_affine": Bool(),
     "_remove_final_layer_norm": Bool(),
+    "num_experts": Int(1, 4096),
+    "num_local_experts": Int(1, 4096),
+    "num_experts_per_tok": Int(1, 4096),
+    "moe_intermediate_size": SIZE,
+    "norm_topk_prob": Bool(),
+    "decoder_sparse_step": Int(1, MAX_LAYERS),
+    "mlp_only_layers": Array(Int(0, MAX_LAYERS), min_len=0),
+    "clip_qkv": Float(positive=True),
+    "shared_expert_intermediate_size": Int(0, MAX_SIZE),
 }.items()))
 
 

@@ -38,6 +38,11 @@ def expected_tensor_shapes(cfg: ModelConfig, ffn_layout: str) -> dict[str, tuple
     for il in range(cfg.n_layer):
         b = f"blk.{il}."
         layer = {"attn_norm.weight": (d,), "attn_output.weight": (q_dim, d), "ffn_up.weight": (d, cfg.n_ff)}
+        if cfg.is_moe:  # the router and every expert's matrices in one tensor each, as llama.cpp stores them
+            f, e = cfg.n_ff_exp, cfg.n_expert
+            layer = {"attn_norm.weight": (d,), "attn_output.weight": (q_dim, d), "ffn_gate_inp.weight": (d, e),
+                     "ffn_gate_exps.weight": (d, f, e), "ffn_up_exps.weight": (d, f, e),
+                     "ffn_down_exps.weight": (f, d, e)}
         if cfg.arch == "falcon":  # q, k and v in one matrix; attention and FFN read the same input (its norm)
             layer["attn_qkv.weight"] = (d, q_dim + 2 * kv_dim)
             if cfg.qkv_bias:
@@ -52,9 +57,14 @@ def expected_tensor_shapes(cfg: ModelConfig, ffn_layout: str) -> dict[str, tuple
         if cfg.attn_out_bias:
             layer["attn_output.bias"] = (d,)
         if cfg.qk_norm:
-            layer |= {"attn_q_norm.weight": (cfg.head_dim,), "attn_k_norm.weight": (cfg.head_dim,)}
+            per_head = not cfg.qk_norm_whole
+            layer |= {"attn_q_norm.weight": (cfg.head_dim if per_head else q_dim,),
+                      "attn_k_norm.weight": (cfg.head_dim if per_head else kv_dim,)}
         if cfg.post_norms:
             layer |= {"post_attention_norm.weight": (d,), "post_ffw_norm.weight": (d,)}
+        if cfg.is_moe:
+            shapes |= {b + k: v for k, v in layer.items()}
+            continue
         if cfg.gated:
             layer["ffn_gate.weight"] = (d, cfg.n_ff)
         down = "ffn_down_t" if ffn_layout == "down_t" else "ffn_down"

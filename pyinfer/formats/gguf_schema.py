@@ -256,6 +256,13 @@ ARCH_KEYS: dict[str, Kind] = {
     "attention.sliding_window_pattern": Either((Int(0, MAX_LAYERS), Array(Bool(), max_len=MAX_LAYERS))),
     "attention.scale": Float(positive=True),
     "final_logit_softcapping": Float(lo=0.0),  # 0: none
+    "expert_count": Int(0, 4096),  # 0: a dense model
+    "expert_used_count": Int(0, 4096),
+    "expert_feed_forward_length": SIZE,
+    "expert_weights_norm": Bool(),
+    "expert_weights_scale": Float(lo=0.0),
+    "expert_gating_func": Int(0, 16),
+    "expert_shared_count": Int(0, 4096),
 }
 
 # arrays whose length must equal another array's (the token array is the vocabulary)

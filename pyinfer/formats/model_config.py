@@ -9,7 +9,7 @@ from typing import Any
 from pyinfer.errors import ModelFormatError, UnsupportedError
 from pyinfer.formats import gguf_schema
 
-SUPPORTED_ARCHS = ("falcon", "gemma3", "llama", "opt", "qwen2", "qwen3")
+SUPPORTED_ARCHS = ("falcon", "gemma3", "llama", "olmoe", "opt", "qwen2", "qwen3", "qwen3moe")
 FFN_KINDS = ("swiglu", "reglu", "drelu", "relu", "geglu", "gelu", "gelu_erf")
 UNGATED_KINDS = ("relu", "gelu", "gelu_erf")  # act(up), no gate: OPT, Falcon
 
@@ -18,6 +18,8 @@ _ARCH_TRAITS: dict[str, tuple[str, str | None, str, int]] = {
     "llama": ("rms", "normal", "swiglu", 0),
     "qwen2": ("rms", "neox", "swiglu", 0),
     "qwen3": ("rms", "neox", "swiglu", 0),
+    "qwen3moe": ("rms", "neox", "swiglu", 0),
+    "olmoe": ("rms", "neox", "swiglu", 0),
     "gemma3": ("rms", "neox", "geglu", 0),
     "falcon": ("layer", "neox", "gelu", 0),
     # OPT's learned position table has 2 leading rows that no position uses
@@ -44,6 +46,10 @@ class ModelConfig:
     rope_scale_swa: the windowed layers' RoPE
     base and linear scaling (Gemma 3's local layers are never scaled: llama.cpp's rope_freq_scale_train_swa).
     attn_scale: the softmax scale of q.k; embed_scale: token embeddings are multiplied by it (Gemma).
+    n_expert > 0: a mixture of experts (Mixtral as llama, qwen3moe, olmoe): every layer routes a token to
+    n_expert_used of n_expert FFNs of n_ff_exp neurons; expert_norm: the chosen experts' weights are the
+    router's softmax over them (they add up to 1), else over all experts (OLMoE).
+    qk_norm_whole: the q and k norms span the whole projection, not each head (OLMoE).
     """
 
     arch: str
@@ -82,6 +88,15 @@ class ModelConfig:
     yarn_attn_factor: float = 1.0
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    expert_norm: bool = False
+    qk_norm_whole: bool = False
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_expert > 0
 
     def windowed(self, il: int) -> bool:
         """Whether layer il attends over the sliding window (else over the whole context)."""
@@ -188,7 +203,7 @@ class ModelConfig:
             attn_out_bias=has("blk.0.attn_output.bias", arch == "opt"),
             ffn_bias=has("blk.0.ffn_up.bias", arch == "opt"),
             pos_offset=pos_offset,
-            qk_norm=has("blk.0.attn_q_norm.weight", arch in ("qwen3", "gemma3")),
+            qk_norm=has("blk.0.attn_q_norm.weight", arch in ("qwen3", "gemma3", "qwen3moe", "olmoe")),
             post_norms=arch == "gemma3",
             sliding_window=int(key("attention.sliding_window", 0)),
             swa_layers=_swa_layers(key("attention.sliding_window_pattern", 6 if arch == "gemma3" else 0), n_layer,
@@ -205,6 +220,7 @@ class ModelConfig:
             yarn_attn_factor=float(key("rope.scaling.yarn_attn_factor", 1.0 + 0.1 * math.log(max(rope_scale, 1.0)))),
             yarn_beta_fast=float(key("rope.scaling.yarn_beta_fast", 32.0)),
             yarn_beta_slow=float(key("rope.scaling.yarn_beta_slow", 1.0)),
+            **_experts(key, arch),
         )
         cfg._check()
         return cfg
@@ -228,6 +244,34 @@ class ModelConfig:
             raise UnsupportedError(f"ffn kind {self.ffn_kind!r} does not fit architecture {self.arch}")
         if self.norm_eps <= 0:
             raise ModelFormatError(f"bad norm epsilon {self.norm_eps}")
+        if self.arch in MOE_ARCHS and not self.is_moe:
+            raise ModelFormatError(f"{self.arch}.expert_count is missing: {self.arch} is a mixture of experts")
+        if self.is_moe and not 0 < self.n_expert_used <= self.n_expert:
+            raise ModelFormatError(f"{self.arch}.expert_used_count {self.n_expert_used} is not in [1, "
+                                   f"{self.arch}.expert_count {self.n_expert}]")
+        if self.is_moe and self.ffn_kind != "swiglu":
+            raise UnsupportedError(f"experts with ffn kind {self.ffn_kind!r} are not supported (only swiglu)")
+
+
+MOE_ARCHS = ("qwen3moe", "olmoe")  # always mixtures; llama is one when its file has experts (Mixtral)
+
+
+def _experts(key, arch: str) -> dict[str, Any]:
+    """The mixture-of-experts fields from {arch}.expert_* (none for a dense model). llama.cpp normalises the
+    chosen experts' weights for llama (Mixtral) and qwen3moe, not for olmoe; expert_weights_norm overrides."""
+    n_expert = int(key("expert_count", 0))
+    if not n_expert:
+        return {}
+    if key("expert_gating_func", 1) != 1:  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX
+        raise UnsupportedError(f"{arch}.expert_gating_func {key('expert_gating_func')} is not supported (only 1, "
+                               "softmax)")
+    if key("expert_weights_scale", 0.0) not in (0.0, 1.0):
+        raise UnsupportedError(f"{arch}.expert_weights_scale {key('expert_weights_scale')} is not supported")
+    if key("expert_shared_count", 0):
+        raise UnsupportedError(f"{arch}.expert_shared_count: shared experts are not supported")
+    return {"n_expert": n_expert, "n_expert_used": int(key("expert_used_count", 0)),
+            "n_ff_exp": int(key("expert_feed_forward_length", key("feed_forward_length"))),
+            "expert_norm": bool(key("expert_weights_norm", arch != "olmoe")), "qk_norm_whole": arch == "olmoe"}
 
 
 def _swa_layers(pattern: int | list[bool], n_layer: int, name: str) -> tuple[bool, ...]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from pyinfer.errors import ModelFormatError
 from pyinfer.formats.model_config import UNGATED_KINDS
+from pyinfer.models import moe
 from pyinfer.native import ggml
 
 STREAM_ROWS = 2048  # a prompt batch copies host FFN weights to the GPU this many neurons at a time
@@ -98,10 +99,13 @@ def attention_block(b: Builder, il: int, h: ggml.Tensor, inputs: GraphInputs) ->
     if b.has(f"blk.{il}.attn_qkv"):  # Falcon: one matrix, q then k then v
         q, k, v = fused_qkv(b, b.linear(h, f"blk.{il}.attn_qkv"), n)
     else:
-        q = ctx.reshape(b.linear(h, f"blk.{il}.attn_q"), (n, cfg.n_head, cfg.head_dim))  # (n, n_head, head_dim)
-        k = ctx.reshape(b.linear(h, f"blk.{il}.attn_k"), (n, cfg.n_head_kv, cfg.head_dim))  # (n, n_kv, head_dim)
+        q, k = b.linear(h, f"blk.{il}.attn_q"), b.linear(h, f"blk.{il}.attn_k")  # (n, q_dim), (n, kv_dim)
+        if cfg.qk_norm_whole:  # OLMoE: RMSNorm over all of q and of k
+            q, k = b.norm(q, f"blk.{il}.attn_q_norm"), b.norm(k, f"blk.{il}.attn_k_norm")
+        q = ctx.reshape(q, (n, cfg.n_head, cfg.head_dim))  # (n, n_head, head_dim)
+        k = ctx.reshape(k, (n, cfg.n_head_kv, cfg.head_dim))  # (n, n_kv, head_dim)
         v = ctx.reshape(b.linear(h, f"blk.{il}.attn_v"), (n, cfg.n_head_kv, cfg.head_dim))  # (n, n_kv, head_dim)
-    if b.has(f"blk.{il}.attn_q_norm"):  # Qwen3, Gemma 3: RMSNorm of every head's q and k
+    if b.has(f"blk.{il}.attn_q_norm") and not cfg.qk_norm_whole:  # Qwen3, Gemma 3: RMSNorm of every head's q and k
         q = b.norm(q, f"blk.{il}.attn_q_norm")
         k = b.norm(k, f"blk.{il}.attn_k_norm")
     if cfg.rope_mode is not None:
@@ -153,7 +157,10 @@ def ffn_activation(b: Builder, il: int, h: ggml.Tensor, part: str = "") -> ggml.
 
 
 def ffn_block(b: Builder, il: int, h: ggml.Tensor) -> ggml.Tensor:
-    """Dense FFN: (n_tokens, n_embd) -> (n_tokens, n_embd); PowerGGUF's down_t is summed row by row."""
+    """Dense FFN: (n_tokens, n_embd) -> (n_tokens, n_embd); PowerGGUF's down_t is summed row by row; a
+    mixture of experts' routed FFNs (models.moe)."""
+    if b.cfg.is_moe:
+        return moe.moe_ffn_block(b, il, h)
     if b.sparse is not None:
         from pyinfer.models import sparse_ffn  # imports this module
 

@@ -1,5 +1,5 @@
 """LLaMA-family graph (LLaMA-2/3, Mistral, SmolLM2, Qwen2 with its QKV bias, Qwen3 with q/k norms; SwiGLU,
-ReGLU, dReLU FFNs)."""
+ReGLU, dReLU FFNs; the mixtures of experts Mixtral, Qwen3-MoE and OLMoE, whose FFN is models.moe's)."""
 
 from __future__ import annotations
 

@@ -209,6 +209,9 @@ size_t cuda_mul_mat_wsize(const struct ggml_tensor *dst);
 size_t cuda_mul_mat_rows_wsize(const struct ggml_tensor *dst);
 int cuda_op_axpy_rows(struct ggml_tensor *dst, void *wdata, cudaStream_t st);
 size_t cuda_axpy_rows_wsize(const struct ggml_tensor *dst);
+int cuda_op_top_k(struct ggml_tensor *dst, cudaStream_t st);
+int cuda_op_moe_ffn(struct ggml_tensor *dst, void *wdata, cudaStream_t st);
+size_t cuda_moe_ffn_wsize(const struct ggml_tensor *dst);
 
 // --- shared between gemv.cu, sparse.cu and gemm.cu ---
 #define GEMV_MAX_COLS 8 // mul_mat with at most this many columns runs as a GEMV, beyond as a GEMM

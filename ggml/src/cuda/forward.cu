@@ -6,6 +6,7 @@ extern "C" size_t ggml_cuda_op_wsize(const struct ggml_tensor *node) {
     case GGML_OP_MUL_MAT: return cuda_mul_mat_wsize(node);
     case GGML_OP_MUL_MAT_ROWS: return cuda_mul_mat_rows_wsize(node);
     case GGML_OP_AXPY_ROWS: return cuda_axpy_rows_wsize(node);
+    case GGML_OP_MOE_FFN: return cuda_moe_ffn_wsize(node);
     default: return 0;
     }
 }
@@ -39,6 +40,8 @@ extern "C" int ggml_cuda_forward(struct ggml_tensor *node, void *wdata, void *st
     case GGML_OP_ATTENTION: return cuda_op_attention(node, st);
     case GGML_OP_MUL_MAT_ROWS: return cuda_op_mul_mat_rows(node, wdata, st);
     case GGML_OP_AXPY_ROWS: return cuda_op_axpy_rows(node, wdata, st);
+    case GGML_OP_TOP_K: return cuda_op_top_k(node, st);
+    case GGML_OP_MOE_FFN: return cuda_op_moe_ffn(node, wdata, st);
     default: break; // TRANSFER and other executor-level ops are run by the executor itself
     }
     return ggml_set_error(GGML_STATUS_UNSUPPORTED, "op %d has no CUDA kernel", (int)node->op);
