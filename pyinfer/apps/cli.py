@@ -90,7 +90,14 @@ def cmd_bench(args) -> int:
 
 def cmd_plan(args) -> int:
     from pyinfer.engine.machine import FIGURES, resolve
-    from pyinfer.engine.placement import describe, model_costs, parse_bytes, smaller_batch_hint, solve
+    from pyinfer.engine.placement import (
+        describe,
+        ffn_weight_type,
+        model_costs,
+        parse_bytes,
+        smaller_batch_hint,
+        solve,
+    )
     from pyinfer.engine.threads import default_threads
     from pyinfer.formats.gguf_file import GGUFFile
     from pyinfer.hub.model_files import resolve_model
@@ -103,7 +110,7 @@ def cmd_plan(args) -> int:
     kv_bytes = 2 if args.kv_type == "f16" else 4
     costs = model_costs(f, n_ctx, kv_bytes, sparse, args.batch_size)
     overrides = {name: getattr(args, name) for name in FIGURES}
-    machine = resolve(args.machine, f.tensors["blk.0.ffn_up.weight"].type, args.threads or default_threads(), overrides)
+    machine = resolve(args.machine, ffn_weight_type(f), args.threads or default_threads(), overrides)
     budget = parse_bytes(args.vram_budget)
     plan = solve(costs, machine, budget)
     # the modelled gain of a sparse FFN: the same file and budget with every neuron computed

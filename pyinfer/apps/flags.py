@@ -58,6 +58,9 @@ def add_placement_args(p: argparse.ArgumentParser) -> None:
                         "output head too), as llama.cpp")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="cpu, or cuda for the whole model on the GPU (same as -ngl 999)")
+    p.add_argument("-ncmoe", "--n-cpu-moe", type=int, default=0, metavar="N",
+                   help="with -ngl: the experts of the first N layers of a mixture of experts stay in host memory and "
+                        "run on the CPU, as llama.cpp's")
 
 
 def placement_options(args) -> dict:
@@ -70,8 +73,11 @@ def placement_options(args) -> dict:
     layers = args.n_gpu_layers is not None or args.device == "cuda"
     if layers and args.vram_budget is not None:
         raise PyInferError("--vram-budget and -ngl/--device cuda exclude each other: give one")
+    if args.n_cpu_moe and not layers:
+        raise PyInferError("--n-cpu-moe goes with -ngl (a VRAM budget places the experts itself)")
     if layers:
-        return dict(n_gpu_layers=args.n_gpu_layers if args.n_gpu_layers is not None else 999)
+        return dict(n_gpu_layers=args.n_gpu_layers if args.n_gpu_layers is not None else 999,
+                    n_cpu_moe=args.n_cpu_moe)
     if args.device == "cpu" or (args.vram_budget is None and not cuda_available()):
         return dict(n_gpu_layers=0)
     budget = args.vram_budget or "auto"

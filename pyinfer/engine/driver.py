@@ -21,6 +21,7 @@ from pyinfer.engine.placement import (
     BudgetTooSmallError,
     MachineProfile,
     Plan,
+    ffn_weight_type,
     format_bytes,
     model_costs,
     parse_bytes,
@@ -173,7 +174,7 @@ class Model:
                  n_threads: int | None = None, kv_type: str = "f16", sparse: bool | None = None,
                  sparsity_threshold: float = 0.0, oracle: bool = False, n_gpu_layers: int = 0,
                  vram_budget: int | str | None = None, machine: MachineProfile | str | None = None,
-                 plan: Plan | None = None, timed: bool = False, precise: bool | str = "auto"):
+                 plan: Plan | None = None, timed: bool = False, precise: bool | str = "auto", n_cpu_moe: int = 0):
         """sparse: the predicted-neuron FFN (None: on when the file has predictors); sparsity_threshold is
         added to the predictors' logit threshold (higher = fewer neurons); oracle (tests) masks with the
         true active set, computed densely. n_gpu_layers: the last n layers (and, above n_layer, the output
@@ -184,7 +185,9 @@ class Model:
         then cached). plan: an explicit placement instead (for this file and context size; pyinfer.engine.placement).
         timed: each decode step records how long the CPU and the GPU were busy and overlapped (step_stats).
         precise: CPU matmuls without the activations' 8-bit rounding (ggml_mul_mat_precise; about 1e-5
-        relative instead of 4e-3, for twice the arithmetic); "auto": for models of at most PRECISE_MAX_BYTES."""
+        relative instead of 4e-3, for twice the arithmetic); "auto": for models of at most PRECISE_MAX_BYTES.
+        n_cpu_moe: with n_gpu_layers, the experts of a mixture's first n_cpu_moe layers stay on the CPU (llama.cpp's
+        --n-cpu-moe)."""
         t0 = time.perf_counter()
         if kv_type not in KV_TYPES:
             raise InvalidArgumentError(f"KV cache type must be one of {', '.join(KV_TYPES)}, not {kv_type!r}")
@@ -192,6 +195,7 @@ class Model:
         n_batch = arguments.integer("n_batch", n_batch, 1, 2**31 - 1)
         n_threads = n_threads and arguments.integer("n_threads", n_threads, 1, 1024)
         n_gpu_layers = arguments.integer("n_gpu_layers", n_gpu_layers)
+        n_cpu_moe = arguments.integer("n_cpu_moe", n_cpu_moe, 0)
         sparsity_threshold = arguments.number("sparsity_threshold", sparsity_threshold)
         if precise not in (True, False, "auto"):
             raise InvalidArgumentError(f"precise must be True, False or 'auto', not {precise!r}")
@@ -233,7 +237,7 @@ class Model:
             self.hot_rows = apply_plan(self, plan)
             self.n_gpu_layers = sum(plan.attn_gpu) + plan.head_gpu
         else:
-            self.n_gpu_layers = offload_layers(self, n_gpu_layers)
+            self.n_gpu_layers = offload_layers(self, n_gpu_layers, n_cpu_moe)
         self.pool = ggml.ThreadPool(self.n_threads)
         if self.sparse_spec is not None and not oracle and self.sparse_spec.kind != "input":
             self._bundle_ffns()
@@ -260,7 +264,7 @@ class Model:
         sparse = self.sparse_spec is not None and not self.sparse_spec.oracle
         costs = model_costs(self.file, self.n_ctx, 2 if kv_type == "f16" else 4, sparse, self.n_batch)
         if vram_budget and not isinstance(machine, MachineProfile):
-            machine = resolve_machine(machine, self.file.tensors["blk.0.ffn_up.weight"].type, self.n_threads)
+            machine = resolve_machine(machine, ffn_weight_type(self.file), self.n_threads)
         stat = os.stat(self.file.path)
         key = (os.path.realpath(self.file.path), stat.st_size, stat.st_mtime_ns, self.n_ctx, kv_type, sparse,
                self.n_batch, vram_budget, machine)

@@ -2,13 +2,16 @@
 plan (--vram-budget): per layer its attention, KV cache and predictor, and its hot-first FFN neurons [0, k)
 on the GPU while the CPU keeps the rest. The split is a view: the rows of each part are slices of the
 mmap'd file, and only the GPU's rows are copied to the device. A file of input sparsity splits by neuron too:
-columns [0, k) of its channel-major gate and up (copied out of the file's rows) and rows [0, k) of ffn_down_t."""
+columns [0, k) of its channel-major gate and up (copied out of the file's rows) and rows [0, k) of ffn_down_t.
+A mixture of experts splits by expert: experts [0, k) of each ffn_*_exps on the GPU, the rest viewed in place,
+each side with its slots (models.moe)."""
 from __future__ import annotations
 
 import numpy as np
 
 from pyinfer.engine.placement import (
     ATTENTION_PARTS,
+    EXPERT_MATRICES,
     FFN_MATRICES,
     INPUT_FFN_MATRICES,
     QKV_PARTS,
@@ -68,7 +71,8 @@ def fuse_qkv(model, il: int) -> bool:
 
 def _attention_to_device(model, il: int) -> None:
     fuse_qkv(model, il)
-    _to_device(model, _layer_parts(il, ATTENTION_PARTS) + _layer_parts(il, ("fc1", "fc2")) + ["rope_freqs.weight"])
+    _to_device(model, _layer_parts(il, ATTENTION_PARTS) + _layer_parts(il, ("fc1", "fc2", "ffn_gate_inp"))
+               + ["rope_freqs.weight"])
     model.kv_cache.k[il].to_device()
     model.kv_cache.v[il].to_device()
     spec = model.sparse_spec
@@ -80,12 +84,31 @@ def _attention_to_device(model, il: int) -> None:
 
 def _ffn_parts(model, il: int) -> list[str]:
     """The FFN tensors layer il's graph reads (a file of input sparsity leaves its row-major gate and up unread)."""
+    if model.config.is_moe:
+        return _layer_parts(il, EXPERT_MATRICES)
     return _layer_parts(il, INPUT_FFN_MATRICES if model.reads_channel_major else FFN_MATRICES)
 
 
-def offload_layers(model, n_gpu_layers: int) -> int:
+def _split_experts(model, il: int, k: int) -> None:
+    """Layer il's experts [0, k) on the GPU (`.gpu`), the rest in host memory (`.cpu`), each with the I32 slots
+    that map an expert to its matrix on that side (-1: the other side's)."""
+    n_expert = model.config.n_expert
+    for side, (e0, e1) in ((".gpu", (0, k)), (".cpu", (k, n_expert))):
+        for name in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+            _rows(model, f"blk.{il}.{name}.weight", e0, e1, side)
+        slots = np.full(n_expert, -1, np.int32)
+        slots[e0:e1] = np.arange(e1 - e0, dtype=np.int32)
+        t = model.weights_ctx.new_tensor(ggml.I32, (n_expert,))
+        t.set_data(slots)
+        t.name = f"blk.{il}.ffn_exps_slots{side}"
+        model.weights[t.name] = t
+    _to_device(model, [n for n in model.weights if n.startswith(f"blk.{il}.") and n.endswith(".gpu.weight")]
+               + [f"blk.{il}.ffn_exps_slots.gpu"])
+
+
+def offload_layers(model, n_gpu_layers: int, n_cpu_moe: int = 0) -> int:
     """The weights and KV cache of the last n_gpu_layers layers (above n_layer the output head too) on the
-    GPU, as llama.cpp's -ngl; returns how many."""
+    GPU, as llama.cpp's -ngl, less the experts of layers below n_cpu_moe (its --n-cpu-moe); returns how many."""
     n_layer = model.config.n_layer
     n = max(0, min(n_gpu_layers, n_layer + 1))
     if n == 0:
@@ -93,7 +116,8 @@ def offload_layers(model, n_gpu_layers: int) -> int:
     _require_gpu("-ngl/--device cuda")
     for il in range(n_layer - min(n, n_layer), n_layer):
         _attention_to_device(model, il)
-        _to_device(model, _ffn_parts(model, il))
+        if not (model.config.is_moe and il < n_cpu_moe):
+            _to_device(model, _ffn_parts(model, il))
     if n > n_layer:
         _head_to_device(model)
     return n
@@ -161,8 +185,11 @@ def apply_plan(model, plan: Plan) -> dict[int, int]:
             _attention_to_device(model, il)
         k = plan.hot_rows[il]
         ffn = _layer_parts(il, FFN_MATRICES)
-        if k == cfg.n_ff:
+        if k == (cfg.n_expert if cfg.is_moe else cfg.n_ff):
             _to_device(model, _ffn_parts(model, il))
+        elif k > 0 and cfg.is_moe:
+            _split_experts(model, il, k)
+            split[il] = k
         elif k > 0 and model.reads_channel_major:
             _split_input_ffn(model, il, k)
             split[il] = k

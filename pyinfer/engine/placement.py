@@ -79,6 +79,7 @@ class LayerCosts:
     freq: np.ndarray
     sparse: bool
     group_rows: int = GROUP_ROWS
+    experts: bool = False  # the units are a mixture's experts: freq the expected routings, each read whole
 
     @property
     def n_ff(self) -> int:
@@ -152,8 +153,11 @@ def _terms(layer: LayerCosts, m: MachineProfile) -> _LayerTerms:
 
     def ffn_us(dense_gbps: float, sparse_gbps: float) -> np.ndarray:
         # the predicted rows at the sparse rate, but never slower than reading the whole group densely: hot
-        # groups fire often, and the sparse rate was measured on scattered rows (machine.SPARSE_DENSITY)
+        # groups fire often, and the sparse rate was measured on scattered rows (machine.SPARSE_DENSITY); a
+        # routed expert is megabytes read in one sweep, at the dense rate
         whole = group_bytes / (dense_gbps * 1e3)
+        if layer.experts:
+            return mass * layer.neuron_bytes / (dense_gbps * 1e3)
         return np.minimum(mass * layer.neuron_bytes / (sparse_gbps * 1e3), whole) if layer.sparse else whole
 
     return _LayerTerms(
@@ -354,6 +358,7 @@ FFN_MATRICES = (*NEURON_MATRICES, "ffn_down")  # what a layer's FFN reads: one o
 # what the FFN of a file of input sparsity (pyinfer.sparsity.input_sparsity) reads: a neuron is column i of the
 # channel-major gate and up and row i of ffn_down_t; its row-major gate and up stay unread in host memory
 INPUT_FFN_MATRICES = ("ffn_gate_t", "ffn_up_t", "ffn_down_t")
+EXPERT_MATRICES = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")  # a mixture's experts, one matrix each a slice
 QKV_PARTS = ("attn_q", "attn_k", "attn_v")  # on the GPU one matrix where they share a type (offload.fuse_qkv)
 ATTENTION_PARTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "attn_q_norm", "attn_k_norm",
                    "post_attention_norm", "post_ffw_norm", "attn_qkv", "attn_norm_2")
@@ -413,10 +418,46 @@ def _input_ffn_costs(file, il: int) -> tuple[int, np.ndarray, int]:
     return gate_up + down, freq, min(group, cfg.n_ff)
 
 
+def ffn_weight_type(file) -> int:
+    """The type of a file's FFN weights (its experts' for a mixture): what the machine's speeds are measured for."""
+    info = file.tensors.get("blk.0.ffn_up.weight") or file.tensors["blk.0.ffn_up_exps.weight"]
+    return int(info.type)
+
+
+def _expert_costs(file, n_ctx: int, kv_bytes_per_value: int, n_batch: int) -> ModelCosts:
+    """A mixture of experts: its units are experts, each on one device whole, expected routings n_used / n_expert
+    a token each (no profile of which experts a stream prefers yet), the GPU's first; the router goes with the
+    attention. Every unit has the same bytes, so placing the most often routed first is optimal for the model."""
+    cfg, tensors = file.config, file.tensors
+
+    def nbytes(name: str) -> int:
+        info = tensors.get(name)
+        return int(info.data.nbytes) if info is not None else 0
+
+    kv = 2 * n_ctx * cfg.n_head_kv * cfg.head_dim * kv_bytes_per_value
+    layers = []
+    for il in range(cfg.n_layer):
+        p = f"blk.{il}."
+        attn = sum(nbytes(p + part + suffix) for part in (*ATTENTION_PARTS, "ffn_gate_inp")
+                   for suffix in (".weight", ".bias"))
+        expert = math.ceil(sum(nbytes(p + f"ffn_{m}_exps.weight") for m in ("gate", "up", "down")) / cfg.n_expert)
+        freq = np.full(cfg.n_expert, cfg.n_expert_used / cfg.n_expert)
+        layers.append(LayerCosts(attn_bytes=attn, kv_bytes=kv, pred_bytes=0, neuron_bytes=expert, freq=freq,
+                                 sparse=True, group_rows=1, experts=True))
+    head = (nbytes("output.weight") or nbytes("token_embd.weight")) + nbytes("output_norm.weight")
+    largest = max(nbytes(f"blk.{il}.{part}.weight") for il in range(cfg.n_layer) for part in ATTENTION_PARTS)
+    # a GPU moe_ffn's scratch: the batch's pairs' activations in F32 and in Q8_1
+    scratch = 6 * n_batch * cfg.n_expert_used * cfg.n_ff_exp
+    return ModelCosts(layers, head_bytes=head, reserve_bytes=reserve_bytes(cfg, n_batch, largest) + scratch,
+                      n_ctx=n_ctx, type_name=GGMLQuantizationType(ffn_weight_type(file)).name.lower())
+
+
 def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch: int) -> ModelCosts:
     """What placing each part of a GGUFFile costs, from its tensor table. sparse: the FFN computes only
     predicted neurons (their profiled frequencies weigh the neurons); else every neuron counts once."""
     cfg, tensors = file.config, file.tensors
+    if cfg.is_moe:
+        return _expert_costs(file, n_ctx, kv_bytes_per_value, n_batch)
 
     def nbytes(name: str) -> int:
         info = tensors.get(name)
@@ -445,7 +486,7 @@ def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch
                                  neuron_bytes=math.ceil(ffn / cfg.n_ff), freq=freq, sparse=sparse, group_rows=group))
     head = nbytes("output.weight") or nbytes("token_embd.weight")  # tied: the GPU gets a copy of the embeddings
     head += nbytes("output_norm.weight") + nbytes("output_norm.bias")
-    weight_type = GGMLQuantizationType(tensors["blk.0.ffn_up.weight"].type)
+    weight_type = GGMLQuantizationType(ffn_weight_type(file))
     largest = max(nbytes(f"blk.{il}.{part}.weight") for il in range(cfg.n_layer) for part in ATTENTION_PARTS)
     row = max(layer.neuron_bytes for layer in layers) // 3
     # cuBLAS gets a non-F16 matrix's rows dequantized to F16, at most GEMM_CHUNK bytes of them at a time
@@ -515,7 +556,8 @@ def describe(plan: Plan, costs: ModelCosts, machine: MachineProfile) -> str:
     layer's activations, device bytes and modelled time; then the totals."""
     lines = [f"plan for a VRAM budget of {format_bytes(plan.budget)} on {machine.name}"
              + (f" ({costs.type_name}, context {costs.n_ctx})" if costs.type_name else ""),
-             "| layer | attention | hot rows on GPU | activations on GPU | device MiB | GPU FFN us | CPU FFN us "
+             f"| layer | attention | {'experts' if costs.layers[0].experts else 'hot rows'} on GPU | "
+             f"{'routings' if costs.layers[0].experts else 'activations'} on GPU | device MiB | GPU FFN us | CPU FFN us "
              "| layer us |",
              "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for il, layer in enumerate(costs.layers):
@@ -533,7 +575,8 @@ def describe(plan: Plan, costs: ModelCosts, machine: MachineProfile) -> str:
     lines += [
         f"output head: {'GPU' if plan.head_gpu else 'CPU'} ({format_bytes(costs.head_bytes)}, {plan.head_us:.1f} us); "
         f"the step itself {plan.step_us:.1f} us",
-        f"attention on the GPU in {n_gpu} of {len(costs.layers)} layers; FFN neurons on the GPU: {hot} of {total} "
+        f"attention on the GPU in {n_gpu} of {len(costs.layers)} layers; "
+        f"{'experts' if costs.layers[0].experts else 'FFN neurons'} on the GPU: {hot} of {total} "
         f"({100 * hot / max(total, 1):.1f} %)",
         f"device bytes: {format_bytes(plan.device_bytes)} of {format_bytes(plan.budget)} "
         f"(reserve for scratch {format_bytes(costs.reserve_bytes if plan.uses_gpu else 0)})",

@@ -1,0 +1,112 @@
+"""Mixtures of experts split between the devices: experts [0, k) of a layer on the GPU, the rest on the CPU, a
+token's experts on both sides at once (models.moe). Oracle: the same model whole on the CPU. On the CPU box the
+"GPU" side stays in host memory (host_only), which checks the split's bookkeeping; on a GPU machine the same
+plans, budgets and llama.cpp's --n-cpu-moe run for real."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hf_tiny import build
+
+import pyinfer.converters.convert_hf_to_powergguf as conv
+from pyinfer.engine.driver import Model
+from pyinfer.engine.placement import MachineProfile, Plan, minimum_budget, model_costs, solve
+from pyinfer.engine.sampling import SamplerParams
+from pyinfer.formats.gguf_file import GGUFFile
+from pyinfer.native import ggml
+
+TOKENS = np.random.default_rng(11).integers(0, 300, 40).tolist()  # >= 32: a prompt batch streams host weights
+N_EXPERT = 4
+needs_gpu = pytest.mark.skipif(not ggml.cuda_available(), reason="no CUDA device")
+# figures that make experts worth more on the GPU than its attention, so small budgets split layers
+SPLITTY = MachineProfile("test", cpu_dense_gbps=50.0, cpu_sparse_gbps=5.0, gpu_dense_gbps=2000.0,
+                         gpu_sparse_gbps=1000.0, xfer_us=1.0, gpu_layer_us=1.0, cpu_layer_us=1.0)
+
+
+@pytest.fixture(scope="module")
+def moe_file(tmp_path_factory):
+    cache = {}
+
+    def get(variant: str) -> str:
+        if variant not in cache:
+            folder = tmp_path_factory.mktemp(variant)
+            build(variant, str(folder / "hf"))
+            cache[variant] = str(folder / "m.gguf")
+            assert conv.main([str(folder / "hf"), "-o", cache[variant], "--outtype", "f32"]) == 0
+        return cache[variant]
+
+    return get
+
+
+def split_plan(gpu_experts: tuple[int, ...]) -> Plan:
+    n = len(gpu_experts)
+    return Plan(attn_gpu=(True,) * n, hot_rows=gpu_experts, head_gpu=True, device_bytes=1, budget=1 << 30,
+                layer_us=(0.0,) * n, head_us=0.0)
+
+
+def _decode(model: Model, tokens) -> np.ndarray:
+    model.reset()
+    return np.stack([model.eval([t]).copy() for t in tokens])
+
+
+def _same(model: Model, whole: Model, prompt=TOKENS) -> None:
+    """Decode steps, a prompt batch and greedy decoding as the whole model's."""
+    want = _decode(whole, TOKENS[:8])
+    np.testing.assert_allclose(_decode(model, TOKENS[:8]), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    batch = whole.logits(prompt)
+    np.testing.assert_allclose(model.logits(prompt), batch, rtol=1e-3, atol=1e-3 * np.abs(batch).max())
+    params = SamplerParams(temperature=0)
+    whole.reset()
+    model.reset()
+    assert (list(model.generate_tokens(TOKENS[:3], 32, params, stop_at_eos=False))
+            == list(whole.generate_tokens(TOKENS[:3], 32, params, stop_at_eos=False)))
+
+
+@pytest.mark.parametrize("variant", ["qwen3moe", "mixtral", "olmoe"])
+@pytest.mark.parametrize("gpu_experts", [(0, 4), (1, 3), (2, 2), (3, 0)])
+def test_expert_splits_equal_the_whole_model(moe_file, host_only, variant, gpu_experts):
+    path = moe_file(variant)
+    whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2)
+    split = Model(path, n_ctx=64, kv_type="f32", n_threads=2, plan=split_plan(gpu_experts))
+    assert split.hot_rows == {il: k for il, k in enumerate(gpu_experts) if 0 < k < N_EXPERT}
+    for il, k in split.hot_rows.items():
+        assert split.weights[f"blk.{il}.ffn_gate_exps.gpu.weight"].ne[2] == k
+        assert split.weights[f"blk.{il}.ffn_down_exps.cpu.weight"].ne[2] == N_EXPERT - k
+        slots = split.weights[f"blk.{il}.ffn_exps_slots.cpu"].raw().view(np.int32)
+        np.testing.assert_array_equal(slots, [-1] * k + list(range(N_EXPERT - k)))
+    _same(split, whole, TOKENS[:20])  # (a batch of 32 would stream host weights to a GPU)
+
+
+def test_experts_are_the_solver_units(moe_file):
+    """A layer's costs count experts (the most often routed first), and a budget between none and all of them
+    places whole experts."""
+    path = moe_file("qwen3moe")
+    costs = model_costs(GGUFFile(path), 64, 4, False, 32)
+    layer = costs.layers[0]
+    assert layer.experts and layer.n_ff == N_EXPERT and layer.group_rows == 1
+    np.testing.assert_allclose(layer.freq, [2 / N_EXPERT] * N_EXPERT)  # 2 of 4 a token, no profile: uniform
+    full = costs.reserve_bytes + costs.head_bytes + sum(
+        la.attn_bytes + la.kv_bytes + la.n_ff * la.neuron_bytes for la in costs.layers)
+    half = solve(costs, SPLITTY, (minimum_budget(costs) + full) // 2)
+    assert half.device_bytes <= half.budget and 0 < sum(half.hot_rows) < N_EXPERT * len(costs.layers)
+    assert solve(costs, SPLITTY, full).hot_rows == (N_EXPERT,) * len(costs.layers)
+
+
+@needs_gpu
+@pytest.mark.parametrize("variant", ["qwen3moe", "mixtral", "olmoe"])
+def test_on_the_gpu_whole_split_and_by_budget(moe_file, variant):
+    path = moe_file(variant)
+    whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2, n_batch=32)
+    _same(Model(path, n_ctx=64, kv_type="f32", n_batch=32, n_gpu_layers=99), whole)
+    _same(Model(path, n_ctx=64, kv_type="f32", n_batch=32, n_gpu_layers=99, n_cpu_moe=1), whole)
+    _same(Model(path, n_ctx=64, kv_type="f32", n_batch=32, plan=split_plan((1, 3))), whole)
+    costs = model_costs(GGUFFile(path), 64, 4, False, 32)
+    full = costs.reserve_bytes + costs.head_bytes + sum(
+        la.attn_bytes + la.kv_bytes + la.n_ff * la.neuron_bytes for la in costs.layers)
+    split_seen = False
+    for budget in np.linspace(minimum_budget(costs), full, 5).astype(int):
+        model = Model(path, n_ctx=64, kv_type="f32", n_batch=32, vram_budget=int(budget), machine=SPLITTY)
+        split_seen |= bool(model.hot_rows)
+        _same(model, whole)
+        assert model.device_bytes <= model.device_peak_bytes <= budget
+    assert split_seen
