@@ -3,19 +3,21 @@ weights built so that neuron i of every layer fires with a chosen frequency f_i 
 
     python -m tools.make_synthetic_model llama-7b -o /tmp/syn7b.gguf --type q4_0
     python -m tools.make_synthetic_model --from smollm2.gguf -o /tmp/smollm2-syn.gguf --density 0.5
+    python -m tools.make_synthetic_model qwen3-30b-a3b --layers 8 -o /tmp/moe.gguf   (a mixture of experts: one
+        file as llama.cpp stores it, which both engines run)
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from pyinfer.converters.synthetic import SHAPES, TYPES, make_llama
+from pyinfer.converters.synthetic import MOE_SHAPES, SHAPES, TYPES, make_llama, make_moe
 from pyinfer.sparsity.synthetic_predictors import add_predictors
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="make_synthetic_model", description=__doc__.split("\n\n")[0])
-    p.add_argument("shape", nargs="?", choices=sorted(SHAPES), help="random model of this shape")
+    p.add_argument("shape", nargs="?", choices=sorted([*SHAPES, *MOE_SHAPES]), help="random model of this shape")
     p.add_argument("--from", dest="src", help="add synthetic predictors to this PowerGGUF instead")
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--type", default="q4_0", choices=sorted(TYPES), help="weight type of a random model")
@@ -36,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     if (a.shape is None) == (a.src is None):
         p.error("give a shape or --from FILE")
     common = dict(seed=a.seed, density=a.density, hot_frac=a.hot_frac, hot_share=a.hot_share)
-    if a.src:
+    if a.shape in MOE_SHAPES:
+        make_moe(a.output, a.shape, TYPES[a.type], seed=a.seed, n_layer=a.layers, share_weights=a.share_weights)
+    elif a.src:
         add_predictors(a.src, a.output, rank=a.rank or 64, threshold=a.threshold, **common)
     else:
         make_llama(a.output, a.shape, TYPES[a.type], rank=a.rank or 256, ffn_kind=a.ffn_kind, n_layer=a.layers,

@@ -31,6 +31,11 @@ SHAPES = {
     "small": (1024, 4, 4096, 16, 4, 2048),
     "tiny": (128, 2, 512, 4, 4, 512),
 }
+# mixtures of experts: name -> (arch, n_embd, n_layer, n_head, n_head_kv, head_dim, n_vocab, n_expert, n_used, n_ff_exp)
+MOE_SHAPES = {
+    "qwen3-30b-a3b": ("qwen3moe", 2048, 48, 32, 4, 128, 151936, 128, 8, 768),
+    "mixtral-8x7b": ("llama", 4096, 32, 32, 8, 128, 32000, 8, 2, 14336),
+}
 TYPES = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0}
 RELU_VAR = 0.5 - 1.0 / (2.0 * math.pi)  # variance of relu(N(0, 1))
 GATED_RELU = ("reglu", "drelu", "relu")
@@ -200,3 +205,61 @@ def make_llama(path: str, shape: str, qtype: Q, *, seed: int = 0, density: float
         if not dense and predictors:
             tensors += predictor_tensors(il, *predictor(rng, d, rank, freqs), freqs)
     write_atomically([OutFile(path, "llama", kv, tensors)])
+
+
+def make_moe(path: str, shape: str, qtype: Q, *, seed: int = 0, n_layer: int | None = None,
+             share_weights: bool = False) -> None:
+    """A random mixture of experts of a real model's shape (MOE_SHAPES) as llama.cpp stores one (ffn_*_exps,
+    an F32 router): a file both engines run. The router is random, so tokens go to the experts about evenly.
+    n_layer and share_weights as make_llama's."""
+    arch, d, shape_layers, n_head, n_head_kv, head_dim, n_vocab, n_expert, n_used, n_ff = MOE_SHAPES[shape]
+    n_layer = n_layer or shape_layers
+    q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
+    rng = np.random.default_rng(seed)
+    u32, f32 = V.UINT32, V.FLOAT32
+    kv = [("general.name", f"synthetic {shape} (random weights)", V.STRING, None),
+          ("general.file_type", file_type(qtype), u32, None),
+          (f"{arch}.vocab_size", n_vocab, u32, None), (f"{arch}.context_length", 4096, u32, None),
+          (f"{arch}.embedding_length", d, u32, None), (f"{arch}.block_count", n_layer, u32, None),
+          (f"{arch}.feed_forward_length", n_ff, u32, None), (f"{arch}.attention.head_count", n_head, u32, None),
+          (f"{arch}.attention.head_count_kv", n_head_kv, u32, None),
+          (f"{arch}.attention.key_length", head_dim, u32, None), (f"{arch}.attention.value_length", head_dim, u32, None),
+          (f"{arch}.attention.layer_norm_rms_epsilon", 1e-6, f32, None),
+          (f"{arch}.rope.dimension_count", head_dim, u32, None), (f"{arch}.rope.freq_base", 1e6, f32, None),
+          (f"{arch}.expert_count", n_expert, u32, None), (f"{arch}.expert_used_count", n_used, u32, None),
+          (f"{arch}.expert_feed_forward_length", n_ff, u32, None), *_vocab_kv(n_vocab),
+          ("pyinfer.synthetic", True, V.BOOL, None)]
+    drawn: dict[tuple, np.ndarray] = {}
+
+    def mat(name: str, shape: tuple[int, ...], std: float, type_: Q = qtype) -> OutTensor:
+        seed_i = int(rng.integers(2**63))
+        key = (name.split(".", 2)[-1], shape)
+        rows, k = math.prod(shape[:-1]), shape[-1]
+
+        def produce() -> np.ndarray:
+            if share_weights and name.startswith("blk.") and key in drawn:
+                return drawn[key]
+            values = random_weight(np.random.default_rng(seed_i), type_, (rows, k), std)
+            if share_weights and name.startswith("blk."):
+                drawn[key] = values
+            return values
+
+        return OutTensor(name, shape, type_, produce)
+
+    def ones(name: str, n: int = d) -> OutTensor:
+        return OutTensor(name, (n,), Q.F32, lambda: np.ones(n, np.float32))
+
+    tensors = [mat("token_embd.weight", (n_vocab, d), 1.0), ones("output_norm.weight"),
+               mat("output.weight", (n_vocab, d), d**-0.5)]
+    for il in range(n_layer):
+        b = f"blk.{il}."
+        tensors += [ones(b + "attn_norm.weight"), mat(b + "attn_q.weight", (q_dim, d), d**-0.5),
+                    mat(b + "attn_k.weight", (kv_dim, d), d**-0.5), mat(b + "attn_v.weight", (kv_dim, d), d**-0.5),
+                    mat(b + "attn_output.weight", (d, q_dim), q_dim**-0.5), ones(b + "ffn_norm.weight"),
+                    mat(b + "ffn_gate_inp.weight", (n_expert, d), d**-0.5, Q.F32),
+                    mat(b + "ffn_gate_exps.weight", (n_expert, n_ff, d), d**-0.5),
+                    mat(b + "ffn_up_exps.weight", (n_expert, n_ff, d), d**-0.5),
+                    mat(b + "ffn_down_exps.weight", (n_expert, d, n_ff), n_ff**-0.5)]
+        if arch == "qwen3moe":
+            tensors += [ones(b + "attn_q_norm.weight", head_dim), ones(b + "attn_k_norm.weight", head_dim)]
+    write_atomically([OutFile(path, arch, kv, tensors)])
