@@ -65,6 +65,19 @@ input_table_bg() {  # [PYTEST ARGS...]: issue 27's hybrid rows in the background
         touch \$OUT/ALL.done" _ "$@" > "$W/table.log" 2>&1 < /dev/null &
 }
 
+moe_bg() {  # NAME SHAPE TYPE LAYERS: a synthetic mixture of experts (one file both engines run), $W/NAME.gguf
+    local name=$1 shape=$2 type=$3 layers=$4
+    setsid bash -c "python3 -m tools.make_synthetic_model $shape --type $type --layers $layers --share-weights \
+        -o $W/$name.gguf && touch $W/$name.done" > "$W/$name.log" 2>&1 < /dev/null &
+}
+
+moe_sanitize() {  # the MoE kernels' tests under compute-sanitizer memcheck and racecheck
+    for tool in memcheck racecheck; do
+        echo "$tool: $(compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+            tests/test_moe_ops.py -k cuda 2>&1 | grep -E 'passed|failed|ERROR SUMMARY|RACECHECK SUMMARY' | tr '\n' ' ')"
+    done | tee "$OUT/moe-sanitizer.log"
+}
+
 wait_for() {  # FILE [SECONDS]: until FILE exists, at most SECONDS (default 420)
     local t=0
     while [ ! -e "$1" ] && [ $t -lt "${2:-420}" ]; do sleep 2; t=$((t + 2)); done
@@ -73,7 +86,7 @@ wait_for() {  # FILE [SECONDS]: until FILE exists, at most SECONDS (default 420)
 
 tests() {  # the GPU tests, log in $OUT
     python3 -m pytest -q -s -p no:cacheprovider tests/test_hybrid.py tests/test_gpu_engine.py tests/test_cuda_ops.py \
-        tests/test_input_sparsity.py \
+        tests/test_input_sparsity.py tests/test_moe_ops.py tests/test_moe_split.py \
         tests/test_split.py "$@" 2>&1 | tee "$OUT/tests.log" | tail -40
 }
 
