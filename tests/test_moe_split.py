@@ -49,12 +49,13 @@ def _decode(model: Model, tokens) -> np.ndarray:
     return np.stack([model.eval([t]).copy() for t in tokens])
 
 
-def _same(model: Model, whole: Model, prompt=TOKENS) -> None:
-    """Decode steps, a prompt batch and greedy decoding as the whole model's."""
+def _same(model: Model, whole: Model, prompt=TOKENS, batch_tol: float = 1e-3) -> None:
+    """Decode steps, a prompt batch (batch_tol: relative to its largest logit) and greedy decoding as the whole
+    model's."""
     want = _decode(whole, TOKENS[:8])
     np.testing.assert_allclose(_decode(model, TOKENS[:8]), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
     batch = whole.logits(prompt)
-    np.testing.assert_allclose(model.logits(prompt), batch, rtol=1e-3, atol=1e-3 * np.abs(batch).max())
+    np.testing.assert_allclose(model.logits(prompt), batch, rtol=batch_tol, atol=batch_tol * np.abs(batch).max())
     params = SamplerParams(temperature=0)
     whole.reset()
     model.reset()
@@ -95,11 +96,12 @@ def test_experts_are_the_solver_units(moe_file):
 @needs_gpu
 @pytest.mark.parametrize("variant", ["qwen3moe", "mixtral", "olmoe"])
 def test_on_the_gpu_whole_split_and_by_budget(moe_file, variant):
+    """A batch's GEMMs take F32 weights as TF32 on the GPU (the router excepted): 3e-2 as test_hybrid's."""
     path = moe_file(variant)
     whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2, n_batch=32)
-    _same(Model(path, n_ctx=64, kv_type="f32", n_batch=32, n_gpu_layers=99), whole)
-    _same(Model(path, n_ctx=64, kv_type="f32", n_batch=32, n_gpu_layers=99, n_cpu_moe=1), whole)
-    _same(Model(path, n_ctx=64, kv_type="f32", n_batch=32, plan=split_plan((1, 3))), whole)
+    _same(Model(path, n_ctx=64, kv_type="f32", n_batch=32, n_gpu_layers=99), whole, batch_tol=3e-2)
+    _same(Model(path, n_ctx=64, kv_type="f32", n_batch=32, n_gpu_layers=99, n_cpu_moe=1), whole, batch_tol=3e-2)
+    _same(Model(path, n_ctx=64, kv_type="f32", n_batch=32, plan=split_plan((1, 3))), whole, batch_tol=3e-2)
     costs = model_costs(GGUFFile(path), 64, 4, False, 32)
     full = costs.reserve_bytes + costs.head_bytes + sum(
         la.attn_bytes + la.kv_bytes + la.n_ff * la.neuron_bytes for la in costs.layers)
@@ -107,6 +109,6 @@ def test_on_the_gpu_whole_split_and_by_budget(moe_file, variant):
     for budget in np.linspace(minimum_budget(costs), full, 5).astype(int):
         model = Model(path, n_ctx=64, kv_type="f32", n_batch=32, vram_budget=int(budget), machine=SPLITTY)
         split_seen |= bool(model.hot_rows)
-        _same(model, whole)
+        _same(model, whole, batch_tol=3e-2)
         assert model.device_bytes <= model.device_peak_bytes <= budget
     assert split_seen

@@ -166,7 +166,7 @@ struct ggml_tensor *ggml_layer_norm(struct ggml_context *ctx, struct ggml_tensor
 // w: [k, n] any weight type; x: [k, m] F32 -> [n, m] F32
 struct ggml_tensor *ggml_mul_mat(struct ggml_context *ctx, struct ggml_tensor *w, struct ggml_tensor *x);
 // same, on the CPU without the activations' rounding error (x's conversion residual is converted and dotted
-// too); the GPU computes it as mul_mat
+// too); the GPU computes it as mul_mat, except that a batch's F32 weights are not rounded to TF32
 struct ggml_tensor *ggml_mul_mat_precise(struct ggml_context *ctx, struct ggml_tensor *w, struct ggml_tensor *x);
 // x: [head_dim, n_head, n_tokens] F32; pos: [n_tokens] I32
 // freq_factors: NULL, or F32 [>= n_dims/2]: pair i's frequency is divided by freq_factors[i] (Llama 3's

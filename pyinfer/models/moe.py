@@ -14,7 +14,8 @@ def moe_ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
     """(n_tokens, n_embd) -> (n_tokens, n_embd)."""
     cfg, ctx = b.cfg, b.ctx
     p = f"blk.{il}."
-    logits = b.matmul(b.w(p + "ffn_gate_inp"), h)  # (n, n_expert)
+    # the router precise on both devices (no 8-bit activations, no TF32): a rounded logit can choose another expert
+    logits = ctx.mul_mat(b.w(p + "ffn_gate_inp"), h, True)  # (n, n_expert)
     ids = ctx.top_k(logits, cfg.n_expert_used)  # (n, k)
     if b.capture is not None:
         b.capture[f"moe_ids.{il}"] = ids

@@ -259,9 +259,10 @@ int cuda_rows_dot(const struct ggml_tensor *w, const struct ggml_tensor *x, stru
 bool cuda_gemv_takes_extra(const struct ggml_tensor *w, const struct ggml_tensor *x);
 // MUL_MAT_ROWS (of e, only xq_ready applies)
 int cuda_op_mul_mat_rows(struct ggml_tensor *dst, void *wdata, cudaStream_t st, const cuda_gemv_extra &e = {});
-// GEMM path of mul_mat (m > GEMV_MAX_COLS): tensor cores through cuBLAS, or our WMMA kernel
+// GEMM path of mul_mat (m > GEMV_MAX_COLS): tensor cores through cuBLAS, or our WMMA kernel; F32 weights as TF32
+// unless precise (a mul_mat_precise: a mixture's router, whose rounded logits could choose other experts)
 int cuda_gemm(const struct ggml_tensor *w, const struct ggml_tensor *x, struct ggml_tensor *y, void *wdata,
-              cudaStream_t st);
+              cudaStream_t st, bool precise = false);
 size_t cuda_gemm_wsize(const struct ggml_tensor *w, const struct ggml_tensor *x);
 // AXPY_ROWS of many columns as GEMMs (every row read once): whether it applies (cuBLAS, a mask or no
 // selector, contiguous rows), its scratch, the product y[m, d] = h[m, n] (selected entries) . wt[n, d]

@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(128) wmma_gemm_kernel(const __half *A, const _
 }
 
 int cuda_gemm(const struct ggml_tensor *w, const struct ggml_tensor *x, struct ggml_tensor *y, void *wdata,
-              cudaStream_t st) {
+              cudaStream_t st, bool precise) {
     const enum ggml_type type = w->type;
     const int64_t k = w->ne[0], n = w->ne[1], m = x->ne[1];
     const int64_t ldy = (int64_t)y->nb[1] / 4, x_ld = (int64_t)x->nb[1] / 4;
@@ -142,7 +142,7 @@ int cuda_gemm(const struct ggml_tensor *w, const struct ggml_tensor *x, struct g
         if (g_blas.set_stream(g_blas.handle, st) ||
             g_blas.gemm_ex(g_blas.handle, BLAS_OP_T, BLAS_OP_N, (int)n, (int)m, (int)k, &one, w->data, BLAS_R_32F,
                            (int)k, x->data, BLAS_R_32F, (int)x_ld, &zero, y->data, BLAS_R_32F, (int)ldy,
-                           BLAS_COMPUTE_32F_FAST_TF32, BLAS_GEMM_DEFAULT))
+                           precise ? BLAS_COMPUTE_32F : BLAS_COMPUTE_32F_FAST_TF32, BLAS_GEMM_DEFAULT))
             return ggml_set_error(GGML_STATUS_BACKEND_ERROR, "cublasGemmEx (F32) failed");
         return GGML_STATUS_OK;
     }

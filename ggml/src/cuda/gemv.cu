@@ -567,7 +567,7 @@ int cuda_op_mul_mat(struct ggml_tensor *dst, void *wdata, cudaStream_t st) {
     const struct ggml_tensor *w = dst->src[0], *x = dst->src[1];
     if (ggml_nrows(w) != w->ne[1] || ggml_nrows(x) != x->ne[1])
         return ggml_set_error(GGML_STATUS_UNSUPPORTED, "mul_mat takes matrices");
-    if (x->ne[1] > GEMV_MAX_COLS) return cuda_gemm(w, x, dst, wdata, st);
+    if (x->ne[1] > GEMV_MAX_COLS) return cuda_gemm(w, x, dst, wdata, st, dst->op_params[0] != 0);
     cuda_rows_sel s = {CUDA_SEL_ALL, NULL, 0, 0, 0, 0, w->ne[1]};
     return cuda_rows_dot(w, x, dst, s, wdata, st);
 }
