@@ -163,7 +163,7 @@ def test_moe_ffn_halves_add_up_to_the_whole():
     d, n_ff, n_expert, k, m = 64, 96, 8, 3, 6
     logits = rng.normal(size=(m, n_expert)).astype(np.float32)
     ids = top_k_reference(logits, k)
-    mats = [rng.normal(size=(n_expert, n_ff, d)), rng.normal(size=(n_expert, n_ff, d)), rng.normal(size=(n_expert, d, n_ff))]
+    mats = [rng.normal(size=shape) for shape in ((n_expert, n_ff, d), (n_expert, n_ff, d), (n_expert, d, n_ff))]
     first = np.array([0, 2, 5, 7])
     slots_a = np.full(n_expert, -1, np.int32)
     slots_a[first] = np.arange(len(first))
@@ -171,11 +171,13 @@ def test_moe_ffn_halves_add_up_to_the_whole():
     slots_b = np.full(n_expert, -1, np.int32)
     slots_b[rest] = np.arange(len(rest))
     ctx = ggml.Context(16 << 20)
-    x_t, ids_t, l_t = tensor(ctx, rng.normal(size=(m, d)).astype(np.float32)), ctx.tensor_from_numpy(ids), tensor(ctx, logits)
+    x_t = tensor(ctx, rng.normal(size=(m, d)).astype(np.float32))
+    ids_t, l_t = ctx.tensor_from_numpy(ids), tensor(ctx, logits)
 
     def op(which, slots):
         ws = [tensor(ctx, w[which].astype(np.float32), ggml.Q8_0) for w in mats]
-        return ctx.moe_ffn(*ws, x_t, ids_t, l_t, ctx.tensor_from_numpy(slots) if slots is not None else None, "swiglu", True)
+        slots_t = ctx.tensor_from_numpy(slots) if slots is not None else None
+        return ctx.moe_ffn(*ws, x_t, ids_t, l_t, slots_t, "swiglu", True)
 
     whole, a, b = compute(ctx, [op(np.arange(n_expert), None), op(first, slots_a), op(rest, slots_b)], 2)
     np.testing.assert_allclose(a + b, whole, rtol=1e-5, atol=1e-5)

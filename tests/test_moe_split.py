@@ -112,3 +112,15 @@ def test_on_the_gpu_whole_split_and_by_budget(moe_file, variant):
         _same(model, whole, batch_tol=3e-2)
         assert model.device_bytes <= model.device_peak_bytes <= budget
     assert split_seen
+
+
+def test_cpu_experts_keep_the_cpu_threads(moe_file, host_only):
+    """-ngl 99 alone leaves the CPU one thread (it only looks up embeddings); with --n-cpu-moe it computes experts
+    and keeps its threads (one thread had made a third of the experts on the CPU 7x slower than llama.cpp's)."""
+    from pyinfer.engine.threads import default_threads
+
+    path = moe_file("qwen3moe")
+    assert Model(path, n_ctx=64, n_gpu_layers=99).n_threads == 1
+    cpu_moe = Model(path, n_ctx=64, kv_type="f32", n_gpu_layers=99, n_cpu_moe=1)
+    assert cpu_moe.n_threads == default_threads()
+    _same(cpu_moe, Model(path, n_ctx=64, kv_type="f32", n_threads=2), TOKENS[:20])

@@ -207,8 +207,9 @@ class Model:
         models.builder_for(cfg.arch)  # unsupported architectures fail before anything is allocated
         self.n_ctx = min(n_ctx or 4096, cfg.n_ctx_train) if cfg.pos_offset else (n_ctx or min(cfg.n_ctx_train, 4096))
         self.n_batch = n_batch
-        # with the whole model on the GPU the CPU only looks up embeddings: one thread, no barriers
-        self.n_threads = n_threads or (1 if n_gpu_layers > cfg.n_layer else default_threads())
+        # with the whole model on the GPU the CPU only looks up embeddings: one thread, no barriers (unless
+        # --n-cpu-moe leaves experts to it)
+        self.n_threads = n_threads or (1 if n_gpu_layers > cfg.n_layer and not n_cpu_moe else default_threads())
         self.weights_ctx = ggml.Context(1024 * (len(self.file.tensors) + cfg.n_layer + 16), no_alloc=True)
         self.weights: dict[str, ggml.Tensor] = {}
         for name, info in self.file.tensors.items():

@@ -554,10 +554,10 @@ def smaller_batch_hint(plan: Plan, costs: ModelCosts, n_batch: int, machine: Mac
 def describe(plan: Plan, costs: ModelCosts, machine: MachineProfile) -> str:
     """The plan as a table: per layer where the attention runs, hot rows on the GPU, their share of the
     layer's activations, device bytes and modelled time; then the totals."""
+    unit, reads = ("experts", "routings") if costs.layers[0].experts else ("hot rows", "activations")
     lines = [f"plan for a VRAM budget of {format_bytes(plan.budget)} on {machine.name}"
              + (f" ({costs.type_name}, context {costs.n_ctx})" if costs.type_name else ""),
-             f"| layer | attention | {'experts' if costs.layers[0].experts else 'hot rows'} on GPU | "
-             f"{'routings' if costs.layers[0].experts else 'activations'} on GPU | device MiB | GPU FFN us | CPU FFN us "
+             f"| layer | attention | {unit} on GPU | {reads} on GPU | device MiB | GPU FFN us | CPU FFN us "
              "| layer us |",
              "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for il, layer in enumerate(costs.layers):
