@@ -4,14 +4,15 @@
 //    returns), a warp per row, gate and up dotted with the token's x together (they share the x loads),
 //    act(gate) * up stored per pair;
 //  - the activations quantized to Q8_1 where down is quantized;
-//  - down: block (row group, token): the token's routing weights in shared memory (softmax over its k or all
-//    logits), a warp per row summing weight * down_e[row] . act over the token's held experts; every output
-//    written (0 where no expert is held), so no zeroing pass or atomics.
-// Scratch: [x as Q8_1][act: (pairs, n_ff) floats][act as Q8_1].
+//  - down: block (row group, pair): the pair's routing weight (softmax over the token's k or all logits), a warp
+//    per row: weight * down_e[row] . act into the pair's part (0 where the expert is held elsewhere);
+//  - sum: each token's k parts added in slot order (deterministic, no atomics). A token's 8 experts give 8x the
+//    blocks a block per token would, which one decoded token needs to fill the GPU.
+// Scratch: [x as Q8_1][act: (pairs, n_ff) floats][act as Q8_1][parts: (pairs, d) floats].
 #include "rowdot.cuh"
 
 #define MOE_WARPS 4       // warps per block; warp w takes rows w, w + MOE_WARPS, ... of the block's
-#define MOE_ROWS 32       // rows per block
+#define MOE_ROWS 8        // rows per block: many blocks, so one token's few experts fill the GPU
 #define MOE_MAX_K 64      // experts per token the kernels take
 
 struct moe_params {
@@ -27,6 +28,7 @@ struct moe_params {
     float *act;                      // [n_ff, k m]
     const int8_t *aq;                // act as Q8_1 (quantized down)
     const float2 *ads;
+    float *part;                     // [d, k m] each pair's weighted down output
     float *y;                        // [d, m]
     int kind;                        // GGML_OP_SILU or GGML_OP_GELU
     bool norm;
@@ -79,58 +81,69 @@ __global__ void __launch_bounds__(MOE_WARPS * 32) moe_up_kernel(moe_params p) {
     }
 }
 
-template <int TYPE>
-__global__ void __launch_bounds__(MOE_WARPS * 32) moe_down_kernel(moe_params p) {
-    __shared__ float s_w[MOE_MAX_K];
-    __shared__ int32_t s_e[MOE_MAX_K];
-    const int lane = threadIdx.x % 32;
-    for (int64_t j = blockIdx.y; j < p.m; j += gridDim.y) {
-    __syncthreads(); // the previous token's weights are read
-    if (threadIdx.x < 32) { // warp 0: the token's routing weights
+// the routing weight of the token's s-th expert (warp 0 of the block computes it; every thread gets it)
+static __device__ float moe_weight(const moe_params &p, int64_t j, int64_t s, float *s_w) {
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
         const float *l = p.logits + j * p.n_expert;
         const int32_t *ids = p.ids + j * p.k;
         const int64_t n = p.norm ? p.k : p.n_expert;
-        float top = -INFINITY;
+        float top = -INFINITY, z = 0.0f;
         for (int64_t i = lane; i < n; i += 32) {
             const int32_t e = p.norm ? ids[i] : (int32_t)i;
             if (e >= 0 && e < p.n_expert) top = fmaxf(top, l[e]);
         }
         top = warp_max(top);
-        float z = 0.0f;
         for (int64_t i = lane; i < n; i += 32) {
             const int32_t e = p.norm ? ids[i] : (int32_t)i;
             if (e >= 0 && e < p.n_expert) z += expf(l[e] - top);
         }
         z = warp_sum(z);
-        for (int64_t s = lane; s < p.k; s += 32) {
+        if (lane == 0) {
             const int32_t e = ids[s];
-            const bool ok = e >= 0 && e < p.n_expert;
-            s_e[s] = moe_slot(p, j * p.k + s);
-            s_w[s] = ok ? expf(l[e] - top) / z : 0.0f;
+            *s_w = e >= 0 && e < p.n_expert ? expf(l[e] - top) / z : 0.0f;
         }
     }
     __syncthreads();
-    for (int64_t r = (int64_t)blockIdx.x * MOE_ROWS + threadIdx.x / 32; r < p.d && r < (int64_t)(blockIdx.x + 1) * MOE_ROWS;
-         r += MOE_WARPS) {
-        float sum = 0.0f;
-        for (int s = 0; s < p.k; s++) {
-            const int32_t e = s_e[s];
-            if (e < 0) continue;
-            const int64_t pair = j * p.k + s;
-            const uint8_t *row = p.wd + e * p.d_nb2 + r * p.d_nb1;
-            float v;
-            if constexpr (moe_float<TYPE>) {
-                v = float_row_dot<TYPE>(row, p.act + pair * p.n_ff, p.n_ff, lane);
-            } else {
-                const uint8_t *wr[1] = {row};
-                float acc[1][1] = {{0.0f}};
-                qrow_dots<TYPE, false, 1, 1>(wr, p.aq + pair * p.n_ff, p.ads + pair * (p.n_ff / 32), p.n_ff, 1, lane, acc);
-                v = warp_sum(acc[0][0]);
+    return *s_w;
+}
+
+// block (row group, pair): part[pair][r] = weight * down_e[r] . act[pair] (0 where the expert is held elsewhere)
+template <int TYPE>
+__global__ void __launch_bounds__(MOE_WARPS * 32) moe_down_kernel(moe_params p) {
+    __shared__ float s_w;
+    const int lane = threadIdx.x % 32;
+    for (int64_t pair = blockIdx.y; pair < p.k * p.m; pair += gridDim.y) {
+        const int32_t e = moe_slot(p, pair);
+        const float w = e < 0 ? 0.0f : moe_weight(p, pair / p.k, pair % p.k, &s_w);
+        for (int64_t r = (int64_t)blockIdx.x * MOE_ROWS + threadIdx.x / 32;
+             r < p.d && r < (int64_t)(blockIdx.x + 1) * MOE_ROWS; r += MOE_WARPS) {
+            float v = 0.0f;
+            if (e >= 0) {
+                const uint8_t *row = p.wd + e * p.d_nb2 + r * p.d_nb1;
+                if constexpr (moe_float<TYPE>) {
+                    v = float_row_dot<TYPE>(row, p.act + pair * p.n_ff, p.n_ff, lane);
+                } else {
+                    const uint8_t *wr[1] = {row};
+                    float acc[1][1] = {{0.0f}};
+                    qrow_dots<TYPE, false, 1, 1>(wr, p.aq + pair * p.n_ff, p.ads + pair * (p.n_ff / 32), p.n_ff, 1,
+                                                 lane, acc);
+                    v = warp_sum(acc[0][0]);
+                }
             }
-            sum += s_w[s] * v;
+            if (lane == 0) p.part[pair * p.d + r] = w * v;
         }
-        if (lane == 0) p.y[j * p.d + r] = sum;
+        __syncthreads(); // s_w is the next pair's
     }
+}
+
+// y[j][r] = the sum of the token's k parts, in slot order (deterministic, no atomics)
+__global__ void moe_sum_kernel(const float *part, int64_t d, int64_t k, int64_t m, float *y) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d * m; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t j = i / d, r = i % d;
+        float sum = 0.0f;
+        for (int64_t s = 0; s < k; s++) sum += part[(j * k + s) * d + r];
+        y[i] = sum;
     }
 }
 
@@ -184,7 +197,7 @@ struct moe_down_launch {
 };
 
 struct moe_scratch {
-    size_t xq, act, aq, end;
+    size_t xq, act, aq, part, end;
 };
 
 static moe_scratch moe_scratch_of(const struct ggml_tensor *dst) {
@@ -194,7 +207,8 @@ static moe_scratch moe_scratch_of(const struct ggml_tensor *dst) {
     s.xq = 0;
     s.act = s.xq + align256(cuda_xq_wsize(gate->type, x->ne[0], x->ne[1]));
     s.aq = s.act + align256((size_t)(pairs * n_ff) * sizeof(float));
-    s.end = s.aq + align256(cuda_xq_wsize(down->type, n_ff, pairs));
+    s.part = s.aq + align256(cuda_xq_wsize(down->type, n_ff, pairs));
+    s.end = s.part + align256((size_t)(pairs * x->ne[0]) * sizeof(float));
     return s;
 }
 
@@ -223,6 +237,7 @@ int cuda_op_moe_ffn(struct ggml_tensor *dst, void *wdata, cudaStream_t st) {
     p.logits = (const float *)logits->data;
     p.slots = slots ? (const int32_t *)slots->data : NULL;
     p.act = (float *)(w + sc.act);
+    p.part = (float *)(w + sc.part);
     p.y = (float *)dst->data;
     p.kind = dst->op_params[0] == GGML_FFN_SWIGLU ? GGML_OP_SILU : GGML_OP_GELU;
     p.norm = dst->op_params[1] != 0;
@@ -246,6 +261,9 @@ int cuda_op_moe_ffn(struct ggml_tensor *dst, void *wdata, cudaStream_t st) {
         if ((rc = cuda_quantize_q8_1(p.act, p.n_ff, p.n_ff, pairs, w + sc.aq, st))) return rc;
         p.aq = aq, p.ads = ads;
     }
-    with_weight_type(down->type, moe_down_launch{p, dim3((unsigned)((p.d + MOE_ROWS - 1) / MOE_ROWS), (unsigned)(p.m < 65535 ? p.m : 65535)), st});
-    return cuda_launch_status("moe_ffn down");
+    with_weight_type(down->type, moe_down_launch{p, dim3((unsigned)((p.d + MOE_ROWS - 1) / MOE_ROWS), up_grid.y), st});
+    if ((rc = cuda_launch_status("moe_ffn down"))) return rc;
+    const int64_t n = p.d * p.m, blocks = (n + 255) / 256;
+    moe_sum_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, st>>>(p.part, p.d, p.k, p.m, p.y);
+    return cuda_launch_status("moe_ffn sum");
 }
