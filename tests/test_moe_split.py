@@ -70,11 +70,12 @@ def test_expert_splits_equal_the_whole_model(moe_file, host_only, variant, gpu_e
     whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2)
     split = Model(path, n_ctx=64, kv_type="f32", n_threads=2, plan=split_plan(gpu_experts))
     assert split.hot_rows == {il: k for il, k in enumerate(gpu_experts) if 0 < k < N_EXPERT}
-    for il, k in split.hot_rows.items():
+    for il, k in split.hot_rows.items():  # no profile: the first k experts on the GPU
         assert split.weights[f"blk.{il}.ffn_gate_exps.gpu.weight"].ne[2] == k
-        assert split.weights[f"blk.{il}.ffn_down_exps.cpu.weight"].ne[2] == N_EXPERT - k
-        slots = split.weights[f"blk.{il}.ffn_exps_slots.cpu"].raw().view(np.int32)
-        np.testing.assert_array_equal(slots, [-1] * k + list(range(N_EXPERT - k)))
+        assert split.weights[f"blk.{il}.ffn_down_exps.cpu.weight"].ne[2] == N_EXPERT  # the file's, viewed
+        slots = {side: split.weights[f"blk.{il}.ffn_exps_slots.{side}"].raw().view(np.int32) for side in ("gpu", "cpu")}
+        np.testing.assert_array_equal(slots["gpu"], list(range(k)) + [-1] * (N_EXPERT - k))
+        np.testing.assert_array_equal(slots["cpu"], [-1] * k + list(range(k, N_EXPERT)))
     _same(split, whole, TOKENS[:20])  # (a batch of 32 would stream host weights to a GPU)
 
 
@@ -124,3 +125,41 @@ def test_cpu_experts_keep_the_cpu_threads(moe_file, host_only):
     cpu_moe = Model(path, n_ctx=64, kv_type="f32", n_gpu_layers=99, n_cpu_moe=1)
     assert cpu_moe.n_threads == default_threads()
     _same(cpu_moe, Model(path, n_ctx=64, kv_type="f32", n_threads=2), TOKENS[:20])
+
+
+def test_profile_counts_the_routers_choices_and_orders_the_split(moe_file, tmp_path, host_only, capsys):
+    """`pyinfer profile` counts each layer's routings as transformers' routers choose them (an independent oracle),
+    stores them without touching a tensor, and the split puts the most routed experts on the GPU."""
+    import torch
+    from hf_tiny import build
+
+    from pyinfer.sparsity import profiler
+    from pyinfer.sparsity.expert_profile import routing_freq
+
+    path = moe_file("qwen3moe")
+    text = tmp_path / "calib.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. 12345 67890. " * 40)
+    out = str(tmp_path / "profiled.gguf")
+    assert profiler.main([path, "--corpus", str(text), "--tokens", "96", "--ctx", "48", "-o", out]) == 0
+    assert "top 20% share" in capsys.readouterr().out
+    profiled = GGUFFile(out)
+    freq = profiled.expert_freq
+    np.testing.assert_allclose(freq.sum(axis=1), 2.0)  # 2 experts a token
+    for name, info in GGUFFile(path).tensors.items():
+        assert np.array_equal(profiled.tensors[name].data, info.data), name
+    # the oracle: transformers' routers on the same chunks
+    chunks, _ = profiler.calibration_chunks(path, [str(text)], 96, 48, progress=False)
+    oracle = build("qwen3moe", str(tmp_path / "hf"))  # same seed: the same weights as moe_file's
+    counts = np.zeros_like(freq)
+    with torch.no_grad():
+        for chunk in chunks:
+            logits = oracle.model(torch.tensor([chunk.tolist()]), output_router_logits=True).router_logits
+            for il, layer in enumerate(logits):
+                counts[il] += np.bincount(torch.topk(layer, 2, dim=-1).indices.ravel().numpy(), minlength=N_EXPERT)
+    np.testing.assert_allclose(freq, counts / sum(map(len, chunks)))
+    np.testing.assert_allclose(routing_freq(out, chunks, progress=False), freq)
+    split = Model(out, n_ctx=64, kv_type="f32", n_threads=2, plan=split_plan((1, 1)))
+    for il in range(2):
+        gpu = split.weights[f"blk.{il}.ffn_exps_slots.gpu"].raw().view(np.int32)
+        assert gpu[np.argmax(freq[il])] == 0 and (gpu >= 0).sum() == 1
+    _same(split, Model(out, n_ctx=64, kv_type="f32", n_threads=2), TOKENS[:20])

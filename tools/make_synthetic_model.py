@@ -34,12 +34,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="a PowerGGUF without predictors (for pyinfer sparsify --method input)")
     p.add_argument("--share-weights", action="store_true",
                    help="every layer reuses layer 0's random values (fast to make; for speed benchmarks)")
+    p.add_argument("--router-skew", type=float, default=0.0,
+                   help="a mixture of experts: log-normal spread of the router rows' scales (0: even routing; 0.2: "
+                        "the top 20 %% of experts take ~35 %% of the routings)")
     a = p.parse_args(argv)
     if (a.shape is None) == (a.src is None):
         p.error("give a shape or --from FILE")
     common = dict(seed=a.seed, density=a.density, hot_frac=a.hot_frac, hot_share=a.hot_share)
     if a.shape in MOE_SHAPES:
-        make_moe(a.output, a.shape, TYPES[a.type], seed=a.seed, n_layer=a.layers, share_weights=a.share_weights)
+        make_moe(a.output, a.shape, TYPES[a.type], seed=a.seed, n_layer=a.layers, share_weights=a.share_weights,
+                 router_skew=a.router_skew)
     elif a.src:
         add_predictors(a.src, a.output, rank=a.rank or 64, threshold=a.threshold, **common)
     else:

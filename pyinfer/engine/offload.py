@@ -3,8 +3,8 @@ plan (--vram-budget): per layer its attention, KV cache and predictor, and its h
 on the GPU while the CPU keeps the rest. The split is a view: the rows of each part are slices of the
 mmap'd file, and only the GPU's rows are copied to the device. A file of input sparsity splits by neuron too:
 columns [0, k) of its channel-major gate and up (copied out of the file's rows) and rows [0, k) of ffn_down_t.
-A mixture of experts splits by expert: experts [0, k) of each ffn_*_exps on the GPU, the rest viewed in place,
-each side with its slots (models.moe)."""
+A mixture of experts splits by expert: its k most often routed experts copied to the GPU, the CPU computing the
+rest from the file's tensors, each side with its slots (models.moe)."""
 from __future__ import annotations
 
 import numpy as np
@@ -16,6 +16,7 @@ from pyinfer.engine.placement import (
     INPUT_FFN_MATRICES,
     QKV_PARTS,
     Plan,
+    expert_order,
     fusable_qkv,
 )
 from pyinfer.errors import UnsupportedError
@@ -90,20 +91,28 @@ def _ffn_parts(model, il: int) -> list[str]:
 
 
 def _split_experts(model, il: int, k: int) -> None:
-    """Layer il's experts [0, k) on the GPU (`.gpu`), the rest in host memory (`.cpu`), each with the I32 slots
-    that map an expert to its matrix on that side (-1: the other side's)."""
+    """Layer il's k most often routed experts (placement.expert_order) on the GPU (`.gpu`: their matrices copied
+    out of the file), the rest computed by the CPU from the file's tensors (`.cpu`: all of them, viewed), each side
+    with the I32 slots that map an expert to its matrix there (-1: the other side's)."""
     n_expert = model.config.n_expert
-    for side, (e0, e1) in ((".gpu", (0, k)), (".cpu", (k, n_expert))):
-        for name in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
-            _rows(model, f"blk.{il}.{name}.weight", e0, e1, side)
-        slots = np.full(n_expert, -1, np.int32)
-        slots[e0:e1] = np.arange(e1 - e0, dtype=np.int32)
+    gpu = expert_order(model.file, il)[:k]
+    gpu_slots = np.full(n_expert, -1, np.int32)
+    gpu_slots[gpu] = np.arange(k, dtype=np.int32)
+    cpu_slots = np.where(gpu_slots < 0, np.arange(n_expert, dtype=np.int32), -1).astype(np.int32)
+    for name in EXPERT_MATRICES:
+        info = model.file.tensors[f"blk.{il}.{name}.weight"]
+        rows = np.frombuffer(info.data, np.uint8).reshape(n_expert, -1)
+        for side, data, n in ((".gpu", np.ascontiguousarray(rows[gpu]), k), (".cpu", info.data, n_expert)):
+            t = model.weights_ctx.new_tensor(info.type, (n, *reversed(info.ne[:-1])))
+            t.set_data(data)
+            t.name = f"blk.{il}.{name}{side}.weight"
+            model.weights[t.name] = t
+    for side, slots in ((".gpu", gpu_slots), (".cpu", cpu_slots)):
         t = model.weights_ctx.new_tensor(ggml.I32, (n_expert,))
         t.set_data(slots)
         t.name = f"blk.{il}.ffn_exps_slots{side}"
         model.weights[t.name] = t
-    _to_device(model, [n for n in model.weights if n.startswith(f"blk.{il}.") and n.endswith(".gpu.weight")]
-               + [f"blk.{il}.ffn_exps_slots.gpu"])
+    _to_device(model, [f"blk.{il}.{name}.gpu.weight" for name in EXPERT_MATRICES] + [f"blk.{il}.ffn_exps_slots.gpu"])
 
 
 def offload_layers(model, n_gpu_layers: int, n_cpu_moe: int = 0) -> int:

@@ -424,10 +424,20 @@ def ffn_weight_type(file) -> int:
     return int(info.type)
 
 
+def expert_order(file, il: int) -> np.ndarray:
+    """Layer il's experts, the most often routed first (`pyinfer profile`'s counts; without them, by index): the
+    GPU takes a prefix of this order."""
+    freq = file.expert_freq
+    if freq is None:
+        return np.arange(file.config.n_expert)
+    return np.argsort(-freq[il], kind="stable")
+
+
 def _expert_costs(file, n_ctx: int, kv_bytes_per_value: int, n_batch: int) -> ModelCosts:
-    """A mixture of experts: its units are experts, each on one device whole, expected routings n_used / n_expert
-    a token each (no profile of which experts a stream prefers yet), the GPU's first; the router goes with the
-    attention. Every unit has the same bytes, so placing the most often routed first is optimal for the model."""
+    """A mixture of experts: its units are experts, each on one device whole, weighted by its expected routings a
+    token (`pyinfer profile`'s, else n_used / n_expert each), the most often routed first (expert_order), the
+    router with the attention. Every unit has the same bytes, so placing the most often routed ones first is
+    optimal for the model's cost."""
     cfg, tensors = file.config, file.tensors
 
     def nbytes(name: str) -> int:
@@ -441,7 +451,8 @@ def _expert_costs(file, n_ctx: int, kv_bytes_per_value: int, n_batch: int) -> Mo
         attn = sum(nbytes(p + part + suffix) for part in (*ATTENTION_PARTS, "ffn_gate_inp")
                    for suffix in (".weight", ".bias"))
         expert = math.ceil(sum(nbytes(p + f"ffn_{m}_exps.weight") for m in ("gate", "up", "down")) / cfg.n_expert)
-        freq = np.full(cfg.n_expert, cfg.n_expert_used / cfg.n_expert)
+        freq = (np.full(cfg.n_expert, cfg.n_expert_used / cfg.n_expert) if file.expert_freq is None
+                else file.expert_freq[il][expert_order(file, il)])
         layers.append(LayerCosts(attn_bytes=attn, kv_bytes=kv, pred_bytes=0, neuron_bytes=expert, freq=freq,
                                  sparse=True, group_rows=1, experts=True))
     head = (nbytes("output.weight") or nbytes("token_embd.weight")) + nbytes("output_norm.weight")

@@ -14,6 +14,9 @@ from pyinfer.formats.gguf_reader import GGUFHeader, open_gguf
 from pyinfer.formats.model_config import ModelConfig
 
 
+EXPERT_FREQ_KEY = "pyinfer.experts.freq"  # a mixture's routings per token, layer after layer (pyinfer profile)
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """One tensor: ne in ggml order (ne[0] innermost), data the raw bytes inside the mmap."""
@@ -104,6 +107,18 @@ class GGUFFile:
             raise ModelFormatError(f"{self.path}: pyinfer.ffn_layout says "
                                    f"{self.metadata['pyinfer.ffn_layout']!r} but the tensors are {self.ffn_layout!r}")
         self._check_shapes()
+        freq = self.metadata.get(EXPERT_FREQ_KEY)
+        if freq is not None and len(freq) != self.config.n_layer * self.config.n_expert:
+            raise ModelFormatError(f"{self.path}: {EXPERT_FREQ_KEY} has {len(freq)} values for "
+                                   f"{self.config.n_layer} layers of {self.config.n_expert} experts")
+
+    @property
+    def expert_freq(self) -> np.ndarray | None:
+        """(n_layer, n_expert): how often `pyinfer profile` saw each expert routed a token; None: not profiled."""
+        freq = self.metadata.get(EXPERT_FREQ_KEY)
+        if freq is None:
+            return None
+        return np.asarray(freq, np.float64).reshape(self.config.n_layer, self.config.n_expert)
 
     def _read_tensors(self, header: GGUFHeader) -> dict[str, TensorInfo]:
         """Tensor infos with their bytes; the reader has checked that each lies in the file, in order."""

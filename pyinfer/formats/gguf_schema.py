@@ -226,6 +226,7 @@ KEYS: dict[str, Kind] = {
     "pyinfer.sparsity.thresholds": Array(Float(lo=0.0)),
     "pyinfer.sparsity.input_thresholds": Array(Float(lo=0.0)),  # kind "input": on |x|, gate's and up's input
     "pyinfer.sparsity.target": Float(0.0, 1.0),
+    "pyinfer.experts.freq": Array(Float(lo=0.0)),  # a mixture's routings a token, per layer and expert
 }
 
 # {arch}.NAME, the same for every architecture

@@ -235,6 +235,11 @@ def layer_table(rows: list[dict]) -> str:
 
 
 def _profile(args: argparse.Namespace) -> int:
+    from pyinfer.hub.model_files import resolve_model
+
+    path = resolve_model(args.model)
+    if GGUFFile(path).config.is_moe:
+        return _profile_experts(args, path)
     _, profile, calibration = profile_from_args(args)
     rows, out = [], {}
     for il in tqdm(range(profile.n_layer), desc="statistics", file=sys.stderr, disable=None):
@@ -253,11 +258,32 @@ def _profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _profile_experts(args: argparse.Namespace, path: str) -> int:
+    """A mixture of experts: each layer's routings, a table, and with -o FILE.gguf the model with them stored."""
+    from pyinfer.sparsity.expert_profile import routing_freq, top_share, write_profiled
+
+    if args.output and not args.output.endswith(".gguf"):
+        raise InvalidArgumentError(f"{args.output}: a mixture of experts' profile is written into a copy of the "
+                                   "model: give -o FILE.gguf")
+    chunks, calibration = calibration_chunks(path, args.corpus, args.tokens, args.ctx)
+    freq = routing_freq(path, chunks, args.threads)
+    n_tokens = sum(map(len, chunks))
+    rows = [{"layer": il, "top 20% share": top_share(f), "most routed": float(f.max()), "never routed": int((f == 0).sum())}
+            for il, f in enumerate(freq)]
+    print(f"routings of {n_tokens} tokens ({calibration}): the share the most routed 20 % of experts take")
+    print(layer_table(rows))
+    if args.output:
+        write_profiled(path, args.output, freq)
+        print(f"wrote {args.output} (the same weights; pyinfer places its most routed experts on the GPU first)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pyinfer profile", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_profile_args(p)
-    p.add_argument("-o", "--output", help="also save per-layer counts, masses and thresholds to this .npz")
+    p.add_argument("-o", "--output", help="also save per-layer counts, masses and thresholds to this .npz (a mixture "
+                   "of experts: the model with its experts' routings, FILE.gguf)")
     return run_cli("pyinfer profile", p, _profile, argv)
 
 
