@@ -13,7 +13,6 @@ from pyinfer.errors import ModelFormatError, UnsupportedError
 from pyinfer.formats.gguf_reader import GGUFHeader, open_gguf
 from pyinfer.formats.model_config import ModelConfig
 
-
 EXPERT_FREQ_KEY = "pyinfer.experts.freq"  # a mixture's routings per token, layer after layer (pyinfer profile)
 
 

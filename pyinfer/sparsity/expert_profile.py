@@ -16,7 +16,6 @@ from pyinfer.formats.gguf_file import GGUFFile
 from pyinfer.formats.gguf_writer import OutFile, OutTensor, write_atomically
 
 
-
 def routing_freq(path: str, chunks: list[np.ndarray], n_threads: int | None = None,
                  progress: bool = True) -> np.ndarray:
     """(n_layer, n_expert): how often each expert is chosen a token, over the chunks (each one batch)."""
@@ -42,7 +41,7 @@ def write_profiled(src: str, out: str, freq: np.ndarray) -> None:
     g = GGUFFile(src)
     kv = [item for item in g.typed_metadata() if item[0] not in ("general.architecture", "general.alignment", FREQ_KEY)]
     kv.append((FREQ_KEY, [float(f) for f in freq.ravel()], GGUFValueType.ARRAY, GGUFValueType.FLOAT32))
-    tensors = [OutTensor(info.name, tuple(reversed(info.ne)), GGMLQuantizationType(info.type), lambda info=info: info.data)
-               for info in g.tensors.values()]
+    tensors = [OutTensor(info.name, tuple(reversed(info.ne)), GGMLQuantizationType(info.type),
+                         lambda info=info: info.data) for info in g.tensors.values()]
     write_atomically([OutFile(out, g.config.arch, kv, tensors)])
 

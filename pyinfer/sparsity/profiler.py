@@ -268,8 +268,8 @@ def _profile_experts(args: argparse.Namespace, path: str) -> int:
     chunks, calibration = calibration_chunks(path, args.corpus, args.tokens, args.ctx)
     freq = routing_freq(path, chunks, args.threads)
     n_tokens = sum(map(len, chunks))
-    rows = [{"layer": il, "top 20% share": top_share(f), "most routed": float(f.max()), "never routed": int((f == 0).sum())}
-            for il, f in enumerate(freq)]
+    rows = [{"layer": il, "top 20% share": top_share(f), "most routed": float(f.max()),
+             "never routed": int((f == 0).sum())} for il, f in enumerate(freq)]
     print(f"routings of {n_tokens} tokens ({calibration}): the share the most routed 20 % of experts take")
     print(layer_table(rows))
     if args.output:
