@@ -53,6 +53,8 @@ VARIANTS = {
     "falcon_40b": ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2, "activation": "gelu_pytorch_tanh"}),
     "falcon_relu": ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2, "activation": "relu"}),
 }
+MOE_VARIANTS = ("qwen3moe", "mixtral", "olmoe")  # mixtures of experts: no neurons to reorder or predict
+DENSE_VARIANTS = tuple(v for v in VARIANTS if v not in MOE_VARIANTS)
 
 
 @dataclass

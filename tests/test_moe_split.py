@@ -163,3 +163,23 @@ def test_profile_counts_the_routers_choices_and_orders_the_split(moe_file, tmp_p
         gpu = split.weights[f"blk.{il}.ffn_exps_slots.gpu"].raw().view(np.int32)
         assert gpu[np.argmax(freq[il])] == 0 and (gpu >= 0).sum() == 1
     _same(split, Model(out, n_ctx=64, kv_type="f32", n_threads=2), TOKENS[:20])
+
+
+def test_llama_cpp_mixture_converts_and_sparsify_refuses(moe_file, tmp_path, capsys):
+    """A mixture of experts as llama.cpp writes it converts to a file that loads (its experts kept as they are:
+    the converter had labelled it down_t and the result did not load), and sparsify says in one line that it does
+    not make experts sparse (it had named the broken conversion instead)."""
+    from pyinfer.sparsity import sparsify
+
+    path = moe_file("mixtral")
+    out = str(tmp_path / "power.gguf")
+    assert conv.main([path, "-o", out]) == 0
+    assert GGUFFile(out).ffn_layout == "down"
+    np.testing.assert_allclose(Model(out, n_ctx=32, kv_type="f32").logits(TOKENS[:9]),
+                               Model(path, n_ctx=32, kv_type="f32").logits(TOKENS[:9]), rtol=0, atol=0)
+    capsys.readouterr()
+    for method in ("predictors", "input"):
+        assert sparsify.main([path, "--method", method, "-o", str(tmp_path / "s.gguf"), "--eval-tokens", "0"]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "mixture of experts" in err[0]
+    assert not (tmp_path / "s.gguf").exists()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hf_tiny import VARIANTS, build
+from hf_tiny import DENSE_VARIANTS, MOE_VARIANTS, build
 from reference import reference_logits
 
 import pyinfer.converters.convert_hf_to_powergguf as conv
 from pyinfer.engine.driver import Model
+from pyinfer.errors import UnsupportedError
 from pyinfer.formats.gguf_file import GGUFFile
 from pyinfer.sparsity.reorder import hot_first_order, reorder_file
 
@@ -19,7 +20,17 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", MOE_VARIANTS)
+def test_a_mixture_of_experts_is_refused_in_one_line(tmp_path, variant):
+    build(variant, str(tmp_path / "hf"))
+    src = str(tmp_path / "m.gguf")
+    assert conv.main([str(tmp_path / "hf"), "-o", src, "--outtype", "f32"]) == 0
+    with pytest.raises(UnsupportedError, match="no neurons to reorder"):
+        reorder_file(src, str(tmp_path / "r.gguf"), [np.arange(48)] * 2)
+    assert not (tmp_path / "r.gguf").exists()
+
+
+@pytest.mark.parametrize("variant", DENSE_VARIANTS)
 def test_reorder_keeps_logits(tmp_path, variant):
     build(variant, str(tmp_path / "hf"))
     src, out = str(tmp_path / "m.gguf"), str(tmp_path / "r.gguf")

@@ -578,8 +578,9 @@ def _plan_gguf(path: str, out_path: str, dense_path: str | None,
         else:
             name = info.name.replace("ffn_down.", "ffn_down_t.")
             power.append(OutTensor(name, shape, Q(info.type), raw(info.name)))
-    kv = copied + _pyinfer_kv(g.config.ffn_kind)
-    _check_plan(g.config.arch, kv, power, "down_t", path)
+    layout = "down" if g.config.is_moe else "down_t"  # experts stay as llama.cpp stores them
+    kv = copied + _pyinfer_kv(g.config.ffn_kind, layout)
+    _check_plan(g.config.arch, kv, power, layout, path)
     outputs = [OutFile(out_path, g.config.arch, kv, power)]
     if dense_path is not None:
         outputs.append(OutFile(dense_path, g.config.arch, copied, dense))

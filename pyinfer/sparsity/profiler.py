@@ -20,7 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from pyinfer.console import run_cli
-from pyinfer.errors import InvalidArgumentError
+from pyinfer.errors import InvalidArgumentError, UnsupportedError
 from pyinfer.formats.gguf_file import GGUFFile
 from pyinfer.hub.pull import cache_dir
 
@@ -176,8 +176,13 @@ def stats_of(a: np.ndarray, sparsity: float, kind: str) -> LayerStats:
 
 
 def ensure_powergguf(path: str) -> str:
-    """`path` if it is a PowerGGUF, else its PowerGGUF conversion (made once, kept in the cache)."""
-    if GGUFFile(path).ffn_layout == "down_t":
+    """`path` if it is a PowerGGUF, else its PowerGGUF conversion (made once, kept in the cache); a mixture of
+    experts is refused: its neurons are not sparsified yet (its experts are placed by `pyinfer profile`)."""
+    g = GGUFFile(path)
+    if g.config.is_moe:
+        raise UnsupportedError(f"{path}: a mixture of experts ({g.config.arch}): its neurons are not made sparse yet; "
+                               "`pyinfer profile -o FILE.gguf` records its experts' routings for the placement")
+    if g.ffn_layout == "down_t":
         return path
     from pyinfer.converters.convert_hf_to_powergguf import convert
 

@@ -10,7 +10,7 @@ import re
 import numpy as np
 from gguf import GGUFValueType
 
-from pyinfer.errors import InvalidArgumentError, ModelFormatError
+from pyinfer.errors import InvalidArgumentError, ModelFormatError, UnsupportedError
 from pyinfer.formats.gguf_file import GGUFFile
 from pyinfer.formats.gguf_writer import OutFile, OutTensor, Q, write_atomically
 
@@ -34,6 +34,9 @@ def _layer_of(name: str) -> int | None:
 def reordered_tensors(g: GGUFFile, perms: list[np.ndarray]) -> list[OutTensor]:
     """Every tensor of g (except old predictor / frequency tensors) with neuron rows in order perms[il]."""
     cfg = g.config
+    if cfg.is_moe:
+        raise UnsupportedError(f"{g.path}: a mixture of experts has no neurons to reorder (its experts are placed "
+                               "by their routings: pyinfer profile)")
     if g.ffn_layout != "down_t":
         raise ModelFormatError(f"{g.path}: reordering needs a PowerGGUF (ffn_down_t); convert it first")
     if len(perms) != cfg.n_layer:

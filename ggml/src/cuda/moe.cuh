@@ -1,0 +1,43 @@
+// moe.cuh: what the mixture-of-experts kernels share: the op's parameters as the kernels see them, an expert's
+// slot, and the batch path (moe_gemm.cu) that moe.cu's moe_ffn hands prompts to.
+#pragma once
+#include "rowdot.cuh"
+
+#define MOE_WARPS 4       // warps per block; warp w takes rows w, w + MOE_WARPS, ... of the block's
+#define MOE_ROWS 8        // rows per block: many blocks, so one token's few experts fill the GPU
+#define MOE_MAX_K 64      // experts per token the kernels take
+
+struct moe_params {
+    const uint8_t *wg, *wu, *wd;     // gate, up [d, n_ff, n_local], down [n_ff, d, n_local]
+    int64_t g_nb1, g_nb2, d_nb1, d_nb2;
+    int64_t d, n_ff, n_expert, k, m, n_local;
+    const float *x;                  // [d, m]
+    const int8_t *xq;                // x as Q8_1 (quantized gate/up)
+    const float2 *xds;
+    const int32_t *ids;              // [k, m]
+    const float *logits;             // [n_expert, m]
+    const int32_t *slots;            // [n_expert] or NULL
+    float *act;                      // [n_ff, k m]
+    const int8_t *aq;                // act as Q8_1 (quantized down)
+    const float2 *ads;
+    float *part;                     // [d, k m] each pair's weighted down output
+    float *wts;                      // [k m] each pair's routing weight
+    float *y;                        // [d, m]
+    int kind;                        // GGML_OP_SILU or GGML_OP_GELU
+    bool norm;
+};
+
+static __device__ __forceinline__ int32_t moe_slot(const moe_params &p, int64_t pair) {
+    const int32_t e = p.ids[pair];
+    if (e < 0 || e >= p.n_expert) return -1; // (top_k never writes one; a kernel cannot fail the step)
+    return p.slots ? p.slots[e] : e;
+}
+
+
+template <int TYPE>
+constexpr bool moe_float = TYPE == GGML_TYPE_F32 || TYPE == GGML_TYPE_F16 || TYPE == GGML_TYPE_BF16;
+
+// a batch's experts as grouped GEMMs: pairs sorted by expert on the device, each expert's rows read once per
+// tile of its pairs; act and part as the GEMV kernels leave them. Scratch: moe_gemm_wsize bytes at wdata.
+size_t moe_gemm_wsize(int64_t n_local, int64_t pairs);
+int moe_gemm(const moe_params &p, enum ggml_type gate_type, enum ggml_type down_type, void *wdata, cudaStream_t st);
