@@ -112,7 +112,7 @@ def moe_case(draw):
     n_ff = blk * draw(st.integers(1, 2)) if blk > 1 else draw(st.integers(1, 40))
     n_expert = draw(st.integers(1, 9))
     k = draw(st.integers(1, n_expert))
-    m = draw(st.sampled_from([1, 1, 2, 5, 17]))
+    m = draw(st.sampled_from([1, 1, 2, 5, 17, 40]))  # past 8 tokens the GPU's grouped GEMMs, past 32 two tiles
     routing = draw(st.sampled_from(["random", "one expert", "ties"]))
     held = draw(st.sampled_from(["all", "some", "none"]))
     return gate_type, down_type, d, n_ff, n_expert, k, m, routing, held, draw(st.booleans()), draw(
@@ -154,6 +154,8 @@ def test_moe_ffn_matches_float64(backend, case):
     # converts both to the type's vec_dot_type, which the reference follows)
     tols = {ggml.F32: 1e-5, ggml.F16: 2e-3, ggml.BF16: 1e-2}
     tol = max(tols.get(t, 1e-2 if backend == "cpu" else 3e-2) for t in (gate_type, down_type))
+    if backend == "cuda" and m > 8:  # the grouped GEMMs take their inputs (x, act) in F16
+        tol = max(tol, 4e-3)
     np.testing.assert_allclose(got.reshape(m, d), want, rtol=0, atol=1e-5 + tol * bound.max())
 
 
