@@ -183,3 +183,31 @@ def test_llama_cpp_mixture_converts_and_sparsify_refuses(moe_file, tmp_path, cap
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "mixture of experts" in err[0]
     assert not (tmp_path / "s.gguf").exists()
+
+
+@pytest.fixture
+def moe_streamed_on_cpu(host_only, monkeypatch):
+    """Prompt batches build the streamed graph (host experts in chunks of 3) but run it on the CPU: what the GPU
+    computes there, chunk by chunk."""
+    from pyinfer.models import moe
+
+    class CpuGraph(ggml.Graph):
+        def __init__(self, ctx, outputs, backend="cpu", stream_min_cols=0):
+            super().__init__(ctx, outputs, backend)
+
+    monkeypatch.setattr(moe, "STREAM_EXPERTS", 3)
+    monkeypatch.setattr("pyinfer.engine.driver.ggml.Graph", CpuGraph)
+    monkeypatch.setattr(Model, "pin_host_weights", lambda self: None)
+
+
+@pytest.mark.parametrize("variant", ["qwen3moe", "olmoe"])
+@pytest.mark.parametrize("placed", [dict(plan=split_plan((1, 3))), dict(plan=split_plan((0, 2))),
+                                    dict(n_gpu_layers=99, n_cpu_moe=1)])
+def test_streamed_prompt_equals_the_whole_model(moe_file, moe_streamed_on_cpu, variant, placed):
+    """A prompt of >= 32 tokens computes a layer's host experts in chunks (on the GPU, streamed), each chunk over
+    the experts of its own that the side holds, and the GPU's experts as they are."""
+    path = moe_file(variant)
+    whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2)
+    model = Model(path, n_ctx=64, kv_type="f32", n_threads=2, **placed)
+    assert model.streams_prompts
+    np.testing.assert_allclose(model.logits(TOKENS), whole.logits(TOKENS), rtol=1e-5, atol=1e-5)

@@ -220,7 +220,7 @@ int ggml_graph_n_nodes(const struct ggml_cgraph *g);
 struct ggml_tensor *ggml_graph_node(const struct ggml_cgraph *g, int i);
 // moves every leaf the graph reads to `backend` (before planning): the whole graph then runs there
 int ggml_graph_to_backend(struct ggml_cgraph *g, enum ggml_backend backend);
-// (before planning) weight ops of at least min_cols columns run on the GPU whatever their weight's place:
+// (before planning) weight ops (moe_ffn included) of at least min_cols columns run on the GPU whatever their weight's place:
 // weights in host memory are copied in just before their reader, into graph memory that later weights
 // reuse (prompt batches, where the GPU's speed pays for the copy; host memory registered with
 // ggml_cuda_host_register copies fastest); 0 turns it off

@@ -170,8 +170,10 @@ static enum ggml_backend node_backend(const struct ggml_cgraph *g, const struct 
     case GGML_OP_AXPY_ROWS:
         if (g->stream_min_cols > 0 && t->src[1]->ne[1] >= g->stream_min_cols) return GGML_BACKEND_CUDA;
         return ggml_get_backend(t->src[0]);
+    case GGML_OP_MOE_FFN: // a prompt's host experts are streamed in like a matrix's rows
+        if (g->stream_min_cols > 0 && t->src[3]->ne[1] >= g->stream_min_cols) return GGML_BACKEND_CUDA;
+        return ggml_get_backend(t->src[0]);
     case GGML_OP_SPARSE_FFN:
-    case GGML_OP_MOE_FFN:
     case GGML_OP_GET_ROWS: return ggml_get_backend(t->src[0]);
     case GGML_OP_ATTENTION: return ggml_get_backend(t->src[1]);
     default:

@@ -281,7 +281,8 @@ class Model:
         """Some layer's weights live on the GPU and some in host memory (what prompt streaming helps)."""
         if not self.n_gpu_layers:
             return False
-        names = [f"blk.{il}.{part}.weight" for il in range(self.config.n_layer) for part in ("ffn_up", "attn_q")]
+        names = [f"blk.{il}.{part}.weight" for il in range(self.config.n_layer)
+                 for part in ("ffn_up", "ffn_up_exps", "attn_q")]
         return any(il in self.hot_rows for il in range(self.config.n_layer)) or any(
             not self.weights[n].on_device for n in names if n in self.weights)
 

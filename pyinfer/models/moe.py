@@ -5,9 +5,12 @@ summed (ggml's top_k and moe_ffn). A layer whose experts are split between the d
 
 from __future__ import annotations
 
+import numpy as np
+
 from pyinfer.native import ggml
 
 SIDES = (".gpu", ".cpu")
+STREAM_EXPERTS = 16  # a prompt batch copies a layer's host experts to the GPU this many at a time
 
 
 def moe_ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
@@ -22,8 +25,32 @@ def moe_ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
     sides = [s for s in SIDES if b.has(p + "ffn_gate_exps" + s)] or [""]
     y = None
     for side in sides:
+        mats = [b.w(p + f"ffn_{m}_exps" + side) for m in ("gate", "up", "down")]
         slots = b.get(p + "ffn_exps_slots" + side)
-        part = ctx.moe_ffn(b.w(p + "ffn_gate_exps" + side), b.w(p + "ffn_up_exps" + side),
-                           b.w(p + "ffn_down_exps" + side), h, ids, logits, slots, cfg.ffn_kind, cfg.expert_norm)
-        y = part if y is None else ctx.add(y, part)
+        if b.stream and not mats[0].on_device:
+            parts = _streamed(b, mats, slots, h, ids, logits)
+        else:
+            parts = [ctx.moe_ffn(*mats, h, ids, logits, slots, cfg.ffn_kind, cfg.expert_norm)]
+        for part in parts:
+            y = part if y is None else ctx.add(y, part)
     return y
+
+
+def _streamed(b, mats: list[ggml.Tensor], slots: ggml.Tensor | None, h, ids, logits) -> list[ggml.Tensor]:
+    """A prompt batch's host experts on the GPU, STREAM_EXPERTS at a time (each chunk's matrices copied in just
+    before it runs, into memory the next chunk reuses), each chunk with the slots of its own experts."""
+    cfg, ctx = b.cfg, b.ctx
+    n_local = mats[0].ne[2]
+    held = slots.numpy().astype(np.int64) if slots is not None else np.arange(cfg.n_expert)
+    parts = []
+    for c0 in range(0, n_local, STREAM_EXPERTS):
+        c1 = min(n_local, c0 + STREAM_EXPERTS)
+        if not ((held >= c0) & (held < c1)).any():
+            continue  # no expert of this chunk is this side's
+        chunk = []
+        for w in mats:
+            expert = w.nbytes // n_local  # bytes of one expert's matrix
+            chunk.append(ctx.view(w, (c1 - c0, w.ne[1], w.ne[0]), (expert, expert // w.ne[1], 1), offset=c0 * expert))
+        local = np.where((held >= c0) & (held < c1), held - c0, -1).astype(np.int32)
+        parts.append(ctx.moe_ffn(*chunk, h, ids, logits, ctx.tensor_from_numpy(local), cfg.ffn_kind, cfg.expert_norm))
+    return parts
