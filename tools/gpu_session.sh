@@ -65,10 +65,28 @@ input_table_bg() {  # [PYTEST ARGS...]: issue 27's hybrid rows in the background
         touch \$OUT/ALL.done" _ "$@" > "$W/table.log" 2>&1 < /dev/null &
 }
 
-moe_bg() {  # NAME SHAPE TYPE LAYERS: a synthetic mixture of experts (one file both engines run), $W/NAME.gguf
-    local name=$1 shape=$2 type=$3 layers=$4
-    setsid bash -c "python3 -m tools.make_synthetic_model $shape --type $type --layers $layers --share-weights \
+moe_bg() {  # NAME SHAPE TYPE LAYERS [FLAGS...]: a synthetic mixture of experts (one file both engines run),
+    # $W/NAME.gguf (flags: --router-skew S)
+    local name=$1 shape=$2 type=$3 layers=$4; shift 4
+    setsid bash -c "python3 -m tools.make_synthetic_model $shape --type $type --layers $layers --share-weights $* \
         -o $W/$name.gguf && touch $W/$name.done" > "$W/$name.log" 2>&1 < /dev/null &
+}
+
+moe_rounds() {  # [ROUNDS]: issue 28's rows, ours and llama.cpp alternating on $W/moe12 (even routing), $W/moe12s
+    # (skewed) and its profiled copy $W/moe12s-prof: whole on the GPU, and a third of the bytes (ours by budget,
+    # llama.cpp's -ngl 99 -ncmoe 9 and 10); ours with llama.cpp's -ncmoe 9 too
+    local lb=$W/llama-src/build/bin/llama-bench a="-p 512 -n 64 -r 2"
+    ours() { python3 -m pyinfer bench "$@" $a 2>&1 | grep -E "pp512|tg64|rror" | sed "s|^|ours $* |"; }
+    theirs() { "$lb" "$@" $a 2>&1 | grep -E "pp512|tg64|rror" | sed "s|^|llama.cpp $* |"; }
+    for r in $(seq "${1:-2}"); do
+        echo "round $r"
+        ours -m $W/moe12.gguf -ngl 99; theirs -m $W/moe12.gguf -ngl 99
+        ours -m $W/moe12.gguf --vram-budget 1524MB --machine h100
+        theirs -m $W/moe12.gguf -ngl 99 -ncmoe 9; theirs -m $W/moe12.gguf -ngl 99 -ncmoe 10
+        ours -m $W/moe12s-prof.gguf --vram-budget 1524MB --machine h100
+        theirs -m $W/moe12s.gguf -ngl 99 -ncmoe 9; theirs -m $W/moe12s.gguf -ngl 99 -ncmoe 10
+        ours -m $W/moe12.gguf -ngl 99 -ncmoe 9
+    done 2>&1 | tee "$OUT/moe-rounds.md"
 }
 
 moe_sanitize() {  # the MoE kernels' tests under compute-sanitizer memcheck and racecheck
