@@ -264,11 +264,13 @@ def make_moe(path: str, shape: str, qtype: Q, *, seed: int = 0, n_layer: int | N
         b = f"blk.{il}."
         tensors += [ones(b + "attn_norm.weight"), mat(b + "attn_q.weight", (q_dim, d), d**-0.5),
                     mat(b + "attn_k.weight", (kv_dim, d), d**-0.5), mat(b + "attn_v.weight", (kv_dim, d), d**-0.5),
-                    mat(b + "attn_output.weight", (d, q_dim), q_dim**-0.5), ones(b + "ffn_norm.weight"),
+                    # attention and experts add a tenth of the residual: with random weights their outputs share a
+                    # direction across tokens that would otherwise route every token to the same experts
+                    mat(b + "attn_output.weight", (d, q_dim), 0.1 * q_dim**-0.5), ones(b + "ffn_norm.weight"),
                     router(b + "ffn_gate_inp.weight"),
                     mat(b + "ffn_gate_exps.weight", (n_expert, n_ff, d), d**-0.5),
                     mat(b + "ffn_up_exps.weight", (n_expert, n_ff, d), d**-0.5),
-                    mat(b + "ffn_down_exps.weight", (n_expert, d, n_ff), n_ff**-0.5)]
+                    mat(b + "ffn_down_exps.weight", (n_expert, d, n_ff), 0.1 * n_ff**-0.5)]
         if arch == "qwen3moe":
             tensors += [ones(b + "attn_q_norm.weight", head_dim), ones(b + "attn_k_norm.weight", head_dim)]
     write_atomically([OutFile(path, arch, kv, tensors)])
