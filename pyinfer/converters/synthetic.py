@@ -35,6 +35,7 @@ SHAPES = {
 MOE_SHAPES = {
     "qwen3-30b-a3b": ("qwen3moe", 2048, 48, 32, 4, 128, 151936, 128, 8, 768),
     "mixtral-8x7b": ("llama", 4096, 32, 32, 8, 128, 32000, 8, 2, 14336),
+    "tiny-moe": ("qwen3moe", 256, 3, 4, 2, 64, 512, 32, 4, 128),  # tests
 }
 TYPES = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0}
 RELU_VAR = 0.5 - 1.0 / (2.0 * math.pi)  # variance of relu(N(0, 1))
@@ -111,10 +112,14 @@ def random_weight(rng: np.random.Generator, qtype: Q, shape: tuple[int, int], st
     """Bytes of a (rows, k) matrix of random values of about `std`; Q4_0/Q8_0 blocks drawn directly."""
     rows, k = shape
     if qtype in (Q.Q4_0, Q.Q8_0):
-        block, size, q_std = (32, 18, 4.61) if qtype == Q.Q4_0 else (32, 34, 73.6)  # std of the quants
+        block, size, q_std = (32, 18, 4.32) if qtype == Q.Q4_0 else (32, 34, 73.6)  # std of the quants
         raw = rng.integers(0, 256, size=(rows * k // block, size), dtype=np.uint8)
         if qtype == Q.Q8_0:
             raw[:, 2:][raw[:, 2:] == 128] = 129  # int8 -128 would skew the symmetric range
+        else:  # nibbles 1..15 (levels -7..7): 0..15 would give every matrix a mean of -d/2, a direction that every
+            # product shares (it routed every token of a mixture to the same experts past its first layer)
+            lo, hi = (rng.integers(1, 16, size=raw[:, 2:].shape, dtype=np.uint8) for _ in range(2))
+            raw[:, 2:] = lo | hi << 4
         raw[:, :2] = np.frombuffer(np.float16(std / q_std).tobytes(), dtype=np.uint8)
         return raw.reshape(rows, -1)
     values = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
@@ -264,13 +269,11 @@ def make_moe(path: str, shape: str, qtype: Q, *, seed: int = 0, n_layer: int | N
         b = f"blk.{il}."
         tensors += [ones(b + "attn_norm.weight"), mat(b + "attn_q.weight", (q_dim, d), d**-0.5),
                     mat(b + "attn_k.weight", (kv_dim, d), d**-0.5), mat(b + "attn_v.weight", (kv_dim, d), d**-0.5),
-                    # attention and experts add a tenth of the residual: with random weights their outputs share a
-                    # direction across tokens that would otherwise route every token to the same experts
-                    mat(b + "attn_output.weight", (d, q_dim), 0.1 * q_dim**-0.5), ones(b + "ffn_norm.weight"),
+                    mat(b + "attn_output.weight", (d, q_dim), q_dim**-0.5), ones(b + "ffn_norm.weight"),
                     router(b + "ffn_gate_inp.weight"),
                     mat(b + "ffn_gate_exps.weight", (n_expert, n_ff, d), d**-0.5),
                     mat(b + "ffn_up_exps.weight", (n_expert, n_ff, d), d**-0.5),
-                    mat(b + "ffn_down_exps.weight", (n_expert, d, n_ff), 0.1 * n_ff**-0.5)]
+                    mat(b + "ffn_down_exps.weight", (n_expert, d, n_ff), n_ff**-0.5)]
         if arch == "qwen3moe":
             tensors += [ones(b + "attn_q_norm.weight", head_dim), ones(b + "attn_k_norm.weight", head_dim)]
     write_atomically([OutFile(path, arch, kv, tensors)])

@@ -1,0 +1,35 @@
+"""The synthetic models' random weights: zero-mean matrices of the asked spread, and mixtures whose routers spread
+a stream's tokens over the experts in every layer (a shared mean direction had sent every token to the same
+experts past the first layer), more unevenly with a router skew."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pyinfer.converters import synthetic
+from pyinfer.native import ggml
+from pyinfer.sparsity.expert_profile import routing_freq, top_share
+
+
+@pytest.mark.parametrize("qtype", [synthetic.Q.Q4_0, synthetic.Q.Q8_0, synthetic.Q.F16])
+def test_random_matrices_have_zero_mean_and_the_asked_spread(qtype):
+    raw = synthetic.random_weight(np.random.default_rng(3), qtype, (256, 512), 0.05)
+    w = ggml.dequantize(int(qtype), np.ascontiguousarray(raw).view(np.uint8).reshape(-1), 256 * 512).astype(np.float64)
+    assert abs(w.mean()) < 0.01 * w.std()
+    assert w.std() == pytest.approx(0.05, rel=0.05)
+
+
+def test_synthetic_mixture_routes_tokens_to_many_experts_in_every_layer(tmp_path):
+    rng = np.random.default_rng(1)
+    chunks = [rng.integers(300, 512, 64).astype(np.int32) for _ in range(4)]
+    shares = {}
+    for skew in (0.0, 1.0):
+        path = str(tmp_path / f"moe{skew}.gguf")
+        synthetic.make_moe(path, "tiny-moe", synthetic.Q.Q4_0, router_skew=skew)
+        freq = routing_freq(path, chunks, progress=False)  # (3 layers, 32 experts)
+        np.testing.assert_allclose(freq.sum(axis=1), 4.0)
+        if skew == 0.0:
+            assert ((freq > 0).sum(axis=1) >= 24).all()  # of 32 experts, over 256 tokens
+            assert (freq.max(axis=1) < 0.6).all()
+        shares[skew] = np.mean([top_share(f) for f in freq])
+    assert shares[1.0] > shares[0.0] + 0.1
