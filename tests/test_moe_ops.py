@@ -95,6 +95,19 @@ def test_top_k_matches_a_stable_sort(backend, n, m, n_threads, seed):
     np.testing.assert_array_equal(got.reshape(m, k), top_k_reference(a, k))
 
 
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=needs_gpu)])
+@pytest.mark.parametrize("n", [512, 700])  # the GPU's warp per row up to 512 values, its thread per row past
+def test_top_k_of_long_rows(backend, n):
+    rng = np.random.default_rng(n)
+    a = rng.normal(size=(5, n)).astype(np.float32)
+    a[:, ::7] = 2.5  # ties among the largest
+    a[1, 3] = np.nan
+    ctx = ggml.Context(1 << 20)
+    out = ctx.top_k(tensor(ctx, a), 20)
+    (got,) = compute(ctx, [out], 2) if backend == "cpu" else compute_on_gpu(ctx, [out])
+    np.testing.assert_array_equal(got.reshape(5, 20), top_k_reference(np.nan_to_num(a, nan=-np.inf), 20))
+
+
 def test_top_k_rejects_k_outside_the_row():
     ctx = ggml.Context(1 << 20)
     a = tensor(ctx, np.zeros((2, 4), np.float32))

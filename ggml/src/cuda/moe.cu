@@ -112,7 +112,41 @@ __global__ void moe_sum_kernel(moe_params p) {
     }
 }
 
-// --- TOP_K: a thread per column, insertion into a sorted list (k <= MOE_MAX_K) ---
+// --- TOP_K: a warp per column (n <= TOP_K_WARP_MAX): k rounds of a warp-wide arg-max over the values not yet
+// taken (a taken value becomes NaN in shared memory; the input's NaNs enter as -inf); longer rows: a thread per
+// column, insertion into a sorted list. Both: largest first, ties to the lower index ---
+#define TOP_K_WARP_MAX 512
+
+__global__ void __launch_bounds__(128) top_k_warp_kernel(const float *a, int64_t n, int64_t a_ld, int k, int64_t m,
+                                                         int32_t *out) {
+    __shared__ float s_v[4][TOP_K_WARP_MAX];
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t j = (int64_t)blockIdx.x * 4 + w;
+    if (j >= m) return; // warp-uniform
+    float *v = s_v[w];
+    for (int64_t i = lane; i < n; i += 32) {
+        const float x = a[j * a_ld + i];
+        v[i] = isnan(x) ? -INFINITY : x;
+    }
+    __syncwarp();
+    for (int s = 0; s < k; s++) {
+        float best = NAN;
+        int at = INT_MAX;
+        for (int64_t i = lane; i < n; i += 32) // a lane's own values ascend: the first best keeps the lower index
+            if (!isnan(v[i]) && (isnan(best) || v[i] > best)) best = v[i], at = (int)i;
+        for (int off = 16; off > 0; off >>= 1) {
+            const float ob = __shfl_xor_sync(0xffffffffu, best, off);
+            const int oa = __shfl_xor_sync(0xffffffffu, at, off);
+            if (!isnan(ob) && (isnan(best) || ob > best || (ob == best && oa < at))) best = ob, at = oa;
+        }
+        if (lane == 0) {
+            out[j * k + s] = at;
+            v[at] = NAN;
+        }
+        __syncwarp();
+    }
+}
+
 __global__ void top_k_kernel(const float *a, int64_t n, int64_t a_ld, int k, int64_t m, int32_t *out) {
     const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= m) return;
@@ -138,11 +172,18 @@ __global__ void top_k_kernel(const float *a, int64_t n, int64_t a_ld, int k, int
 int cuda_op_top_k(struct ggml_tensor *dst, cudaStream_t st) {
     const struct ggml_tensor *a = dst->src[0];
     const int k = dst->op_params[0];
-    if (k > MOE_MAX_K) return ggml_set_error(GGML_STATUS_UNSUPPORTED, "top_k on the GPU takes k <= %d, not %d", MOE_MAX_K, k);
-    const int64_t m = a->ne[1];
+    const int64_t m = a->ne[1], n = a->ne[0], ld = (int64_t)(a->nb[1] / sizeof(float));
     if (m == 0) return GGML_STATUS_OK;
-    top_k_kernel<<<(unsigned)((m + 127) / 128), 128, 0, st>>>((const float *)a->data, a->ne[0],
-                                                             (int64_t)(a->nb[1] / sizeof(float)), k, m, (int32_t *)dst->data);
+    if (n <= TOP_K_WARP_MAX) {
+        top_k_warp_kernel<<<(unsigned)((m + 3) / 4), 128, 0, st>>>((const float *)a->data, n, ld, k, m,
+                                                                   (int32_t *)dst->data);
+    } else {
+        if (k > MOE_MAX_K)
+            return ggml_set_error(GGML_STATUS_UNSUPPORTED, "top_k on the GPU takes k <= %d of rows over %d, not %d",
+                                  MOE_MAX_K, TOP_K_WARP_MAX, k);
+        top_k_kernel<<<(unsigned)((m + 127) / 128), 128, 0, st>>>((const float *)a->data, n, ld, k, m,
+                                                                 (int32_t *)dst->data);
+    }
     return cuda_launch_status("top_k");
 }
 
