@@ -89,6 +89,26 @@ moe_rounds() {  # [ROUNDS]: issue 28's rows, ours and llama.cpp alternating on $
     done 2>&1 | tee "$OUT/moe-rounds.md"
 }
 
+moe_final() {  # one short call: the MoE op tests and sanitizer, synthetic even and skewed (profiled) files, ours
+    # whole on the GPU while llama.cpp builds, then one round of the third's rows against llama.cpp; all in $OUT
+    setup > "$OUT/setup.log" 2>&1; build > "$OUT/build.log" 2>&1; llama_bg
+    moe_bg moe12 qwen3-30b-a3b q4_0 12; moe_bg moe12s qwen3-30b-a3b q4_0 12 --router-skew 0.2
+    python3 -m pytest -q -p no:cacheprovider tests/test_moe_ops.py 2>&1 | tail -2 | tee "$OUT/moe-tests.log"
+    moe_sanitize
+    wait_for $W/moe12s.done 200 && wait_for $W/moe12.done 60
+    python3 -m pyinfer profile $W/moe12s.gguf --corpus .carry/calib.txt --tokens 1024 --ctx 256 -o $W/moe12s-prof.gguf \
+        > "$OUT/profile.log" 2>&1
+    local lb=$W/llama-src/build/bin/llama-bench a="-p 512 -n 64 -r 2"
+    ours() { python3 -m pyinfer bench "$@" $a 2>&1 | grep -E "pp512|tg64|rror" | sed "s|^|ours $* |" | tee -a "$OUT/moe-final.md"; }
+    theirs() { "$lb" "$@" $a 2>&1 | grep -E "pp512|tg64|rror" | sed "s|^|llama.cpp $* |" | tee -a "$OUT/moe-final.md"; }
+    ours -m $W/moe12.gguf -ngl 99
+    wait_for "$lb" 400 || return 1
+    theirs -m $W/moe12.gguf -ngl 99
+    theirs -m $W/moe12.gguf -ngl 99 -ncmoe 9; ours -m $W/moe12.gguf --vram-budget 1524MB --machine h100
+    theirs -m $W/moe12s.gguf -ngl 99 -ncmoe 9; ours -m $W/moe12s-prof.gguf --vram-budget 1524MB --machine h100
+    ours -m $W/moe12.gguf -ngl 99 -ncmoe 9
+}
+
 moe_sanitize() {  # the MoE kernels' tests under compute-sanitizer memcheck and racecheck
     for tool in memcheck racecheck; do
         echo "$tool: $(compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
