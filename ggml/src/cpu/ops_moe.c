@@ -4,7 +4,8 @@
 // vec_dot_type, ids checked (every thread, identically), thread 0 sorts the pairs by expert and computes their
 // weights; barrier. Phase 2: chunks of an expert's gate and up rows, first come, first served: act(gate x) * up x
 // per pair; barrier. Phase 3: the activations converted to down's vec_dot_type; barrier. Phase 4: chunks of the
-// output rows: each expert's down rows dotted with its pairs' activations, weighted, summed per token.
+// output rows: each expert's down rows dotted with its pairs' activations, weighted, summed per token. An expert's
+// pairs go 4 at a time through the type's 4 x 4 gemm tiles where it has them (a prompt's).
 #include "ops_kernels.h"
 
 #include <string.h>
@@ -55,10 +56,10 @@ struct moe_pairs {
 };
 
 struct moe_layout { // scratch offsets in wdata
-    size_t xq, pairs, act, actq, end;
+    size_t xq, pairs, act, actq, tiles, tile_bytes, end;
 };
 
-static struct moe_layout moe_layout_of(const struct ggml_tensor *dst) {
+static struct moe_layout moe_layout_of(const struct ggml_tensor *dst, int n_threads) {
     const struct ggml_tensor *gate = dst->src[0], *down = dst->src[2], *x = dst->src[3], *ids = dst->src[4];
     const int64_t n_pairs = ggml_nelements(ids), n_local = gate->ne[2], n_ff = gate->ne[1];
     const enum ggml_type vdt = ggml_get_type_traits(down->type)->vec_dot_type;
@@ -67,13 +68,16 @@ static struct moe_layout moe_layout_of(const struct ggml_tensor *dst) {
     l.pairs = l.xq + ggml_cpu_xcols_wsize(gate, x);
     l.act = l.pairs + ggml_cpu_align_up(sizeof(int32_t) * (size_t)(n_local + 1 + 2 * n_pairs));
     l.actq = l.act + ggml_cpu_align_up(sizeof(float) * (size_t)(n_pairs * n_ff));
-    l.end = l.actq + (vdt == GGML_TYPE_F32 ? 0 : ggml_cpu_align_up((size_t)n_pairs * ggml_row_size(vdt, n_ff)));
+    l.tiles = l.actq + (vdt == GGML_TYPE_F32 ? 0 : ggml_cpu_align_up((size_t)n_pairs * ggml_row_size(vdt, n_ff)));
+    // per thread: GGML_GEMM_TILE_COLS tokens' x gathered for gate's and up's gemm tiles
+    const enum ggml_type xdt = ggml_get_type_traits(gate->type)->vec_dot_type;
+    l.tile_bytes = ggml_cpu_align_up(GGML_GEMM_TILE_COLS * ggml_row_size(xdt, x->ne[0]));
+    l.end = l.tiles + (size_t)n_threads * l.tile_bytes;
     return l;
 }
 
 size_t ggml_cpu_moe_ffn_wsize(const struct ggml_tensor *dst, int n_threads) {
-    (void)n_threads;
-    return moe_layout_of(dst).end;
+    return moe_layout_of(dst, n_threads).end;
 }
 
 static struct moe_pairs moe_pairs_at(void *wdata, const struct moe_layout *l, int64_t n_local, int64_t n_pairs) {
@@ -126,6 +130,14 @@ static void moe_sort_pairs(const struct ggml_tensor *dst, struct moe_pairs *mp) 
     mp->first[0] = 0;
 }
 
+#define TILE_R GGML_GEMM_TILE_ROWS
+#define TILE_C GGML_GEMM_TILE_COLS
+
+// token j's output row
+static inline float *moe_out(struct ggml_tensor *dst, int32_t j) {
+    return (float *)((char *)dst->data + j * (int64_t)dst->nb[1]);
+}
+
 static inline float moe_act(enum ggml_ffn_kind kind, float g, float u) {
     return (kind == GGML_FFN_SWIGLU ? ggml_silu_f32(g) : ggml_gelu_f32(g)) * u;
 }
@@ -148,7 +160,7 @@ int ggml_cpu_op_moe_ffn(const struct ggml_compute_params *p, struct ggml_tensor 
                 return ggml_set_error(GGML_STATUS_INVALID_ARG, "moe_ffn: expert %lld's slot %d outside [-1, %lld)",
                                       (long long)e, s, (long long)n_local);
         }
-    const struct moe_layout l = moe_layout_of(dst);
+    const struct moe_layout l = moe_layout_of(dst, p->nth);
     struct moe_pairs mp = moe_pairs_at(p->wdata, &l, n_local, n_pairs);
     struct ggml_cpu_xcols xc;
     int st = ggml_cpu_xcols_prepare(p, gate, x, &xc);
@@ -165,18 +177,42 @@ int ggml_cpu_op_moe_ffn(const struct ggml_compute_params *p, struct ggml_tensor 
     float *act = (float *)((char *)p->wdata + l.act);
     const int64_t chunks = (n_ff + MOE_ROWS - 1) / MOE_ROWS;
     int64_t u0, u1;
+    char *xt = (char *)p->wdata + l.tiles + (size_t)p->ith * l.tile_bytes; // this thread's gathered x
     while (ggml_next_chunk(p->chunk_next, n_active * chunks, 1, &u0, &u1)) {
         const int32_t e = active[u0 / chunks];
         const int64_t r0 = u0 % chunks * MOE_ROWS, r1 = r0 + MOE_ROWS < n_ff ? r0 + MOE_ROWS : n_ff;
+        const size_t nb1 = gate->nb[1];
         const char *wg = (const char *)gate->data + e * (int64_t)gate->nb[2];
         const char *wu = (const char *)up->data + e * (int64_t)up->nb[2];
+        int32_t q = mp.first[e];
+        // the expert's pairs 4 at a time through 4 x 4 tiles (their x gathered side by side), the rest one by one
+        for (; tw->gemm_tile && q + TILE_C <= mp.first[e + 1]; q += TILE_C) {
+            for (int c = 0; c < TILE_C; c++)
+                memcpy(xt + c * xc.stride, xc.base + (size_t)mp.token[q + c] * xc.stride, xc.stride);
+            int64_t r = r0;
+            for (; r + TILE_R <= r1; r += TILE_R) {
+                float g[TILE_C * TILE_R], u[TILE_C * TILE_R];
+                tw->gemm_tile(d, g, TILE_R, wg + r * (int64_t)nb1, nb1, xt, xc.stride);
+                tw->gemm_tile(d, u, TILE_R, wu + r * (int64_t)nb1, nb1, xt, xc.stride);
+                for (int c = 0; c < TILE_C; c++)
+                    for (int i = 0; i < TILE_R; i++)
+                        act[(q + c) * n_ff + r + i] = moe_act(kind, g[c * TILE_R + i], u[c * TILE_R + i]);
+            }
+            for (; r < r1; r++)
+                for (int c = 0; c < TILE_C; c++) {
+                    float g, u;
+                    tw->vec_dot(d, &g, wg + r * (int64_t)nb1, xt + c * xc.stride);
+                    tw->vec_dot(d, &u, wu + r * (int64_t)nb1, xt + c * xc.stride);
+                    act[(q + c) * n_ff + r] = moe_act(kind, g, u);
+                }
+        }
         for (int64_t r = r0; r < r1; r++)
-            for (int32_t q = mp.first[e]; q < mp.first[e + 1]; q++) {
-                const char *xj = xc.base + (size_t)mp.token[q] * xc.stride;
+            for (int32_t qq = q; qq < mp.first[e + 1]; qq++) {
+                const char *xj = xc.base + (size_t)mp.token[qq] * xc.stride;
                 float g, u;
-                tw->vec_dot(d, &g, wg + r * (int64_t)gate->nb[1], xj);
-                tw->vec_dot(d, &u, wu + r * (int64_t)up->nb[1], xj);
-                act[q * n_ff + r] = moe_act(kind, g, u);
+                tw->vec_dot(d, &g, wg + r * (int64_t)nb1, xj);
+                tw->vec_dot(d, &u, wu + r * (int64_t)nb1, xj);
+                act[qq * n_ff + r] = moe_act(kind, g, u);
             }
     }
     ggml_barrier(p->tp);
@@ -205,12 +241,30 @@ int ggml_cpu_op_moe_ffn(const struct ggml_compute_params *p, struct ggml_tensor 
                    sizeof(float) * (size_t)(r1 - r0));
         for (int64_t a = 0; a < n_active; a++) {
             const int32_t e = active[a];
+            const size_t nb1 = down->nb[1];
             const char *wd = (const char *)down->data + e * (int64_t)down->nb[2];
+            int32_t q = mp.first[e];
+            for (; td->gemm_tile && q + TILE_C <= mp.first[e + 1]; q += TILE_C) { // the act rows lie side by side
+                int64_t r = r0;
+                for (; r + TILE_R <= r1; r += TILE_R) {
+                    float v[TILE_C * TILE_R];
+                    td->gemm_tile(n_ff, v, TILE_R, wd + r * (int64_t)nb1, nb1, aq + (size_t)q * aq_row, aq_row);
+                    for (int c = 0; c < TILE_C; c++)
+                        for (int i = 0; i < TILE_R; i++)
+                            moe_out(dst, mp.token[q + c])[r + i] += mp.weight[q + c] * v[c * TILE_R + i];
+                }
+                for (; r < r1; r++)
+                    for (int c = 0; c < TILE_C; c++) {
+                        float v;
+                        td->vec_dot(n_ff, &v, wd + r * (int64_t)nb1, aq + (size_t)(q + c) * aq_row);
+                        moe_out(dst, mp.token[q + c])[r] += mp.weight[q + c] * v;
+                    }
+            }
             for (int64_t r = r0; r < r1; r++)
-                for (int32_t q = mp.first[e]; q < mp.first[e + 1]; q++) {
+                for (int32_t qq = q; qq < mp.first[e + 1]; qq++) {
                     float v;
-                    td->vec_dot(n_ff, &v, wd + r * (int64_t)down->nb[1], aq + (size_t)q * aq_row);
-                    ((float *)((char *)dst->data + mp.token[q] * (int64_t)dst->nb[1]))[r] += mp.weight[q] * v;
+                    td->vec_dot(n_ff, &v, wd + r * (int64_t)nb1, aq + (size_t)qq * aq_row);
+                    moe_out(dst, mp.token[qq])[r] += mp.weight[qq] * v;
                 }
         }
     }
