@@ -47,13 +47,16 @@ VARIANTS = {
                               "norm_topk_prob": True}),
     "mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
     "olmoe": ("olmoe", {"num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": False}),
+    "qwen3moe_top1": ("qwen3moe", {"num_experts": 4, "num_experts_per_tok": 1, "moe_intermediate_size": 48,
+                                   "norm_topk_prob": True}),  # one expert a token: its weight is 1
     # Falcon-7B's layout (multi-query, one LayerNorm, exact GELU) and Falcon-40B's (grouped KV, two, GELU's tanh
     # form); ReLU-Falcon
     "falcon_7b": ("falcon", {"multi_query": True, "new_decoder_architecture": False, "activation": "gelu"}),
     "falcon_40b": ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2, "activation": "gelu_pytorch_tanh"}),
     "falcon_relu": ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2, "activation": "relu"}),
 }
-MOE_VARIANTS = ("qwen3moe", "mixtral", "olmoe")  # mixtures of experts: no neurons to reorder or predict
+# mixtures of experts: no neurons to reorder or predict
+MOE_VARIANTS = ("qwen3moe", "mixtral", "olmoe", "qwen3moe_top1")
 DENSE_VARIANTS = tuple(v for v in VARIANTS if v not in MOE_VARIANTS)
 
 

@@ -211,3 +211,29 @@ def test_streamed_prompt_equals_the_whole_model(moe_file, moe_streamed_on_cpu, v
     model = Model(path, n_ctx=64, kv_type="f32", n_threads=2, **placed)
     assert model.streams_prompts
     np.testing.assert_allclose(model.logits(TOKENS), whole.logits(TOKENS), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("key,value,words", [
+    ("qwen3moe.expert_count", 5, "ffn_gate_inp.weight has shape"),
+    ("qwen3moe.expert_used_count", 5, "expert_used_count 5 is not in"),
+    ("qwen3moe.expert_feed_forward_length", 40, "ffn_gate_exps.weight has shape"),
+    ("qwen3moe.expert_gating_func", 2, "expert_gating_func 2 is not supported"),
+])
+def test_expert_metadata_that_disagrees_is_one_line(moe_file, tmp_path, key, value, words):
+    """Expert counts and sizes that disagree with the tensors, or a gating the engine lacks, fail in one line when the
+    file is opened (no tensor is read, nothing is allocated)."""
+    from gguf import GGMLQuantizationType, GGUFValueType
+
+    from pyinfer.errors import ModelFormatError, UnsupportedError
+    from pyinfer.formats.gguf_writer import OutFile, OutTensor, write_atomically
+
+    g = GGUFFile(moe_file("qwen3moe"))
+    kv = [item for item in g.typed_metadata() if item[0] not in ("general.architecture", "general.alignment", key)]
+    kv.append((key, value, GGUFValueType.UINT32, None))
+    tensors = [OutTensor(i.name, tuple(reversed(i.ne)), GGMLQuantizationType(i.type), lambda i=i: i.data)
+               for i in g.tensors.values()]
+    bad = str(tmp_path / "bad.gguf")
+    write_atomically([OutFile(bad, "qwen3moe", kv, tensors)])
+    with pytest.raises((ModelFormatError, UnsupportedError), match=words) as err:
+        GGUFFile(bad)
+    assert "\n" not in str(err.value)
