@@ -114,6 +114,8 @@ def test_top_k_rejects_k_outside_the_row():
     for k in (0, 5):
         with pytest.raises(InvalidArgumentError, match="top_k"):
             ctx.top_k(a, k)
+    with pytest.raises(InvalidArgumentError, match="outside \\[1, 64\\]"):  # GGML_TOP_K_MAX, whatever the row
+        ctx.top_k(tensor(ctx, np.zeros((2, 100), np.float32)), 65)
 
 
 @st.composite
@@ -212,7 +214,17 @@ def test_moe_ffn_rejects_bad_shapes_and_ids():
         ctx.moe_ffn(g, g, down, x, ids, ctx.new_tensor(ggml.F32, (2, n_expert + 1)), None, "swiglu", True)
     with pytest.raises(InvalidArgumentError, match="kind"):
         ctx.moe_ffn(g, g, down, x, ids, logits, None, "relu", True)
+    with pytest.raises(InvalidArgumentError, match="ids must be"):  # ids of more than two dimensions
+        ctx.moe_ffn(g, g, down, x, ctx.new_tensor(ggml.I32, (2, 2, 2)), logits, None, "swiglu", True)
     out = ctx.moe_ffn(g, g, down, x, ids, logits, None, "swiglu", True)
     graph = ggml.Graph(ctx, [out]).plan()
     with pytest.raises(InvalidArgumentError, match="expert id 9"):
         graph.compute(ggml.ThreadPool(2))
+
+
+def test_the_kernel_bench_reads_the_tensor_struct_as_built():
+    """tools.bench_cuda_kernels declares struct ggml_tensor to cffi: it had kept GGML_MAX_SRC at 6 when it became 8,
+    so every field after src[] was read at the wrong offset."""
+    from tools.bench_cuda_kernels import _tensor_struct
+
+    assert f"src[{lib.GGML_MAX_SRC}]" in _tensor_struct()

@@ -237,3 +237,23 @@ def test_expert_metadata_that_disagrees_is_one_line(moe_file, tmp_path, key, val
     with pytest.raises((ModelFormatError, UnsupportedError), match=words) as err:
         GGUFFile(bad)
     assert "\n" not in str(err.value)
+
+
+def test_qwen3moe_without_norm_topk_prob_reads_as_transformers(tmp_path):
+    """config.json without norm_topk_prob: transformers' Qwen3-MoE then weighs the chosen experts by their softmax
+    over all experts (the converter had assumed llama.cpp's renormalised weights)."""
+    import json
+
+    oracle = build("qwen3moe", str(tmp_path / "hf"))
+    config_path = tmp_path / "hf" / "config.json"
+    config = json.loads(config_path.read_text())
+    del config["norm_topk_prob"]
+    config_path.write_text(json.dumps(config))
+    for layer in oracle.model.model.layers:
+        layer.mlp.gate.norm_topk_prob = False
+    out = str(tmp_path / "m.gguf")
+    assert conv.main([str(tmp_path / "hf"), "-o", out, "--outtype", "f32"]) == 0
+    assert GGUFFile(out).config.expert_norm is False
+    want = oracle.logits(TOKENS[:9])
+    np.testing.assert_allclose(Model(out, n_ctx=32, kv_type="f32").logits(TOKENS[:9]), want, rtol=0,
+                               atol=1e-4 * np.abs(want).max())

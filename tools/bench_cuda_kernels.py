@@ -49,8 +49,9 @@ def _tensor_struct() -> str:
     """struct ggml_tensor as ggml-impl.h declares it, in cffi's dialect (kept in sync by reading it)."""
     text = (ROOT / "ggml" / "src" / "ggml-impl.h").read_text()
     body = re.search(r"struct ggml_tensor \{.*?\n\};", text, re.S).group(0)
-    for name, value in (("GGML_MAX_DIMS", 4), ("GGML_MAX_SRC", 6), ("GGML_MAX_OP_PARAMS", 8), ("GGML_MAX_NAME", 64)):
-        body = body.replace(name, str(value))
+    header = (ROOT / "ggml" / "include" / "ggml.h").read_text() + text  # the sizes' #defines, read, not copied
+    for name in ("GGML_MAX_DIMS", "GGML_MAX_SRC", "GGML_MAX_OP_PARAMS", "GGML_MAX_NAME"):
+        body = body.replace(name, re.search(rf"#define {name} (\d+)", header).group(1))
     body = re.sub(r"enum ggml_\w+ ", "int ", body)
     return re.sub(r"struct ggml_context \*", "void *", body)
 

@@ -15,6 +15,7 @@ extern "C" {
 #define GGML_MAX_DIMS 4
 #define GGML_MAX_SRC 8
 #define GGML_MAX_OP_PARAMS 8
+#define GGML_TOP_K_MAX 64 // experts a token may be routed to
 
 // Type ids are GGUF's, so a tensor's type in a file maps directly.
 enum ggml_type {
@@ -202,12 +203,13 @@ enum ggml_ffn_kind { GGML_FFN_RELU, GGML_FFN_REGLU, GGML_FFN_DRELU, GGML_FFN_SWI
 struct ggml_tensor *ggml_sparse_ffn(struct ggml_context *ctx, struct ggml_tensor *bundle, struct ggml_tensor *x, struct ggml_tensor *sel, enum ggml_ffn_kind kind, float threshold);
 
 // mixtures of experts. top_k: a [n, m] F32 -> [k, m] I32, the indices of each column's k largest values,
-// largest first, ties to the lower index (a router's choice of experts)
+// largest first, ties to the lower index (a router's choice of experts); k <= GGML_TOP_K_MAX
 struct ggml_tensor *ggml_top_k(struct ggml_context *ctx, struct ggml_tensor *a, int k);
 // gate, up: [d, n_ff, n_local] and down: [n_ff, d, n_local], one matrix per expert (llama.cpp's ffn_*_exps);
-// x: [d, m] F32; ids: [k, m] I32 the experts each token is routed to (top_k of the router's logits);
+// x: [d, m] F32; ids: [k, m] I32 the k distinct experts each token is routed to (top_k of the router's logits);
 // logits: [n_expert, m] F32 the router's logits; slots: NULL (n_local == n_expert: expert e is matrix e) or
-// I32 [n_expert], expert e's matrix or -1 where this op does not hold it (a device's share of the experts).
+// I32 [n_expert], expert e's matrix or -1 where this op does not hold it (a device's share of the experts; no two
+// experts share a matrix).
 // -> [d, m] F32: sum over the token's experts e this op holds of weight_e * down_e(act(gate_e x) * up_e x),
 // weight_e = exp(logit_e) / Z, Z summed over the k chosen experts (norm: the weights of the k add up to 1,
 // Mixtral and Qwen3-MoE) or over all experts (OLMoE). kind: SWIGLU or GEGLU.

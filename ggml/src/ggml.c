@@ -631,7 +631,8 @@ struct ggml_tensor *ggml_sparse_ffn(struct ggml_context *ctx, struct ggml_tensor
 struct ggml_tensor *ggml_top_k(struct ggml_context *ctx, struct ggml_tensor *a, int k) {
     CHECK_ARG(a, "null tensor");
     CHECK_ARG(a->type == GGML_TYPE_F32 && ggml_n_dims(a) <= 2 && ggml_is_contiguous(a), "top_k takes an F32 matrix");
-    CHECK_ARG(k >= 1 && k <= a->ne[0], "top_k: k = %d outside [1, %lld]", k, (long long)a->ne[0]);
+    CHECK_ARG(k >= 1 && k <= a->ne[0] && k <= GGML_TOP_K_MAX, "top_k: k = %d outside [1, %lld]", k,
+              (long long)(a->ne[0] < GGML_TOP_K_MAX ? a->ne[0] : GGML_TOP_K_MAX));
     struct ggml_tensor *t = op_new(ctx, GGML_OP_TOP_K, GGML_TYPE_I32, 2, (int64_t[]){k, a->ne[1]}, a, NULL, NULL, NULL);
     if (t) t->op_params[0] = k;
     return t;
@@ -662,10 +663,13 @@ struct ggml_tensor *ggml_moe_ffn(struct ggml_context *ctx, struct ggml_tensor *g
     if (!err) err = check_experts(down, n_ff, d, n_local);
     CHECK_ARG(!err, "moe_ffn: %s", err);
     CHECK_ARG(gate->type == up->type, "moe_ffn: gate and up differ in type");
-    CHECK_ARG(ids->type == GGML_TYPE_I32 && ggml_is_contiguous(ids) && ids->ne[1] == m && ids->ne[0] <= n_expert,
-              "moe_ffn: ids must be I32 [k <= n_expert, m]");
-    CHECK_ARG(logits->type == GGML_TYPE_F32 && ggml_is_contiguous(logits) && logits->ne[1] == m,
-              "moe_ffn: logits must be F32 [n_expert, m]");
+    CHECK_ARG(n_local >= 1, "moe_ffn: no expert matrices");
+    CHECK_ARG(ids->type == GGML_TYPE_I32 && ggml_is_contiguous(ids) && ggml_n_dims(ids) <= 2 && ids->ne[1] == m &&
+              ids->ne[0] <= n_expert && ids->ne[0] <= GGML_TOP_K_MAX, "moe_ffn: ids must be I32 [k <= n_expert, m]");
+    CHECK_ARG(ids->ne[0] * m <= INT32_MAX, "moe_ffn: %lld pairs of token and expert exceed the int32 lists",
+              (long long)(ids->ne[0] * m));
+    CHECK_ARG(logits->type == GGML_TYPE_F32 && ggml_is_contiguous(logits) && ggml_n_dims(logits) <= 2 &&
+              logits->ne[1] == m, "moe_ffn: logits must be F32 [n_expert, m]");
     if (slots)
         CHECK_ARG(slots->type == GGML_TYPE_I32 && ggml_nelements(slots) == n_expert && ggml_is_contiguous(slots),
                   "moe_ffn: slots must be I32 [n_expert]");

@@ -33,7 +33,7 @@ from pyinfer.converters.hf_vocab import KV, read_json, vocab_metadata
 from pyinfer.converters.safetensors_source import SafetensorsSource
 from pyinfer.errors import ModelFormatError, UnsupportedError
 from pyinfer.formats import gguf_schema
-from pyinfer.formats.gguf_file import GGUFFile, expected_tensor_shapes
+from pyinfer.formats.gguf_file import EXPERT_FREQ_KEY, GGUFFile, expected_tensor_shapes
 from pyinfer.formats.gguf_writer import (
     FLOAT_TYPES,
     QUANTIZABLE,
@@ -192,8 +192,9 @@ def _experts(config: dict[str, Any], arch: str) -> dict[str, Any]:
         raise UnsupportedError("clip_qkv is not supported")
     return {"n_expert": int(n_expert), "n_expert_used": int(_need(config, "num_experts_per_tok")),
             "n_ff_exp": int(config.get("moe_intermediate_size") or _need(config, "intermediate_size")),
-            # Mixtral always normalises; Qwen3-MoE and OLMoE say so (transformers' defaults: true / false)
-            "expert_norm": arch == "llama" or bool(config.get("norm_topk_prob", arch == "qwen3moe"))}
+            # Mixtral always normalises; Qwen3-MoE and OLMoE say so, false when absent as transformers reads them
+            # (llama.cpp's qwen3moe always normalises: the file's expert_weights_norm key says which applies)
+            "expert_norm": arch == "llama" or bool(config.get("norm_topk_prob", False))}
 
 
 def _falcon(config: dict[str, Any]) -> dict[str, Any]:
@@ -559,7 +560,8 @@ def _plan_gguf(path: str, out_path: str, dense_path: str | None,
         raise UnsupportedError("--dense-gguf: llama.cpp has no OPT architecture, so no dense GGUF can be written")
     notes: list[str] = []
     skip = ("general.architecture", "general.alignment")
-    copied = [kv for kv in g.typed_metadata() if kv[0] not in skip and not kv[0].startswith("pyinfer.")]
+    copied = [kv for kv in g.typed_metadata() if kv[0] not in skip
+              and (not kv[0].startswith("pyinfer.") or kv[0] == EXPERT_FREQ_KEY)]  # a profile stays
 
     def raw(name: str) -> Callable[[], np.ndarray]:
         return lambda: g.tensors[name].data

@@ -434,6 +434,18 @@ def expert_order(file, il: int) -> np.ndarray:
     return np.argsort(-freq[il], kind="stable")
 
 
+def moe_scratch_bytes(cfg, n_batch: int) -> int:
+    """A GPU moe_ffn's scratch for a batch (ggml/src/cuda/moe.cu's moe_scratch_of, in the same order): x as Q8_1,
+    the pairs' activations in F32 and as Q8_1, their weighted down outputs, their weights, the batch's sort lists
+    (each part rounded up to 256 bytes)."""
+    def a(n: float) -> int:
+        return -(-int(math.ceil(n)) // 256) * 256
+
+    pairs, d, f = n_batch * cfg.n_expert_used, cfg.n_embd, cfg.n_ff_exp
+    return (a(1.25 * n_batch * d) + a(4 * pairs * f) + a(1.25 * pairs * f) + a(4 * pairs * d) + a(4 * pairs)
+            + a(4 * (cfg.n_expert + 1)) + a(4 * cfg.n_expert) + a(4 * pairs))
+
+
 def _expert_costs(file, n_ctx: int, kv_bytes_per_value: int, n_batch: int) -> ModelCosts:
     """A mixture of experts: its units are experts, each on one device whole, weighted by its expected routings a
     token (`pyinfer profile`'s, else n_used / n_expert each), the most often routed first (expert_order), the
@@ -460,8 +472,7 @@ def _expert_costs(file, n_ctx: int, kv_bytes_per_value: int, n_batch: int) -> Mo
     # a prompt batch streams a layer's host experts to the GPU, STREAM_EXPERTS at a time
     largest = max(max(nbytes(f"blk.{il}.{part}.weight") for part in ATTENTION_PARTS) for il in range(cfg.n_layer))
     largest = max(largest, STREAM_EXPERTS * max(layer.neuron_bytes for layer in layers))
-    # a GPU moe_ffn's scratch: the batch's pairs' activations in F32 and in Q8_1
-    scratch = 6 * n_batch * cfg.n_expert_used * cfg.n_ff_exp
+    scratch = moe_scratch_bytes(cfg, n_batch)
     return ModelCosts(layers, head_bytes=head, reserve_bytes=reserve_bytes(cfg, n_batch, largest) + scratch,
                       n_ctx=n_ctx, type_name=GGMLQuantizationType(ffn_weight_type(file)).name.lower())
 

@@ -11,6 +11,7 @@ from gguf import GGMLQuantizationType, GGUFValueType
 from tqdm import tqdm
 
 from pyinfer.engine.driver import Model
+from pyinfer.errors import InvalidArgumentError
 from pyinfer.formats.gguf_file import EXPERT_FREQ_KEY as FREQ_KEY
 from pyinfer.formats.gguf_file import GGUFFile
 from pyinfer.formats.gguf_writer import OutFile, OutTensor, write_atomically
@@ -19,6 +20,8 @@ from pyinfer.formats.gguf_writer import OutFile, OutTensor, write_atomically
 def routing_freq(path: str, chunks: list[np.ndarray], n_threads: int | None = None,
                  progress: bool = True) -> np.ndarray:
     """(n_layer, n_expert): how often each expert is chosen a token, over the chunks (each one batch)."""
+    if not chunks or not all(len(c) for c in chunks):
+        raise InvalidArgumentError("no calibration text to count the experts' routings on")
     longest = max(len(c) for c in chunks)
     model = Model(path, n_ctx=longest, n_batch=longest, n_threads=n_threads)
     cfg = model.config

@@ -6,7 +6,7 @@
 //  - the activations quantized to Q8_1 where down is quantized;
 //  - down: block (row group, pair): a warp per row: the pair's routing weight (a warp per token computed them
 //    first: softmax over the token's k or all logits) * down_e[row] . act into the pair's part;
-//  - sum: each token's held parts added in slot order (deterministic, no atomics). A token's 8 experts give 8x
+//  - sum: each token's held parts added in rank order (deterministic, no atomics). A token's 8 experts give 8x
 //    the blocks a block per token would, which one decoded token needs to fill the GPU.
 // Prompts (more than GEMV_MAX_COLS tokens) take moe_gemm.cu's grouped GEMMs for up and down instead.
 // Scratch: [x as Q8_1][act: (pairs, n_ff) floats][act as Q8_1][parts: (pairs, d) floats][weights][the batch's].
@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32) moe_down_kernel(moe_params p) 
     }
 }
 
-// y[j][r] = the sum of the parts of the token's held experts, in slot order (deterministic, no atomics)
+// y[j][r] = the sum of the parts of the token's held experts, in rank order (deterministic, no atomics)
 __global__ void moe_sum_kernel(moe_params p) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < p.d * p.m; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t j = i / p.d, r = i % p.d;
@@ -150,8 +150,8 @@ __global__ void __launch_bounds__(128) top_k_warp_kernel(const float *a, int64_t
 __global__ void top_k_kernel(const float *a, int64_t n, int64_t a_ld, int k, int64_t m, int32_t *out) {
     const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= m) return;
-    float best[MOE_MAX_K];
-    int32_t idx[MOE_MAX_K];
+    float best[GGML_TOP_K_MAX];
+    int32_t idx[GGML_TOP_K_MAX];
     int have = 0;
     for (int64_t i = 0; i < n; i++) {
         float x = a[j * a_ld + i];
@@ -178,9 +178,6 @@ int cuda_op_top_k(struct ggml_tensor *dst, cudaStream_t st) {
         top_k_warp_kernel<<<(unsigned)((m + 3) / 4), 128, 0, st>>>((const float *)a->data, n, ld, k, m,
                                                                    (int32_t *)dst->data);
     } else {
-        if (k > MOE_MAX_K)
-            return ggml_set_error(GGML_STATUS_UNSUPPORTED, "top_k on the GPU takes k <= %d of rows over %d, not %d",
-                                  MOE_MAX_K, TOP_K_WARP_MAX, k);
         top_k_kernel<<<(unsigned)((m + 127) / 128), 128, 0, st>>>((const float *)a->data, n, ld, k, m,
                                                                  (int32_t *)dst->data);
     }
@@ -254,8 +251,6 @@ int cuda_op_moe_ffn(struct ggml_tensor *dst, void *wdata, cudaStream_t st) {
     if (!cuda_type_is_weight(gate->type) || !cuda_type_is_weight(down->type))
         return ggml_set_error(GGML_STATUS_UNSUPPORTED, "moe_ffn on the GPU cannot read %s experts",
                               ggml_type_name(cuda_type_is_weight(gate->type) ? down->type : gate->type));
-    if (ids->ne[0] > MOE_MAX_K)
-        return ggml_set_error(GGML_STATUS_UNSUPPORTED, "moe_ffn on the GPU takes at most %d experts a token", MOE_MAX_K);
     const moe_scratch sc = moe_scratch_of(dst);
     char *w = (char *)wdata;
     moe_params p = {};

@@ -5,7 +5,6 @@
 
 #define MOE_WARPS 4       // warps per block; warp w takes rows w, w + MOE_WARPS, ... of the block's
 #define MOE_ROWS 8        // rows per block: many blocks, so one token's few experts fill the GPU
-#define MOE_MAX_K 64      // experts per token the kernels take
 
 struct moe_params {
     const uint8_t *wg, *wu, *wd;     // gate, up [d, n_ff, n_local], down [n_ff, d, n_local]
@@ -30,7 +29,8 @@ struct moe_params {
 static __device__ __forceinline__ int32_t moe_slot(const moe_params &p, int64_t pair) {
     const int32_t e = p.ids[pair];
     if (e < 0 || e >= p.n_expert) return -1; // (top_k never writes one; a kernel cannot fail the step)
-    return p.slots ? p.slots[e] : e;
+    const int32_t s = p.slots ? p.slots[e] : e;
+    return s < p.n_local ? s : -1;
 }
 
 

@@ -5,7 +5,7 @@
 // pairs' inputs rounded to F16 beside them, and WMMA multiplies with F32 accumulators. Each expert's rows are
 // read once per tile of its pairs instead of once per pair. Up: gate and up tiles together, act(gate) * up into
 // act; down: act's rows in, the pair's routing weight times the result into part. Blocks past an expert's
-// pairs return at once (the grid has room for every pair going to one expert).
+// pairs return at once (the grid has room for every token going to one expert: a token's experts are distinct).
 #include <mma.h>
 
 #include "moe.cuh"
@@ -136,6 +136,7 @@ struct moe_gemm_launch {
 };
 
 int moe_gemm(const moe_params &p, enum ggml_type gate_type, enum ggml_type down_type, void *wdata, cudaStream_t st) {
+    if (p.n_local > 65535) return ggml_set_error(GGML_STATUS_UNSUPPORTED, "moe_ffn: more than 65535 experts");
     const moe_sort s = moe_sort_at(wdata, p.n_local);
     int rc;
     if ((rc = cuda_status(cudaMemsetAsync(wdata, 0, moe_gemm_wsize(p.n_local, 0), st), "moe_ffn sort"))) return rc;
@@ -145,7 +146,6 @@ int moe_gemm(const moe_params &p, enum ggml_type gate_type, enum ggml_type down_
     moe_scan_kernel<<<1, 1, 0, st>>>(p.n_local, s);
     moe_scatter_kernel<<<nb, 256, 0, st>>>(p, s);
     if ((rc = cuda_launch_status("moe_ffn sort"))) return rc;
-    if (p.n_local > 65535) return ggml_set_error(GGML_STATUS_UNSUPPORTED, "moe_ffn: more than 65535 experts");
     const unsigned tiles = (unsigned)((p.m + GT_COLS - 1) / GT_COLS); // an expert takes each token at most once
     const dim3 up_grid((unsigned)((p.n_ff + GT_ROWS - 1) / GT_ROWS), (unsigned)p.n_local, tiles);
     with_weight_type(gate_type, moe_gemm_launch<true>{p, s, up_grid, p.wg, p.wu, p.g_nb1, p.g_nb2, p.n_ff, p.d, p.x,
