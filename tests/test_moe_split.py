@@ -257,3 +257,20 @@ def test_qwen3moe_without_norm_topk_prob_reads_as_transformers(tmp_path):
     want = oracle.logits(TOKENS[:9])
     np.testing.assert_allclose(Model(out, n_ctx=32, kv_type="f32").logits(TOKENS[:9]), want, rtol=0,
                                atol=1e-4 * np.abs(want).max())
+
+
+def test_streamed_chunks_cover_only_this_sides_experts(moe_file, moe_streamed_on_cpu, monkeypatch):
+    """With the GPU's experts scattered (a profile's order), a prompt streams runs of the CPU's own experts only,
+    in chunks that skip the GPU's (they had been streamed with their neighbours), and equals the whole model."""
+    from pyinfer.engine import offload
+    from pyinfer.models import moe
+
+    assert moe._chunks(np.array([0, 2, 3, 4, 5, 6, 9]), 3) == [(0, 1), (2, 5), (5, 7), (9, 10)]
+    assert moe._chunks(np.array([], np.int64), 3) == []
+    monkeypatch.setattr(offload, "expert_order", lambda file, il: np.array([1, 3, 0, 2]))
+    path = moe_file("qwen3moe")
+    whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2)
+    model = Model(path, n_ctx=64, kv_type="f32", n_threads=2, plan=split_plan((1, 2)))
+    gpu = [model.weights[f"blk.{il}.ffn_exps_slots.gpu"].raw().view(np.int32) for il in range(2)]
+    assert list(gpu[0]) == [-1, 0, -1, -1] and list(gpu[1]) == [-1, 0, -1, 1]
+    np.testing.assert_allclose(model.logits(TOKENS), whole.logits(TOKENS), rtol=1e-5, atol=1e-5)

@@ -37,16 +37,14 @@ def moe_ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
 
 
 def _streamed(b, mats: list[ggml.Tensor], slots: ggml.Tensor | None, h, ids, logits) -> list[ggml.Tensor]:
-    """A prompt batch's host experts on the GPU, STREAM_EXPERTS at a time (each chunk's matrices copied in just
+    """A prompt batch's host experts on the GPU: each run of consecutive matrices this side holds (a profiled
+    split leaves gaps where the GPU's experts sit), STREAM_EXPERTS at a time (each chunk's matrices copied in just
     before it runs, into memory the next chunk reuses), each chunk with the slots of its own experts."""
     cfg, ctx = b.cfg, b.ctx
     n_local = mats[0].ne[2]
     held = slots.numpy().astype(np.int64) if slots is not None else np.arange(cfg.n_expert)
     parts = []
-    for c0 in range(0, n_local, STREAM_EXPERTS):
-        c1 = min(n_local, c0 + STREAM_EXPERTS)
-        if not ((held >= c0) & (held < c1)).any():
-            continue  # no expert of this chunk is this side's
+    for c0, c1 in _chunks(np.unique(held[held >= 0]), STREAM_EXPERTS):
         chunk = []
         for w in mats:
             expert = w.nbytes // n_local  # bytes of one expert's matrix
@@ -54,3 +52,16 @@ def _streamed(b, mats: list[ggml.Tensor], slots: ggml.Tensor | None, h, ids, log
         local = np.where((held >= c0) & (held < c1), held - c0, -1).astype(np.int32)
         parts.append(ctx.moe_ffn(*chunk, h, ids, logits, ctx.tensor_from_numpy(local), cfg.ffn_kind, cfg.expert_norm))
     return parts
+
+
+def _chunks(matrices: np.ndarray, size: int) -> list[tuple[int, int]]:
+    """[c0, c1) ranges covering the sorted matrix indices exactly: their runs of consecutive indices, cut to at
+    most `size` each."""
+    if not len(matrices):
+        return []
+    out = []
+    breaks = np.flatnonzero(np.diff(matrices) != 1) + 1
+    for run in np.split(matrices, breaks):
+        for c0 in range(int(run[0]), int(run[-1]) + 1, size):
+            out.append((c0, min(c0 + size, int(run[-1]) + 1)))
+    return out
