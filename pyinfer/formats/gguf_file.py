@@ -1,6 +1,7 @@
 """Open a GGUF / PowerGGUF file (mmap via gguf-py), validate it, and expose metadata, config and raw tensors."""
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -111,7 +112,7 @@ class GGUFFile:
             raise ModelFormatError(f"{self.path}: {EXPERT_FREQ_KEY} has {len(freq)} values for "
                                    f"{self.config.n_layer} layers of {self.config.n_expert} experts")
 
-    @property
+    @functools.cached_property
     def expert_freq(self) -> np.ndarray | None:
         """(n_layer, n_expert): how often `pyinfer profile` saw each expert routed a token; None: not profiled."""
         freq = self.metadata.get(EXPERT_FREQ_KEY)
