@@ -142,6 +142,34 @@ static inline float moe_act(enum ggml_ffn_kind kind, float g, float u) {
     return (kind == GGML_FFN_SWIGLU ? ggml_silu_f32(g) : ggml_gelu_f32(g)) * u;
 }
 
+// one expert's matrices as a chunk of phase 2 or 4 reads them
+struct moe_rows {
+    const char *w, *w2;  // gate and up (phase 2), or down (w2 NULL)
+    size_t nb1;
+    int64_t k;           // values a row
+    const struct ggml_type_traits *t;
+};
+
+// phase 2, one pair whose x (in vec_dot_type) is at xq: act[r] = act(gate[r] . x) * (up[r] . x), rows [r0, r1)
+static void moe_up_rows(const struct moe_rows *m, enum ggml_ffn_kind kind, const char *xq, float *act, int64_t r0,
+                        int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+        float g, u;
+        m->t->vec_dot(m->k, &g, m->w + r * (int64_t)m->nb1, xq);
+        m->t->vec_dot(m->k, &u, m->w2 + r * (int64_t)m->nb1, xq);
+        act[r] = moe_act(kind, g, u);
+    }
+}
+
+// phase 4, one pair whose activations (in vec_dot_type) are at aq: y[r] += weight * down[r] . act, rows [r0, r1)
+static void moe_down_rows(const struct moe_rows *m, const char *aq, float weight, float *y, int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+        float v;
+        m->t->vec_dot(m->k, &v, m->w + r * (int64_t)m->nb1, aq);
+        y[r] += weight * v;
+    }
+}
+
 int ggml_cpu_op_moe_ffn(const struct ggml_compute_params *p, struct ggml_tensor *dst) {
     const struct ggml_tensor *gate = dst->src[0], *up = dst->src[1], *down = dst->src[2], *x = dst->src[3];
     const struct ggml_tensor *ids = dst->src[4], *slots = dst->src[6];
@@ -181,9 +209,8 @@ int ggml_cpu_op_moe_ffn(const struct ggml_compute_params *p, struct ggml_tensor 
     while (ggml_next_chunk(p->chunk_next, n_active * chunks, 1, &u0, &u1)) {
         const int32_t e = active[u0 / chunks];
         const int64_t r0 = u0 % chunks * MOE_ROWS, r1 = r0 + MOE_ROWS < n_ff ? r0 + MOE_ROWS : n_ff;
-        const size_t nb1 = gate->nb[1];
-        const char *wg = (const char *)gate->data + e * (int64_t)gate->nb[2];
-        const char *wu = (const char *)up->data + e * (int64_t)up->nb[2];
+        const struct moe_rows m = {(const char *)gate->data + e * (int64_t)gate->nb[2],
+                                   (const char *)up->data + e * (int64_t)up->nb[2], gate->nb[1], d, tw};
         int32_t q = mp.first[e];
         // the expert's pairs 4 at a time through 4 x 4 tiles (their x gathered side by side), the rest one by one
         for (; tw->gemm_tile && q + TILE_C <= mp.first[e + 1]; q += TILE_C) {
@@ -192,28 +219,16 @@ int ggml_cpu_op_moe_ffn(const struct ggml_compute_params *p, struct ggml_tensor 
             int64_t r = r0;
             for (; r + TILE_R <= r1; r += TILE_R) {
                 float g[TILE_C * TILE_R], u[TILE_C * TILE_R];
-                tw->gemm_tile(d, g, TILE_R, wg + r * (int64_t)nb1, nb1, xt, xc.stride);
-                tw->gemm_tile(d, u, TILE_R, wu + r * (int64_t)nb1, nb1, xt, xc.stride);
+                tw->gemm_tile(d, g, TILE_R, m.w + r * (int64_t)m.nb1, m.nb1, xt, xc.stride);
+                tw->gemm_tile(d, u, TILE_R, m.w2 + r * (int64_t)m.nb1, m.nb1, xt, xc.stride);
                 for (int c = 0; c < TILE_C; c++)
                     for (int i = 0; i < TILE_R; i++)
                         act[(q + c) * n_ff + r + i] = moe_act(kind, g[c * TILE_R + i], u[c * TILE_R + i]);
             }
-            for (; r < r1; r++)
-                for (int c = 0; c < TILE_C; c++) {
-                    float g, u;
-                    tw->vec_dot(d, &g, wg + r * (int64_t)nb1, xt + c * xc.stride);
-                    tw->vec_dot(d, &u, wu + r * (int64_t)nb1, xt + c * xc.stride);
-                    act[(q + c) * n_ff + r] = moe_act(kind, g, u);
-                }
+            for (int c = 0; c < TILE_C; c++) moe_up_rows(&m, kind, xt + c * xc.stride, act + (q + c) * n_ff, r, r1);
         }
-        for (int64_t r = r0; r < r1; r++)
-            for (int32_t qq = q; qq < mp.first[e + 1]; qq++) {
-                const char *xj = xc.base + (size_t)mp.token[qq] * xc.stride;
-                float g, u;
-                tw->vec_dot(d, &g, wg + r * (int64_t)nb1, xj);
-                tw->vec_dot(d, &u, wu + r * (int64_t)nb1, xj);
-                act[qq * n_ff + r] = moe_act(kind, g, u);
-            }
+        for (; q < mp.first[e + 1]; q++)
+            moe_up_rows(&m, kind, xc.base + (size_t)mp.token[q] * xc.stride, act + q * n_ff, r0, r1);
     }
     ggml_barrier(p->tp);
 
@@ -241,31 +256,23 @@ int ggml_cpu_op_moe_ffn(const struct ggml_compute_params *p, struct ggml_tensor 
                    sizeof(float) * (size_t)(r1 - r0));
         for (int64_t a = 0; a < n_active; a++) {
             const int32_t e = active[a];
-            const size_t nb1 = down->nb[1];
-            const char *wd = (const char *)down->data + e * (int64_t)down->nb[2];
+            const struct moe_rows m = {(const char *)down->data + e * (int64_t)down->nb[2], NULL, down->nb[1], n_ff, td};
             int32_t q = mp.first[e];
             for (; td->gemm_tile && q + TILE_C <= mp.first[e + 1]; q += TILE_C) { // the act rows lie side by side
                 int64_t r = r0;
                 for (; r + TILE_R <= r1; r += TILE_R) {
                     float v[TILE_C * TILE_R];
-                    td->gemm_tile(n_ff, v, TILE_R, wd + r * (int64_t)nb1, nb1, aq + (size_t)q * aq_row, aq_row);
+                    td->gemm_tile(n_ff, v, TILE_R, m.w + r * (int64_t)m.nb1, m.nb1, aq + (size_t)q * aq_row, aq_row);
                     for (int c = 0; c < TILE_C; c++)
                         for (int i = 0; i < TILE_R; i++)
                             moe_out(dst, mp.token[q + c])[r + i] += mp.weight[q + c] * v[c * TILE_R + i];
                 }
-                for (; r < r1; r++)
-                    for (int c = 0; c < TILE_C; c++) {
-                        float v;
-                        td->vec_dot(n_ff, &v, wd + r * (int64_t)nb1, aq + (size_t)(q + c) * aq_row);
-                        moe_out(dst, mp.token[q + c])[r] += mp.weight[q + c] * v;
-                    }
+                for (int c = 0; c < TILE_C; c++)
+                    moe_down_rows(&m, aq + (size_t)(q + c) * aq_row, mp.weight[q + c], moe_out(dst, mp.token[q + c]), r,
+                                  r1);
             }
-            for (int64_t r = r0; r < r1; r++)
-                for (int32_t qq = q; qq < mp.first[e + 1]; qq++) {
-                    float v;
-                    td->vec_dot(n_ff, &v, wd + r * (int64_t)nb1, aq + (size_t)qq * aq_row);
-                    moe_out(dst, mp.token[qq])[r] += mp.weight[qq] * v;
-                }
+            for (; q < mp.first[e + 1]; q++)
+                moe_down_rows(&m, aq + (size_t)q * aq_row, mp.weight[q], moe_out(dst, mp.token[q]), r0, r1);
         }
     }
     return GGML_STATUS_OK;
