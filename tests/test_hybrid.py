@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+from split_harness import decode_steps
 
 import pyinfer.converters.synthetic as syn
 from pyinfer.engine import machine
@@ -47,18 +48,13 @@ def budgets(path: str, n_ctx: int, n_batch: int, sparse: bool) -> list[int]:
     return [int(b) for b in np.linspace(minimum_budget(costs), full, 6)]
 
 
-def _decode(model: Model, tokens) -> np.ndarray:
-    model.reset()
-    return np.stack([model.eval([t]).copy() for t in tokens])
-
-
 @pytest.mark.parametrize("variant", ["llama_relu", "llama_silu", "qwen2", "gemma3", "llama3_rope", "falcon_relu",
                                      "opt"])
 @pytest.mark.parametrize("sparse", [False, True])
 def test_budgets_from_minimum_to_everything_equal_the_cpu(tiny_files, variant, sparse):
     path = tiny_files(variant, sparse)
     cpu = Model(path, n_ctx=64, kv_type="f32", n_batch=32)
-    want_steps, want_batch = _decode(cpu, TOKENS[:8]), cpu.logits(TOKENS)
+    want_steps, want_batch = decode_steps(cpu, TOKENS[:8]), cpu.logits(TOKENS)
     cpu.reset()
     greedy = list(cpu.generate_tokens(TOKENS[:3], 32, SamplerParams(temperature=0), stop_at_eos=False))
     split_seen = False
@@ -66,7 +62,7 @@ def test_budgets_from_minimum_to_everything_equal_the_cpu(tiny_files, variant, s
         _, free_before, _ = ggml.cuda_memory()
         model = Model(path, n_ctx=64, kv_type="f32", n_batch=32, vram_budget=budget, machine=SPLITTY)
         split_seen |= bool(model.hot_rows)
-        step_err = rel_err(_decode(model, TOKENS[:8]), want_steps)
+        step_err = rel_err(decode_steps(model, TOKENS[:8]), want_steps)
         batch_err = rel_err(model.logits(TOKENS), want_batch)  # cuBLAS: F32 weights as TF32
         model.reset()
         got = list(model.generate_tokens(TOKENS[:3], 32, SamplerParams(temperature=0), stop_at_eos=False))
@@ -94,7 +90,7 @@ def test_sparse_ffn_is_one_fused_group_on_the_gpu(tiny_files, variant):
     dense = Model(tiny_files(variant, False), n_ctx=64, kv_type="f32", n_gpu_layers=99)
     cpu = Model(tiny_files(variant, True), n_ctx=64, kv_type="f32")
     dense.eval([TOKENS[0]])
-    assert rel_err(_decode(sparse, TOKENS[:8]), _decode(cpu, TOKENS[:8])) < 1e-4
+    assert rel_err(decode_steps(sparse, TOKENS[:8]), decode_steps(cpu, TOKENS[:8])) < 1e-4
     graph = sparse._graphs[(1, 1, False)]
     assert graph.mask_tensors == []
     # per layer, dense: the GLU fuses 3 nodes into its first; sparse: the FFN 4 and the residual add after it

@@ -7,10 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hf_tiny import build
+from split_harness import decode_steps, split_plan, streamed_graphs_on_cpu
 
 import pyinfer.converters.convert_hf_to_powergguf as conv
 from pyinfer.engine.driver import Model
-from pyinfer.engine.placement import MachineProfile, Plan, minimum_budget, model_costs, solve
+from pyinfer.engine.placement import MachineProfile, minimum_budget, model_costs, solve
 from pyinfer.engine.sampling import SamplerParams
 from pyinfer.formats.gguf_file import GGUFFile
 from pyinfer.native import ggml
@@ -23,37 +24,11 @@ SPLITTY = MachineProfile("test", cpu_dense_gbps=50.0, cpu_sparse_gbps=5.0, gpu_d
                          gpu_sparse_gbps=1000.0, xfer_us=1.0, gpu_layer_us=1.0, cpu_layer_us=1.0)
 
 
-@pytest.fixture(scope="module")
-def moe_file(tmp_path_factory):
-    cache = {}
-
-    def get(variant: str) -> str:
-        if variant not in cache:
-            folder = tmp_path_factory.mktemp(variant)
-            build(variant, str(folder / "hf"))
-            cache[variant] = str(folder / "m.gguf")
-            assert conv.main([str(folder / "hf"), "-o", cache[variant], "--outtype", "f32"]) == 0
-        return cache[variant]
-
-    return get
-
-
-def split_plan(gpu_experts: tuple[int, ...]) -> Plan:
-    n = len(gpu_experts)
-    return Plan(attn_gpu=(True,) * n, hot_rows=gpu_experts, head_gpu=True, device_bytes=1, budget=1 << 30,
-                layer_us=(0.0,) * n, head_us=0.0)
-
-
-def _decode(model: Model, tokens) -> np.ndarray:
-    model.reset()
-    return np.stack([model.eval([t]).copy() for t in tokens])
-
-
 def _same(model: Model, whole: Model, prompt=TOKENS, batch_tol: float = 1e-3) -> None:
     """Decode steps, a prompt batch (batch_tol: relative to its largest logit) and greedy decoding as the whole
     model's."""
-    want = _decode(whole, TOKENS[:8])
-    np.testing.assert_allclose(_decode(model, TOKENS[:8]), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    want = decode_steps(whole, TOKENS[:8])
+    np.testing.assert_allclose(decode_steps(model, TOKENS[:8]), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
     batch = whole.logits(prompt)
     np.testing.assert_allclose(model.logits(prompt), batch, rtol=batch_tol, atol=batch_tol * np.abs(batch).max())
     params = SamplerParams(temperature=0)
@@ -65,8 +40,8 @@ def _same(model: Model, whole: Model, prompt=TOKENS, batch_tol: float = 1e-3) ->
 
 @pytest.mark.parametrize("variant", ["qwen3moe", "mixtral", "olmoe"])
 @pytest.mark.parametrize("gpu_experts", [(0, 4), (1, 3), (2, 2), (3, 0)])
-def test_expert_splits_equal_the_whole_model(moe_file, host_only, variant, gpu_experts):
-    path = moe_file(variant)
+def test_expert_splits_equal_the_whole_model(tiny_files, host_only, variant, gpu_experts):
+    path = tiny_files(variant, False)
     whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2)
     split = Model(path, n_ctx=64, kv_type="f32", n_threads=2, plan=split_plan(gpu_experts))
     assert split.hot_rows == {il: k for il, k in enumerate(gpu_experts) if 0 < k < N_EXPERT}
@@ -79,10 +54,10 @@ def test_expert_splits_equal_the_whole_model(moe_file, host_only, variant, gpu_e
     _same(split, whole, TOKENS[:20])  # (a batch of 32 would stream host weights to a GPU)
 
 
-def test_experts_are_the_solver_units(moe_file):
+def test_experts_are_the_solver_units(tiny_files):
     """A layer's costs count experts (the most often routed first), and a budget between none and all of them
     places whole experts."""
-    path = moe_file("qwen3moe")
+    path = tiny_files("qwen3moe", False)
     costs = model_costs(GGUFFile(path), 64, 4, False, 32)
     layer = costs.layers[0]
     assert layer.experts and layer.n_ff == N_EXPERT and layer.group_rows == 1
@@ -96,9 +71,9 @@ def test_experts_are_the_solver_units(moe_file):
 
 @needs_gpu
 @pytest.mark.parametrize("variant", ["qwen3moe", "mixtral", "olmoe"])
-def test_on_the_gpu_whole_split_and_by_budget(moe_file, variant):
+def test_on_the_gpu_whole_split_and_by_budget(tiny_files, variant):
     """A batch's GEMMs take F32 weights as TF32 on the GPU (the router excepted): 3e-2 as test_hybrid's."""
-    path = moe_file(variant)
+    path = tiny_files(variant, False)
     whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2, n_batch=32)
     _same(Model(path, n_ctx=64, kv_type="f32", n_batch=32, n_gpu_layers=99), whole, batch_tol=3e-2)
     _same(Model(path, n_ctx=64, kv_type="f32", n_batch=32, n_gpu_layers=99, n_cpu_moe=1), whole, batch_tol=3e-2)
@@ -115,28 +90,27 @@ def test_on_the_gpu_whole_split_and_by_budget(moe_file, variant):
     assert split_seen
 
 
-def test_cpu_experts_keep_the_cpu_threads(moe_file, host_only):
+def test_cpu_experts_keep_the_cpu_threads(tiny_files, host_only):
     """-ngl 99 alone leaves the CPU one thread (it only looks up embeddings); with --n-cpu-moe it computes experts
     and keeps its threads (one thread had made a third of the experts on the CPU 7x slower than llama.cpp's)."""
     from pyinfer.engine.threads import default_threads
 
-    path = moe_file("qwen3moe")
+    path = tiny_files("qwen3moe", False)
     assert Model(path, n_ctx=64, n_gpu_layers=99).n_threads == 1
     cpu_moe = Model(path, n_ctx=64, kv_type="f32", n_gpu_layers=99, n_cpu_moe=1)
     assert cpu_moe.n_threads == default_threads()
     _same(cpu_moe, Model(path, n_ctx=64, kv_type="f32", n_threads=2), TOKENS[:20])
 
 
-def test_profile_counts_the_routers_choices_and_orders_the_split(moe_file, tmp_path, host_only, capsys):
+def test_profile_counts_the_routers_choices_and_orders_the_split(tiny_files, tmp_path, host_only, capsys):
     """`pyinfer profile` counts each layer's routings as transformers' routers choose them (an independent oracle),
     stores them without touching a tensor, and the split puts the most routed experts on the GPU."""
     import torch
-    from hf_tiny import build
 
     from pyinfer.sparsity import profiler
     from pyinfer.sparsity.expert_profile import routing_freq
 
-    path = moe_file("qwen3moe")
+    path = tiny_files("qwen3moe", False)
     text = tmp_path / "calib.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. 12345 67890. " * 40)
     out = str(tmp_path / "profiled.gguf")
@@ -149,7 +123,7 @@ def test_profile_counts_the_routers_choices_and_orders_the_split(moe_file, tmp_p
         assert np.array_equal(profiled.tensors[name].data, info.data), name
     # the oracle: transformers' routers on the same chunks
     chunks, _ = profiler.calibration_chunks(path, [str(text)], 96, 48, progress=False)
-    oracle = build("qwen3moe", str(tmp_path / "hf"))  # same seed: the same weights as moe_file's
+    oracle = build("qwen3moe", str(tmp_path / "hf"))  # same seed: the same weights as tiny_files'
     counts = np.zeros_like(freq)
     with torch.no_grad():
         for chunk in chunks:
@@ -165,13 +139,13 @@ def test_profile_counts_the_routers_choices_and_orders_the_split(moe_file, tmp_p
     _same(split, Model(out, n_ctx=64, kv_type="f32", n_threads=2), TOKENS[:20])
 
 
-def test_llama_cpp_mixture_converts_and_sparsify_refuses(moe_file, tmp_path, capsys):
+def test_llama_cpp_mixture_converts_and_sparsify_refuses(tiny_files, tmp_path, capsys):
     """A mixture of experts as llama.cpp writes it converts to a file that loads (its experts kept as they are:
     the converter had labelled it down_t and the result did not load), and sparsify says in one line that it does
     not make experts sparse (it had named the broken conversion instead)."""
     from pyinfer.sparsity import sparsify
 
-    path = moe_file("mixtral")
+    path = tiny_files("mixtral", False)
     out = str(tmp_path / "power.gguf")
     assert conv.main([path, "-o", out]) == 0
     assert GGUFFile(out).ffn_layout == "down"
@@ -191,22 +165,17 @@ def moe_streamed_on_cpu(host_only, monkeypatch):
     computes there, chunk by chunk."""
     from pyinfer.models import moe
 
-    class CpuGraph(ggml.Graph):
-        def __init__(self, ctx, outputs, backend="cpu", stream_min_cols=0):
-            super().__init__(ctx, outputs, backend)
-
     monkeypatch.setattr(moe, "STREAM_EXPERTS", 3)
-    monkeypatch.setattr("pyinfer.engine.driver.ggml.Graph", CpuGraph)
-    monkeypatch.setattr(Model, "pin_host_weights", lambda self: None)
+    streamed_graphs_on_cpu(monkeypatch)
 
 
 @pytest.mark.parametrize("variant", ["qwen3moe", "olmoe"])
 @pytest.mark.parametrize("placed", [dict(plan=split_plan((1, 3))), dict(plan=split_plan((0, 2))),
                                     dict(n_gpu_layers=99, n_cpu_moe=1)])
-def test_streamed_prompt_equals_the_whole_model(moe_file, moe_streamed_on_cpu, variant, placed):
+def test_streamed_prompt_equals_the_whole_model(tiny_files, moe_streamed_on_cpu, variant, placed):
     """A prompt of >= 32 tokens computes a layer's host experts in chunks (on the GPU, streamed), each chunk over
     the experts of its own that the side holds, and the GPU's experts as they are."""
-    path = moe_file(variant)
+    path = tiny_files(variant, False)
     whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2)
     model = Model(path, n_ctx=64, kv_type="f32", n_threads=2, **placed)
     assert model.streams_prompts
@@ -219,7 +188,7 @@ def test_streamed_prompt_equals_the_whole_model(moe_file, moe_streamed_on_cpu, v
     ("qwen3moe.expert_feed_forward_length", 40, "ffn_gate_exps.weight has shape"),
     ("qwen3moe.expert_gating_func", 2, "expert_gating_func 2 is not supported"),
 ])
-def test_expert_metadata_that_disagrees_is_one_line(moe_file, tmp_path, key, value, words):
+def test_expert_metadata_that_disagrees_is_one_line(tiny_files, tmp_path, key, value, words):
     """Expert counts and sizes that disagree with the tensors, or a gating the engine lacks, fail in one line when the
     file is opened (no tensor is read, nothing is allocated)."""
     from gguf import GGMLQuantizationType, GGUFValueType
@@ -227,7 +196,7 @@ def test_expert_metadata_that_disagrees_is_one_line(moe_file, tmp_path, key, val
     from pyinfer.errors import ModelFormatError, UnsupportedError
     from pyinfer.formats.gguf_writer import OutFile, OutTensor, write_atomically
 
-    g = GGUFFile(moe_file("qwen3moe"))
+    g = GGUFFile(tiny_files("qwen3moe", False))
     kv = [item for item in g.typed_metadata() if item[0] not in ("general.architecture", "general.alignment", key)]
     kv.append((key, value, GGUFValueType.UINT32, None))
     tensors = [OutTensor(i.name, tuple(reversed(i.ne)), GGMLQuantizationType(i.type), lambda i=i: i.data)
@@ -259,7 +228,7 @@ def test_qwen3moe_without_norm_topk_prob_reads_as_transformers(tmp_path):
                                atol=1e-4 * np.abs(want).max())
 
 
-def test_streamed_chunks_cover_only_this_sides_experts(moe_file, moe_streamed_on_cpu, monkeypatch):
+def test_streamed_chunks_cover_only_this_sides_experts(tiny_files, moe_streamed_on_cpu, monkeypatch):
     """With the GPU's experts scattered (a profile's order), a prompt streams runs of the CPU's own experts only,
     in chunks that skip the GPU's (they had been streamed with their neighbours), and equals the whole model."""
     from pyinfer.engine import offload
@@ -268,7 +237,7 @@ def test_streamed_chunks_cover_only_this_sides_experts(moe_file, moe_streamed_on
     assert moe._chunks(np.array([0, 2, 3, 4, 5, 6, 9]), 3) == [(0, 1), (2, 5), (5, 7), (9, 10)]
     assert moe._chunks(np.array([], np.int64), 3) == []
     monkeypatch.setattr(offload, "expert_order", lambda file, il: np.array([1, 3, 0, 2]))
-    path = moe_file("qwen3moe")
+    path = tiny_files("qwen3moe", False)
     whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2)
     model = Model(path, n_ctx=64, kv_type="f32", n_threads=2, plan=split_plan((1, 2)))
     gpu = [model.weights[f"blk.{il}.ffn_exps_slots.gpu"].raw().view(np.int32) for il in range(2)]

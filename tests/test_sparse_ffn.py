@@ -10,10 +10,9 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from hf_tiny import build
 from reference import reference_logits
+from split_harness import decode_steps
 
-import pyinfer.converters.convert_hf_to_powergguf as conv
 from pyinfer.engine.driver import Model
 from pyinfer.errors import InvalidArgumentError
 from pyinfer.formats.gguf_file import GGUFFile
@@ -26,22 +25,7 @@ TOKENS = [1, 5, 77, 200, 3, 9, 250, 11, 299]
 
 
 @pytest.fixture(scope="module")
-def power(tmp_path_factory):
-    """variant -> F32 PowerGGUF path of a tiny checkpoint, converted on first use."""
-    paths = {}
-
-    def get(variant: str) -> str:
-        if variant not in paths:
-            folder = tmp_path_factory.mktemp(variant)
-            build(variant, str(folder / "hf"))
-            paths[variant] = str(folder / "m.gguf")
-            assert conv.main([str(folder / "hf"), "-o", paths[variant], "--outtype", "f32"]) == 0
-        return paths[variant]
-    return get
-
-
-@pytest.fixture(scope="module")
-def synthetic(power, tmp_path_factory):
+def synthetic(tiny_files, tmp_path_factory):
     """variant -> the PowerGGUF plus synthetic predictors (30% density, rank 16)."""
     paths = {}
 
@@ -49,24 +33,20 @@ def synthetic(power, tmp_path_factory):
         key = (variant, threshold)
         if key not in paths:
             paths[key] = str(tmp_path_factory.mktemp("syn") / "m.gguf")
-            add_predictors(power(variant), paths[key], density=0.3, rank=16, threshold=threshold, n_calib=64)
+            add_predictors(tiny_files(variant, False), paths[key], density=0.3, rank=16, threshold=threshold,
+                           n_calib=64)
         return paths[key]
     return get
 
 
-def _decode(model: Model, tokens) -> np.ndarray:
-    model.reset()
-    return np.stack([model.eval([t]).copy() for t in tokens])
-
-
 @pytest.mark.parametrize("variant", ["llama_relu", "llama_drelu", "opt"])
-def test_oracle_mask_equals_dense(power, variant):
+def test_oracle_mask_equals_dense(tiny_files, variant):
     """With the true active set as the mask, the sparse FFN is the dense FFN: batched (selected rows and
     dense up/gate) and token by token, against the float64 reference."""
-    ref = reference_logits(GGUFFile(power(variant)), TOKENS)
-    model = Model(power(variant), n_ctx=64, n_threads=2, oracle=True)
+    ref = reference_logits(GGUFFile(tiny_files(variant, False)), TOKENS)
+    model = Model(tiny_files(variant, False), n_ctx=64, n_threads=2, oracle=True)
     tol = 1e-3 * np.abs(ref).max()
-    np.testing.assert_allclose(_decode(model, TOKENS), ref, atol=tol)
+    np.testing.assert_allclose(decode_steps(model, TOKENS), ref, atol=tol)
     np.testing.assert_allclose(model.logits(TOKENS), ref, atol=tol)  # mul_mat_rows with a mask per token
     model.sparse_spec.dense_above = 0
     model._graphs.clear()
@@ -99,7 +79,7 @@ def test_predictor_path_density(synthetic, variant, threshold):
     path = synthetic(variant, threshold)
     model = Model(path, n_ctx=64, n_threads=2)
     assert model.sparse_spec is not None and model.sparse_spec.kind == ("relu" if threshold == 0 else "threshold")
-    step = _decode(model, TOKENS)
+    step = decode_steps(model, TOKENS)
     extra = model.timings.extra
     _, acts = model.ffn_activations(TOKENS)
     masks = _np_predictor_masks(path, acts, threshold, model.sparse_spec.kind)
@@ -122,9 +102,9 @@ def test_bundled_ffn_equals_separate_row_ops(synthetic, variant, threshold):
     assert len(bundles) == (0 if variant == "opt" else fused.config.n_layer)
     for name in bundles:
         del separate.weights[name]
-    want = _decode(separate, TOKENS)
+    want = decode_steps(separate, TOKENS)
     tol = 1e-4 * np.abs(want).max()
-    np.testing.assert_allclose(_decode(fused, TOKENS), want, atol=tol)
+    np.testing.assert_allclose(decode_steps(fused, TOKENS), want, atol=tol)
     np.testing.assert_allclose(fused.logits(TOKENS), separate.logits(TOKENS), atol=tol)
     assert abs(fused.timings.extra["ffn_rows_active"] - separate.timings.extra["ffn_rows_active"]) <= 2
 
@@ -139,14 +119,14 @@ def test_sparsity_threshold_lowers_density(synthetic):
     assert dens[0] > dens[1] > dens[2]
 
 
-def test_sparse_off_equals_dense(power, synthetic):
-    base = Model(power("llama_silu"), n_ctx=64, n_threads=2)
+def test_sparse_off_equals_dense(tiny_files, synthetic):
+    base = Model(tiny_files("llama_silu", False), n_ctx=64, n_threads=2)
     assert base.sparse_spec is None and not base.file.has_predictors
     off = Model(synthetic("llama_silu"), n_ctx=64, n_threads=2, sparse=False)
     assert off.sparse_spec is None and "ffn_rows_total" not in off.timings.extra
     np.testing.assert_array_equal(off.logits(TOKENS), base.logits(TOKENS))
     with pytest.raises(InvalidArgumentError, match="no predictors"):
-        Model(power("llama_silu"), n_ctx=64, sparse=True)
+        Model(tiny_files("llama_silu", False), n_ctx=64, sparse=True)
 
 
 # --- the block alone against numpy float64 ---------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from split_harness import decode_steps, split_plan, streamed_graphs_on_cpu
 
 from pyinfer.engine.driver import Model
 from pyinfer.engine.placement import Plan
@@ -18,17 +19,6 @@ TOKENS = [1, 5, 77, 200, 3, 9, 250, 11, 299, 42, 17]
 N_FF = 128  # the tiny checkpoints' FFN width
 
 
-
-
-def split_plan(hot_rows: tuple[int, ...], head: bool = True) -> Plan:
-    n = len(hot_rows)
-    return Plan(attn_gpu=(True,) * n, hot_rows=hot_rows, head_gpu=head, device_bytes=1, budget=1 << 30,
-                layer_us=(0.0,) * n, head_us=0.0)
-
-
-def _decode(model: Model, tokens) -> np.ndarray:
-    model.reset()
-    return np.stack([model.eval([t]).copy() for t in tokens])
 
 
 @pytest.mark.parametrize("variant", ["llama_relu", "llama_silu", "llama_geglu", "opt"])
@@ -46,7 +36,7 @@ def test_split_layers_equal_the_unsplit_model(tiny_files, host_only, variant, sp
         assert (f"blk.{il}.ffn_bundle.weight" in split.weights) == bundled
         if bundled:  # the CPU's bundle holds its own rows only
             assert split.weights[f"blk.{il}.ffn_bundle.weight"].shape[0] == (3 if variant != "opt" else 2) * (N_FF - k)
-    want, got = _decode(whole, TOKENS), _decode(split, TOKENS)
+    want, got = decode_steps(whole, TOKENS), decode_steps(split, TOKENS)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     np.testing.assert_allclose(split.logits(TOKENS), whole.logits(TOKENS), rtol=1e-5,
                                atol=1e-5 * np.abs(want).max())
@@ -73,7 +63,7 @@ def test_attention_on_the_gpu_takes_q_k_v_as_one_matrix(tiny_files, host_only, v
         assert (f"blk.{il}.attn_qkv.weight" in gpu.weights) == (fused or variant == "falcon_relu")
     if variant in ("qwen2", "opt"):
         assert "blk.0.attn_qkv.bias" in gpu.weights and "blk.0.attn_q.bias" not in gpu.weights
-    want, got = _decode(whole, TOKENS), _decode(gpu, TOKENS)
+    want, got = decode_steps(whole, TOKENS), decode_steps(gpu, TOKENS)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     np.testing.assert_allclose(gpu.logits(TOKENS), whole.logits(TOKENS), rtol=1e-5, atol=1e-5 * np.abs(want).max())
     whole.reset()
@@ -128,13 +118,8 @@ def streamed_on_cpu(host_only, monkeypatch):
     are) but run it on the CPU: what the GPU computes there, chunk by chunk."""
     from pyinfer.models import common
 
-    class CpuGraph(ggml.Graph):
-        def __init__(self, ctx, outputs, backend="cpu", stream_min_cols=0):
-            super().__init__(ctx, outputs, backend)
-
     monkeypatch.setattr(common, "STREAM_ROWS", 48)
-    monkeypatch.setattr("pyinfer.engine.driver.ggml.Graph", CpuGraph)
-    monkeypatch.setattr(Model, "pin_host_weights", lambda self: None)
+    streamed_graphs_on_cpu(monkeypatch)
 
 
 @pytest.mark.parametrize("variant", ["llama_relu", "llama_silu", "opt", "llama3_rope"])
