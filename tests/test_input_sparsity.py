@@ -371,7 +371,8 @@ def test_budgets_split_the_ffn_and_equal_the_cpu(tiny_files, tmp_path):
     device memory stays within each budget by the allocator's and the driver's counts."""
     import gc
 
-    from test_hybrid import SPLITTY, _decode, budgets, rel_err
+    from split_harness import decode_steps
+    from test_hybrid import SPLITTY, budgets, rel_err
 
     from pyinfer.engine.placement import minimum_budget, model_costs
 
@@ -381,13 +382,13 @@ def test_budgets_split_the_ffn_and_equal_the_cpu(tiny_files, tmp_path):
     half_layer = minimum_budget(costs) + costs.layers[0].n_ff // 2 * costs.layers[0].neuron_bytes
     cpu = Model(path, n_ctx=64, kv_type="f32", n_batch=32)
     tokens = (TOKENS * 4)[:40]
-    want_steps, want_batch = _decode(cpu, TOKENS), cpu.logits(tokens)
+    want_steps, want_batch = decode_steps(cpu, TOKENS), cpu.logits(tokens)
     split_seen = False
     for budget in [half_layer, *budgets(path, 64, 32, True)]:
         _, free_before, _ = ggml.cuda_memory()
         model = Model(path, n_ctx=64, kv_type="f32", n_batch=32, vram_budget=budget, machine=SPLITTY)
         split_seen |= bool(model.hot_rows)
-        step_err = rel_err(_decode(model, TOKENS), want_steps)
+        step_err = rel_err(decode_steps(model, TOKENS), want_steps)
         got = model.logits(tokens)
         _, free_after, _ = ggml.cuda_memory()
         print(f"\ninput sparsity, budget {budget >> 10} KiB: hot rows {model.hot_rows or model.plan.hot_rows}, "

@@ -625,3 +625,22 @@ def test_bench_hybrid_leaves_our_dequantized_rows_out_of_llamas_reserve(tmp_path
     costs = model_costs(GGUFFile(path), 64 + 8 + 16, 2, True, 512)
     assert costs.dequantized_bytes > 0  # Q4_0 weights: our GEMM dequantizes them
     assert reserves == [costs.reserve_bytes - costs.dequantized_bytes]
+
+
+def test_bench_hybrid_gives_llama_cpp_a_mixtures_experts_by_layer(tmp_path):
+    # a mixture's llama.cpp configurations had counted its router (ffn_gate_inp) as FFN weight and kept the
+    # experts on the CPU by -ot patterns that match no expert tensor
+    import tools.bench_hybrid as bench_hybrid
+    from pyinfer.converters import synthetic
+    from pyinfer.formats.gguf_file import GGUFFile
+
+    path = str(tmp_path / "moe.gguf")
+    synthetic.make_moe(path, "tiny-moe", synthetic.Q.Q4_0)
+    g = GGUFFile(path)
+    nbytes = {n: t.data.nbytes for n, t in g.tensors.items()}
+    experts = [sum(v for n, v in nbytes.items() if n.startswith(f"blk.{il}.") and "_exps" in n) for il in range(3)]
+    total = sum(nbytes.values())
+    budget = total - experts[0] - experts[1] // 2  # the experts of two layers have to leave the GPU
+    configs = dict(bench_hybrid.llama_configs(g, budget, 0))
+    assert configs["-ngl 99 -ncmoe 2"] == ["-ngl", "99", "-ncmoe", "2"]
+    assert len(configs) == 2 and configs[next(iter(configs))][0] == "-ngl"

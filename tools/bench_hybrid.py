@@ -8,7 +8,8 @@ budget, on the same shapes, in alternating rounds (docs/BENCHMARKS.md, "Hybrid e
 A budget is a fraction of the model's bytes as llama.cpp loads them (the dense GGUF's tensors; our file holds
 more: predictors, or the unread row-major gate and up beside input sparsity's channel-major copies). llama.cpp
 gets the same bytes two ways and the faster one counts: -ngl N (the most whole layers that fit) and -ngl 99 with
-the FFN weights of the first K layers kept on the CPU (-ot, the fewest K that fits). Both sides keep the same
+the FFN weights of the first K layers kept on the CPU (-ot, the fewest K that fits; a mixture's experts by
+-ncmoe K). Both sides keep the same
 reserve for buffers, sized for the same prompt batch (-b: ours its batch, llama.cpp its -ub), less for llama.cpp
 the quantized rows our GEMM dequantizes (its kernels read them as they are). Every row: t/s of each side (median
 over rounds, with the range), the ratio, our plan's modelled t/s, the bytes bound at the measured bandwidths,
@@ -27,13 +28,14 @@ import sys
 import numpy as np
 
 from pyinfer.console import run_cli
-from pyinfer.engine.placement import format_bytes
+from pyinfer.engine.placement import EXPERT_MATRICES, ffn_weight_type, format_bytes
 from pyinfer.engine.threads import default_threads
 from pyinfer.formats.gguf_file import GGUFFile
 
 
 def llama_configs(dense: GGUFFile, budget: int, reserve: int) -> list[tuple[str, list[str]]]:
-    """(label, llama-bench flags) of the two ways llama.cpp can use `budget` bytes of GPU memory."""
+    """(label, llama-bench flags) of the two ways llama.cpp can use `budget` bytes of GPU memory (a mixture's second:
+    the experts of the first K layers on the CPU, -ncmoe K)."""
     n_layer = dense.config.n_layer
 
     def size(prefix: str, parts=None) -> int:
@@ -41,8 +43,9 @@ def llama_configs(dense: GGUFFile, budget: int, reserve: int) -> list[tuple[str,
                    if n.startswith(prefix) and (parts is None or any(p in n for p in parts)))
 
     room = budget - reserve
+    moe = "blk.0.ffn_up_exps.weight" in dense.tensors  # llama.cpp keeps a mixture's experts on the CPU by -ncmoe
     layer = [size(f"blk.{il}.") for il in range(n_layer)]
-    ffn = [size(f"blk.{il}.", ("ffn_up", "ffn_gate", "ffn_down")) for il in range(n_layer)]
+    ffn = [size(f"blk.{il}.", EXPERT_MATRICES if moe else ("ffn_up", "ffn_gate", "ffn_down")) for il in range(n_layer)]
     head = size("output")
     ngl = 0
     while ngl < n_layer and sum(layer[n_layer - ngl - 1:]) <= room:
@@ -53,7 +56,9 @@ def llama_configs(dense: GGUFFile, budget: int, reserve: int) -> list[tuple[str,
     cpu_ffn = 0
     while cpu_ffn <= n_layer and sum(layer) + head - sum(ffn[:cpu_ffn]) > room:
         cpu_ffn += 1
-    if 0 < cpu_ffn <= n_layer:
+    if 0 < cpu_ffn <= n_layer and moe:
+        configs.append((f"-ngl 99 -ncmoe {cpu_ffn}", ["-ngl", "99", "-ncmoe", str(cpu_ffn)]))
+    elif 0 < cpu_ffn <= n_layer:
         pattern = "blk\\.(" + "|".join(str(il) for il in range(cpu_ffn)) + ")\\.ffn_(up|gate|down)\\.weight=CPU"
         configs.append((f"-ngl 99, FFN of {cpu_ffn} layers on the CPU", ["-ngl", "99", "-ot", pattern]))
     return configs
@@ -127,7 +132,7 @@ def measure_all(a: argparse.Namespace) -> int:
 
     ours, dense = GGUFFile(a.ours), GGUFFile(a.dense)
     total = sum(t.data.nbytes for t in dense.tensors.values())
-    machine = resolve(a.machine, ours.tensors["blk.0.ffn_up.weight"].type, a.threads)
+    machine = resolve(a.machine, ffn_weight_type(ours), a.threads)
     costs = model_costs(ours, a.pp + a.tg + 16, 2, True, a.batch_size)
     results = []
     for fraction in (float(f) for f in a.budgets.split(",")):

@@ -19,15 +19,25 @@ build() { python3 setup.py build_native 2>&1 | tail -3; }
 
 llama_bg() {  # llama.cpp's CUDA build (~6 min) in the background: $W/llama-src/build/bin; or, where a session
     # carries an earlier build's bin/ as .carry/llb/llb.part.* (split tar.xz), that one in seconds
+    # $W/llama.done marks the end: the script builds llama-bench first and its other targets after, on every core
     [ -x "$W/llama-src/build/bin/llama-bench" ] && return
     tar xJf .carry/llama-src.tar.xz -C "$W"
     if compgen -G ".carry/llb/llb.part.*" > /dev/null; then
         mkdir -p "$W/llama-src/build"
         (set -o pipefail; cat .carry/llb/llb.part.* | xz -d | tar xf - -C "$W/llama-src/build") &&
-            [ -x "$W/llama-src/build/bin/llama-bench" ] && return
+            [ -x "$W/llama-src/build/bin/llama-bench" ] && touch "$W/llama.done" && return
         echo "the carried llama.cpp build did not unpack: building it"
     fi
-    setsid bash .carry/llamacpp-baseline.sh build "$W/llama-src" cuda > "$W/llama-build.log" 2>&1 < /dev/null &
+    setsid bash -c "bash .carry/llamacpp-baseline.sh build $W/llama-src cuda && touch $W/llama.done" \
+        > "$W/llama-build.log" 2>&1 < /dev/null &
+}
+
+llama_pack() {  # llama-bench and its libraries as $OUT/llb/llb.part.* (15 MiB each, what $OUT brings back): copied
+    # to .carry/llb/ here, a later session's llama_bg unpacks them in seconds
+    wait_for "$W/llama.done" 500 || return 1
+    mkdir -p "$OUT/llb"
+    (cd "$W/llama-src/build" && tar cf - bin/llama-bench bin/*.so*) | xz -T0 -6 | split -b 15M -d - "$OUT/llb/llb.part."
+    du -ch "$OUT"/llb/* | tail -1
 }
 
 models_bg() {  # synthetic models: NAME SHAPE TYPE LAYERS (a PowerGGUF and the dense GGUF llama.cpp runs)
@@ -70,6 +80,45 @@ moe_bg() {  # NAME SHAPE TYPE LAYERS [FLAGS...]: a synthetic mixture of experts 
     local name=$1 shape=$2 type=$3 layers=$4; shift 4
     setsid bash -c "python3 -m tools.make_synthetic_model $shape --type $type --layers $layers --share-weights $* \
         -o $W/$name.gguf && touch $W/$name.done" > "$W/$name.log" 2>&1 < /dev/null &
+}
+
+random_profile() {  # SRC OUT: SRC with the expert counts `pyinfer profile -o` stores, taken over random tokens (what
+    # both engines' benchmarks decode) instead of text: a synthetic file's text is a few byte tokens
+    python3 - "$1" "$2" <<'EOF' | tee -a "$OUT/random-profile.log"
+import sys
+import numpy as np
+from pyinfer.formats.gguf_file import GGUFFile
+from pyinfer.sparsity.expert_profile import routing_freq, top_share, write_profiled
+src, out = sys.argv[1:3]
+rng = np.random.default_rng(7)
+n_vocab = GGUFFile(src).config.n_vocab
+freq = routing_freq(src, [rng.integers(0, n_vocab, 512, dtype=np.int32) for _ in range(4)], progress=False)
+write_profiled(src, out, freq)
+print(src, "the most routed 20 % of experts' share, per layer:", " ".join(f"{top_share(f):.2f}" for f in freq))
+EOF
+}
+
+moe_table_bg() {  # issue 28's table in the background (`collect` fetches it): once llama.cpp's whole build is done,
+    # $W/moe12 (even routing, experts by index) and $W/moe12s-prof (skewed, profiled over random tokens) at a third
+    # and two thirds against llama.cpp's best of -ngl N and -ngl 99 -ncmoe K, then both whole on the GPU
+    rm -rf "$W/out"
+    setsid bash -c "W=$W; . tools/gpu_session.sh; OUT=$W/out; mkdir -p \$OUT
+        wait_for $W/moe12s-prof.gguf 300 && wait_for $W/llama.done 500 || exit 1; idle
+        for f in moe12:moe12:even moe12s-prof:moe12s:skewed; do IFS=: read ours dense routing <<< \$f
+            python3 -m tools.bench_hybrid --ours $W/\$ours.gguf --dense $W/\$dense.gguf --budgets 0.333,0.667 \
+                --llama-bench $W/llama-src/build/bin/llama-bench --machine h100 --pp 512 --tg 64 --rounds 2 --reps 2 \
+                --label \"SYNTHETIC Qwen3-30B-A3B Q4_0, 12 of 48 layers, \$routing routing\" \
+                --json \$OUT/\$ours.json 2> \$OUT/\$ours.log | tee \$OUT/\$ours.md
+        done
+        moe_whole 2 > /dev/null; touch \$OUT/ALL.done" > "$W/table.log" 2>&1 < /dev/null &
+}
+
+moe_whole() {  # [ROUNDS]: $W/moe12 whole on the GPU, ours and llama.cpp alternating
+    local lb=$W/llama-src/build/bin/llama-bench a="-p 512 -n 64 -r 2"
+    for r in $(seq "${1:-2}"); do
+        python3 -m pyinfer bench -m $W/moe12.gguf -ngl 99 $a 2>&1 | grep -E "pp512|tg64|rror" | sed "s|^|ours round $r |"
+        "$lb" -m $W/moe12.gguf -ngl 99 $a 2>&1 | grep -E "pp512|tg64|rror" | sed "s|^|llama.cpp round $r |"
+    done | tee "$OUT/moe-whole.md"
 }
 
 moe_rounds() {  # [ROUNDS]: issue 28's rows, ours and llama.cpp alternating on $W/moe12 (even routing), $W/moe12s
