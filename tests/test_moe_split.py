@@ -243,3 +243,22 @@ def test_streamed_chunks_cover_only_this_sides_experts(tiny_files, moe_streamed_
     gpu = [model.weights[f"blk.{il}.ffn_exps_slots.gpu"].raw().view(np.int32) for il in range(2)]
     assert list(gpu[0]) == [-1, 0, -1, -1] and list(gpu[1]) == [-1, 0, -1, 1]
     np.testing.assert_allclose(model.logits(TOKENS), whole.logits(TOKENS), rtol=1e-5, atol=1e-5)
+
+
+def test_a_budgeted_model_returns_all_logits_a_reserved_batch_at_a_time(tiny_files, host_only, monkeypatch):
+    """The reserve holds the logits of logit_rows tokens (placement.LOGIT_ROWS): all logits of a longer batch come
+    in batches of that many, equal to the whole batch's."""
+    from pyinfer.engine import placement
+
+    monkeypatch.setattr(placement, "LOGIT_ROWS", 8)
+    path = tiny_files("qwen3moe", False)
+    whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2, n_batch=64)
+    costs = model_costs(GGUFFile(path), 64, 4, False, 64)
+    model = Model(path, n_ctx=64, kv_type="f32", n_threads=2, n_batch=64, vram_budget=minimum_budget(costs),
+                  machine=SPLITTY)
+    got, want = model.logits(TOKENS), whole.logits(TOKENS)
+    assert got.shape == want.shape == (len(TOKENS), whole.config.n_vocab)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    assert {key[:2] for key in model._graphs} == {(8, 8)} and {key[:2] for key in whole._graphs} == {(40, 40)}
+    assert model.eval(TOKENS[:20]).shape == (whole.config.n_vocab,)  # a prompt: one batch, its last token's logits
+    assert (20, 1) in {key[:2] for key in model._graphs}

@@ -7,7 +7,6 @@
 #include <string.h>
 
 #define GRAPH_ALIGN 64
-#define STREAMED_MIN_BYTES ((size_t)1 << 20) // smaller host leaves (norms, biases) are staged as uploads
 
 struct ggml_cgraph *ggml_graph_new(struct ggml_context *ctx) {
     (void)ctx; // graphs own their node list and buffer; the context owns the tensors
@@ -183,6 +182,19 @@ static enum ggml_backend node_backend(const struct ggml_cgraph *g, const struct 
     }
 }
 
+// src s of t is a weight that a prompt batch streams in from the host (copied just before t reads it): the
+// matrices of the weight ops that node_backend moves to the GPU for a wide batch
+static bool streams_in(const struct ggml_cgraph *g, const struct ggml_tensor *t, int s) {
+    if (g->stream_min_cols <= 0) return false;
+    switch (t->op) {
+    case GGML_OP_MUL_MAT:
+    case GGML_OP_MUL_MAT_ROWS:
+    case GGML_OP_AXPY_ROWS: return s == 0 && t->src[1]->ne[1] >= g->stream_min_cols;
+    case GGML_OP_MOE_FFN: return s < 3 && t->src[3]->ne[1] >= g->stream_min_cols;
+    default: return false;
+    }
+}
+
 static bool follows_inputs(const struct ggml_tensor *t) {
     switch (t->op) {
     case GGML_OP_VIEW:
@@ -259,10 +271,12 @@ static int insert_transfers(struct ggml_cgraph *g) {
                 m->owner = t->owner;
                 snprintf(m->name, sizeof m->name, "%.50s (copy)", src->name);
                 // host leaves read on the GPU are uploaded up front through pinned staging, but for weights
-                // streamed in (large): those are copied just before their reader, into memory that the next
-                // weight reuses; a device leaf that a CPU node reads is downloaded like any node's output
+                // streamed in: those are copied just before their reader, into memory that the next weight
+                // reuses (by role, not size: a profiled split's single experts, under 1 MiB each, had been
+                // staged, all of them alive through the whole batch); a device leaf that a CPU node reads is
+                // downloaded like any node's output
                 bool staged = storage_of(src)->op == GGML_OP_NONE && t->backend == GGML_BACKEND_CUDA &&
-                              !(g->stream_min_cols > 0 && ggml_nbytes(src) >= STREAMED_MIN_BYTES);
+                              !streams_in(g, t, s);
                 if (staged) g->uploads[g->n_uploads++] = m;
                 else nodes[n++] = m;
             }

@@ -23,6 +23,7 @@ from pyinfer.engine.placement import (
     Plan,
     ffn_weight_type,
     format_bytes,
+    logit_rows,
     model_costs,
     parse_bytes,
     solve,
@@ -408,9 +409,11 @@ class Model:
             raise ContextFullError(
                 f"context full: {self.n_past} + {len(tokens)} tokens exceed the context size {self.n_ctx} (-c)")
         outs = []
-        for start in range(0, len(tokens), self.n_batch):
-            chunk = tokens[start:start + self.n_batch]
-            last_chunk = start + self.n_batch >= len(tokens)
+        # a budgeted model's reserve holds the logits of logit_rows tokens: all of them come that many at a time
+        step = logit_rows(self.n_batch) if all_logits and self.vram_budget is not None else self.n_batch
+        for start in range(0, len(tokens), step):
+            chunk = tokens[start:start + step]
+            last_chunk = start + step >= len(tokens)
             n_out = len(chunk) if all_logits else (1 if last_chunk else 0)
             graph = self._graph(len(chunk), max(n_out, 1))
             logits = graph.run(self.pool, chunk, self.n_past)

@@ -364,10 +364,21 @@ QKV_PARTS = ("attn_q", "attn_k", "attn_v")  # on the GPU one matrix where they s
 ATTENTION_PARTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "attn_q_norm", "attn_k_norm",
                    "post_attention_norm", "post_ffw_norm", "attn_qkv", "attn_norm_2")
 STREAM_MIN_TOKENS = 32  # batches of at least this many tokens run there (llama.cpp's threshold too)
+# a batch under a VRAM budget returns the logits of at most this many tokens (a prompt needs its last token's;
+# perplexity, all of them, gets them this many at a time): 512 rows of a 152k vocabulary had taken 311 MB of the
+# reserve, a third of a 4.4 GiB mixture's budget at a third, that no run of a prompt used
+LOGIT_ROWS = 64
 CUBLAS_WORKSPACE = 32 << 20
 GEMM_CHUNK = 64 << 20  # ggml/src/cuda/gemm.cu's GEMM_CHUNK_BYTES: rows of a non-F16 weight dequantized for cuBLAS
 GEMV_MAX_COLS = 8  # ggml/src/cuda/gemv.cu: batches of at most this many tokens run as GEMVs, without GEMM scratch
-DEVICE_MARGIN = 128 << 20  # what the driver holds beyond the allocator: CUDA graphs, the cuBLAS handle (72-143 MB seen)
+# what the driver holds beyond the allocator: CUDA graphs, the cuBLAS handle (72-143 MB seen); with the logits of
+# 512 tokens out of the reserve, 160 MiB keeps it 1.15x above every prompt batch measured (test_placement)
+DEVICE_MARGIN = 160 << 20
+
+
+def logit_rows(n_batch: int) -> int:
+    """Tokens whose logits one batch of a budgeted model returns at most."""
+    return min(n_batch, LOGIT_ROWS)
 
 
 def fusable_qkv(tensors, il: int) -> dict[str, list] | None:
@@ -386,7 +397,7 @@ def reserve_bytes(cfg, n_batch: int, largest_matrix: int = 0, neuron_row: int = 
                   input_ffn: bool = False) -> int:
     """Device bytes any GPU use needs besides weights and KV cache: the intermediates of a prompt batch of
     n_batch tokens (two (n_batch, n_ff) activations live at once, four in an FFN of input sparsity: gate, up,
-    their product and its down mask; all logits of a perplexity batch), the host weights a prompt batch streams
+    their product and its down mask; the logits of logit_rows tokens), the host weights a prompt batch streams
     in (the graph planner reuses one chunk's memory for the next: one chunk of STREAM_ROWS neurons of gate, up
     and down_t, or the largest attention matrix), the GEMM's scratch (the batch in 16 bits, and `dequantized`
     bytes of F16 rows of weights that are not F16), the cuBLAS workspace and a margin. The driver measured
@@ -394,7 +405,8 @@ def reserve_bytes(cfg, n_batch: int, largest_matrix: int = 0, neuron_row: int = 
     whose GEMM dequantizes 64 MiB of rows, used up to 1.06x the count without that scratch (docs/BENCHMARKS.md,
     "The prompt batch's reserve")."""
     widest = max(cfg.n_ff, 3 * cfg.n_embd)
-    activations = 4 * n_batch * ((4 if input_ffn else 2) * widest + 4 * cfg.n_embd + cfg.n_vocab)
+    activations = (4 * n_batch * ((4 if input_ffn else 2) * widest + 4 * cfg.n_embd)
+                   + 4 * logit_rows(n_batch) * cfg.n_vocab)
     gemm = 2 * n_batch * widest + dequantized
     chunk = 3 * min(STREAM_ROWS, cfg.n_ff) * neuron_row
     streamed = max(largest_matrix, chunk) if n_batch >= STREAM_MIN_TOKENS else 0
