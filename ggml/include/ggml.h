@@ -230,6 +230,7 @@ int ggml_graph_stream_weights(struct ggml_cgraph *g, int64_t min_cols);
 // allocates data for every node that has none; outputs keep their buffers across computes
 int ggml_graph_plan(struct ggml_cgraph *g);
 size_t ggml_graph_mem_size(const struct ggml_cgraph *g);
+size_t ggml_graph_device_mem_size(const struct ggml_cgraph *g); // its GPU nodes' planned buffer
 // nodes the CUDA backend runs inside a fused kernel started by an earlier node (0 without a GPU part)
 int ggml_graph_n_fused(const struct ggml_cgraph *g);
 void ggml_graph_free(struct ggml_cgraph *g);

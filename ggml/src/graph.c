@@ -78,6 +78,8 @@ struct ggml_tensor *ggml_graph_node(const struct ggml_cgraph *g, int i) {
 
 size_t ggml_graph_mem_size(const struct ggml_cgraph *g) { return g ? g->buffer_size : 0; }
 
+size_t ggml_graph_device_mem_size(const struct ggml_cgraph *g) { return g ? g->dev_buffer_size : 0; }
+
 int ggml_graph_n_fused(const struct ggml_cgraph *g) {
     int n = 0;
     for (int i = 0; g && g->groups && i < g->n_nodes; i++) n += g->groups[i].len == 0;

@@ -346,6 +346,11 @@ class Graph:
     def mem_bytes(self) -> int:
         return lib.ggml_graph_mem_size(self.ptr)
 
+    @property
+    def device_mem_bytes(self) -> int:
+        """The planned buffer of its GPU nodes (0 on the CPU)."""
+        return lib.ggml_graph_device_mem_size(self.ptr)
+
     def stats(self) -> dict:
         """What the last compute did (pyinfer_step_stats): wall, CPU busy, GPU busy and overlapped ms (the
         GPU's only after set_timed(True)), GPU runs and how many were replayed CUDA graphs."""
