@@ -157,11 +157,12 @@ def kv_store(cache, src, pos) -> np.ndarray:
     return out
 
 
-def attention(q, k, v, pos, scale: float, window: int = 0) -> np.ndarray:
+def attention(q, k, v, pos, scale: float, window: int = 0, sinks=None) -> np.ndarray:
     """q (n_tokens, n_head, hd), k/v caches (n_ctx, n_kv_head, hd) -> (n_tokens, n_head * hd).
 
     Token t attends cache slots [0, pos[t]] (window > 0: (pos[t] - window, pos[t]]); head h reads kv head
-    h // (n_head // n_kv_head).
+    h // (n_head // n_kv_head); sinks (n_head,): a logit each head's softmax counts with no value (transformers'
+    gpt-oss eager attention).
     """
     q, k, v = _f64(q), _f64(k), _f64(v)
     pos = np.asarray(pos, np.int64)
@@ -175,8 +176,10 @@ def attention(q, k, v, pos, scale: float, window: int = 0) -> np.ndarray:
             lo = max(0, pos[t] + 1 - window) if window else 0
             kk, vv = k[lo: pos[t] + 1, h // group], v[lo: pos[t] + 1, h // group]  # (pos + 1 - lo, hd)
             s = np.float64(np.float32(scale)) * (kk @ q[t, h])  # (pos + 1,)
-            p = np.exp(s - s.max())
-            out[t, h] = (p / p.sum()) @ vv
+            top = s.max() if sinks is None else max(s.max(), float(sinks[h]))
+            p = np.exp(s - top)
+            z = p.sum() + (0.0 if sinks is None else np.exp(float(sinks[h]) - top))
+            out[t, h] = (p / z) @ vv
     return out.reshape(n_tokens, n_head * hd)
 
 

@@ -218,8 +218,8 @@ def test_soft_max(rows, cols, use_pos, seed):
 @given(cache_type=st.sampled_from([ggml.F32, ggml.F16]), n_kv=st.integers(1, 3), group=st.integers(1, 3),
        hd=st.sampled_from([8, 40, 64, 128, 256]), n_ctx=st.integers(1, 700),
        n_tokens=st.sampled_from([1, 2, 3, 4, 16, 33, 70]), seed=st.integers(0, 2**31), rope_k=st.booleans(),
-       window=st.sampled_from([0, 1, 5, 64, 512]))
-def test_kv_store_and_attention(cache_type, n_kv, group, hd, n_ctx, n_tokens, seed, rope_k, window):
+       window=st.sampled_from([0, 1, 5, 64, 512]), with_sinks=st.booleans())
+def test_kv_store_and_attention(cache_type, n_kv, group, hd, n_ctx, n_tokens, seed, rope_k, window, with_sinks):
     """With rope_k the new keys are rotated first: on CUDA rope writes them into the cache (one fused kernel);
     window > 0: a sliding-window layer's attention; up to 70 tokens: a prompt batch."""
     rng = np.random.default_rng(seed)
@@ -231,6 +231,7 @@ def test_kv_store_and_attention(cache_type, n_kv, group, hd, n_ctx, n_tokens, se
     q = rng.standard_normal((n_tokens, n_head, hd)).astype(np.float32)
     pos = np.sort(rng.choice(n_ctx, n_tokens, replace=False)).astype(np.int32)
     scale = 1.0 / np.sqrt(hd)
+    sinks = (rng.standard_normal(n_head) * 3).astype(np.float32) if with_sinks else None  # gpt-oss'
 
     def build(ctx):
         kc = tensor(ctx, cache0, cache_type)
@@ -240,7 +241,7 @@ def test_kv_store_and_attention(cache_type, n_kv, group, hd, n_ctx, n_tokens, se
         tk = ctx.reshape(tk, (n_tokens, n_kv, hd))
         k = ctx.kv_store(kc, ctx.rope(tk, p, hd, ggml.ROPE_NEOX, 10000.0) if rope_k else tk, p)
         v = ctx.kv_store(vc, tensor(ctx, vnew), p)
-        return [ctx.attention(tensor(ctx, q), k, v, p, scale, window)]
+        return [ctx.attention(tensor(ctx, q), k, v, p, scale, window, tensor(ctx, sinks) if with_sinks else None)]
 
     n_fused = []
     (got,), (cpu,) = run(build, "cuda", n_fused), run(build, "cpu")
@@ -249,7 +250,7 @@ def test_kv_store_and_attention(cache_type, n_kv, group, hd, n_ctx, n_tokens, se
     kc, vc = cast(cache0).copy(), cast(cache0[::-1]).copy()
     kc[pos] = cast(ref.rope(knew, pos, hd, ggml.ROPE_NEOX, 10000.0).astype(np.float32) if rope_k else knew)
     vc[pos] = cast(vnew)
-    want = ref.attention(q, kc, vc, pos, scale, window)
+    want = ref.attention(q, kc, vc, pos, scale, window, sinks)
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-3, atol=1e-4)
     np.testing.assert_allclose(got, cpu, rtol=1e-3, atol=1e-4)
 

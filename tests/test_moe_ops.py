@@ -53,11 +53,16 @@ def as_kernel_sees(x: np.ndarray, weight_type: int) -> np.ndarray:
 def act64(kind: str, g: np.ndarray, u: np.ndarray) -> np.ndarray:
     if kind == "swiglu":
         return g / (1.0 + np.exp(-g)) * u
+    if kind == "swiglu_oai":  # gpt-oss (transformers' GptOssExperts._apply_gate)
+        g, u = np.minimum(g, 7.0), np.clip(u, -7.0, 7.0)
+        return g / (1.0 + np.exp(-1.702 * g)) * (u + 1.0)
     return 0.5 * g * (1.0 + np.tanh(0.7978845608028654 * (g + 0.044715 * g**3))) * u
 
 
-def moe_reference(x, ids, logits, slots, gate, up, down, kind, norm, gate_type, down_type):
-    """(m, d) float64: each token's experts held here (slots[e] >= 0), weighted by the logits' softmax."""
+def moe_reference(x, ids, logits, slots, gate, up, down, kind, norm, gate_type, down_type, biases=None):
+    """(m, d) float64: each token's experts held here (slots[e] >= 0), weighted by the logits' softmax; biases
+    (n_expert, 2 n_ff + d) by expert."""
+    n_ff = gate.shape[1]
     m, k = ids.shape
     y = np.zeros((m, x.shape[1]))
     bound = np.zeros_like(y)  # sum of |weight| |down| |act|: the scale of the rounding error
@@ -72,10 +77,11 @@ def moe_reference(x, ids, logits, slots, gate, up, down, kind, norm, gate_type, 
             if e < 0:
                 continue
             w = np.exp(chosen[s] - top) / z
-            a = act64(kind, gate[e] @ xs[j], up[e] @ xs[j])
+            b = biases[ids[j, s]] if biases is not None else np.zeros(2 * n_ff + x.shape[1])
+            a = act64(kind, gate[e] @ xs[j] + b[:n_ff], up[e] @ xs[j] + b[n_ff:2 * n_ff])
             a_seen = as_kernel_sees(a.astype(np.float32)[None], down_type)[0]
-            y[j] += w * (down[e] @ a_seen)
-            bound[j] += w * (np.abs(down[e]) @ np.abs(a))
+            y[j] += w * (down[e] @ a_seen + b[2 * n_ff:])
+            bound[j] += w * (np.abs(down[e]) @ np.abs(a) + np.abs(b[2 * n_ff:]))
     return y, bound
 
 
@@ -131,14 +137,15 @@ def moe_case(draw):
     routing = draw(st.sampled_from(["random", "one expert", "ties"]))
     held = draw(st.sampled_from(["all", "some", "none"]))
     return gate_type, down_type, d, n_ff, n_expert, k, m, routing, held, draw(st.booleans()), draw(
-        st.sampled_from(["swiglu", "geglu"])), draw(st.integers(1, 3)), draw(st.integers(0, 2**31))
+        st.sampled_from(["swiglu", "geglu", "swiglu_oai"])), draw(st.booleans()), draw(st.integers(1, 3)), draw(
+        st.integers(0, 2**31))
 
 
 @pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=needs_gpu)])
 @given(case=moe_case())
 @SETTINGS
 def test_moe_ffn_matches_float64(backend, case):
-    gate_type, down_type, d, n_ff, n_expert, k, m, routing, held, norm, kind, n_threads, seed = case
+    gate_type, down_type, d, n_ff, n_expert, k, m, routing, held, norm, kind, biased, n_threads, seed = case
     rng = np.random.default_rng(seed)
     logits = rng.normal(size=(m, n_expert)).astype(np.float32)
     if routing == "ties":
@@ -161,10 +168,14 @@ def test_moe_ffn_matches_float64(backend, case):
     down_t, down64 = weights(ctx, rng.normal(size=(n_local, d, n_ff)) / np.sqrt(n_ff), down_type)
     if gate_t.ne[2] != n_local:  # ggml drops an outer axis of 1
         gate_t, up_t, down_t = (ctx.reshape(t, (n_local, *reversed(t.ne[:2]))) for t in (gate_t, up_t, down_t))
+    # gpt-oss' experts carry biases (by expert, whichever matrix holds it); its gate values run past the clamp
+    biases = rng.normal(size=(n_expert, 2 * n_ff + d)).astype(np.float32) * 2.0 if biased else None
     out = ctx.moe_ffn(gate_t, up_t, down_t, tensor(ctx, x), ctx.tensor_from_numpy(ids), tensor(ctx, logits),
-                      ctx.tensor_from_numpy(slots) if slots is not None else None, kind, norm)
+                      ctx.tensor_from_numpy(slots) if slots is not None else None, kind, norm,
+                      tensor(ctx, biases) if biased else None)
     (got,) = compute(ctx, [out], n_threads) if backend == "cpu" else compute_on_gpu(ctx, [out])
-    want, bound = moe_reference(x, ids, logits, slots, gate64, up64, down64, kind, norm, gate_type, down_type)
+    want, bound = moe_reference(x, ids, logits, slots, gate64, up64, down64, kind, norm, gate_type, down_type,
+                                biases)
     # the GPU quantizes activations for every quantized type to Q8_1 and keeps x in F32 for float weights (the CPU
     # converts both to the type's vec_dot_type, which the reference follows)
     tols = {ggml.F32: 1e-5, ggml.F16: 2e-3, ggml.BF16: 1e-2}

@@ -374,6 +374,7 @@ def test_soft_max_rejects_negative_position():
        seed=st.integers(0, 2**31))
 def test_kv_store_and_attention(cache_type, n_kv, group, hd, n_ctx, data, threads, seed):
     window = data.draw(st.integers(0, n_ctx))  # 0: every earlier slot, else a sliding window
+    with_sinks = data.draw(st.booleans())  # gpt-oss' attention sinks
     rng = rng_for(seed)
     n_head = n_kv * group
     n_tokens = data.draw(st.integers(1, n_ctx))
@@ -391,12 +392,14 @@ def test_kv_store_and_attention(cache_type, n_kv, group, hd, n_ctx, data, thread
     post = tensor(ctx, pos)
     ks = ctx.kv_store(kc, tensor(ctx, k_new), post)
     vs = ctx.kv_store(vc, tensor(ctx, v_new), post)
-    (y,) = compute(ctx, [ctx.attention(tensor(ctx, q), ks, vs, post, scale, window)], threads)
+    sinks = (rng.standard_normal(n_head) * 3).astype(np.float32) if with_sinks else None
+    (y,) = compute(ctx, [ctx.attention(tensor(ctx, q), ks, vs, post, scale, window,
+                                       tensor(ctx, sinks) if with_sinks else None)], threads)
     k_want = ref.kv_store(k0, k_new.astype(np_type), pos)
     v_want = ref.kv_store(v0, v_new.astype(np_type), pos)
     np.testing.assert_array_equal(kc.numpy().reshape(k0.shape), k_want.astype(np_type))  # in place, rounded as numpy
     np.testing.assert_array_equal(vc.numpy().reshape(v0.shape), v_want.astype(np_type))
-    assert_close(y, ref.attention(q, k_want, v_want, pos, scale, window), rtol=1e-4, atol=1e-5)
+    assert_close(y, ref.attention(q, k_want, v_want, pos, scale, window, sinks), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("bad", [-1, 8])

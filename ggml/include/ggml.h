@@ -184,7 +184,9 @@ struct ggml_tensor *ggml_kv_store(struct ggml_context *ctx, struct ggml_tensor *
 // q: [head_dim, n_head, n_tokens]; k, v: results of ggml_kv_store; token t attends to cache slots [0, pos[t]]
 // -> [head_dim * n_head, n_tokens]
 // window > 0: a query at position p sees the keys at positions (p - window, p] only (sliding-window layers)
-struct ggml_tensor *ggml_attention(struct ggml_context *ctx, struct ggml_tensor *q, struct ggml_tensor *k, struct ggml_tensor *v, struct ggml_tensor *pos, float scale, int window);
+// sinks: NULL, or (n_head) F32 logits that every query's softmax counts beside its keys' and no value follows
+// (gpt-oss' attention sinks)
+struct ggml_tensor *ggml_attention(struct ggml_context *ctx, struct ggml_tensor *q, struct ggml_tensor *k, struct ggml_tensor *v, struct ggml_tensor *pos, struct ggml_tensor *sinks, float scale, int window);
 // neuron-aware sparse ops. sel: F32 [n_rows, m] (row selected where > 0), I32 [n_sel, m] index list
 // (entries < 0 end it), or NULL (all rows); only rows in [begin, end) are considered (end < 0: n_rows).
 // w: [k, n_rows]; x: [k, m] F32 -> [n_rows, m] F32, zero where not selected
@@ -195,7 +197,8 @@ struct ggml_tensor *ggml_axpy_rows(struct ggml_context *ctx, struct ggml_tensor 
 struct ggml_tensor *ggml_axpy_rows_precise(struct ggml_context *ctx, struct ggml_tensor *wt, struct ggml_tensor *h, struct ggml_tensor *sel, int64_t begin, int64_t end);
 
 // the activation of a sparse_ffn: act(up) for RELU, act(gate) * up for the gated kinds (DRELU: relu(gate) * relu(up))
-enum ggml_ffn_kind { GGML_FFN_RELU, GGML_FFN_REGLU, GGML_FFN_DRELU, GGML_FFN_SWIGLU, GGML_FFN_GEGLU };
+// (SWIGLU_OAI, experts only: gpt-oss' clamped SwiGLU, min(g, 7) * sigmoid(1.702 min(g, 7)) * (clamp(u, -7, 7) + 1))
+enum ggml_ffn_kind { GGML_FFN_RELU, GGML_FFN_REGLU, GGML_FFN_DRELU, GGML_FFN_SWIGLU, GGML_FFN_GEGLU, GGML_FFN_SWIGLU_OAI };
 // bundle: [d, r * n_ff], neuron i's r rows adjacent: its gate row (gated kinds, r = 3), up row, then its
 // down_t row; x: [d, m] F32; sel: over n_ff as above. -> [d + n_ff, m] F32: rows [0, d) the FFN output
 // (sum over selected neurons of act * down_t), rows [d, d + n_ff) 1 where a neuron's down row was summed
@@ -212,8 +215,9 @@ struct ggml_tensor *ggml_top_k(struct ggml_context *ctx, struct ggml_tensor *a, 
 // experts share a matrix).
 // -> [d, m] F32: sum over the token's experts e this op holds of weight_e * down_e(act(gate_e x) * up_e x),
 // weight_e = exp(logit_e) / Z, Z summed over the k chosen experts (norm: the weights of the k add up to 1,
-// Mixtral and Qwen3-MoE) or over all experts (OLMoE). kind: SWIGLU or GEGLU.
-struct ggml_tensor *ggml_moe_ffn(struct ggml_context *ctx, struct ggml_tensor *gate, struct ggml_tensor *up, struct ggml_tensor *down, struct ggml_tensor *x, struct ggml_tensor *ids, struct ggml_tensor *logits, struct ggml_tensor *slots, enum ggml_ffn_kind kind, bool norm);
+// Mixtral and Qwen3-MoE) or over all experts (OLMoE). kind: SWIGLU, GEGLU or SWIGLU_OAI. biases: NULL or F32
+// [2 n_ff + d, n_expert], by expert (not by matrix): gate's, up's and down's (added before the weighting; gpt-oss).
+struct ggml_tensor *ggml_moe_ffn(struct ggml_context *ctx, struct ggml_tensor *gate, struct ggml_tensor *up, struct ggml_tensor *down, struct ggml_tensor *x, struct ggml_tensor *ids, struct ggml_tensor *logits, struct ggml_tensor *slots, struct ggml_tensor *biases, enum ggml_ffn_kind kind, bool norm);
 
 // --- graphs: built from output tensors, planned once (buffers for intermediates), computed many times ---
 struct ggml_cgraph *ggml_graph_new(struct ggml_context *ctx);

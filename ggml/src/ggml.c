@@ -545,7 +545,8 @@ struct ggml_tensor *ggml_kv_store(struct ggml_context *ctx, struct ggml_tensor *
 }
 
 struct ggml_tensor *ggml_attention(struct ggml_context *ctx, struct ggml_tensor *q, struct ggml_tensor *k,
-                                   struct ggml_tensor *v, struct ggml_tensor *pos, float scale, int window) {
+                                   struct ggml_tensor *v, struct ggml_tensor *pos, struct ggml_tensor *sinks,
+                                   float scale, int window) {
     CHECK_ARG(q && k && v && pos, "null tensor");
     CHECK_ARG(window >= 0, "attention window %d must be >= 0", window);
     CHECK_ARG(k->op == GGML_OP_KV_STORE && v->op == GGML_OP_KV_STORE, "attention reads k and v from kv_store nodes");
@@ -555,9 +556,12 @@ struct ggml_tensor *ggml_attention(struct ggml_context *ctx, struct ggml_tensor 
     CHECK_ARG(q->ne[1] % k->ne[1] == 0, "%lld query heads do not share %lld kv heads evenly", (long long)q->ne[1],
               (long long)k->ne[1]);
     CHECK_ARG(pos->ne[0] == q->ne[2], "attention needs one position per token");
+    CHECK_ARG(!sinks || (sinks->type == GGML_TYPE_F32 && ggml_nelements(sinks) == q->ne[1]),
+              "attention sinks must be %lld F32 values, one a query head", (long long)q->ne[1]);
     struct ggml_tensor *t =
         op_new(ctx, GGML_OP_ATTENTION, GGML_TYPE_F32, 2, (int64_t[]){q->ne[0] * q->ne[1], q->ne[2]}, q, k, v, pos);
     if (t) {
+        t->src[4] = sinks;
         ggml_set_op_param_f32(t, 0, scale);
         t->op_params[1] = window;
     }
@@ -653,9 +657,11 @@ static const char *check_experts(const struct ggml_tensor *w, int64_t cols, int6
 
 struct ggml_tensor *ggml_moe_ffn(struct ggml_context *ctx, struct ggml_tensor *gate, struct ggml_tensor *up,
                                  struct ggml_tensor *down, struct ggml_tensor *x, struct ggml_tensor *ids,
-                                 struct ggml_tensor *logits, struct ggml_tensor *slots, enum ggml_ffn_kind kind, bool norm) {
+                                 struct ggml_tensor *logits, struct ggml_tensor *slots, struct ggml_tensor *biases,
+                                 enum ggml_ffn_kind kind, bool norm) {
     CHECK_ARG(gate && up && down && x && ids && logits, "null tensor");
-    CHECK_ARG(kind == GGML_FFN_SWIGLU || kind == GGML_FFN_GEGLU, "moe_ffn: FFN kind %d is not gated by silu or gelu", (int)kind);
+    CHECK_ARG(kind == GGML_FFN_SWIGLU || kind == GGML_FFN_GEGLU || kind == GGML_FFN_SWIGLU_OAI,
+              "moe_ffn: FFN kind %d is not gated by silu or gelu", (int)kind);
     CHECK_ARG(x->type == GGML_TYPE_F32 && ggml_n_dims(x) <= 2 && ggml_is_contiguous(x), "moe_ffn takes F32 activations [d, m]");
     const int64_t d = x->ne[0], m = x->ne[1], n_ff = gate->ne[1], n_local = gate->ne[2], n_expert = logits->ne[0];
     const char *err = check_experts(gate, d, n_ff, n_local);
@@ -676,11 +682,15 @@ struct ggml_tensor *ggml_moe_ffn(struct ggml_context *ctx, struct ggml_tensor *g
     else
         CHECK_ARG(n_local == n_expert, "moe_ffn: %lld expert matrices for %lld experts need slots", (long long)n_local,
                   (long long)n_expert);
+    if (biases)
+        CHECK_ARG(biases->type == GGML_TYPE_F32 && ggml_is_contiguous(biases) && biases->ne[0] == 2 * n_ff + d &&
+                  ggml_nelements(biases) == biases->ne[0] * n_expert, "moe_ffn: biases must be F32 [2 n_ff + d, n_expert]");
     struct ggml_tensor *t = op_new(ctx, GGML_OP_MOE_FFN, GGML_TYPE_F32, 2, (int64_t[]){d, m}, gate, up, down, x);
     if (!t) return NULL;
     t->src[4] = ids;
     t->src[5] = logits;
     t->src[6] = slots;
+    t->src[7] = biases;
     t->op_params[0] = (int32_t)kind;
     t->op_params[1] = norm;
     return t;

@@ -17,7 +17,8 @@ F32, F16, BF16 = lib.GGML_TYPE_F32, lib.GGML_TYPE_F16, lib.GGML_TYPE_BF16
 Q4_0, Q4_1, Q5_0, Q8_0 = lib.GGML_TYPE_Q4_0, lib.GGML_TYPE_Q4_1, lib.GGML_TYPE_Q5_0, lib.GGML_TYPE_Q8_0
 Q4_K, Q6_K, I32 = lib.GGML_TYPE_Q4_K, lib.GGML_TYPE_Q6_K, lib.GGML_TYPE_I32
 WEIGHT_TYPES = (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K)
-FFN_KINDS = ("relu", "reglu", "drelu", "swiglu", "geglu")  # sparse_ffn activations, as enum ggml_ffn_kind
+# FFN activations, as enum ggml_ffn_kind (sparse_ffn takes the first five; swiglu_oai, gpt-oss', only moe_ffn)
+FFN_KINDS = ("relu", "reglu", "drelu", "swiglu", "geglu", "swiglu_oai")
 ROPE_NORMAL, ROPE_NEOX = lib.GGML_ROPE_NORMAL, lib.GGML_ROPE_NEOX
 
 _NUMPY_DTYPES = {F32: np.float32, F16: np.float16, I32: np.int32, lib.GGML_TYPE_I8: np.int8}
@@ -274,9 +275,12 @@ class Context:
     def kv_store(self, cache: Tensor, src: Tensor, pos: Tensor) -> Tensor:
         return self._t(lib.ggml_kv_store(self.ptr, cache.ptr, src.ptr, pos.ptr))
 
-    def attention(self, q: Tensor, k: Tensor, v: Tensor, pos: Tensor, scale: float, window: int = 0) -> Tensor:
-        """Causal attention over the cache; window > 0: keys at positions (p - window, p] only."""
-        return self._t(lib.ggml_attention(self.ptr, q.ptr, k.ptr, v.ptr, pos.ptr, scale, window))
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, pos: Tensor, scale: float, window: int = 0,
+                  sinks: Tensor | None = None) -> Tensor:
+        """Causal attention over the cache; window > 0: keys at positions (p - window, p] only; sinks (n_head,)
+        F32: a logit per head that each softmax counts beside the keys' (gpt-oss)."""
+        return self._t(lib.ggml_attention(self.ptr, q.ptr, k.ptr, v.ptr, pos.ptr, sinks.ptr if sinks else ffi.NULL,
+                                          scale, window))
 
     def mul_mat_rows(self, w: Tensor, x: Tensor, sel: Tensor | None = None, begin: int = 0, end: int = -1):
         return self._t(lib.ggml_mul_mat_rows(self.ptr, w.ptr, x.ptr, sel.ptr if sel else ffi.NULL, begin, end))
@@ -300,15 +304,17 @@ class Context:
         return self._t(lib.ggml_top_k(self.ptr, a.ptr, k))
 
     def moe_ffn(self, gate: Tensor, up: Tensor, down: Tensor, x: Tensor, ids: Tensor, logits: Tensor,
-                slots: Tensor | None, kind: str, norm: bool) -> Tensor:
+                slots: Tensor | None, kind: str, norm: bool, biases: Tensor | None = None) -> Tensor:
         """(m, d) -> (m, d): each token's routed experts (ids (m, k) of the router's logits (m, n_expert)),
         weighted by the logits' softmax over the k (norm) or over all experts, summed; gate and up
         (n_local, n_ff, d), down (n_local, d, n_ff); slots (n_expert,) I32: expert e's matrix here or -1
-        (None: matrix e). kind "swiglu" or "geglu"."""
+        (None: matrix e). kind "swiglu", "geglu" or "swiglu_oai". biases (n_expert, 2 n_ff + d) F32: each expert's
+        gate, up and down biases (gpt-oss)."""
         if kind not in FFN_KINDS:
             raise InvalidArgumentError(f"unknown FFN kind {kind!r}; known: {', '.join(FFN_KINDS)}")
         return self._t(lib.ggml_moe_ffn(self.ptr, gate.ptr, up.ptr, down.ptr, x.ptr, ids.ptr, logits.ptr,
-                                        slots.ptr if slots else ffi.NULL, FFN_KINDS.index(kind), norm))
+                                        slots.ptr if slots else ffi.NULL, biases.ptr if biases else ffi.NULL,
+                                        FFN_KINDS.index(kind), norm))
 
 
 class ThreadPool:

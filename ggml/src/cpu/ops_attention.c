@@ -137,7 +137,8 @@ int ggml_cpu_op_kv_store(const struct ggml_compute_params *p, struct ggml_tensor
 
 // ---------------------------------------------------------------------------------------------------
 // ATTENTION: out[:, h, t] = softmax_s(scale * q[:, h, t] . k[:, g, s]) . v[:, g, s] over s in [0, pos[t]]
-// (in (pos[t] - window, pos[t]] for a sliding-window layer), g = h / (n_head / n_kv_head). A work unit is one head and up to ATTN_TOKENS consecutive tokens: each key
+// (in (pos[t] - window, pos[t]] for a sliding-window layer), g = h / (n_head / n_kv_head); with sinks, head h's
+// softmax counts exp(sinks[h]) beside its keys'. A work unit is one head and up to ATTN_TOKENS consecutive tokens: each key
 // and value row is converted to F32 once for all of them; scores go to a buffer, then one max, one
 // vectorised exp pass and one weighted sum of the value rows per query (no running rescale).
 // ---------------------------------------------------------------------------------------------------
@@ -201,6 +202,7 @@ static const float *attn_cache_row(const struct ggml_tensor *c, ggml_to_float_fn
 
 int ggml_cpu_op_attention(const struct ggml_compute_params *p, struct ggml_tensor *dst) {
     const struct ggml_tensor *q = dst->src[0], *k = dst->src[1], *v = dst->src[2], *pos = dst->src[3];
+    const float *sinks = dst->src[4] ? (const float *)dst->src[4]->data : NULL;
     const float scale = ggml_op_param_f32(dst, 0);
     const int64_t window = dst->op_params[1];
     const int64_t hd = q->ne[0], n_head = q->ne[1], n_tokens = q->ne[2];
@@ -242,9 +244,9 @@ int ggml_cpu_op_attention(const struct ggml_compute_params *p, struct ggml_tenso
         float inv[ATTN_TOKENS];
         for (int64_t i = 0; i < nt; i++) {
             float *sc = scores + i * n_ctx + first[i]; // (last - first + 1) this query's scores, then weights
-            float mx = -INFINITY;
+            float mx = sinks ? sinks[h] : -INFINITY;
             for (int64_t s = 0; s <= last[i] - first[i]; s++) mx = sc[s] > mx ? sc[s] : mx;
-            inv[i] = 1.0f / exp_sum(sc, last[i] - first[i] + 1, mx);
+            inv[i] = 1.0f / (exp_sum(sc, last[i] - first[i] + 1, mx) + (sinks ? expf(sinks[h] - mx) : 0.0f));
             memset(acc + i * hd, 0, (size_t)hd * sizeof(float));
         }
         for (int64_t s = smin; s <= smax; s++) {

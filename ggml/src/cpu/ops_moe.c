@@ -5,7 +5,8 @@
 // weights; barrier. Phase 2: chunks of an expert's gate and up rows, first come, first served: act(gate x) * up x
 // per pair; barrier. Phase 3: the activations converted to down's vec_dot_type; barrier. Phase 4: chunks of the
 // output rows: each expert's down rows dotted with its pairs' activations, weighted, summed per token. An expert's
-// pairs go 4 at a time through the type's 4 x 4 gemm tiles where it has them (a prompt's).
+// pairs go 4 at a time through the type's 4 x 4 gemm tiles where it has them (a prompt's). Biases (gpt-oss) are
+// found by expert: thread 0 also lists which expert each matrix holds.
 #include "ops_kernels.h"
 
 #include <string.h>
@@ -53,6 +54,7 @@ struct moe_pairs {
     int32_t *first;    // [n_local + 1] where each matrix's pairs start
     int32_t *token;    // [k m] each pair's token
     float *weight;     // [k m] each pair's routing weight
+    int32_t *expert;   // [n_local] the expert each matrix holds
 };
 
 struct moe_layout { // scratch offsets in wdata
@@ -66,7 +68,7 @@ static struct moe_layout moe_layout_of(const struct ggml_tensor *dst, int n_thre
     struct moe_layout l;
     l.xq = 0;
     l.pairs = l.xq + ggml_cpu_xcols_wsize(gate, x);
-    l.act = l.pairs + ggml_cpu_align_up(sizeof(int32_t) * (size_t)(n_local + 1 + 2 * n_pairs));
+    l.act = l.pairs + ggml_cpu_align_up(sizeof(int32_t) * (size_t)(2 * n_local + 1 + 2 * n_pairs));
     l.actq = l.act + ggml_cpu_align_up(sizeof(float) * (size_t)(n_pairs * n_ff));
     l.tiles = l.actq + (vdt == GGML_TYPE_F32 ? 0 : ggml_cpu_align_up((size_t)n_pairs * ggml_row_size(vdt, n_ff)));
     // per thread: GGML_GEMM_TILE_COLS tokens' x gathered for gate's and up's gemm tiles
@@ -82,7 +84,8 @@ size_t ggml_cpu_moe_ffn_wsize(const struct ggml_tensor *dst, int n_threads) {
 
 static struct moe_pairs moe_pairs_at(void *wdata, const struct moe_layout *l, int64_t n_local, int64_t n_pairs) {
     int32_t *ints = (int32_t *)((char *)wdata + l->pairs);
-    return (struct moe_pairs){ints, ints + n_local + 1, (float *)(ints + n_local + 1 + n_pairs)};
+    return (struct moe_pairs){ints, ints + n_local + 1, (float *)(ints + n_local + 1 + n_pairs),
+                              ints + n_local + 1 + 2 * n_pairs};
 }
 
 // the matrix that holds expert e here, or -1
@@ -97,6 +100,8 @@ static void moe_sort_pairs(const struct ggml_tensor *dst, struct moe_pairs *mp) 
     const bool norm = dst->op_params[1];
     int32_t *count = mp->first + 1; // counts per matrix, then running starts
     memset(mp->first, 0, sizeof(int32_t) * (size_t)(n_local + 1));
+    for (int32_t e = 0; e < n_expert; e++)
+        if (moe_slot(slots, e) >= 0) mp->expert[moe_slot(slots, e)] = e;
     for (int64_t j = 0; j < m; j++)
         for (int64_t s = 0; s < k; s++) {
             const int32_t e = moe_slot(slots, ((const int32_t *)ids->data)[j * k + s]);
@@ -138,7 +143,15 @@ static inline float *moe_out(struct ggml_tensor *dst, int32_t j) {
     return (float *)((char *)dst->data + j * (int64_t)dst->nb[1]);
 }
 
+#define OAI_ALPHA 1.702f // gpt-oss' clamped SwiGLU (llama.cpp's swiglu_oai)
+#define OAI_LIMIT 7.0f
+
 static inline float moe_act(enum ggml_ffn_kind kind, float g, float u) {
+    if (kind == GGML_FFN_SWIGLU_OAI) {
+        g = fminf(g, OAI_LIMIT);
+        u = fminf(fmaxf(u, -OAI_LIMIT), OAI_LIMIT);
+        return g / (1.0f + expf(-OAI_ALPHA * g)) * (u + 1.0f);
+    }
     return (kind == GGML_FFN_SWIGLU ? ggml_silu_f32(g) : ggml_gelu_f32(g)) * u;
 }
 
@@ -148,6 +161,7 @@ struct moe_rows {
     size_t nb1;
     int64_t k;           // values a row
     const struct ggml_type_traits *t;
+    const float *b, *b2; // the expert's biases of w and w2, or NULL
 };
 
 // phase 2, one pair whose x (in vec_dot_type) is at xq: act[r] = act(gate[r] . x) * (up[r] . x), rows [r0, r1)
@@ -157,7 +171,7 @@ static void moe_up_rows(const struct moe_rows *m, enum ggml_ffn_kind kind, const
         float g, u;
         m->t->vec_dot(m->k, &g, m->w + r * (int64_t)m->nb1, xq);
         m->t->vec_dot(m->k, &u, m->w2 + r * (int64_t)m->nb1, xq);
-        act[r] = moe_act(kind, g, u);
+        act[r] = m->b ? moe_act(kind, g + m->b[r], u + m->b2[r]) : moe_act(kind, g, u);
     }
 }
 
@@ -166,13 +180,13 @@ static void moe_down_rows(const struct moe_rows *m, const char *aq, float weight
     for (int64_t r = r0; r < r1; r++) {
         float v;
         m->t->vec_dot(m->k, &v, m->w + r * (int64_t)m->nb1, aq);
-        y[r] += weight * v;
+        y[r] += weight * (m->b ? v + m->b[r] : v);
     }
 }
 
 int ggml_cpu_op_moe_ffn(const struct ggml_compute_params *p, struct ggml_tensor *dst) {
     const struct ggml_tensor *gate = dst->src[0], *up = dst->src[1], *down = dst->src[2], *x = dst->src[3];
-    const struct ggml_tensor *ids = dst->src[4], *slots = dst->src[6];
+    const struct ggml_tensor *ids = dst->src[4], *slots = dst->src[6], *biases = dst->src[7];
     const int64_t d = x->ne[0], n_ff = gate->ne[1], n_local = gate->ne[2], n_expert = dst->src[5]->ne[0];
     const int64_t n_pairs = ggml_nelements(ids);
     const enum ggml_ffn_kind kind = (enum ggml_ffn_kind)dst->op_params[0];
@@ -209,8 +223,10 @@ int ggml_cpu_op_moe_ffn(const struct ggml_compute_params *p, struct ggml_tensor 
     while (ggml_next_chunk(p->chunk_next, n_active * chunks, 1, &u0, &u1)) {
         const int32_t e = active[u0 / chunks];
         const int64_t r0 = u0 % chunks * MOE_ROWS, r1 = r0 + MOE_ROWS < n_ff ? r0 + MOE_ROWS : n_ff;
+        const float *b = biases ? (const float *)biases->data + (2 * n_ff + d) * (int64_t)mp.expert[e] : NULL;
         const struct moe_rows m = {(const char *)gate->data + e * (int64_t)gate->nb[2],
-                                   (const char *)up->data + e * (int64_t)up->nb[2], gate->nb[1], d, tw};
+                                   (const char *)up->data + e * (int64_t)up->nb[2], gate->nb[1], d, tw, b,
+                                   b ? b + n_ff : NULL};
         int32_t q = mp.first[e];
         // the expert's pairs 4 at a time through 4 x 4 tiles (their x gathered side by side), the rest one by one
         for (; tw->gemm_tile && q + TILE_C <= mp.first[e + 1]; q += TILE_C) {
@@ -223,7 +239,8 @@ int ggml_cpu_op_moe_ffn(const struct ggml_compute_params *p, struct ggml_tensor 
                 tw->gemm_tile(d, u, TILE_R, m.w2 + r * (int64_t)m.nb1, m.nb1, xt, xc.stride);
                 for (int c = 0; c < TILE_C; c++)
                     for (int i = 0; i < TILE_R; i++)
-                        act[(q + c) * n_ff + r + i] = moe_act(kind, g[c * TILE_R + i], u[c * TILE_R + i]);
+                        act[(q + c) * n_ff + r + i] = moe_act(kind, g[c * TILE_R + i] + (b ? b[r + i] : 0.0f),
+                                                              u[c * TILE_R + i] + (b ? b[n_ff + r + i] : 0.0f));
             }
             for (int c = 0; c < TILE_C; c++) moe_up_rows(&m, kind, xt + c * xc.stride, act + (q + c) * n_ff, r, r1);
         }
@@ -256,7 +273,10 @@ int ggml_cpu_op_moe_ffn(const struct ggml_compute_params *p, struct ggml_tensor 
                    sizeof(float) * (size_t)(r1 - r0));
         for (int64_t a = 0; a < n_active; a++) {
             const int32_t e = active[a];
-            const struct moe_rows m = {(const char *)down->data + e * (int64_t)down->nb[2], NULL, down->nb[1], n_ff, td};
+            const float *b = biases ? (const float *)biases->data + (2 * n_ff + d) * (int64_t)mp.expert[e] + 2 * n_ff
+                                    : NULL;
+            const struct moe_rows m = {(const char *)down->data + e * (int64_t)down->nb[2], NULL, down->nb[1], n_ff, td,
+                                       b, NULL};
             int32_t q = mp.first[e];
             for (; td->gemm_tile && q + TILE_C <= mp.first[e + 1]; q += TILE_C) { // the act rows lie side by side
                 int64_t r = r0;
@@ -265,7 +285,8 @@ int ggml_cpu_op_moe_ffn(const struct ggml_compute_params *p, struct ggml_tensor 
                     td->gemm_tile(n_ff, v, TILE_R, m.w + r * (int64_t)m.nb1, m.nb1, aq + (size_t)q * aq_row, aq_row);
                     for (int c = 0; c < TILE_C; c++)
                         for (int i = 0; i < TILE_R; i++)
-                            moe_out(dst, mp.token[q + c])[r + i] += mp.weight[q + c] * v[c * TILE_R + i];
+                            moe_out(dst, mp.token[q + c])[r + i] +=
+                                mp.weight[q + c] * (v[c * TILE_R + i] + (b ? b[r + i] : 0.0f));
                 }
                 for (int c = 0; c < TILE_C; c++)
                     moe_down_rows(&m, aq + (size_t)(q + c) * aq_row, mp.weight[q + c], moe_out(dst, mp.token[q + c]), r,

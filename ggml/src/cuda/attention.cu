@@ -49,8 +49,8 @@ static __device__ __forceinline__ float cache_at(const char *row, int d) {
 
 template <bool F16>
 __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cuda_view q, cuda_view k, cuda_view v,
-                                                                  const char *pos, int64_t pos_nb0, cuda_view dst,
-                                                                  float scale, int window) {
+                                                                  const char *pos, int64_t pos_nb0, const float *sinks,
+                                                                  cuda_view dst, float scale, int window) {
     __shared__ float sh_m[ATT_WARPS], sh_l[ATT_WARPS];
     __shared__ float sh_acc[ATT_WARPS][ATT_MAX_DPL * 32];
     const int hd = (int)q.ne[0], h = blockIdx.x, lane = threadIdx.x % 32, w = threadIdx.x / 32;
@@ -100,9 +100,9 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cuda_view q, 
 #pragma unroll
     for (int i = 0; i < ATT_MAX_DPL; i++) sh_acc[w][lane + 32 * i] = acc[i];
     __syncthreads();
-    float m_all = -INFINITY;
+    float m_all = sinks ? sinks[h] : -INFINITY; // a sink counts in the softmax's sum, adds no value
     for (int j = 0; j < ATT_WARPS; j++) m_all = fmaxf(m_all, sh_m[j]);
-    float l_all = 0.0f, cw[ATT_WARPS];
+    float l_all = sinks ? expf(sinks[h] - m_all) : 0.0f, cw[ATT_WARPS];
     for (int j = 0; j < ATT_WARPS; j++) {
         cw[j] = sh_l[j] > 0.0f ? expf(sh_m[j] - m_all) : 0.0f; // a warp without slots adds nothing
         l_all += sh_l[j] * cw[j];
@@ -127,13 +127,14 @@ int cuda_op_attention(struct ggml_tensor *dst, cudaStream_t st) {
     const dim3 grid((unsigned)q->ne[1], (unsigned)q->ne[2]);
     const float scale = ggml_op_param_f32(dst, 0);
     const int window = dst->op_params[1];
+    const float *sinks = dst->src[4] ? (const float *)dst->src[4]->data : nullptr;
     if (k->type == GGML_TYPE_F16)
         attention_kernel<true><<<grid, ATT_WARPS * 32, 0, st>>>(cuda_view_of(q), cuda_view_of(k), cuda_view_of(v),
-                                                                (const char *)pos->data, (int64_t)pos->nb[0],
+                                                                (const char *)pos->data, (int64_t)pos->nb[0], sinks,
                                                                 cuda_view_of(dst), scale, window);
     else
         attention_kernel<false><<<grid, ATT_WARPS * 32, 0, st>>>(cuda_view_of(q), cuda_view_of(k), cuda_view_of(v),
-                                                                 (const char *)pos->data, (int64_t)pos->nb[0],
+                                                                 (const char *)pos->data, (int64_t)pos->nb[0], sinks,
                                                                  cuda_view_of(dst), scale, window);
     return cuda_launch_status("attention");
 }

@@ -45,7 +45,9 @@ __global__ void __launch_bounds__(MOE_WARPS * 32) moe_up_kernel(moe_params p) {
             g = warp_sum(acc[0][0]);
             u = warp_sum(acc[1][0]);
         }
-        if (lane == 0) p.act[pair * p.n_ff + r] = cuda_act(p.kind, g) * u;
+        const float *b = moe_bias(p, pair);
+        if (lane == 0) p.act[pair * p.n_ff + r] = b ? moe_act(p.kind, g + b[r], u + b[p.n_ff + r])
+                                                    : moe_act(p.kind, g, u);
     }
     }
 }
@@ -96,7 +98,8 @@ __global__ void __launch_bounds__(MOE_WARPS * 32) moe_down_kernel(moe_params p) 
                                              lane, acc);
                 v = warp_sum(acc[0][0]);
             }
-            if (lane == 0) p.part[pair * p.d + r] = w * v;
+            const float *b = moe_bias(p, pair);
+            if (lane == 0) p.part[pair * p.d + r] = w * (b ? v + b[2 * p.n_ff + r] : v);
         }
     }
 }
@@ -247,7 +250,7 @@ static int moe_gemv(moe_params p, enum ggml_type gate_type, enum ggml_type down_
 
 int cuda_op_moe_ffn(struct ggml_tensor *dst, void *wdata, cudaStream_t st) {
     const struct ggml_tensor *gate = dst->src[0], *up = dst->src[1], *down = dst->src[2], *x = dst->src[3];
-    const struct ggml_tensor *ids = dst->src[4], *logits = dst->src[5], *slots = dst->src[6];
+    const struct ggml_tensor *ids = dst->src[4], *logits = dst->src[5], *slots = dst->src[6], *biases = dst->src[7];
     if (!cuda_type_is_weight(gate->type) || !cuda_type_is_weight(down->type))
         return ggml_set_error(GGML_STATUS_UNSUPPORTED, "moe_ffn on the GPU cannot read %s experts",
                               ggml_type_name(cuda_type_is_weight(gate->type) ? down->type : gate->type));
@@ -269,7 +272,8 @@ int cuda_op_moe_ffn(struct ggml_tensor *dst, void *wdata, cudaStream_t st) {
     p.part = (float *)(w + sc.part);
     p.wts = (float *)(w + sc.wts);
     p.y = (float *)dst->data;
-    p.kind = dst->op_params[0] == GGML_FFN_SWIGLU ? GGML_OP_SILU : GGML_OP_GELU;
+    p.biases = biases ? (const float *)biases->data : NULL;
+    p.kind = dst->op_params[0];
     p.norm = dst->op_params[1] != 0;
     const int64_t pairs = p.k * p.m;
     if (pairs == 0) return GGML_STATUS_OK;

@@ -22,9 +22,25 @@ struct moe_params {
     float *part;                     // [d, k m] each pair's weighted down output
     float *wts;                      // [k m] each pair's routing weight
     float *y;                        // [d, m]
-    int kind;                        // GGML_OP_SILU or GGML_OP_GELU
+    const float *biases;             // [2 n_ff + d, n_expert] by expert (gate's, up's, down's), or NULL
+    int kind;                        // enum ggml_ffn_kind: SWIGLU, GEGLU or SWIGLU_OAI
     bool norm;
 };
+
+// the biases of a pair's expert (gate's n_ff, up's n_ff, down's d), or nullptr
+static __device__ __forceinline__ const float *moe_bias(const moe_params &p, int64_t pair) {
+    return p.biases ? p.biases + (int64_t)p.ids[pair] * (2 * p.n_ff + p.d) : nullptr;
+}
+
+// the activation of a gate and an up value (ops_moe.c's moe_act)
+static __device__ __forceinline__ float moe_act(int kind, float g, float u) {
+    if (kind == GGML_FFN_SWIGLU_OAI) { // gpt-oss' clamped SwiGLU
+        g = fminf(g, 7.0f);
+        u = fminf(fmaxf(u, -7.0f), 7.0f);
+        return g / (1.0f + expf(-1.702f * g)) * (u + 1.0f);
+    }
+    return cuda_act(kind == GGML_FFN_SWIGLU ? GGML_OP_SILU : GGML_OP_GELU, g) * u;
+}
 
 static __device__ __forceinline__ int32_t moe_slot(const moe_params &p, int64_t pair) {
     const int32_t e = p.ids[pair];

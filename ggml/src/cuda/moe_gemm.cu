@@ -113,7 +113,11 @@ __global__ void __launch_bounds__(128) moe_gemm_kernel(moe_params p, moe_sort s,
         const int r = i % GT_ROWS, c = i / GT_ROWS; // neighbouring threads: neighbouring rows of one pair
         const int pair = s_pair[c];
         if (pair < 0 || r0 + r >= R) continue;
-        const float v = GLU ? cuda_act(p.kind, so[0][r][c]) * so[GLU ? 1 : 0][r][c] : p.wts[pair] * so[0][r][c];
+        const float *b = moe_bias(p, pair);
+        const int64_t row = r0 + r;
+        const float v = GLU ? moe_act(p.kind, so[0][r][c] + (b ? b[row] : 0.0f),
+                                      so[GLU ? 1 : 0][r][c] + (b ? b[p.n_ff + row] : 0.0f))
+                            : p.wts[pair] * (so[0][r][c] + (b ? b[2 * p.n_ff + row] : 0.0f));
         out[(int64_t)pair * R + r0 + r] = v;
     }
 }
