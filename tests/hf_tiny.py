@@ -49,6 +49,13 @@ VARIANTS = {
     "olmoe": ("olmoe", {"num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": False}),
     "qwen3moe_top1": ("qwen3moe", {"num_experts": 4, "num_experts_per_tok": 1, "moe_intermediate_size": 48,
                                    "norm_topk_prob": True}),  # one expert a token: its weight is 1
+    # gpt-oss: attention sinks and biases, every other layer windowed (8 positions), YaRN (trained on 16, 4x),
+    # the router's bias and softmax over its top 2, experts with biases and the clamped SwiGLU
+    "gpt_oss": ("gpt_oss", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8,
+                            "layer_types": ["sliding_attention", "full_attention"],
+                            "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                                "original_max_position_embeddings": 16, "beta_fast": 32.0,
+                                                "beta_slow": 1.0, "truncate": True}}),
     # Falcon-7B's layout (multi-query, one LayerNorm, exact GELU) and Falcon-40B's (grouped KV, two, GELU's tanh
     # form); ReLU-Falcon
     "falcon_7b": ("falcon", {"multi_query": True, "new_decoder_architecture": False, "activation": "gelu"}),
@@ -56,7 +63,7 @@ VARIANTS = {
     "falcon_relu": ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2, "activation": "relu"}),
 }
 # mixtures of experts: no neurons to reorder or predict
-MOE_VARIANTS = ("qwen3moe", "mixtral", "olmoe", "qwen3moe_top1")
+MOE_VARIANTS = ("qwen3moe", "mixtral", "olmoe", "qwen3moe_top1", "gpt_oss")
 DENSE_VARIANTS = tuple(v for v in VARIANTS if v not in MOE_VARIANTS)
 
 
@@ -100,6 +107,11 @@ def _config(arch: str, extra: dict):
         return T.FalconConfig(hidden_size=64, ffn_hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                               vocab_size=N_VOCAB, max_position_embeddings=4096, bias=False, alibi=False,
                               parallel_attn=True, attn_implementation="eager", **extra)
+    if arch == "gpt_oss":
+        return T.GptOssConfig(hidden_size=64, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=2, head_dim=16, vocab_size=N_VOCAB, max_position_embeddings=64,
+                              rms_norm_eps=1e-5, attn_implementation="eager", experts_implementation="eager",
+                              **extra)
     if arch == "gemma3":
         return T.Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
                                   num_key_value_heads=2, head_dim=16, vocab_size=N_VOCAB, max_position_embeddings=4096,
@@ -162,7 +174,8 @@ def _rotary_f64(model: torch.nn.Module) -> None:
     def forward(x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None):
         params = cfg.rope_parameters[layer_type] if layer_type else cfg.rope_parameters  # Gemma 3: per kind
         freqs = position_ids[..., None].double() * inv_freq(params)  # (batch, T, head_dim/2)
-        emb = torch.cat((freqs, freqs), dim=-1)  # (batch, T, head_dim)
+        # (batch, T, head_dim): both halves' angles (gpt-oss rotates by the halves' one set)
+        emb = freqs if cfg.model_type == "gpt_oss" else torch.cat((freqs, freqs), dim=-1)
         # YaRN's cos/sin multiplier (1 for the others); Gemma 3 keeps one per kind of layer
         scale = getattr(rot, f"{layer_type}_attention_scaling" if layer_type else "attention_scaling")
         return (emb.cos() * scale).to(x.dtype), (emb.sin() * scale).to(x.dtype)
@@ -179,7 +192,7 @@ def build(variant: str, folder: str, seed: int = 0, dtype: torch.dtype = torch.f
     cfg = _config(arch, extra)
     cls = {"llama": T.LlamaForCausalLM, "qwen2": T.Qwen2ForCausalLM, "qwen3": T.Qwen3ForCausalLM,
            "mistral": T.MistralForCausalLM, "qwen3moe": T.Qwen3MoeForCausalLM, "mixtral": T.MixtralForCausalLM,
-           "olmoe": T.OlmoeForCausalLM,
+           "olmoe": T.OlmoeForCausalLM, "gpt_oss": T.GptOssForCausalLM,
            "gemma3": T.Gemma3ForCausalLM, "falcon": T.FalconForCausalLM, "opt": T.OPTForCausalLM}[arch]
     torch.manual_seed(seed)
     model = cls(cfg).eval()

@@ -56,6 +56,9 @@ def _ffn_act(gate: np.ndarray | None, up: np.ndarray, kind: str) -> np.ndarray:
     relu = np.maximum
     if kind == "swiglu":
         return gate / (1.0 + np.exp(-gate)) * up
+    if kind == "swiglu_oai":  # gpt-oss: clamped, sigmoid(1.702 g), up + 1
+        gate, up = np.minimum(gate, 7.0), np.clip(up, -7.0, 7.0)
+        return gate / (1.0 + np.exp(-1.702 * gate)) * (up + 1.0)
     if kind == "reglu":
         return relu(gate, 0.0) * up
     if kind == "drelu":
@@ -69,11 +72,15 @@ def _ffn_act(gate: np.ndarray | None, up: np.ndarray, kind: str) -> np.ndarray:
     return relu(up, 0.0)
 
 
-def _experts(h: np.ndarray, blk: str, cfg: ModelConfig, w) -> np.ndarray:
+def _experts(h: np.ndarray, blk: str, cfg: ModelConfig, w, opt_w) -> np.ndarray:
     """A mixture of experts' FFN (T, n_embd): each token's top n_expert_used experts by router logit (ties to the
     lower index), weighted by the router's softmax over all experts, renormalised over the chosen ones when
-    the model says so."""
+    the model says so; gpt-oss' router and experts add their biases."""
     logits = h @ w(blk + "ffn_gate_inp.weight").T  # (T, n_expert)
+    if cfg.expert_bias:
+        logits = logits + w(blk + "ffn_gate_inp.bias")
+    bias = {m: opt_w(blk + f"ffn_{m}_exps.bias") for m in ("gate", "up", "down")}  # (E, n_ff) / (E, d) or None
+    zero = {m: 0.0 if b is None else b for m, b in bias.items()}
     probs = np.exp(logits - logits.max(axis=1, keepdims=True))
     probs /= probs.sum(axis=1, keepdims=True)
     gate, up, down = (w(blk + f"ffn_{m}_exps.weight") for m in ("gate", "up", "down"))  # (E, n_ff, d), (E, d, n_ff)
@@ -82,8 +89,14 @@ def _experts(h: np.ndarray, blk: str, cfg: ModelConfig, w) -> np.ndarray:
         chosen = np.argsort(-logits[t], kind="stable")[:cfg.n_expert_used]
         weights = probs[t, chosen] / (probs[t, chosen].sum() if cfg.expert_norm else 1.0)
         for e, wt in zip(chosen, weights, strict=True):
-            out[t] += wt * (down[e] @ _ffn_act(gate[e] @ h[t], up[e] @ h[t], cfg.ffn_kind))
+            act = _ffn_act(gate[e] @ h[t] + _row(zero["gate"], e), up[e] @ h[t] + _row(zero["up"], e), cfg.ffn_kind)
+            out[t] += wt * (down[e] @ act + _row(zero["down"], e))
     return out
+
+
+def _row(b, e: int):
+    """Expert e's bias row, or 0.0 where there is none."""
+    return b if np.isscalar(b) else b[e]
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
@@ -91,9 +104,11 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
-def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: ModelConfig, window: int) -> np.ndarray:
+def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: ModelConfig, window: int,
+               sinks: np.ndarray | None = None) -> np.ndarray:
     """Causal softmax attention with grouped KV heads; q (T, n_head, hd), k/v (T, n_head_kv, hd); window > 0:
-    a query sees the last `window` positions only."""
+    a query sees the last `window` positions only; sinks (n_head,): a logit per head in the softmax's sum, with
+    no value (gpt-oss)."""
     n_tok = q.shape[0]
     group = cfg.n_head // cfg.n_head_kv
     k = np.repeat(k, group, axis=1)  # (T, n_head, hd)
@@ -103,9 +118,12 @@ def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: ModelConfig, wi
     if window:
         future |= np.tril(np.ones((n_tok, n_tok), dtype=bool), k=-window)  # (T, T) keys too far back
     scores[:, future] = -np.inf
-    scores -= scores.max(axis=-1, keepdims=True)
-    p = np.exp(scores)
-    p /= p.sum(axis=-1, keepdims=True)  # (n_head, T, T)
+    top = scores.max(axis=-1, keepdims=True)  # (n_head, T, 1)
+    if sinks is not None:
+        top = np.maximum(top, sinks[:, None, None])
+    p = np.exp(scores - top)
+    z = p.sum(axis=-1, keepdims=True) + (np.exp(sinks[:, None, None] - top) if sinks is not None else 0.0)
+    p /= z  # (n_head, T, T)
     out = np.einsum("hqk,khd->qhd", p, v)  # (T, n_head, hd)
     return out.reshape(n_tok, cfg.n_head * cfg.head_dim)
 
@@ -175,7 +193,8 @@ def reference_logits(gguf_file: GGUFFile, tokens: list[int],
             k = _norm(k, w(blk + "attn_k_norm.weight"), None, cfg)
         if cfg.rope_mode:
             q, k = _rope(q, pos, cfg, il, factors), _rope(k, pos, cfg, il, factors)
-        a = linear(_attention(q, k, v, cfg, cfg.layer_window(il)), blk + "attn_output")  # (T, n_embd)
+        a = linear(_attention(q, k, v, cfg, cfg.layer_window(il), opt_w(blk + "attn_sinks.weight")),
+                   blk + "attn_output")  # (T, n_embd)
         if cfg.post_norms:
             a = _norm(a, w(blk + "post_attention_norm.weight"), None, cfg)
         if cfg.arch == "falcon":  # parallel: the residual gets both at the end
@@ -184,9 +203,10 @@ def reference_logits(gguf_file: GGUFFile, tokens: list[int],
             x = x + a
             a = 0.0
             # FFN: norm, up (and gate), activation, down, residual
-            h = _norm(x, w(blk + "ffn_norm.weight"), opt_w(blk + "ffn_norm.bias"), cfg)  # (T, n_embd)
+            norm = blk + cfg.ffn_norm_name
+            h = _norm(x, w(norm + ".weight"), opt_w(norm + ".bias"), cfg)  # (T, n_embd)
         if cfg.is_moe:
-            x = x + _experts(h, blk, cfg, w)
+            x = x + _experts(h, blk, cfg, w, opt_w)
             continue
         if input_sparsity is not None:
             t_x, t_h = input_sparsity[0][il], input_sparsity[1][il]

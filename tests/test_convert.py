@@ -617,3 +617,23 @@ def test_yarn_metadata_gives_transformers_frequencies(rope):
         # llama.cpp's converter writes the yarn_* keys only when config.json has them: the defaults are the same
         plain = ModelConfig.from_metadata({k: v for k, v in meta.items() if ".yarn_" not in k})
         assert plain.rope_args(0) == pytest.approx(cfg.rope_args(0), rel=1e-6)
+
+
+def test_gpt_oss_yarn_without_truncation_converts_with_a_note(models, tmp_path, capsys):
+    """gpt-oss' config says truncate false; llama.cpp runs its YaRN ramp truncated, and so does pyinfer: the
+    conversion says so (other models with it are refused), and the file keeps the YaRN keys."""
+    folder = tmp_path / "hf"
+    shutil.copytree(models("gpt_oss").folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["rope_parameters"]["truncate"] = False
+    (folder / "config.json").write_text(json.dumps(config))
+    out = str(tmp_path / "m.gguf")
+    assert convert(str(folder), out, "--outtype", "f32") == 0
+    assert "truncate false" in capsys.readouterr().err
+    meta = GGUFFile(out).metadata
+    assert meta["gpt-oss.rope.scaling.type"] == "yarn" and meta["gpt-oss.rope.scaling.factor"] == 4.0
+    assert meta["gpt-oss.attention.sliding_window"] == 8 and "gpt-oss.attention.sliding_window_pattern" not in meta
+    config["model_type"], config["architectures"] = "llama", ["LlamaForCausalLM"]
+    (folder / "config.json").write_text(json.dumps(config))
+    assert convert(str(folder), str(tmp_path / "l.gguf"), "--outtype", "f32") == 1
+    assert "truncate false is not supported" in capsys.readouterr().err

@@ -51,7 +51,7 @@ def test_f32_logits_match_transformers(tiny, variant):
 
 
 @pytest.mark.parametrize("variant", ["llama_silu", "llama_relu", "qwen2", "qwen3", "gemma3", "mistral", "llama3_rope",
-                                     "qwen3moe", "mixtral", "olmoe",
+                                     "qwen3moe", "mixtral", "olmoe", "gpt_oss",
                                      "llama_yarn", "falcon_7b", "falcon_40b", "opt"])
 def test_greedy_32_steps_equal_transformers(tiny, variant):
     """Greedy decoding through the KV cache equals argmax of the float64 oracle recomputed from scratch;
@@ -88,7 +88,7 @@ def test_quantized_logits_within_bounds(tiny, outtype, qtype, bound):
         assert rel_err(precise.logits(tokens), want) < 3e-4
 
 
-@pytest.mark.parametrize("variant", ["gemma3", "mistral", "llama3_rope", "llama_yarn"])
+@pytest.mark.parametrize("variant", ["gemma3", "mistral", "llama3_rope", "llama_yarn", "gpt_oss"])
 def test_long_context_beyond_the_window(tiny, variant):
     """2000 tokens, far past the sliding window (8) or the rope scaling's original context (16; YaRN's 1024),
     through the KV cache in prompt batches of 300 and then one token at a time: the last positions' logits equal

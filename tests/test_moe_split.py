@@ -38,7 +38,7 @@ def _same(model: Model, whole: Model, prompt=TOKENS, batch_tol: float = 1e-3) ->
             == list(whole.generate_tokens(TOKENS[:3], 32, params, stop_at_eos=False)))
 
 
-@pytest.mark.parametrize("variant", ["qwen3moe", "mixtral", "olmoe"])
+@pytest.mark.parametrize("variant", ["qwen3moe", "mixtral", "olmoe", "gpt_oss"])
 @pytest.mark.parametrize("gpu_experts", [(0, 4), (1, 3), (2, 2), (3, 0)])
 def test_expert_splits_equal_the_whole_model(tiny_files, host_only, variant, gpu_experts):
     path = tiny_files(variant, False)
@@ -70,7 +70,7 @@ def test_experts_are_the_solver_units(tiny_files):
 
 
 @needs_gpu
-@pytest.mark.parametrize("variant", ["qwen3moe", "mixtral", "olmoe"])
+@pytest.mark.parametrize("variant", ["qwen3moe", "mixtral", "olmoe", "gpt_oss"])
 def test_on_the_gpu_whole_split_and_by_budget(tiny_files, variant):
     """A batch's GEMMs take F32 weights as TF32 on the GPU (the router excepted): 3e-2 as test_hybrid's."""
     path = tiny_files(variant, False)
@@ -139,13 +139,14 @@ def test_profile_counts_the_routers_choices_and_orders_the_split(tiny_files, tmp
     _same(split, Model(out, n_ctx=64, kv_type="f32", n_threads=2), TOKENS[:20])
 
 
-def test_llama_cpp_mixture_converts_and_sparsify_refuses(tiny_files, tmp_path, capsys):
+@pytest.mark.parametrize("variant", ["mixtral", "gpt_oss"])
+def test_llama_cpp_mixture_converts_and_sparsify_refuses(tiny_files, tmp_path, capsys, variant):
     """A mixture of experts as llama.cpp writes it converts to a file that loads (its experts kept as they are:
     the converter had labelled it down_t and the result did not load), and sparsify says in one line that it does
     not make experts sparse (it had named the broken conversion instead)."""
     from pyinfer.sparsity import sparsify
 
-    path = tiny_files("mixtral", False)
+    path = tiny_files(variant, False)
     out = str(tmp_path / "power.gguf")
     assert conv.main([path, "-o", out]) == 0
     assert GGUFFile(out).ffn_layout == "down"
@@ -169,7 +170,7 @@ def moe_streamed_on_cpu(host_only, monkeypatch):
     streamed_graphs_on_cpu(monkeypatch)
 
 
-@pytest.mark.parametrize("variant", ["qwen3moe", "olmoe"])
+@pytest.mark.parametrize("variant", ["qwen3moe", "olmoe", "gpt_oss"])
 @pytest.mark.parametrize("placed", [dict(plan=split_plan((1, 3))), dict(plan=split_plan((0, 2))),
                                     dict(n_gpu_layers=99, n_cpu_moe=1)])
 def test_streamed_prompt_equals_the_whole_model(tiny_files, moe_streamed_on_cpu, variant, placed):

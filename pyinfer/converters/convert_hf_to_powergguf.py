@@ -52,8 +52,12 @@ OUTTYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q4_0": 
 HF_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
             "MistralForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3", "FalconForCausalLM": "falcon",
             "OPTForCausalLM": "opt", "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe",
-            "OlmoeForCausalLM": "olmoe"}
-MOE_HF = {"MixtralForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM"}
+            "OlmoeForCausalLM": "olmoe", "GptOssForCausalLM": "gpt-oss"}
+MOE_HF = {"MixtralForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "GptOssForCausalLM"}
+# gpt-oss' experts: gate and up interleaved in one (n_expert, d, 2 n_ff) tensor, x @ W; down (n_expert, n_ff, d)
+OAI_SHAPES = {"oai_gate": lambda s: (s[0], s[2] // 2, s[1]), "oai_up": lambda s: (s[0], s[2] // 2, s[1]),
+              "oai_down": lambda s: (s[0], s[2], s[1]), "oai_gate_b": lambda s: (s[0], s[1] // 2),
+              "oai_up_b": lambda s: (s[0], s[1] // 2)}
 # Falcon's "gelu" is exact (nn.GELU) in transformers; llama.cpp's files run it in the tanh form ("gelu")
 FALCON_ACTS = {"gelu": "gelu_erf", "gelu_pytorch_tanh": "gelu", "gelu_new": "gelu", "relu": "relu"}
 LLAMA_ACTS = {"silu": "swiglu", "relu": "reglu", "drelu": "drelu", "gelu_pytorch_tanh": "geglu", "gelu_new": "geglu"}
@@ -94,7 +98,8 @@ def _rope(config: dict[str, Any], theta: float = 10000.0) -> tuple[float, dict[s
 def _yarn(config: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     """YaRN in llama.cpp's keys, with transformers' defaults; yarn_attn_factor is what cos and sin are multiplied
     by (transformers' attention_factor, from the factor and mscale / mscale_all_dim when not given)."""
-    if params.get("truncate", True) is not True:
+    if params.get("truncate", True) is not True and config.get("model_type") != "gpt_oss":
+        # (gpt-oss' is run truncated, as llama.cpp runs it: the converter says so)
         raise UnsupportedError("YaRN with truncate false is not supported (the ramp's ends are whole pairs)")
     orig = int(params.get("original_max_position_embeddings") or config.get("original_max_position_embeddings")
                or _need(config, "max_position_embeddings"))
@@ -155,7 +160,10 @@ def _hparams(config: dict[str, Any], arch: str) -> dict[str, Any]:
         if config.get(key) is not None:
             raise UnsupportedError(f"{key} is not supported")
     act = config.get("hidden_activation") or config.get("hidden_act", "silu")
-    acts = LLAMA_ACTS if arch in ("llama", "gemma3") else {"silu": "swiglu"}
+    acts = LLAMA_ACTS if arch in ("llama", "gemma3") else {"silu": "swiglu_oai" if arch == "gpt-oss" else "swiglu"}
+    if arch == "gpt-oss" and (config.get("swiglu_limit", 7.0), config.get("swiglu_alpha", 1.702)) != (7.0, 1.702):
+        raise UnsupportedError("gpt-oss with swiglu_limit or swiglu_alpha other than 7 and 1.702 (llama.cpp's) is "
+                               "not supported")
     if act not in acts:
         raise UnsupportedError(f"{arch} with hidden_act {act!r} is not supported; supported: {', '.join(acts)}")
     n_embd, n_head = int(_need(config, "hidden_size")), int(_need(config, "num_attention_heads"))
@@ -174,7 +182,19 @@ def _hparams(config: dict[str, Any], arch: str) -> dict[str, Any]:
             "out_bias": bool(config.get("attention_bias")), "ffn_bias": bool(config.get("mlp_bias")),
             "qk_norm": arch in ("qwen3", "gemma3", "qwen3moe", "olmoe"),
             "sliding_window": int(config.get("sliding_window") or 0),
-            **(_gemma3(config, head_dim) if gemma else {}), **_experts(config, arch)}
+            **(_gemma3(config, head_dim) if gemma else {}), **_experts(config, arch),
+            **({"swa_pattern": _swa_pattern(config, 2)} if arch == "gpt-oss" else {})}
+
+
+def _swa_pattern(config: dict[str, Any], every: int) -> int | list[bool]:
+    """Which layers are windowed, from layer_types, as llama.cpp's key holds it: `every` where every every-th
+    layer is global (its default), else one flag per layer."""
+    n_layer = int(_need(config, "num_hidden_layers"))
+    flags = [t == "sliding_attention" for t in config.get("layer_types") or []] or [
+        il % every < every - 1 for il in range(n_layer)]
+    if len(flags) != n_layer:
+        raise ModelFormatError(f"config.json has {len(flags)} layer_types for {n_layer} layers")
+    return every if flags == [il % every < every - 1 for il in range(n_layer)] else flags
 
 
 def _experts(config: dict[str, Any], arch: str) -> dict[str, Any]:
@@ -194,7 +214,7 @@ def _experts(config: dict[str, Any], arch: str) -> dict[str, Any]:
             "n_ff_exp": int(config.get("moe_intermediate_size") or _need(config, "intermediate_size")),
             # Mixtral always normalises; Qwen3-MoE and OLMoE say so, false when absent as transformers reads them
             # (llama.cpp's qwen3moe always normalises: the file's expert_weights_norm key says which applies)
-            "expert_norm": arch == "llama" or bool(config.get("norm_topk_prob", False))}
+            "expert_norm": arch in ("llama", "gpt-oss") or bool(config.get("norm_topk_prob", False))}
 
 
 def _falcon(config: dict[str, Any]) -> dict[str, Any]:
@@ -296,7 +316,11 @@ def tensor_map(arch: str, hp: dict[str, Any]) -> list[tuple[str, str, str]]:
                 proj += [("ffn_gate", "mlp.gate_proj", "", hp["ffn_bias"]),
                          ("ffn_up", "mlp.up_proj", "", hp["ffn_bias"]),
                          ("ffn_down", "mlp.down_proj", "down", hp["ffn_bias"])]
-            if arch == "gemma3":
+            if arch == "gpt-oss":
+                out += [(b + "attn_norm.weight", h + "input_layernorm.weight", ""),
+                        (b + "post_attention_norm.weight", h + "post_attention_layernorm.weight", ""),
+                        (b + "attn_sinks.weight", h + "self_attn.sinks", "")]
+            elif arch == "gemma3":
                 out += [(b + "attn_norm.weight", h + "input_layernorm.weight", norm),
                         (b + "post_attention_norm.weight", h + "post_attention_layernorm.weight", norm),
                         (b + "ffn_norm.weight", h + "pre_feedforward_layernorm.weight", norm),
@@ -316,7 +340,17 @@ def tensor_map(arch: str, hp: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def _expert_map(b: str, h: str, n_expert: int, arch: str) -> list[tuple[str, str, str]]:
-    """A layer's router and its experts' matrices, each stacked from n_expert HF tensors (HF name with {e})."""
+    """A layer's router and its experts' matrices, each stacked from n_expert HF tensors (HF name with {e});
+    gpt-oss' come stacked, gate and up interleaved, with biases (OAI_SHAPES' transforms)."""
+    if arch == "gpt-oss":
+        m = h + "mlp."
+        return [(b + "ffn_gate_inp.weight", m + "router.weight", ""), (b + "ffn_gate_inp.bias", m + "router.bias", ""),
+                (b + "ffn_gate_exps.weight", m + "experts.gate_up_proj", "oai_gate"),
+                (b + "ffn_up_exps.weight", m + "experts.gate_up_proj", "oai_up"),
+                (b + "ffn_down_exps.weight", m + "experts.down_proj", "oai_down"),
+                (b + "ffn_gate_exps.bias", m + "experts.gate_up_proj_bias", "oai_gate_b"),
+                (b + "ffn_up_exps.bias", m + "experts.gate_up_proj_bias", "oai_up_b"),
+                (b + "ffn_down_exps.bias", m + "experts.down_proj_bias", "")]
     moe, (gate, up, down) = (("block_sparse_moe.", ("w1", "w3", "w2")) if arch == "llama" else
                              ("mlp.", ("gate_proj", "up_proj", "down_proj")))
     stack = f"experts:{n_expert}"
@@ -392,8 +426,11 @@ def _arch_kv(arch: str, hp: dict[str, Any], name: str, outtype: Q) -> list[KV]:
         return kv + [(f"{arch}.attention.layer_norm_epsilon", hp["eps"], f32, None)]
     kv += [(f"{arch}.attention.layer_norm_rms_epsilon", hp["eps"], f32, None),
            (f"{arch}.rope.dimension_count", head_dim, u32, None)]
-    if arch == "llama" and hp["sliding_window"]:  # Mistral
+    if arch in ("llama", "gpt-oss") and hp["sliding_window"]:  # Mistral, gpt-oss
         kv.append((f"{arch}.attention.sliding_window", hp["sliding_window"], u32, None))
+    if arch == "gpt-oss" and hp["swa_pattern"] != 2:  # llama.cpp's default for gpt-oss: every other layer
+        kv.append((f"{arch}.attention.sliding_window_pattern", hp["swa_pattern"], GGUFValueType.ARRAY,
+                   GGUFValueType.BOOL))
     if "n_expert" in hp:
         kv += [(f"{arch}.expert_count", hp["n_expert"], u32, None),
                (f"{arch}.expert_used_count", hp["n_expert_used"], u32, None),
@@ -447,7 +484,7 @@ def _plan_hf(folder: str, outtype: Q, out_path: str, dense_path: str | None) -> 
     if archs[0] not in HF_ARCHS:
         raise UnsupportedError(f"unsupported architecture {archs[0]!r}; supported: {', '.join(HF_ARCHS)}")
     arch = HF_ARCHS[archs[0]]
-    if archs[0] not in ("MistralForCausalLM", "Gemma3ForCausalLM"):  # Qwen2 carries a window it does not use
+    if archs[0] not in ("MistralForCausalLM", "Gemma3ForCausalLM", "GptOssForCausalLM"):  # Qwen2 carries one unused
         config = {k: v for k, v in config.items() if k != "sliding_window"}
     if dense_path is not None and arch == "opt":
         raise UnsupportedError("--dense-gguf: llama.cpp has no OPT architecture, so no dense GGUF can be written")
@@ -455,6 +492,9 @@ def _plan_hf(folder: str, outtype: Q, out_path: str, dense_path: str | None) -> 
     src = SafetensorsSource(folder)
     _check_checkpoint(src, arch, hp)
     notes: list[str] = []
+    if _rope_params(config).get("truncate", True) is not True:  # gpt-oss' (others are refused)
+        notes.append("YaRN without truncation (truncate false) runs with its ramp's ends truncated to whole pairs, "
+                     "as llama.cpp runs gpt-oss")
     base_kv = _arch_kv(arch, hp, os.path.basename(os.path.abspath(folder)), outtype)
     base_kv += vocab_metadata(folder, arch, hp["n_vocab"], config)
 
@@ -475,6 +515,8 @@ def _plan_hf(folder: str, outtype: Q, out_path: str, dense_path: str | None) -> 
                 continue
             hname = _resolve(src, hname)
             shape = src.tensors[hname].shape
+            if transform in OAI_SHAPES:
+                shape = OAI_SHAPES[transform](shape)
             if transform == "down" and transposed:
                 gname = gname.replace("ffn_down", "ffn_down_t")
                 shape = shape[::-1]
@@ -530,6 +572,12 @@ def _producer(src: SafetensorsSource, hname: str, transform: str, transposed: bo
             w = w.astype(np.float32) + np.float32(1.0)
         elif transform == "qkv_groups":
             w = falcon_qkv_rows(w, hp["n_head"], hp["n_head_kv"])
+        elif transform in ("oai_gate", "oai_up"):  # (n_expert, d, 2 n_ff), gate in the even columns
+            w = np.ascontiguousarray(w[..., transform == "oai_up"::2].transpose(0, 2, 1))
+        elif transform == "oai_down":
+            w = np.ascontiguousarray(w.transpose(0, 2, 1))
+        elif transform in ("oai_gate_b", "oai_up_b"):
+            w = np.ascontiguousarray(w[..., transform == "oai_up_b"::2])
         return encode(w, qtype)
     return produce
 

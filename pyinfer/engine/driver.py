@@ -33,7 +33,7 @@ from pyinfer.engine.threads import default_threads
 from pyinfer.errors import ContextFullError, InvalidArgumentError, ModelFormatError, UnsupportedError
 from pyinfer.formats.gguf_file import GGUFFile
 from pyinfer.formats.tokenizer import Tokenizer
-from pyinfer.models import sparse_ffn
+from pyinfer.models import moe, sparse_ffn
 from pyinfer.models.common import Builder, GraphInputs
 from pyinfer.native import ggml
 from pyinfer.native.binding import lib
@@ -211,7 +211,8 @@ class Model:
         # with the whole model on the GPU the CPU only looks up embeddings: one thread, no barriers (unless
         # --n-cpu-moe leaves experts to it)
         self.n_threads = n_threads or (1 if n_gpu_layers > cfg.n_layer and not n_cpu_moe else default_threads())
-        self.weights_ctx = ggml.Context(1024 * (len(self.file.tensors) + cfg.n_layer + 16), no_alloc=True)
+        # the file's tensors, and per layer those made at load (expert biases) or by a split (its two sides)
+        self.weights_ctx = ggml.Context(1024 * (len(self.file.tensors) + 12 * cfg.n_layer + 16), no_alloc=True)
         self.weights: dict[str, ggml.Tensor] = {}
         for name, info in self.file.tensors.items():
             try:
@@ -221,6 +222,13 @@ class Model:
             t.set_data(info.data)
             t.name = name
             self.weights[name] = t
+        if cfg.expert_bias:  # gpt-oss: each layer's expert biases in the one tensor moe_ffn takes
+            for il in range(cfg.n_layer):
+                biases = moe.expert_biases(self.file, il)
+                t = self.weights_ctx.new_tensor(ggml.F32, biases.shape)
+                t.set_data(biases)
+                t.name = f"blk.{il}.{moe.BIASES}"
+                self.weights[t.name] = t
         self.kv_cache = KVCache(cfg, self.n_ctx, KV_TYPES[kv_type])
         self.sparse_spec = self._sparse_spec(sparse, sparsity_threshold, oracle)
         self.plan: Plan | None = None

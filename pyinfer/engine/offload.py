@@ -20,6 +20,7 @@ from pyinfer.engine.placement import (
     fusable_qkv,
 )
 from pyinfer.errors import UnsupportedError
+from pyinfer.models.moe import BIASES
 from pyinfer.native import ggml
 
 
@@ -86,7 +87,7 @@ def _attention_to_device(model, il: int) -> None:
 def _ffn_parts(model, il: int) -> list[str]:
     """The FFN tensors layer il's graph reads (a file of input sparsity leaves its row-major gate and up unread)."""
     if model.config.is_moe:
-        return _layer_parts(il, EXPERT_MATRICES)
+        return _layer_parts(il, EXPERT_MATRICES) + [f"blk.{il}.{BIASES}"]
     return _layer_parts(il, INPUT_FFN_MATRICES if model.reads_channel_major else FFN_MATRICES)
 
 
@@ -112,7 +113,15 @@ def _split_experts(model, il: int, k: int) -> None:
         t.set_data(slots)
         t.name = f"blk.{il}.ffn_exps_slots{side}"
         model.weights[t.name] = t
-    _to_device(model, [f"blk.{il}.{name}.gpu.weight" for name in EXPERT_MATRICES] + [f"blk.{il}.ffn_exps_slots.gpu"])
+    biases = model.weights.get(f"blk.{il}.{BIASES}")
+    if biases is not None:  # by expert: each side its own copy of all of them
+        for side in (".gpu", ".cpu"):
+            t = model.weights_ctx.new_tensor(ggml.F32, tuple(reversed(biases.ne[:2])))
+            t.set_data(biases.numpy())
+            t.name = f"blk.{il}.{BIASES}{side}"
+            model.weights[t.name] = t
+    _to_device(model, [f"blk.{il}.{name}.gpu.weight" for name in EXPERT_MATRICES]
+               + [f"blk.{il}.ffn_exps_slots.gpu", f"blk.{il}.{BIASES}.gpu"])
 
 
 def offload_layers(model, n_gpu_layers: int, n_cpu_moe: int = 0) -> int:

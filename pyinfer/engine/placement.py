@@ -362,7 +362,7 @@ INPUT_FFN_MATRICES = ("ffn_gate_t", "ffn_up_t", "ffn_down_t")
 EXPERT_MATRICES = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")  # a mixture's experts, one matrix each a slice
 QKV_PARTS = ("attn_q", "attn_k", "attn_v")  # on the GPU one matrix where they share a type (offload.fuse_qkv)
 ATTENTION_PARTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "attn_q_norm", "attn_k_norm",
-                   "post_attention_norm", "post_ffw_norm", "attn_qkv", "attn_norm_2")
+                   "post_attention_norm", "post_ffw_norm", "attn_qkv", "attn_norm_2", "attn_sinks")
 STREAM_MIN_TOKENS = 32  # batches of at least this many tokens run there (llama.cpp's threshold too)
 # a batch under a VRAM budget returns the logits of at most this many tokens (a prompt needs its last token's;
 # perplexity, all of them, gets them this many at a time): 512 rows of a 152k vocabulary had taken 311 MB of the
@@ -473,8 +473,9 @@ def _expert_costs(file, n_ctx: int, kv_bytes_per_value: int, n_batch: int) -> Mo
     layers = []
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
+        # with the attention: the router, and the experts' biases (gpt-oss), which each side holds whole
         attn = sum(nbytes(p + part + suffix) for part in (*ATTENTION_PARTS, "ffn_gate_inp")
-                   for suffix in (".weight", ".bias"))
+                   for suffix in (".weight", ".bias")) + sum(nbytes(p + m + ".bias") for m in EXPERT_MATRICES)
         expert = math.ceil(sum(nbytes(p + f"ffn_{m}_exps.weight") for m in ("gate", "up", "down")) / cfg.n_expert)
         freq = (np.full(cfg.n_expert, cfg.n_expert_used / cfg.n_expert) if file.expert_freq is None
                 else np.sort(file.expert_freq[il])[::-1])  # expert_order's order

@@ -52,7 +52,7 @@ def expected_tensor_shapes(cfg: ModelConfig, ffn_layout: str) -> dict[str, tuple
                 layer["attn_qkv.bias"] = (q_dim + 2 * kv_dim,)
         else:
             layer |= {"attn_q.weight": (d, q_dim), "attn_k.weight": (d, kv_dim), "attn_v.weight": (d, kv_dim),
-                      "ffn_norm.weight": (d,)}
+                      f"{cfg.ffn_norm_name}.weight": (d,)}
             if cfg.qkv_bias:
                 layer |= {"attn_q.bias": (q_dim,), "attn_k.bias": (kv_dim,), "attn_v.bias": (kv_dim,)}
         if norm_bias:
@@ -65,6 +65,12 @@ def expected_tensor_shapes(cfg: ModelConfig, ffn_layout: str) -> dict[str, tuple
                       "attn_k_norm.weight": (cfg.head_dim if per_head else kv_dim,)}
         if cfg.post_norms:
             layer |= {"post_attention_norm.weight": (d,), "post_ffw_norm.weight": (d,)}
+        if cfg.attn_sinks:
+            layer["attn_sinks.weight"] = (cfg.n_head,)
+        if cfg.expert_bias:
+            f, e = cfg.n_ff_exp, cfg.n_expert
+            layer |= {"ffn_gate_inp.bias": (e,), "ffn_gate_exps.bias": (f, e), "ffn_up_exps.bias": (f, e),
+                      "ffn_down_exps.bias": (d, e)}
         if cfg.is_moe:
             shapes |= {b + k: v for k, v in layer.items()}
             continue

@@ -70,9 +70,10 @@ def encode(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
 
 def pick_type(name: str, shape: tuple[int, ...], outtype: GGMLQuantizationType,
               notes: list[str]) -> GGMLQuantizationType:
-    """llama.cpp's rule: 1-D tensors, learned positions and a mixture's routers stay F32 (a rounded router can
-    choose other experts); rows not a whole number of blocks -> F16."""
-    if len(shape) == 1 or name.startswith("position_embd") or name.endswith("ffn_gate_inp.weight"):
+    """llama.cpp's rule: 1-D tensors, biases, learned positions and a mixture's routers stay F32 (a rounded router
+    can choose other experts); rows not a whole number of blocks -> F16."""
+    if (len(shape) == 1 or name.endswith(".bias") or name.startswith("position_embd")
+            or name.endswith("ffn_gate_inp.weight")):
         return Q.F32
     block = GGML_QUANT_SIZES[outtype][0]
     if shape[-1] % block:

@@ -9,8 +9,8 @@ from typing import Any
 from pyinfer.errors import ModelFormatError, UnsupportedError
 from pyinfer.formats import gguf_schema
 
-SUPPORTED_ARCHS = ("falcon", "gemma3", "llama", "olmoe", "opt", "qwen2", "qwen3", "qwen3moe")
-FFN_KINDS = ("swiglu", "reglu", "drelu", "relu", "geglu", "gelu", "gelu_erf")
+SUPPORTED_ARCHS = ("falcon", "gemma3", "gpt-oss", "llama", "olmoe", "opt", "qwen2", "qwen3", "qwen3moe")
+FFN_KINDS = ("swiglu", "reglu", "drelu", "relu", "geglu", "gelu", "gelu_erf", "swiglu_oai")
 UNGATED_KINDS = ("relu", "gelu", "gelu_erf")  # act(up), no gate: OPT, Falcon
 
 # arch -> (norm kind, rope mode, default ffn kind, learned-position offset)
@@ -20,6 +20,7 @@ _ARCH_TRAITS: dict[str, tuple[str, str | None, str, int]] = {
     "qwen3": ("rms", "neox", "swiglu", 0),
     "qwen3moe": ("rms", "neox", "swiglu", 0),
     "olmoe": ("rms", "neox", "swiglu", 0),
+    "gpt-oss": ("rms", "neox", "swiglu_oai", 0),
     "gemma3": ("rms", "neox", "geglu", 0),
     "falcon": ("layer", "neox", "gelu", 0),
     # OPT's learned position table has 2 leading rows that no position uses
@@ -38,7 +39,8 @@ class ModelConfig:
 
     ffn_kind: swiglu = silu(gate)*up, reglu = relu(gate)*up, drelu = relu(gate)*relu(up),
     geglu = gelu_tanh(gate)*up, relu = relu(up), gelu = gelu_tanh(up) and gelu_erf = exact gelu(up) with no
-    gate (OPT, Falcon; llama.cpp computes Falcon's GELU in the tanh form, transformers exactly).
+    gate (OPT, Falcon; llama.cpp computes Falcon's GELU in the tanh form, transformers exactly); swiglu_oai =
+    gpt-oss' experts: min(g, 7) * sigmoid(1.702 min(g, 7)) * (clamp(u, -7, 7) + 1).
     rope_scale: position scaling; positions are divided by it (1.0 = none); with yarn_ext_factor > 0 it is YaRN's
     factor (see rope_args).
     sliding_window: > 0: windowed layers see the last sliding_window positions only (Mistral, Gemma 3);
@@ -50,6 +52,8 @@ class ModelConfig:
     n_expert_used of n_expert FFNs of n_ff_exp neurons; expert_norm: the chosen experts' weights are the
     router's softmax over them (they add up to 1), else over all experts (OLMoE).
     qk_norm_whole: the q and k norms span the whole projection, not each head (OLMoE).
+    attn_sinks: every head's softmax counts a learned logit beside its keys' (gpt-oss, blk.N.attn_sinks);
+    expert_bias: the router and the experts' matrices have biases (gpt-oss).
     """
 
     arch: str
@@ -93,6 +97,13 @@ class ModelConfig:
     n_ff_exp: int = 0
     expert_norm: bool = False
     qk_norm_whole: bool = False
+    attn_sinks: bool = False
+    expert_bias: bool = False
+
+    @property
+    def ffn_norm_name(self) -> str:
+        """The FFN input's norm (gpt-oss' files call it post_attention_norm)."""
+        return "post_attention_norm" if self.arch == "gpt-oss" else "ffn_norm"
 
     @property
     def is_moe(self) -> bool:
@@ -187,7 +198,7 @@ class ModelConfig:
             n_ctx_train=int(key("context_length")),
             n_embd=n_embd,
             n_layer=n_layer,
-            n_ff=int(key("feed_forward_length")),
+            n_ff=int(key("feed_forward_length", None) or key("expert_feed_forward_length")),
             n_head=n_head,
             n_head_kv=int(key("attention.head_count_kv", n_head)),
             head_dim=head_dim,
@@ -199,14 +210,15 @@ class ModelConfig:
             n_rot=int(key("rope.dimension_count", head_dim)) if rope_mode else 0,
             ffn_kind=str(meta.get("pyinfer.ffn_kind", default_ffn)),
             tied_embeddings=not has("output.weight", arch != "opt"),
-            qkv_bias=has("blk.0.attn_qkv.bias" if arch == "falcon" else "blk.0.attn_q.bias", arch in ("qwen2", "opt")),
-            attn_out_bias=has("blk.0.attn_output.bias", arch == "opt"),
+            qkv_bias=has("blk.0.attn_qkv.bias" if arch == "falcon" else "blk.0.attn_q.bias",
+                         arch in ("qwen2", "opt", "gpt-oss")),
+            attn_out_bias=has("blk.0.attn_output.bias", arch in ("opt", "gpt-oss")),
             ffn_bias=has("blk.0.ffn_up.bias", arch == "opt"),
             pos_offset=pos_offset,
             qk_norm=has("blk.0.attn_q_norm.weight", arch in ("qwen3", "gemma3", "qwen3moe", "olmoe")),
             post_norms=arch == "gemma3",
             sliding_window=int(key("attention.sliding_window", 0)),
-            swa_layers=_swa_layers(key("attention.sliding_window_pattern", 6 if arch == "gemma3" else 0), n_layer,
+            swa_layers=_swa_layers(key("attention.sliding_window_pattern", SWA_PATTERNS.get(arch, 0)), n_layer,
                                    f"{arch}.attention.sliding_window_pattern"),
             # llama.cpp's Gemma 3 files carry no local base: it is 10000 there
             rope_base_swa=float(key("rope.freq_base_swa", 10000.0 if arch == "gemma3" else
@@ -220,6 +232,8 @@ class ModelConfig:
             yarn_attn_factor=float(key("rope.scaling.yarn_attn_factor", 1.0 + 0.1 * math.log(max(rope_scale, 1.0)))),
             yarn_beta_fast=float(key("rope.scaling.yarn_beta_fast", 32.0)),
             yarn_beta_slow=float(key("rope.scaling.yarn_beta_slow", 1.0)),
+            attn_sinks=has("blk.0.attn_sinks.weight", arch == "gpt-oss"),
+            expert_bias=has("blk.0.ffn_gate_exps.bias", arch == "gpt-oss"),
             **_experts(key, arch),
         )
         cfg._check()
@@ -249,11 +263,14 @@ class ModelConfig:
         if self.is_moe and not 0 < self.n_expert_used <= self.n_expert:
             raise ModelFormatError(f"{self.arch}.expert_used_count {self.n_expert_used} is not in [1, "
                                    f"{self.arch}.expert_count {self.n_expert}]")
-        if self.is_moe and self.ffn_kind != "swiglu":
+        if self.is_moe and self.ffn_kind not in ("swiglu", "swiglu_oai"):
             raise UnsupportedError(f"experts with ffn kind {self.ffn_kind!r} are not supported (only swiglu)")
+        if (self.ffn_kind == "swiglu_oai") != (self.arch == "gpt-oss"):
+            raise UnsupportedError(f"ffn kind {self.ffn_kind!r} does not fit architecture {self.arch}")
 
 
-MOE_ARCHS = ("qwen3moe", "olmoe")  # always mixtures; llama is one when its file has experts (Mixtral)
+MOE_ARCHS = ("qwen3moe", "olmoe", "gpt-oss")  # always mixtures; llama is one when its file has experts (Mixtral)
+SWA_PATTERNS = {"gemma3": 6, "gpt-oss": 2}  # llama.cpp's sliding-window patterns for files without the key
 
 
 def _experts(key, arch: str) -> dict[str, Any]:
@@ -271,7 +288,9 @@ def _experts(key, arch: str) -> dict[str, Any]:
         raise UnsupportedError(f"{arch}.expert_shared_count: shared experts are not supported")
     return {"n_expert": n_expert, "n_expert_used": int(key("expert_used_count", 0)),
             "n_ff_exp": int(key("expert_feed_forward_length", key("feed_forward_length"))),
-            "expert_norm": bool(key("expert_weights_norm", arch != "olmoe")), "qk_norm_whole": arch == "olmoe"}
+            # gpt-oss: the softmax of the k chosen logits (llama.cpp's SOFTMAX_WEIGHT), which is normalising
+            "expert_norm": arch == "gpt-oss" or bool(key("expert_weights_norm", arch != "olmoe")),
+            "qk_norm_whole": arch == "olmoe"}
 
 
 def _swa_layers(pattern: int | list[bool], n_layer: int, name: str) -> tuple[bool, ...]:

@@ -115,7 +115,8 @@ def attention_block(b: Builder, il: int, h: ggml.Tensor, inputs: GraphInputs) ->
         k = ctx.rope(k, inputs.pos, cfg.n_rot, mode, freq_factors=factors, **cfg.rope_args(il))
     k_cache = ctx.kv_store(b.kv_cache.k[il], k, inputs.pos)  # (n_ctx, n_head_kv, head_dim)
     v_cache = ctx.kv_store(b.kv_cache.v[il], v, inputs.pos)
-    a = ctx.attention(q, k_cache, v_cache, inputs.pos, cfg.softmax_scale, cfg.layer_window(il))  # (n, q_dim)
+    a = ctx.attention(q, k_cache, v_cache, inputs.pos, cfg.softmax_scale, cfg.layer_window(il),
+                      b.get(f"blk.{il}.attn_sinks.weight"))  # (n, q_dim)
     return b.linear(a, f"blk.{il}.attn_output")
 
 

@@ -1,5 +1,6 @@
 """LLaMA-family graph (LLaMA-2/3, Mistral, SmolLM2, Qwen2 with its QKV bias, Qwen3 with q/k norms; SwiGLU,
-ReGLU, dReLU FFNs; the mixtures of experts Mixtral, Qwen3-MoE and OLMoE, whose FFN is models.moe's)."""
+ReGLU, dReLU FFNs; the mixtures of experts Mixtral, Qwen3-MoE, OLMoE and gpt-oss (attention sinks, biases, its
+clamped SwiGLU), whose FFN is models.moe's)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,6 @@ def build(b, inputs: GraphInputs):
     for il in range(cfg.n_layer):
         h = b.norm(x, f"blk.{il}.attn_norm")
         x = b.ctx.add(x, attention_block(b, il, h, inputs))  # residual
-        h = b.norm(x, f"blk.{il}.ffn_norm")
+        h = b.norm(x, f"blk.{il}.{cfg.ffn_norm_name}")
         x = b.ctx.add(x, ffn_block(b, il, h))  # residual
     return output_logits(b, x, inputs)

@@ -1,7 +1,9 @@
 """The FFN of a mixture of experts: the router's logits, its top k, and the chosen experts' FFNs, weighted and
 summed (ggml's top_k and moe_ffn). A layer whose experts are split between the devices holds two sets,
 `blk.N.ffn_*_exps.gpu` and `.cpu`, each with the slot of every expert in it (`blk.N.ffn_exps_slots.gpu` and
-`.cpu`: its matrix there, or -1); both run at once, each over the experts it holds, and are added."""
+`.cpu`: its matrix there, or -1); both run at once, each over the experts it holds, and are added. gpt-oss' experts
+have biases, which the driver gathers per layer into one tensor by expert (`blk.N.ffn_exps_biases`, a copy of
+it on each side of a split, expert_biases)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,14 @@ from pyinfer.native import ggml
 
 SIDES = (".gpu", ".cpu")
 STREAM_EXPERTS = 16  # a prompt batch copies a layer's host experts to the GPU this many at a time
+BIASES = "ffn_exps_biases"
+
+
+def expert_biases(file, il: int) -> np.ndarray:
+    """Layer il's expert biases as moe_ffn takes them: (n_expert, 2 n_ff + d) F32, each expert's gate, up and down
+    biases side by side (the file's ffn_{gate,up,down}_exps.bias)."""
+    parts = [file.tensors[f"blk.{il}.ffn_{m}_exps.bias"] for m in ("gate", "up", "down")]
+    return np.concatenate([np.frombuffer(p.data, np.float32).reshape(p.ne[1], p.ne[0]) for p in parts], axis=1)
 
 
 def moe_ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
@@ -19,6 +29,9 @@ def moe_ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
     p = f"blk.{il}."
     # the router precise on both devices (no 8-bit activations, no TF32): a rounded logit can choose another expert
     logits = ctx.mul_mat(b.w(p + "ffn_gate_inp"), h, True)  # (n, n_expert)
+    router_bias = b.get(p + "ffn_gate_inp.bias")
+    if router_bias is not None:  # gpt-oss
+        logits = ctx.add(logits, router_bias)
     ids = ctx.top_k(logits, cfg.n_expert_used)  # (n, k)
     if b.capture is not None:
         b.capture[f"moe_ids.{il}"] = ids
@@ -27,16 +40,18 @@ def moe_ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
     for side in sides:
         mats = [b.w(p + f"ffn_{m}_exps" + side) for m in ("gate", "up", "down")]
         slots = b.get(p + "ffn_exps_slots" + side)
+        biases = b.get(p + BIASES + side)
         if b.stream and not mats[0].on_device:
-            parts = _streamed(b, mats, slots, h, ids, logits)
+            parts = _streamed(b, mats, slots, biases, h, ids, logits)
         else:
-            parts = [ctx.moe_ffn(*mats, h, ids, logits, slots, cfg.ffn_kind, cfg.expert_norm)]
+            parts = [ctx.moe_ffn(*mats, h, ids, logits, slots, cfg.ffn_kind, cfg.expert_norm, biases)]
         for part in parts:
             y = part if y is None else ctx.add(y, part)
     return y
 
 
-def _streamed(b, mats: list[ggml.Tensor], slots: ggml.Tensor | None, h, ids, logits) -> list[ggml.Tensor]:
+def _streamed(b, mats: list[ggml.Tensor], slots: ggml.Tensor | None, biases: ggml.Tensor | None, h, ids,
+              logits) -> list[ggml.Tensor]:
     """A prompt batch's host experts on the GPU: each run of consecutive matrices this side holds (a profiled
     split leaves gaps where the GPU's experts sit), STREAM_EXPERTS at a time (each chunk's matrices copied in just
     before it runs, into memory the next chunk reuses), each chunk with the slots of its own experts."""
@@ -50,7 +65,8 @@ def _streamed(b, mats: list[ggml.Tensor], slots: ggml.Tensor | None, h, ids, log
             expert = w.nbytes // n_local  # bytes of one expert's matrix
             chunk.append(ctx.view(w, (c1 - c0, w.ne[1], w.ne[0]), (expert, expert // w.ne[1], 1), offset=c0 * expert))
         local = np.where((held >= c0) & (held < c1), held - c0, -1).astype(np.int32)
-        parts.append(ctx.moe_ffn(*chunk, h, ids, logits, ctx.tensor_from_numpy(local), cfg.ffn_kind, cfg.expert_norm))
+        parts.append(ctx.moe_ffn(*chunk, h, ids, logits, ctx.tensor_from_numpy(local), cfg.ffn_kind, cfg.expert_norm,
+                                 biases))
     return parts
 
 
