@@ -47,3 +47,21 @@ def test_synthetic_mixture_routes_as_evenly_in_its_last_layer_as_in_its_first(tm
         shares[skew] = np.array([top_share(f) for f in routing_freq(path, chunks, progress=False)])
     assert (shares[0.0] < 0.34).all()  # sampling alone: 0.23-0.31
     assert shares[0.2].mean() > shares[0.0].mean()
+
+
+def test_synthetic_gpt_oss_runs_as_the_numpy_reference(tmp_path):
+    """The gpt-oss shapes' extras (sinks, biases, windowed layers, its norm names) make a file that loads and
+    runs as the float64 reference computes it."""
+    from reference import reference_logits
+
+    from pyinfer.engine.driver import Model
+    from pyinfer.formats.gguf_file import GGUFFile
+
+    path = str(tmp_path / "oss.gguf")
+    synthetic.make_moe(path, "tiny-oss", synthetic.Q.F32)
+    g = GGUFFile(path)
+    assert g.config.attn_sinks and g.config.expert_bias and g.config.windowed(0) and not g.config.windowed(1)
+    tokens = list(range(300, 340))
+    want = reference_logits(g, tokens)
+    got = Model(path, n_ctx=64, kv_type="f32", n_threads=2).logits(tokens)
+    assert np.abs(got - want).max() < 1e-4 * np.abs(want).max()

@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--from", dest="src", help="add synthetic predictors to this PowerGGUF instead")
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--type", default="q4_0", choices=sorted(TYPES), help="weight type of a random model")
+    p.add_argument("--expert-type", choices=sorted(TYPES), help="a mixture's experts' type (default --type)")
     p.add_argument("--ffn-kind", default="swiglu", choices=("swiglu", "reglu", "drelu"))
     p.add_argument("--density", type=float, default=0.10, help="mean firing frequency")
     p.add_argument("--hot-frac", type=float, default=0.17)
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     common = dict(seed=a.seed, density=a.density, hot_frac=a.hot_frac, hot_share=a.hot_share)
     if a.shape in MOE_SHAPES:
         make_moe(a.output, a.shape, TYPES[a.type], seed=a.seed, n_layer=a.layers, share_weights=a.share_weights,
-                 router_skew=a.router_skew)
+                 router_skew=a.router_skew, expert_type=TYPES[a.expert_type] if a.expert_type else None)
     elif a.src:
         add_predictors(a.src, a.output, rank=a.rank or 64, threshold=a.threshold, **common)
     else:

@@ -35,7 +35,9 @@ SHAPES = {
 MOE_SHAPES = {
     "qwen3-30b-a3b": ("qwen3moe", 2048, 48, 32, 4, 128, 151936, 128, 8, 768),
     "mixtral-8x7b": ("llama", 4096, 32, 32, 8, 128, 32000, 8, 2, 14336),
+    "gpt-oss-20b": ("gpt-oss", 2880, 24, 64, 8, 64, 201088, 32, 4, 2880),
     "tiny-moe": ("qwen3moe", 256, 3, 4, 2, 64, 512, 32, 4, 128),  # tests
+    "tiny-oss": ("gpt-oss", 256, 2, 4, 2, 64, 512, 8, 2, 128),  # tests
 }
 TYPES = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0}
 RELU_VAR = 0.5 - 1.0 / (2.0 * math.pi)  # variance of relu(N(0, 1))
@@ -219,13 +221,14 @@ ATTN_OUT_SCALE = 0.2
 
 
 def make_moe(path: str, shape: str, qtype: Q, *, seed: int = 0, n_layer: int | None = None,
-             share_weights: bool = False, router_skew: float = 0.0) -> None:
+             share_weights: bool = False, router_skew: float = 0.0, expert_type: Q | None = None) -> None:
     """A random mixture of experts of a real model's shape (MOE_SHAPES) as llama.cpp stores one (ffn_*_exps,
     an F32 router): a file both engines run. The router is random, so tokens go to the experts about evenly;
     router_skew s > 0 scales expert e's router row by exp(s z_e), z_e ~ N(0, 1), so experts with larger rows win
     more often (s = 0.2: the most routed 20 % of the experts take 30-40 % of random tokens' routings in every
     layer, as in the 25-40 % of published traces of real models; s = 0: 25-30 %, what sampling alone gives).
-    n_layer and share_weights as make_llama's."""
+    n_layer and share_weights as make_llama's; expert_type: the experts' type (default qtype; gpt-oss' files:
+    MXFP4). gpt-oss shapes get its sinks, biases (small random), windowed layers and norm names."""
     arch, d, shape_layers, n_head, n_head_kv, head_dim, n_vocab, n_expert, n_used, n_ff = MOE_SHAPES[shape]
     n_layer = n_layer or shape_layers
     q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
@@ -244,6 +247,10 @@ def make_moe(path: str, shape: str, qtype: Q, *, seed: int = 0, n_layer: int | N
           (f"{arch}.expert_count", n_expert, u32, None), (f"{arch}.expert_used_count", n_used, u32, None),
           (f"{arch}.expert_feed_forward_length", n_ff, u32, None), *_vocab_kv(n_vocab),
           ("pyinfer.synthetic", True, V.BOOL, None)]
+    oss = arch == "gpt-oss"
+    if oss:
+        kv.append((f"{arch}.attention.sliding_window", 128, u32, None))
+    expert_type = expert_type or qtype
     drawn: dict[tuple, np.ndarray] = {}
 
     def mat(name: str, shape: tuple[int, ...], std: float, type_: Q = qtype) -> OutTensor:
@@ -264,6 +271,10 @@ def make_moe(path: str, shape: str, qtype: Q, *, seed: int = 0, n_layer: int | N
     def ones(name: str, n: int = d) -> OutTensor:
         return OutTensor(name, (n,), Q.F32, lambda: np.ones(n, np.float32))
 
+    def small(name: str, shape: tuple[int, ...]) -> OutTensor:  # gpt-oss' biases and sinks
+        r = np.random.default_rng(int(rng.integers(2**63)))
+        return OutTensor(name, shape, Q.F32, lambda: r.standard_normal(shape, dtype=np.float32) * np.float32(0.1))
+
     def router(name: str) -> OutTensor:  # each layer its own skew: the popular experts differ between layers
         r = np.random.default_rng(int(rng.integers(2**63)))
         scale = np.exp(router_skew * r.standard_normal(n_expert)).astype(np.float32)[:, None]
@@ -277,11 +288,17 @@ def make_moe(path: str, shape: str, qtype: Q, *, seed: int = 0, n_layer: int | N
         tensors += [ones(b + "attn_norm.weight"), mat(b + "attn_q.weight", (q_dim, d), d**-0.5),
                     mat(b + "attn_k.weight", (kv_dim, d), d**-0.5), mat(b + "attn_v.weight", (kv_dim, d), d**-0.5),
                     mat(b + "attn_output.weight", (d, q_dim), q_dim**-0.5 * ATTN_OUT_SCALE),
-                    ones(b + "ffn_norm.weight"),
+                    ones(b + ("post_attention_norm" if oss else "ffn_norm") + ".weight"),
                     router(b + "ffn_gate_inp.weight"),
-                    mat(b + "ffn_gate_exps.weight", (n_expert, n_ff, d), d**-0.5),
-                    mat(b + "ffn_up_exps.weight", (n_expert, n_ff, d), d**-0.5),
-                    mat(b + "ffn_down_exps.weight", (n_expert, d, n_ff), n_ff**-0.5)]
+                    mat(b + "ffn_gate_exps.weight", (n_expert, n_ff, d), d**-0.5, expert_type),
+                    mat(b + "ffn_up_exps.weight", (n_expert, n_ff, d), d**-0.5, expert_type),
+                    mat(b + "ffn_down_exps.weight", (n_expert, d, n_ff), n_ff**-0.5, expert_type)]
+        if oss:
+            tensors += [small(b + "attn_sinks.weight", (n_head,)), small(b + "ffn_gate_inp.bias", (n_expert,)),
+                        small(b + "attn_q.bias", (q_dim,)), small(b + "attn_k.bias", (kv_dim,)),
+                        small(b + "attn_v.bias", (kv_dim,)), small(b + "attn_output.bias", (d,)),
+                        small(b + "ffn_gate_exps.bias", (n_expert, n_ff)),
+                        small(b + "ffn_up_exps.bias", (n_expert, n_ff)), small(b + "ffn_down_exps.bias", (n_expert, d))]
         if arch == "qwen3moe":
             tensors += [ones(b + "attn_q_norm.weight", head_dim), ones(b + "attn_k_norm.weight", head_dim)]
     write_atomically([OutFile(path, arch, kv, tensors)])
