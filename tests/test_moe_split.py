@@ -263,3 +263,18 @@ def test_a_budgeted_model_returns_all_logits_a_reserved_batch_at_a_time(tiny_fil
     assert {key[:2] for key in model._graphs} == {(8, 8)} and {key[:2] for key in whole._graphs} == {(40, 40)}
     assert model.eval(TOKENS[:20]).shape == (whole.config.n_vocab,)  # a prompt: one batch, its last token's logits
     assert (20, 1) in {key[:2] for key in model._graphs}
+
+
+def test_timings_count_the_routings_the_gpus_experts_serve(tiny_files, host_only):
+    """--timings: the share of decoded tokens' routings that the GPU's experts served, counted from the router's
+    choices, equals what the whole model's routing of the same tokens gives with the split's experts."""
+    path = tiny_files("qwen3moe", False)
+    split = Model(path, n_ctx=64, kv_type="f32", n_threads=2, plan=split_plan((1, 3)), timed=True)
+    out = list(split.generate_tokens(TOKENS[:3], 8, SamplerParams(temperature=0), stop_at_eos=False))
+    x = split.timings.extra
+    decoded = TOKENS[:3] + out[:-1]  # each decode step's input token, after the 3-token prompt batch
+    _, captured = Model(path, n_ctx=64, kv_type="f32", n_threads=2).ffn_activations(decoded)
+    ids = [captured[f"moe_ids.{il}"][3:] for il in range(2)]  # the 7 single-token steps'
+    assert x["routings_total"] == sum(i.size for i in ids) == 7 * 2 * 2
+    assert x["routings_gpu"] == int((ids[0] < 1).sum() + (ids[1] < 3).sum())
+    assert "experts on the GPU" in split.timings.report()

@@ -79,7 +79,7 @@ class Timings:
     def reset(self) -> None:
         self.prompt_ms = self.eval_ms = self.sample_ms = 0.0
         self.prompt_tokens = self.eval_tokens = 0
-        for key in ("ffn_rows_active", "ffn_rows_total"):
+        for key in ("ffn_rows_active", "ffn_rows_total", "routings_gpu", "routings_total"):
             if key in self.extra:
                 self.extra[key] = 0
 
@@ -98,7 +98,16 @@ class Timings:
             + rate(self.eval_ms, self.eval_tokens),
             f"{prefix}:       total time = {total:10.2f} ms / {self.prompt_tokens + self.eval_tokens:5d} tokens",
             *self._sparse_lines(prefix),
+            *self._routing_lines(prefix),
         ])
+
+    def _routing_lines(self, prefix: str) -> list[str]:
+        """A mixture's decoded tokens: the share of their routings (token, expert) the GPU's experts served."""
+        if not self.extra.get("routings_total"):
+            return []
+        x = self.extra
+        return [f"{prefix}:  experts on the GPU = {100.0 * x['routings_gpu'] / x['routings_total']:6.2f} % of "
+                f"{x['routings_total']} routings of decoded tokens"]
 
     def _sparse_lines(self, prefix: str) -> list[str]:
         """The sparse FFN's realised density and the predictors' share of a decoded token's time."""
@@ -129,8 +138,12 @@ class _StepGraph:
         spec = dataclasses.replace(model.sparse_spec, masks={}) if model.sparse_spec else None
         # a prompt batch of a model partly in host memory runs on the GPU, its host weights streamed in
         stream = n_tokens >= STREAM_MIN_TOKENS and model.streams_prompts and not capture
-        builder = Builder(self.ctx, cfg, model.weights, model.kv_cache, self.captured if capture else None, spec,
-                          hot_rows=model.hot_rows, stream=stream, precise=model.precise)
+        # --timings counts a mixture's decoded routings by side: the router's choices are outputs then (reading
+        # those of a GPU router costs a copy a layer, which only a timed model pays)
+        self.routes = cfg.is_moe and model.timed and n_tokens == 1
+        builder = Builder(self.ctx, cfg, model.weights, model.kv_cache,
+                          self.captured if capture or self.routes else None, spec, hot_rows=model.hot_rows,
+                          stream=stream, precise=model.precise)
         self.logits = models.builder_for(cfg.arch)(builder, self.inputs)  # (n_out, n_vocab)
         # the masks the host can count for free: per layer (n_tokens, rows) of the neurons the CPU computes
         # (the builder records no GPU layer's: reading one would cost a copy and a wait per layer and token)
@@ -256,6 +269,7 @@ class Model:
         self._pinned = None
         self._graphs: OrderedDict[tuple[int, int, bool], _StepGraph] = OrderedDict()
         self.timed = timed
+        self._gpu_expert_masks: list[np.ndarray] | None = None
         self.step_stats: list[dict] = []  # per decode step when timed: wall, CPU/GPU busy and overlap (ms)
         self.tokens: list[int] = []  # the sequence in the KV cache
         self.timings = Timings(load_ms=1e3 * (time.perf_counter() - t0))
@@ -318,6 +332,26 @@ class Model:
         """The most GPU memory this model's engine has held at once: the library's high-water mark since this model
         began to place its weights, so a model loaded meanwhile counts too and a later one starts it again."""
         return lib.ggml_cuda_allocated_peak() - self._device_base
+
+    def _count_routings(self, graph: _StepGraph) -> None:
+        """Adds a decoded token's routings, and those its layers' GPU experts served, to the timings."""
+        x = self.timings.extra
+        for il in range(self.config.n_layer):
+            ids = graph.captured[f"moe_ids.{il}"].numpy().reshape(-1)
+            x["routings_gpu"] = x.get("routings_gpu", 0) + int(self._gpu_experts[il][ids].sum())
+            x["routings_total"] = x.get("routings_total", 0) + ids.size
+
+    @property
+    def _gpu_experts(self) -> list[np.ndarray]:
+        """Per layer, which experts the GPU holds (a split layer's GPU slots; all or none of a whole one's)."""
+        if self._gpu_expert_masks is None:
+            masks = []
+            for il in range(self.config.n_layer):
+                slots = self.weights.get(f"blk.{il}.ffn_exps_slots.gpu")
+                on_gpu = self.weights[f"blk.{il}.ffn_gate_exps.weight"].on_device
+                masks.append(slots.numpy() >= 0 if slots is not None else np.full(self.config.n_expert, on_gpu))
+            self._gpu_expert_masks = masks
+        return self._gpu_expert_masks
 
     def _check_budget(self) -> None:
         if self.vram_budget is not None and self.device_bytes > self.vram_budget:
@@ -432,6 +466,8 @@ class Model:
             if graph.mask_tensors:
                 self.timings.extra["ffn_rows_active"] += graph.active_rows()
                 self.timings.extra["ffn_rows_total"] += len(chunk) * graph.mask_rows
+            if graph.routes:
+                self._count_routings(graph)
             self.tokens.extend(int(t) for t in chunk)
             if n_out:
                 outs.append(logits)
