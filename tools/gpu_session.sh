@@ -98,19 +98,46 @@ print(src, "the most routed 20 % of experts' share, per layer:", " ".join(f"{top
 EOF
 }
 
-moe_table_bg() {  # issue 28's table in the background (`collect` fetches it): once llama.cpp's whole build is done,
-    # $W/moe12 (even routing, experts by index) and $W/moe12s-prof (skewed, profiled over random tokens) at a third
-    # and two thirds against llama.cpp's best of -ngl N and -ngl 99 -ncmoe K, then both whole on the GPU
+moe_table_bg() {  # [NAME...] (default moe12 moe12s): issue 28's rows in the background (`collect` fetches them):
+    # each file (made by moe_bg NAME, see moe_model) at a third and two thirds against llama.cpp's best of -ngl N
+    # and -ngl 99 -ncmoe K, once llama.cpp's whole build is done; a skewed file's rows run its profiled copy
+    # (random_profile); then both engines whole on the GPU on $W/moe12
     rm -rf "$W/out"
-    setsid bash -c "W=$W; . tools/gpu_session.sh; OUT=$W/out; mkdir -p \$OUT
-        wait_for $W/moe12s-prof.gguf 300 && wait_for $W/llama.done 500 || exit 1; idle
-        for f in moe12:moe12:even moe12s-prof:moe12s:skewed; do IFS=: read ours dense routing <<< \$f
-            python3 -m tools.bench_hybrid --ours $W/\$ours.gguf --dense $W/\$dense.gguf --budgets 0.333,0.667 \
-                --llama-bench $W/llama-src/build/bin/llama-bench --machine h100 --pp 512 --tg 64 --rounds 2 --reps 2 \
-                --label \"SYNTHETIC Qwen3-30B-A3B Q4_0, 12 of 48 layers, \$routing routing\" \
-                --json \$OUT/\$ours.json 2> \$OUT/\$ours.log | tee \$OUT/\$ours.md
-        done
-        moe_whole 2 > /dev/null; touch \$OUT/ALL.done" > "$W/table.log" 2>&1 < /dev/null &
+    setsid bash -c "W=$W; . tools/gpu_session.sh; OUT=$W/out; mkdir -p \$OUT; wait_for $W/llama.done 500 || exit 1
+        for name in ${*:-moe12 moe12s}; do moe_rows \$name; done
+        [ -e $W/moe12.gguf ] && moe_whole 2 > /dev/null; touch \$OUT/ALL.done" > "$W/table.log" 2>&1 < /dev/null &
+}
+
+moe_model() {  # NAME: the shape, type, layers, maker flags and label of a table file
+    case $1 in
+    moe12) echo "qwen3-30b-a3b q4_0 12 - Qwen3-30B-A3B Q4_0, 12 of 48 layers, even routing" ;;
+    moe12s) echo "qwen3-30b-a3b q4_0 12 --router-skew=0.2 Qwen3-30B-A3B Q4_0, 12 of 48 layers, skewed routing" ;;
+    mix4) echo "mixtral-8x7b q4_0 4 - Mixtral-8x7B Q4_0, 4 of 32 layers, even routing" ;;
+    oss8) echo "gpt-oss-20b q8_0 8 --expert-type=mxfp4 gpt-oss-20b, MXFP4 experts, Q8_0 rest, 8 of 24 layers" ;;
+    *) echo "no table file $1" >&2; return 1 ;;
+    esac
+}
+
+moe_make_bg() {  # NAME...: the table files in the background, one after another ($W/NAME.done each)
+    local name
+    for name in "$@"; do
+        read -r shape type layers flags _ <<< "$(moe_model "$name")"
+        [ "$flags" = - ] && flags=
+        moe_bg "$name" "$shape" "$type" "$layers" ${flags//=/ }
+        wait_for "$W/$name.done" 400
+    done
+}
+
+moe_rows() {  # NAME: one file's rows (bench_hybrid), its profiled copy where the routing is skewed
+    local name=$1 ours
+    read -r _ _ _ flags label <<< "$(moe_model "$name")"
+    wait_for "$W/$name.done" 500 || return 1
+    ours=$name
+    if [[ $flags == --router-skew* ]]; then random_profile "$W/$name.gguf" "$W/$name-prof.gguf"; ours=$name-prof; fi
+    idle
+    python3 -m tools.bench_hybrid --ours "$W/$ours.gguf" --dense "$W/$name.gguf" --budgets 0.333,0.667 \
+        --llama-bench "$W/llama-src/build/bin/llama-bench" --machine h100 --pp 512 --tg 64 --rounds 2 --reps 2 \
+        --label "SYNTHETIC $label" --json "$OUT/$name.json" 2> "$OUT/$name.log" | tee "$OUT/$name.md"
 }
 
 moe_whole() {  # [ROUNDS]: $W/moe12 whole on the GPU, ours and llama.cpp alternating
@@ -121,47 +148,13 @@ moe_whole() {  # [ROUNDS]: $W/moe12 whole on the GPU, ours and llama.cpp alterna
     done | tee "$OUT/moe-whole.md"
 }
 
-moe_rounds() {  # [ROUNDS]: issue 28's rows, ours and llama.cpp alternating on $W/moe12 (even routing), $W/moe12s
-    # (skewed) and its profiled copy $W/moe12s-prof: whole on the GPU, and a third of the bytes (ours by budget,
-    # llama.cpp's -ngl 99 -ncmoe 9 and 10); ours with llama.cpp's -ncmoe 9 too
-    local lb=$W/llama-src/build/bin/llama-bench a="-p 512 -n 64 -r 2"
-    ours() { python3 -m pyinfer bench "$@" $a 2>&1 | grep -E "pp512|tg64|rror" | sed "s|^|ours $* |"; }
-    theirs() { "$lb" "$@" $a 2>&1 | grep -E "pp512|tg64|rror" | sed "s|^|llama.cpp $* |"; }
-    for r in $(seq "${1:-2}"); do
-        echo "round $r"
-        ours -m $W/moe12.gguf -ngl 99; theirs -m $W/moe12.gguf -ngl 99
-        ours -m $W/moe12.gguf --vram-budget 1524MB --machine h100
-        theirs -m $W/moe12.gguf -ngl 99 -ncmoe 9; theirs -m $W/moe12.gguf -ngl 99 -ncmoe 10
-        ours -m $W/moe12s-prof.gguf --vram-budget 1524MB --machine h100
-        theirs -m $W/moe12s.gguf -ngl 99 -ncmoe 9; theirs -m $W/moe12s.gguf -ngl 99 -ncmoe 10
-        ours -m $W/moe12.gguf -ngl 99 -ncmoe 9
-    done 2>&1 | tee "$OUT/moe-rounds.md"
-}
-
-moe_final() {  # one short call: the MoE op tests and sanitizer, synthetic even and skewed (profiled) files, ours
-    # whole on the GPU while llama.cpp builds, then one round of the third's rows against llama.cpp; all in $OUT
-    setup > "$OUT/setup.log" 2>&1; build > "$OUT/build.log" 2>&1; llama_bg
-    moe_bg moe12 qwen3-30b-a3b q4_0 12; moe_bg moe12s qwen3-30b-a3b q4_0 12 --router-skew 0.2
-    python3 -m pytest -q -p no:cacheprovider tests/test_moe_ops.py 2>&1 | tail -2 | tee "$OUT/moe-tests.log"
-    moe_sanitize
-    wait_for $W/moe12s.done 200 && wait_for $W/moe12.done 60
-    python3 -m pyinfer profile $W/moe12s.gguf --corpus .carry/calib.txt --tokens 1024 --ctx 256 -o $W/moe12s-prof.gguf \
-        > "$OUT/profile.log" 2>&1
-    local lb=$W/llama-src/build/bin/llama-bench a="-p 512 -n 64 -r 2"
-    ours() { python3 -m pyinfer bench "$@" $a 2>&1 | grep -E "pp512|tg64|rror" | sed "s|^|ours $* |" | tee -a "$OUT/moe-final.md"; }
-    theirs() { "$lb" "$@" $a 2>&1 | grep -E "pp512|tg64|rror" | sed "s|^|llama.cpp $* |" | tee -a "$OUT/moe-final.md"; }
-    ours -m $W/moe12.gguf -ngl 99
-    wait_for "$lb" 400 || return 1
-    theirs -m $W/moe12.gguf -ngl 99
-    theirs -m $W/moe12.gguf -ngl 99 -ncmoe 9; ours -m $W/moe12.gguf --vram-budget 1524MB --machine h100
-    theirs -m $W/moe12s.gguf -ngl 99 -ncmoe 9; ours -m $W/moe12s-prof.gguf --vram-budget 1524MB --machine h100
-    ours -m $W/moe12.gguf -ngl 99 -ncmoe 9
-}
-
-moe_sanitize() {  # the MoE kernels' tests under compute-sanitizer memcheck and racecheck
+moe_sanitize() {  # the MoE and attention kernels' tests under compute-sanitizer memcheck and racecheck
+    local tool args
     for tool in memcheck racecheck; do
-        echo "$tool: $(compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
-            tests/test_moe_ops.py -k cuda 2>&1 | grep -E 'passed|failed|ERROR SUMMARY|RACECHECK SUMMARY' | tr '\n' ' ')"
+        for args in "tests/test_moe_ops.py -k cuda" "tests/test_cuda_ops.py -k attention"; do
+            echo "$tool $args: $(compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q \
+                -p no:cacheprovider $args 2>&1 | grep -E 'passed|failed|ERROR SUMMARY|RACECHECK SUMMARY' | tr '\n' ' ')"
+        done
     done | tee "$OUT/moe-sanitizer.log"
 }
 
