@@ -196,7 +196,7 @@ def test_sparse_matches_dense_at_full_density():
 @st.composite
 def ffn_case(draw):
     type_, d, n_ff, m, sel, _, _, _, threads, rng = draw(sparse_case())
-    kind = draw(st.sampled_from(ggml.FFN_KINDS))
+    kind = draw(st.sampled_from(ggml.SPARSE_FFN_KINDS))
     threshold = draw(st.sampled_from([0.0, 0.0, 0.5, 2.0]))
     return type_, d, n_ff, m, sel, kind, threshold, threads, rng
 

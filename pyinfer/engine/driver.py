@@ -386,7 +386,7 @@ class Model:
         instead of three scattered ones. Built once at load (as llama.cpp repacks Q4_0 for its CPU); the
         file's own FFN matrices are no longer read by decoding and stay only in the page cache."""
         cfg = self.config
-        if cfg.ffn_kind not in ggml.FFN_KINDS:  # the fused op has no such activation (Falcon's ungated GELU)
+        if cfg.ffn_kind not in ggml.SPARSE_FFN_KINDS:  # the fused op has no such activation (Falcon's ungated GELU)
             return
         parts = ("ffn_gate", "ffn_up", "ffn_down_t") if cfg.gated else ("ffn_up", "ffn_down_t")
         for il in range(cfg.n_layer):

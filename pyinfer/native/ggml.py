@@ -17,8 +17,8 @@ F32, F16, BF16 = lib.GGML_TYPE_F32, lib.GGML_TYPE_F16, lib.GGML_TYPE_BF16
 Q4_0, Q4_1, Q5_0, Q8_0 = lib.GGML_TYPE_Q4_0, lib.GGML_TYPE_Q4_1, lib.GGML_TYPE_Q5_0, lib.GGML_TYPE_Q8_0
 Q4_K, Q6_K, I32 = lib.GGML_TYPE_Q4_K, lib.GGML_TYPE_Q6_K, lib.GGML_TYPE_I32
 WEIGHT_TYPES = (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K)
-# FFN activations, as enum ggml_ffn_kind (sparse_ffn takes the first five; swiglu_oai, gpt-oss', only moe_ffn)
-FFN_KINDS = ("relu", "reglu", "drelu", "swiglu", "geglu", "swiglu_oai")
+FFN_KINDS = ("relu", "reglu", "drelu", "swiglu", "geglu", "swiglu_oai")  # FFN activations, as enum ggml_ffn_kind
+SPARSE_FFN_KINDS = FFN_KINDS[:5]  # sparse_ffn's (swiglu_oai, gpt-oss' experts', is moe_ffn's only)
 ROPE_NORMAL, ROPE_NEOX = lib.GGML_ROPE_NORMAL, lib.GGML_ROPE_NEOX
 
 _NUMPY_DTYPES = {F32: np.float32, F16: np.float16, I32: np.int32, lib.GGML_TYPE_I8: np.int8}
@@ -293,9 +293,9 @@ class Context:
         return self._t(fn(self.ptr, wt.ptr, h.ptr, sel.ptr if sel else ffi.NULL, begin, end))
 
     def sparse_ffn(self, bundle: Tensor, x: Tensor, sel: Tensor | None, kind: str, threshold: float = 0.0):
-        """(m, d) -> (m, d + n_ff): the FFN output, then 1 for each neuron summed; kind one of FFN_KINDS."""
-        if kind not in FFN_KINDS:
-            raise InvalidArgumentError(f"unknown FFN kind {kind!r}; known: {', '.join(FFN_KINDS)}")
+        """(m, d) -> (m, d + n_ff): the FFN output, then 1 for each neuron summed; kind one of SPARSE_FFN_KINDS."""
+        if kind not in SPARSE_FFN_KINDS:
+            raise InvalidArgumentError(f"unknown FFN kind {kind!r}; known: {', '.join(SPARSE_FFN_KINDS)}")
         return self._t(lib.ggml_sparse_ffn(self.ptr, bundle.ptr, x.ptr, sel.ptr if sel else ffi.NULL,
                                            FFN_KINDS.index(kind), threshold))
 
