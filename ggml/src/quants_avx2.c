@@ -335,6 +335,57 @@ static void q5_0_vec_dot_avx2(int64_t n, float *s, const void *w, const void *x)
     *s = sum;
 }
 
+// ============================================================================================
+// MXFP4 with Q8_0 activations: the nibbles index the 16 signed levels, a byte shuffle looks them up
+// ============================================================================================
+
+// blocks 0 and 1 of MXFP4 . Q8_0 (levels: ggml_mxfp4_kvalues in both 128-bit lanes); lanes as q4_0_pair_dot.
+// |level| <= 12, so a maddubs pair stays far inside int16
+static inline __m256i mxfp4_pair_dot(const block_mxfp4 *a, const block_q8_0 *b, __m256i levels) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i v = avx2_load2_128(a[0].qs, a[1].qs);
+    const __m256i lo = _mm256_shuffle_epi8(levels, _mm256_and_si256(v, low4));
+    const __m256i hi = _mm256_shuffle_epi8(levels, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
+    const __m256i ylo = avx2_load2_128(b[0].qs, b[1].qs), yhi = avx2_load2_128(b[0].qs + 16, b[1].qs + 16);
+    const __m256i p = _mm256_add_epi16(avx2_dot_i8_i16(lo, ylo), avx2_dot_i8_i16(hi, yhi));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+// the scales of blocks 0..3, in lanes 0..3
+static inline __m256 mxfp4_scales4(const block_mxfp4 *a) {
+    return _mm256_castps128_ps256(_mm_setr_ps(ggml_e8m0_to_fp32_half(a[0].e), ggml_e8m0_to_fp32_half(a[1].e),
+                                              ggml_e8m0_to_fp32_half(a[2].e), ggml_e8m0_to_fp32_half(a[3].e)));
+}
+
+// the power-of-two weight scale multiplies last, as in the scalar kernel: for a small e, d_w * d_x alone could
+// fall below float's normal range where d_x * sum does not
+static void mxfp4_vec_dot_avx2(int64_t n, float *s, const void *w, const void *x) {
+    const block_mxfp4 *a = w; // (n / 32,)
+    const block_q8_0 *b = x;  // (n / 32,)
+    const int64_t nb = n / QK_MXFP4;
+    const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ggml_mxfp4_kvalues));
+    const __m256i order01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), order23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        const __m256 dw = mxfp4_scales4(a + i);
+        const __m256 dx = _mm256_castps128_ps256(avx2_f16x4(b[i].d, b[i + 1].d, b[i + 2].d, b[i + 3].d));
+        const __m256 p01 = _mm256_mul_ps(_mm256_permutevar8x32_ps(dx, order01),
+                                         _mm256_cvtepi32_ps(mxfp4_pair_dot(a + i, b + i, levels)));
+        const __m256 p23 = _mm256_mul_ps(_mm256_permutevar8x32_ps(dx, order23),
+                                         _mm256_cvtepi32_ps(mxfp4_pair_dot(a + i + 2, b + i + 2, levels)));
+        acc0 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dw, order01), p01, acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dw, order23), p23, acc1);
+    }
+    float sum = avx2_hsum_ps(_mm256_add_ps(acc0, acc1));
+    for (; i < nb; i++) {
+        const __m256i q = _mm256_shuffle_epi8(levels, avx2_unpack_nibbles(a[i].qs));
+        const __m256i p = avx2_dot_i8(q, _mm256_loadu_si256((const __m256i *)b[i].qs));
+        sum += ggml_e8m0_to_fp32_half(a[i].e) * (avx2_f16(b[i].d) * avx2_hsum_ps(_mm256_cvtepi32_ps(p)));
+    }
+    *s = sum;
+}
+
 // y[0..32) += s * q[0..32) for 16 bytes of signed values per half (lo: values 0..15, hi: 16..31)
 // ============================================================================================
 // Q4_K, Q6_K with Q8_K activations
@@ -870,6 +921,7 @@ void ggml_quants_install_avx2(struct ggml_type_traits *traits) {
     traits[GGML_TYPE_Q8_0].vec_dot = q8_0_vec_dot_avx2;
     traits[GGML_TYPE_Q4_K].vec_dot = q4_K_vec_dot_avx2;
     traits[GGML_TYPE_Q6_K].vec_dot = q6_K_vec_dot_avx2;
+    traits[GGML_TYPE_MXFP4].vec_dot = mxfp4_vec_dot_avx2;
     ggml_quants_install_axpy_avx2(traits); // quants_axpy_avx2.c: axpy for Q4_0, Q8_0, Q4_1, Q5_0, Q4_K, Q6_K
     ggml_quants_install_axpy_rounded_avx2(traits); // quants_axpy_rounded_avx2.c: Q4_K, Q8_0
     traits[GGML_TYPE_Q8_0].quantize_act = q8_0_quantize_act_avx2;
