@@ -230,7 +230,7 @@ template <> struct qrow<GGML_TYPE_MXFP4> : qrow_x32 {
             s = __dp4a(mxfp4_levels4(q & 0x0F0F0F0F), x.v[i], s);
             s = __dp4a(mxfp4_levels4((q >> 4) & 0x0F0F0F0F), x.v[i + 4], s);
         }
-        return ggml_e8m0_to_fp32_half((uint8_t)(w.u[0] & 0xFF)) * x.ds.x * (float)s;
+        return ggml_e8m0_to_fp32_half((uint8_t)(w.u[0] & 0xFF)) * (x.ds.x * (float)s); // the power of two last
     }
 };
 
