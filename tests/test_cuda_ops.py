@@ -22,7 +22,7 @@ from pyinfer.native.binding import check, ffi, lib
 pytestmark = pytest.mark.skipif(lib.ggml_cuda_device_count() == 0, reason="no CUDA device")
 
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-QUANT_TYPES = (ggml.Q8_0, ggml.Q4_0, ggml.Q4_1, ggml.Q5_0, ggml.Q4_K, ggml.Q6_K)
+QUANT_TYPES = (ggml.Q8_0, ggml.Q4_0, ggml.Q4_1, ggml.Q5_0, ggml.Q4_K, ggml.Q6_K, ggml.MXFP4)
 # error of a dot product relative to sum |w| |x|: activations quantized to 8 bits (quants), x as F16
 # in the GEMM, TF32 for F32 weights in the GEMM
 DOT_TOL = {ggml.F32: 2e-3, ggml.F16: 2e-3, ggml.BF16: 1e-2, **{t: 0.02 for t in QUANT_TYPES}}
@@ -325,8 +325,8 @@ def test_heads_of_a_fused_projection_cross_devices(n_tokens, n_head, hd, part, s
 # ---------------------------------------------------------------------------------------------------
 
 @st.composite
-def matmul_case(draw):
-    type_ = draw(st.sampled_from(ggml.WEIGHT_TYPES))
+def matmul_case(draw, types=ggml.WEIGHT_TYPES):
+    type_ = draw(st.sampled_from(types))
     m = draw(st.sampled_from([1, 2, 3, 5, 8, 9, 17, 40]))
     return type_, row_len(type_, draw), draw(st.integers(1, 300)), m
 
@@ -574,8 +574,23 @@ def test_fused_sparse_ffn(type_, data, seed, act, hot_first):
         assert not bad.any(), f"{name}: {bad.sum()} of {bad.size} off, got {result[bad][:3]} want {want[bad][:3]}"
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), seed=st.integers(0, 2**31), act=st.sampled_from(["silu", "gelu", "relu"]), flag=st.booleans())
+@pytest.mark.parametrize("drawn", [test_mul_mat, test_mul_mat_rows, test_axpy_rows, test_fused_decode_chains,
+                                   test_fused_sparse_ffn], ids=lambda t: t.__name__)
+def test_mxfp4_through_every_path(drawn, data, seed, act, flag):
+    """The tests above that draw a weight type, with MXFP4 every time (gpt-oss's experts): its 17-byte blocks lie at
+    odd addresses, as no other type's do."""
+    if drawn is test_mul_mat:
+        drawn.hypothesis.inner_test(data.draw(matmul_case(types=[ggml.MXFP4])), seed)
+    elif drawn in (test_mul_mat_rows, test_axpy_rows):
+        drawn.hypothesis.inner_test(ggml.MXFP4, data, seed)
+    else:
+        drawn.hypothesis.inner_test(ggml.MXFP4, data, seed, act, flag)
+
+
 @pytest.mark.parametrize("type_, down_type", [(ggml.F16, ggml.F16), (ggml.Q4_0, ggml.Q4_0), (ggml.Q4_K, ggml.Q4_K),
-                                              (ggml.Q4_K, ggml.Q6_K)])
+                                              (ggml.Q4_K, ggml.Q6_K), (ggml.MXFP4, ggml.MXFP4)])
 @pytest.mark.parametrize("density, hot_first", [(1.0, False), (0.1, True)])
 def test_fused_sparse_ffn_at_size(type_, down_type, density, hot_first):
     """A layer large enough for every path of the group's kernels: more listed rows than the rows kernel has
@@ -592,12 +607,12 @@ def test_fused_sparse_ffn_at_size(type_, down_type, density, hot_first):
 
 
 def test_gemm_large_quantized_and_f16():
-    """A GEMM big enough for several cuBLAS tiles (and, for Q4_0, the dequantize-to-F16 path)."""
+    """A GEMM big enough for several cuBLAS tiles (and, for Q4_0 and MXFP4, the dequantize-to-F16 path)."""
     rng = np.random.default_rng(7)
     k, n, m = 1024, 600, 70
     w = rng.standard_normal((n, k)).astype(np.float32)
     x = rng.standard_normal((m, k)).astype(np.float32)
-    for type_ in (ggml.F16, ggml.Q4_0, ggml.BF16, ggml.F32):
+    for type_ in (ggml.F16, ggml.Q4_0, ggml.MXFP4, ggml.BF16, ggml.F32):
         (got,) = run(lambda ctx, t=type_: [ctx.mul_mat(tensor(ctx, w, t), tensor(ctx, x))], "cuda")
         w64 = weight_values(type_, w)
         assert_dot_close(got.reshape(m, n), ref.mul_mat(w64, x), np.abs(x) @ np.abs(w64).T, type_)

@@ -11,16 +11,18 @@ from gguf import GGUFReader, GGUFWriter
 from gguf.quants import dequantize, quantize
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from op_harness import compute, tensor
 
 from pyinfer.errors import ModelFormatError, UnsupportedError
 from pyinfer.formats.gguf_file import GGUFFile
 from pyinfer.formats.model_config import SUPPORTED_ARCHS
 from pyinfer.models import BUILDERS, builder_for
+from pyinfer.native import ggml
 
 D, FF, NH, NKV, HD, NV = 32, 64, 2, 1, 16, 40
 
 
-def _tensors(layout: str) -> dict[str, tuple[tuple[int, ...], Q]]:
+def _tensors(layout: str, ffn_type: Q = Q.Q8_0) -> dict[str, tuple[tuple[int, ...], Q]]:
     """name -> (numpy shape, type) of a 1-layer llama."""
     down = ("blk.0.ffn_down_t.weight", (FF, D)) if layout == "down_t" else ("blk.0.ffn_down.weight", (D, FF))
     return {
@@ -28,13 +30,13 @@ def _tensors(layout: str) -> dict[str, tuple[tuple[int, ...], Q]]:
         "blk.0.attn_norm.weight": ((D,), Q.F32), "blk.0.attn_q.weight": ((NH * HD, D), Q.F32),
         "blk.0.attn_k.weight": ((NKV * HD, D), Q.F32), "blk.0.attn_v.weight": ((NKV * HD, D), Q.F16),
         "blk.0.attn_output.weight": ((D, NH * HD), Q.F32), "blk.0.ffn_norm.weight": ((D,), Q.F32),
-        "blk.0.ffn_gate.weight": ((FF, D), Q.Q8_0), "blk.0.ffn_up.weight": ((FF, D), Q.Q8_0),
-        down[0]: (down[1], Q.Q8_0),
+        "blk.0.ffn_gate.weight": ((FF, D), ffn_type), "blk.0.ffn_up.weight": ((FF, D), ffn_type),
+        down[0]: (down[1], ffn_type),
     }
 
 
 def write_gguf(path, layout="down_t", arch="llama", drop_tensor=None, bad_shape=None, drop_key=None,
-               layout_key=None):
+               layout_key=None, ffn_type=Q.Q8_0):
     """A small valid GGUF (or one with exactly one defect); returns name -> float32 values written."""
     rng = np.random.default_rng(0)
     w = GGUFWriter(str(path), arch)
@@ -52,7 +54,7 @@ def write_gguf(path, layout="down_t", arch="llama", drop_tensor=None, bad_shape=
         w.add_uint32("pyinfer.format_version", 1)
         w.add_string("pyinfer.ffn_layout", layout_key or layout)
     values = {}
-    for name, (shape, qtype) in _tensors(layout).items():
+    for name, (shape, qtype) in _tensors(layout, ffn_type).items():
         if name == drop_tensor:
             continue
         if name == bad_shape:
@@ -96,6 +98,28 @@ def test_valid_file(tmp_path, layout):
         got = g.dequantize(t.name)
         assert got.dtype == np.float64 and got.shape == values[t.name].shape
         np.testing.assert_array_equal(got, want)
+
+
+def test_mxfp4_tensors_load_and_multiply(tmp_path):
+    """FFN matrices of MXFP4 (gpt-oss's experts' type) quantized and written by gguf: read as gguf reads them, and
+    the engine's mul_mat of their bytes matches float64."""
+    path = tmp_path / "m.gguf"
+    write_gguf(path, ffn_type=Q.MXFP4)
+    g = GGUFFile(path)
+    info = g.tensors["blk.0.ffn_up.weight"]
+    assert info.type == Q.MXFP4 and info.data.nbytes == FF * D // 32 * 17
+    w64 = g.dequantize("blk.0.ffn_up.weight")  # gguf.quants' dequantizer
+    ctx = ggml.Context(1 << 20)
+    w = ctx.new_tensor(info.type, (FF, D))
+    w.set_data(info.data)
+    np.testing.assert_array_equal(ggml.dequantize(w.type, w.raw(), FF * D).reshape(FF, D), w64)
+    x = np.random.default_rng(1).standard_normal((3, D)).astype(np.float32)
+    (y,) = compute(ctx, [ctx.mul_mat(w, tensor(ctx, x))], 2)
+    x_seen = ggml.dequantize(ggml.Q8_0, ggml.quantize(ggml.Q8_0, x), x.size).reshape(x.shape)  # the dot's activations
+    bound = np.abs(x) @ np.abs(w64).T
+    assert np.all(np.abs(y - x_seen.astype(np.float64) @ w64.T) <= 1e-5 * bound + 1e-6)
+    want = x.astype(np.float64) @ w64.T
+    assert np.linalg.norm(y - want) <= 0.02 * np.linalg.norm(want)
 
 
 def _expect(path, cls=ModelFormatError, words=""):

@@ -125,12 +125,12 @@ def test_top_k_rejects_k_outside_the_row():
 
 
 @st.composite
-def moe_case(draw):
-    gate_type = draw(st.sampled_from(ggml.WEIGHT_TYPES))
-    down_type = draw(st.sampled_from(ggml.WEIGHT_TYPES))
+def moe_case(draw, types=ggml.WEIGHT_TYPES, max_blocks=2):
+    gate_type = draw(st.sampled_from(types))
+    down_type = draw(st.sampled_from(types))
     blk = max(ggml.block_size(gate_type), ggml.block_size(down_type))
-    d = blk * draw(st.integers(1, 2)) if blk > 1 else draw(st.integers(1, 40))
-    n_ff = blk * draw(st.integers(1, 2)) if blk > 1 else draw(st.integers(1, 40))
+    d = blk * draw(st.integers(1, max_blocks)) if blk > 1 else draw(st.integers(1, 40))
+    n_ff = blk * draw(st.integers(1, max_blocks)) if blk > 1 else draw(st.integers(1, 40))
     n_expert = draw(st.integers(1, 9))
     k = draw(st.integers(1, n_expert))
     m = draw(st.sampled_from([1, 1, 2, 5, 17, 40]))  # past 8 tokens the GPU's grouped GEMMs, past 32 two tiles
@@ -183,6 +183,15 @@ def test_moe_ffn_matches_float64(backend, case):
     if backend == "cuda" and m > 8:  # the grouped GEMMs take their inputs (x, act) in F16
         tol = max(tol, 4e-3)
     np.testing.assert_allclose(got.reshape(m, d), want, rtol=0, atol=1e-5 + tol * bound.max())
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=needs_gpu)])
+@given(case=moe_case(types=[ggml.MXFP4], max_blocks=9))
+@SETTINGS
+def test_moe_ffn_of_mxfp4_experts(backend, case):
+    """gpt-oss's experts (MXFP4 gate, up and down) every time, not only when the types are drawn; rows of up to 9
+    blocks (the CPU's dot takes 4 at a time)."""
+    test_moe_ffn_matches_float64.hypothesis.inner_test(backend, case)
 
 
 def test_moe_ffn_halves_add_up_to_the_whole():

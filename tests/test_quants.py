@@ -9,6 +9,9 @@ NaN/Inf behaviour (stated, and tested below):
   holding Inf gets an Inf scale, a block holding NaN a NaN scale, and levels that numpy's casts of
   NaN/Inf give (0); other blocks of the row are unaffected. (Only the sign of a NaN scale
   made from a negative NaN may differ: numpy's min/max reductions drop it.) No C undefined behaviour on the way.
+- MXFP4 quantizer: bit-exact with gguf.quants too (a block holding Inf or NaN gets e = 0 and level 0 throughout,
+  as numpy's casts give), except in blocks whose largest magnitude is below 2^-125: there e = 0, the smallest
+  scale, where gguf.quants' uint8 cast wraps the negative exponent around to a huge one.
 - dequantizers: a scale that is Inf/NaN gives Inf/NaN values, exactly as gguf.quants does.
 """
 
@@ -26,15 +29,16 @@ from pyinfer.native import ggml
 from pyinfer.native.binding import check, ffi, lib
 
 QT = GGMLQuantizationType
-EXACT_QUANT = [QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0]  # quantizers bit-exact with gguf.quants
-FILE_QUANTS = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q4_K, QT.Q6_K]  # weight types with a vec_dot
+EXACT_QUANT = [QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.MXFP4]  # quantizers bit-exact with gguf.quants
+FILE_QUANTS = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q4_K, QT.Q6_K, QT.MXFP4]  # weight types with a vec_dot
 WEIGHT_TYPES = [QT.F32, QT.F16, QT.BF16, *FILE_QUANTS]
 ALL_TYPES = [QT.F32, QT.F16, QT.BF16, *FILE_QUANTS, QT.Q8_1, QT.Q8_K, QT.I8, QT.I32]
 
 # relative RMS round-trip error on standard-normal data; measured: Q8_0 .0054, Q4_0 .086, Q4_1 .079,
-# Q5_0 .043, Q4_K .080 (our simpler quantizer; llama.cpp's search gets ~.07), Q6_K .019, Q8_K .007
+# Q5_0 .043, Q4_K .080 (our simpler quantizer; llama.cpp's search gets ~.07), Q6_K .019, Q8_K .007, MXFP4 .116
+# (E2M1 levels under a power-of-two scale: the top two are 8 d and 12 d)
 RMS_BOUND = {QT.Q8_0: 0.008, QT.Q8_1: 0.008, QT.Q8_K: 0.01, QT.Q4_0: 0.11, QT.Q4_1: 0.10, QT.Q5_0: 0.055,
-             QT.Q4_K: 0.10, QT.Q6_K: 0.025}
+             QT.Q4_K: 0.10, QT.Q6_K: 0.025, QT.MXFP4: 0.135}
 
 
 @pytest.fixture(autouse=True)
@@ -140,6 +144,7 @@ def test_block_sizes_match_gguf():
     assert lib.ggml_vec_dot_type(int(QT.Q4_1)) == QT.Q8_1
     assert lib.ggml_vec_dot_type(int(QT.Q6_K)) == QT.Q8_K
     assert lib.ggml_vec_dot_type(int(QT.BF16)) == QT.BF16
+    assert lib.ggml_vec_dot_type(int(QT.MXFP4)) == QT.Q8_0
 
 
 # --- conversions ---
@@ -190,6 +195,10 @@ def test_quantize_bit_exact(qtype, data):
     with np.errstate(all="ignore"):
         want = gq.quantize(x, qtype)
     got = c_quantize(qtype, x)
+    if qtype == QT.MXFP4:  # blocks of magnitudes below 2^-125: see the module's docstring, and test_mxfp4_sound
+        tiny = np.abs(x.reshape(-1, 32)).max(axis=1) < 2.0**-125
+        assert (got.reshape(-1, 17)[tiny, 0] == 0).all()
+        got, want = got.reshape(-1, 17)[~tiny], want.reshape(-1, 17)[~tiny]
     np.testing.assert_array_equal(got, want)
 
 
@@ -216,8 +225,10 @@ def test_dequantize_bit_exact(qtype, n_blocks, seed, finite):
         n_blocks = (n_blocks + 3) // 4
     rng = np.random.default_rng(seed)
     data = rng.integers(0, 256, n_blocks * ts, dtype=np.uint8)  # any bytes are a valid block
-    if finite:  # keep every f16 scale finite: exponent bits below 31
-        raw = data.reshape(n_blocks, ts)
+    raw = data.reshape(n_blocks, ts)
+    if finite and qtype == QT.MXFP4:  # E8M0 exponents up to 252: 12 * 2^124 is a float, 12 * 2^125 is not
+        raw[:, 0] = np.minimum(raw[:, 0], 252)
+    elif finite:  # keep every f16 scale finite: exponent bits below 31
         offsets = {QT.Q6_K: [208], QT.Q4_K: [0, 2], QT.Q4_1: [0, 2]}.get(qtype, [0] if bs > 1 else range(0, ts, 2))
         for off in offsets:
             raw[:, off + 1] &= 0x7B  # the byte holding the f16's sign and exponent (little endian)
@@ -316,6 +327,26 @@ def test_k_quants_sound(qtype, x):
     assert (np.abs(y - x).reshape(-1, 256) <= step).all()
 
 
+@given(x=rows(32))
+def test_mxfp4_sound(x):
+    """Our MXFP4 quantizer: the scale d = 2^(e - 128) puts a block's largest magnitude in [8 d, 16 d) (the top
+    level is 12 d: saturation costs at most the top step, 4 d), or is the smallest (e = 0) for a block below
+    2^-125; every value takes the level nearest it."""
+    q = c_quantize(QT.MXFP4, x).reshape(-1, 17)
+    blocks = x.reshape(-1, 32).astype(np.float64)
+    d = np.exp2(q[:, 0].astype(np.float64) - 128)[:, None]
+    amax = np.abs(blocks).max(axis=1, keepdims=True)
+    tiny = (amax < 2.0**-125)[:, 0]
+    assert (q[tiny, 0] == 0).all()
+    # log2f may round up to the next power of two for an amax a few ulps below it: amax / d is then just below 8
+    spans = (8 * d * (1 - 2.0**-16) <= amax) & (amax < 16 * d)
+    assert spans[~tiny & (amax[:, 0] > 0)].all()
+    levels = d[:, :, None] * np.array(gq.MXFP4.kvalues, np.float64)  # (blocks, 1, 16)
+    nearest = np.abs(blocks[:, :, None] - levels).min(axis=2)
+    y = c_dequantize(QT.MXFP4, q, x.size).reshape(-1, 32).astype(np.float64)
+    assert (np.abs(blocks - y) <= nearest + 2.0**-24 * np.abs(blocks)).all()  # float32 rounds the errors compared
+
+
 # --- dot products ---
 
 def activation(qtype, x: np.ndarray) -> np.ndarray:
@@ -369,19 +400,29 @@ def test_vec_dot_matches_float64(qtype, data):
     assert abs(fast - ref) <= 3e-5 * terms + 1e-30  # SIMD vs scalar: only the summation order differs
 
 
+def random_blocks(qtype, n_blocks: int, rng: np.random.Generator) -> np.ndarray:
+    """Arbitrary block bytes (every level and scale/min code) with finite f16 scales in [-2, 2]; MXFP4: E8M0
+    exponents 0..220 (scales 2^-128, subnormal, to 2^92; past that a row's dot products overflow), 0 and 1 often."""
+    ts = block(qtype)[1]
+    wq = rng.integers(0, 256, n_blocks * ts, dtype=np.uint8).reshape(n_blocks, ts)
+    if qtype == QT.MXFP4:
+        wq[:, 0] = np.where(rng.random(n_blocks) < 0.25, rng.integers(0, 2, n_blocks), rng.integers(0, 221, n_blocks))
+        return wq.ravel()
+    for off in {QT.Q6_K: [208], QT.Q4_K: [0, 2], QT.Q4_1: [0, 2]}.get(qtype, [0]):
+        wq[:, off:off + 2] = np.float16(rng.uniform(-2, 2, n_blocks)).view(np.uint8).reshape(n_blocks, 2)
+    return wq.ravel()
+
+
 @pytest.mark.parametrize("qtype", FILE_QUANTS, ids=lambda t: t.name)
 @given(n_blocks=st.integers(1, 20), seed=st.integers(0, 2**32 - 1))
 def test_vec_dot_random_blocks_simd_vs_scalar(qtype, n_blocks, seed):
-    """Arbitrary block bytes (all levels, all scale/min codes) with finite small scales."""
-    bs, ts = block(qtype)
+    """Arbitrary block bytes (all levels, all scale/min codes) with finite small scales (MXFP4: extreme ones)."""
+    bs = block(qtype)[0]
     if bs == 256:
         n_blocks = (n_blocks + 3) // 4
     n = n_blocks * bs
     rng = np.random.default_rng(seed)
-    wq = rng.integers(0, 256, n_blocks * ts, dtype=np.uint8).reshape(n_blocks, ts)
-    half = lambda k: np.float16(rng.uniform(-2, 2, k)).view(np.uint8).reshape(k, 2)  # noqa: E731
-    for off in {QT.Q6_K: [208], QT.Q4_K: [0, 2], QT.Q4_1: [0, 2]}.get(qtype, [0]):
-        wq[:, off:off + 2] = half(n_blocks)
+    wq = random_blocks(qtype, n_blocks, rng)
     xq = activation(qtype, rng.standard_normal(n).astype(np.float32))
     wd, xd = dequant_any(qtype, wq, n), dequant_any(QT(lib.ggml_vec_dot_type(int(qtype))), xq, n)
     terms = float((term_bound(qtype, wq, n) * np.abs(xd)).sum())
@@ -424,15 +465,6 @@ def test_axpy_matches_float64(qtype, data):
 
 
 AXPY_SIMD_TYPES = [QT.Q4_0, QT.Q8_0, QT.Q4_1, QT.Q5_0, QT.Q4_K, QT.Q6_K]  # quants_axpy_avx2.c: axpy and axpy4
-
-
-def random_blocks(qtype, n_blocks: int, rng: np.random.Generator) -> np.ndarray:
-    """Arbitrary block bytes (every level and scale/min code) with finite f16 scales in [-2, 2]."""
-    ts = block(qtype)[1]
-    wq = rng.integers(0, 256, n_blocks * ts, dtype=np.uint8).reshape(n_blocks, ts)
-    for off in {QT.Q6_K: [208], QT.Q4_K: [0, 2], QT.Q4_1: [0, 2]}.get(qtype, [0]):
-        wq[:, off:off + 2] = np.float16(rng.uniform(-2, 2, n_blocks)).view(np.uint8).reshape(n_blocks, 2)
-    return wq.ravel()
 
 
 def c_axpy_guarded(qtype, n: int, y: np.ndarray, a: float, row: np.ndarray, ref: bool) -> np.ndarray:
@@ -583,7 +615,7 @@ def test_n_not_multiple_of_block_raises(qtype):
 def test_invalid_and_unsupported_types():
     buf = np.zeros(64, np.uint8)
     x = np.zeros(16, np.float32)
-    for bad in (4, 5, 31, 1000):
+    for bad in (4, 5, 31, 40, 1000):
         assert not lib.ggml_type_is_valid(bad)
         with pytest.raises(InvalidArgumentError):
             check(lib.ggml_quantize(bad, ffi.from_buffer("float[]", x), ffi.from_buffer(buf), 16))

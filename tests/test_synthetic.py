@@ -11,7 +11,7 @@ from pyinfer.native import ggml
 from pyinfer.sparsity.expert_profile import routing_freq, top_share
 
 
-@pytest.mark.parametrize("qtype", [synthetic.Q.Q4_0, synthetic.Q.Q8_0, synthetic.Q.F16])
+@pytest.mark.parametrize("qtype", [synthetic.Q.Q4_0, synthetic.Q.Q8_0, synthetic.Q.F16, synthetic.Q.MXFP4])
 def test_random_matrices_have_zero_mean_and_the_asked_spread(qtype):
     raw = synthetic.random_weight(np.random.default_rng(3), qtype, (256, 512), 0.05)
     w = ggml.dequantize(int(qtype), np.ascontiguousarray(raw).view(np.uint8).reshape(-1), 256 * 512).astype(np.float64)

@@ -27,7 +27,7 @@ from pyinfer.errors import InvalidArgumentError
 from pyinfer.native import ggml
 
 TYPES = {"f16": ggml.F16, "q8_0": ggml.Q8_0, "q4_0": ggml.Q4_0, "q4_1": ggml.Q4_1, "q5_0": ggml.Q5_0,
-         "q4_K": ggml.Q4_K, "q6_K": ggml.Q6_K}
+         "q4_K": ggml.Q4_K, "q6_K": ggml.Q6_K, "mxfp4": ggml.MXFP4}
 SIZES = ((4096, 11008), (576, 1536))  # (d, n_ff): FFN up is [d, n_ff], down_t is [d, n_ff] too
 DENSITIES = (0.01, 0.05, 0.10, 0.25, 0.50, 1.00)
 

@@ -32,7 +32,8 @@ enum ggml_type {
     GGML_TYPE_I8 = 24,
     GGML_TYPE_I32 = 26,
     GGML_TYPE_BF16 = 30,
-    GGML_TYPE_COUNT = 31,
+    GGML_TYPE_MXFP4 = 39, // gpt-oss's experts: 4-bit E2M1 values under an E8M0 scale per 32
+    GGML_TYPE_COUNT = 40,
 };
 
 enum ggml_status {

@@ -1,6 +1,6 @@
 // quants.c: the per-type traits table, the scalar reference kernels (the oracles of every SIMD and
 // CUDA kernel) and the public type/quantization functions of ggml.h.
-// The quantizers of Q4_0, Q4_1, Q5_0 and Q8_0 and every dequantizer round like gguf.quants (numpy
+// The quantizers of Q4_0, Q4_1, Q5_0, Q8_0 and MXFP4 and every dequantizer round like gguf.quants (numpy
 // float32, one rounding per operation): this file must not be compiled with fused multiply-add.
 #include "ggml-impl.h"
 #include "quants.h"
@@ -358,6 +358,75 @@ static void q8_0_vec_dot_ref(int64_t n, float *s, const void *w, const void *x) 
 }
 
 // ============================================================================================
+// MXFP4: 32 values share a power-of-two scale, each one of 16 levels (E2M1 values, doubled); Q8_0 activations
+// ============================================================================================
+
+const int8_t ggml_mxfp4_kvalues[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// the index of the level nearest x at scale d, the first of equals as numpy's argmin (ties to the smaller
+// magnitude, zero to +0, a NaN x to 0)
+static int mxfp4_nearest(float x, float d) {
+    int best = 0;
+    float best_err = fabsf(d * (float)ggml_mxfp4_kvalues[0] - x);
+    for (int i = 1; i < 16; i++) {
+        const float err = fabsf(d * (float)ggml_mxfp4_kvalues[i] - x);
+        if (err < best_err) {
+            best = i;
+            best_err = err;
+        }
+    }
+    return best;
+}
+
+// e = floor(log2(amax)) - 2 + 127 (gguf.quants, llama.cpp): amax / d lies in [8, 16), so values past the top level
+// 12 d saturate (the OCP MX rule). A zero, NaN or Inf amax gives e = 0 as numpy's casts do; an amax below 2^-125
+// gives e = 0 too, the smallest scale (gguf.quants' uint8 cast wraps it around to a huge one)
+static void mxfp4_from_float(const float *src, void *dst, int64_t n) {
+    block_mxfp4 *y = dst; // (n / 32,)
+    for (int64_t i = 0; i < n / QK_MXFP4; i++) {
+        const float *x = src + i * QK_MXFP4; // (32,)
+        float amax = 0.0f; // a NaN anywhere makes it NaN, as numpy's max
+        for (int j = 0; j < QK_MXFP4; j++) {
+            amax = fabsf(x[j]) > amax || isnan(x[j]) ? fabsf(x[j]) : amax;
+        }
+        const int e = amax > 0.0f && isfinite(amax) ? quant_clamp((int)floorf(log2f(amax)) + 125, 0, 255) : 0;
+        const float d = ggml_e8m0_to_fp32_half((uint8_t)e);
+        y[i].e = (uint8_t)e;
+        for (int j = 0; j < QK_MXFP4 / 2; j++) {
+            y[i].qs[j] = (uint8_t)(mxfp4_nearest(x[j], d) | mxfp4_nearest(x[j + QK_MXFP4 / 2], d) << 4);
+        }
+    }
+}
+
+static void mxfp4_to_float(const void *src, float *dst, int64_t n) {
+    const block_mxfp4 *x = src; // (n / 32,)
+    for (int64_t i = 0; i < n / QK_MXFP4; i++) {
+        const float d = ggml_e8m0_to_fp32_half(x[i].e);
+        float *y = dst + i * QK_MXFP4; // (32,)
+        for (int j = 0; j < QK_MXFP4 / 2; j++) {
+            y[j] = d * (float)ggml_mxfp4_kvalues[x[i].qs[j] & 0x0F];
+            y[j + QK_MXFP4 / 2] = d * (float)ggml_mxfp4_kvalues[x[i].qs[j] >> 4];
+        }
+    }
+}
+
+static void mxfp4_vec_dot_ref(int64_t n, float *s, const void *w, const void *x) {
+    const block_mxfp4 *a = w; // (n / 32,)
+    const block_q8_0 *b = x;  // (n / 32,)
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_MXFP4; i++) {
+        int sumi = 0;
+        for (int j = 0; j < QK_MXFP4 / 2; j++) {
+            sumi += ggml_mxfp4_kvalues[a[i].qs[j] & 0x0F] * b[i].qs[j];
+            sumi += ggml_mxfp4_kvalues[a[i].qs[j] >> 4] * b[i].qs[j + QK_MXFP4 / 2];
+        }
+        // the power-of-two scale last: exact unless the product leaves float's normal range
+        sum += ggml_e8m0_to_fp32_half(a[i].e) * (ggml_fp16_to_fp32(b[i].d) * (float)sumi);
+    }
+    *s = sum;
+}
+
+// ============================================================================================
 // Q4_K, Q6_K, Q8_K (super-blocks of 256)
 // ============================================================================================
 
@@ -588,6 +657,7 @@ QUANT_AXPY_REF(q4_0, QK4_0, block_q4_0)
 QUANT_AXPY_REF(q4_1, QK4_1, block_q4_1)
 QUANT_AXPY_REF(q5_0, QK5_0, block_q5_0)
 QUANT_AXPY_REF(q8_0, QK8_0, block_q8_0)
+QUANT_AXPY_REF(mxfp4, QK_MXFP4, block_mxfp4)
 QUANT_AXPY_REF(q4_K, QK_K, block_q4_K)
 QUANT_AXPY_REF(q6_K, QK_K, block_q6_K)
 
@@ -613,6 +683,7 @@ static const struct ggml_type_traits traits_scalar[GGML_TYPE_COUNT] = {
     TRAITS_FULL(GGML_TYPE_Q8_0, "q8_0", QK8_0, sizeof(block_q8_0), true, q8_0, GGML_TYPE_Q8_0),
     TRAITS_FULL(GGML_TYPE_Q4_K, "q4_K", QK_K, sizeof(block_q4_K), true, q4_K, GGML_TYPE_Q8_K),
     TRAITS_FULL(GGML_TYPE_Q6_K, "q6_K", QK_K, sizeof(block_q6_K), true, q6_K, GGML_TYPE_Q8_K),
+    TRAITS_FULL(GGML_TYPE_MXFP4, "mxfp4", QK_MXFP4, sizeof(block_mxfp4), true, mxfp4, GGML_TYPE_Q8_0),
     // activation types: converted to, never dotted as weights
     [GGML_TYPE_Q8_1] = {.name = "q8_1", .blck_size = QK8_1, .type_size = sizeof(block_q8_1), .is_quantized = true,
                         .to_float = q8_1_to_float, .from_float = q8_1_from_float,

@@ -20,6 +20,7 @@
 #define QK5_0 32
 #define QK8_0 32
 #define QK8_1 32
+#define QK_MXFP4 32
 #define QK_K 256
 #define K_SCALE_SIZE 12 // Q4_K: 8 six-bit scales + 8 six-bit mins packed into 12 bytes
 
@@ -52,6 +53,16 @@ typedef struct {
     int8_t qs[QK8_0];  // (32,)
 } block_q8_0;
 GGML_STATIC_ASSERT(sizeof(block_q8_0) == 34, "block_q8_0 must be 34 bytes");
+
+// x = d * kvalues[q], q in [0, 15], d = 2^(e - 128): E2M1 values doubled (ggml_mxfp4_kvalues) under half the
+// E8M0 scale 2^(e - 127); nibble order as Q4_0
+typedef struct {
+    uint8_t e;                // E8M0 exponent
+    uint8_t qs[QK_MXFP4 / 2]; // (16,) nibbles
+} block_mxfp4;
+GGML_STATIC_ASSERT(sizeof(block_mxfp4) == 17, "block_mxfp4 must be 17 bytes");
+// (16,) MXFP4's levels: 0, 1, 2, 3, 4, 6, 8, 12 and their negatives (quants.c; the CUDA kernels pack them themselves)
+extern const int8_t ggml_mxfp4_kvalues[16];
 
 // activations for Q4_1: as Q8_0 plus s = d * sum(qs), which carries Q4_1's minimum through the dot
 typedef struct {
@@ -184,6 +195,11 @@ GGML_QFN uint16_t ggml_fp32_to_fp16(float f) {
         h++;
     }
     return (uint16_t)(sign | h);
+}
+
+// MXFP4's scale d = 2^(e - 128), exactly (subnormal for e < 2): half of the E8M0 value, as llama.cpp reads it
+GGML_QFN float ggml_e8m0_to_fp32_half(uint8_t e) {
+    return ggml_f32_from_bits(e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23);
 }
 
 GGML_QFN float ggml_bf16_to_fp32(uint16_t h) {

@@ -335,6 +335,58 @@ static void q5_0_vec_dot_avx2(int64_t n, float *s, const void *w, const void *x)
     *s = sum;
 }
 
+// ============================================================================================
+// MXFP4 with Q8_0 activations: the nibbles index the 16 signed levels, a byte shuffle looks them up
+// ============================================================================================
+
+// blocks 0 and 1 of MXFP4 . Q8_0 (levels: ggml_mxfp4_kvalues in both 128-bit lanes); lanes as q4_0_pair_dot.
+// |level| <= 12, so a maddubs pair stays far inside int16
+static inline __m256i mxfp4_pair_dot(const block_mxfp4 *a, const block_q8_0 *b, __m256i levels) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i v = avx2_load2_128(a[0].qs, a[1].qs);
+    const __m256i lo = _mm256_shuffle_epi8(levels, _mm256_and_si256(v, low4));
+    const __m256i hi = _mm256_shuffle_epi8(levels, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
+    const __m256i ylo = avx2_load2_128(b[0].qs, b[1].qs), yhi = avx2_load2_128(b[0].qs + 16, b[1].qs + 16);
+    const __m256i p = _mm256_add_epi16(avx2_dot_i8_i16(lo, ylo), avx2_dot_i8_i16(hi, yhi));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+// the scales of four blocks
+static inline __m128 mxfp4_scales4(const block_mxfp4 *b0, const block_mxfp4 *b1, const block_mxfp4 *b2,
+                                   const block_mxfp4 *b3) {
+    return _mm_setr_ps(ggml_e8m0_to_fp32_half(b0->e), ggml_e8m0_to_fp32_half(b1->e), ggml_e8m0_to_fp32_half(b2->e),
+                       ggml_e8m0_to_fp32_half(b3->e));
+}
+
+// the power-of-two weight scale multiplies last, as in the scalar kernel: for a small e, d_w * d_x alone could
+// fall below float's normal range where d_x * sum does not
+static void mxfp4_vec_dot_avx2(int64_t n, float *s, const void *w, const void *x) {
+    const block_mxfp4 *a = w; // (n / 32,)
+    const block_q8_0 *b = x;  // (n / 32,)
+    const int64_t nb = n / QK_MXFP4;
+    const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ggml_mxfp4_kvalues));
+    const __m256i order01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), order23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        const __m256 dw = _mm256_castps128_ps256(mxfp4_scales4(a + i, a + i + 1, a + i + 2, a + i + 3));
+        const __m256 dx = _mm256_castps128_ps256(avx2_f16x4(b[i].d, b[i + 1].d, b[i + 2].d, b[i + 3].d));
+        const __m256 p01 = _mm256_mul_ps(_mm256_permutevar8x32_ps(dx, order01),
+                                         _mm256_cvtepi32_ps(mxfp4_pair_dot(a + i, b + i, levels)));
+        const __m256 p23 = _mm256_mul_ps(_mm256_permutevar8x32_ps(dx, order23),
+                                         _mm256_cvtepi32_ps(mxfp4_pair_dot(a + i + 2, b + i + 2, levels)));
+        acc0 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dw, order01), p01, acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dw, order23), p23, acc1);
+    }
+    float sum = avx2_hsum_ps(_mm256_add_ps(acc0, acc1));
+    for (; i < nb; i++) {
+        const __m256i q = _mm256_shuffle_epi8(levels, avx2_unpack_nibbles(a[i].qs));
+        const __m256i p = avx2_dot_i8(q, _mm256_loadu_si256((const __m256i *)b[i].qs));
+        sum += ggml_e8m0_to_fp32_half(a[i].e) * (avx2_f16(b[i].d) * avx2_hsum_ps(_mm256_cvtepi32_ps(p)));
+    }
+    *s = sum;
+}
+
 // y[0..32) += s * q[0..32) for 16 bytes of signed values per half (lo: values 0..15, hi: 16..31)
 // ============================================================================================
 // Q4_K, Q6_K with Q8_K activations
@@ -594,13 +646,15 @@ VNNI_TARGET static void q8_0_gemm_tile_vnni(int64_t n, float *s, int64_t ss, con
 
 // 32 unsigned weight levels of one block
 typedef __m256i (*tile_levels_fn)(const void *block);
+// the scales of 4 blocks (one of each row)
+typedef __m128 (*tile_scales_fn)(const char *const blk[4]);
 
-// a tile of weights whose blocks hold an f16 scale d first and 32 unsigned levels u, worth (u - offset) * d,
-// times Q8_0 columns: x . (u - offset) = u . x - offset sum(x), so -offset sum(x) seeds each column's dot.
-// Inlined into each type's tile with its constants, so `levels` is a direct call
+// a tile of weights whose blocks hold a scale d and 32 unsigned levels u, worth (u - offset) * d, times Q8_0
+// columns: x . (u - offset) = u . x - offset sum(x), so -offset sum(x) seeds each column's dot.
+// Inlined into each type's tile with its constants, so `levels` and `scales` are direct calls
 VNNI_TARGET static inline __attribute__((always_inline)) void offset_gemm_tile(
     int64_t n, float *s, int64_t ss, const void *w, size_t bw, const void *x, size_t bx, size_t block_bytes,
-    tile_levels_fn levels, char offset) {
+    tile_levels_fn levels, tile_scales_fn scales, char offset) {
     const char *wr[4];       // (4, n / 32) weight rows
     const block_q8_0 *xc[4]; // (4, n / 32) activation columns
     for (int i = 0; i < 4; i++) {
@@ -611,17 +665,16 @@ VNNI_TARGET static inline __attribute__((always_inline)) void offset_gemm_tile(
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t b = 0; b < n / 32; b++) {
         __m256i wq[4], xq[4], seed[4];
-        uint16_t d[4];
+        const char *blk[4];
         for (int r = 0; r < 4; r++) {
-            const char *blk = wr[r] + b * block_bytes;
-            memcpy(&d[r], blk, sizeof d[r]);
-            wq[r] = levels(blk);
+            blk[r] = wr[r] + b * block_bytes;
+            wq[r] = levels(blk[r]);
         }
         for (int j = 0; j < 4; j++) {
             xq[j] = _mm256_loadu_si256((const __m256i *)xc[j][b].qs);
             seed[j] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, off, xq[j]));
         }
-        const __m128 dw = avx2_f16x4(d[0], d[1], d[2], d[3]);
+        const __m128 dw = scales(blk);
         for (int h = 0; h < 2; h++) {
             __m256i p[8];
             for (int r = 0; r < 4; r++) {
@@ -633,6 +686,13 @@ VNNI_TARGET static inline __attribute__((always_inline)) void offset_gemm_tile(
         }
     }
     vnni_store_tile(s, ss, acc[0], acc[1]);
+}
+
+// the f16 scales that Q4_0's and Q5_0's blocks start with
+VNNI_TARGET static inline __m128 f16_block_scales(const char *const blk[4]) {
+    uint16_t d[4];
+    for (int r = 0; r < 4; r++) memcpy(&d[r], blk[r], sizeof d[r]);
+    return avx2_f16x4(d[0], d[1], d[2], d[3]);
 }
 
 VNNI_TARGET static inline __m256i q4_0_levels(const void *block) {
@@ -648,12 +708,29 @@ VNNI_TARGET static inline __m256i q5_0_levels(const void *block) {
 
 VNNI_TARGET static void q4_0_gemm_tile_vnni(int64_t n, float *s, int64_t ss, const void *w, size_t bw,
                                             const void *x, size_t bx) {
-    offset_gemm_tile(n, s, ss, w, bw, x, bx, sizeof(block_q4_0), q4_0_levels, 8);
+    offset_gemm_tile(n, s, ss, w, bw, x, bx, sizeof(block_q4_0), q4_0_levels, f16_block_scales, 8);
 }
 
 VNNI_TARGET static void q5_0_gemm_tile_vnni(int64_t n, float *s, int64_t ss, const void *w, size_t bw,
                                             const void *x, size_t bx) {
-    offset_gemm_tile(n, s, ss, w, bw, x, bx, sizeof(block_q5_0), q5_0_levels, 16);
+    offset_gemm_tile(n, s, ss, w, bw, x, bx, sizeof(block_q5_0), q5_0_levels, f16_block_scales, 16);
+}
+
+// MXFP4: its levels + 12 (0..24) from the byte shuffle, the offset 12
+VNNI_TARGET static inline __m256i mxfp4_levels(const void *block) {
+    const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ggml_mxfp4_kvalues));
+    return _mm256_shuffle_epi8(_mm256_add_epi8(levels, _mm256_set1_epi8(12)),
+                               avx2_unpack_nibbles(((const block_mxfp4 *)block)->qs));
+}
+
+VNNI_TARGET static inline __m128 mxfp4_block_scales(const char *const blk[4]) {
+    return mxfp4_scales4((const block_mxfp4 *)blk[0], (const block_mxfp4 *)blk[1], (const block_mxfp4 *)blk[2],
+                         (const block_mxfp4 *)blk[3]);
+}
+
+VNNI_TARGET static void mxfp4_gemm_tile_vnni(int64_t n, float *s, int64_t ss, const void *w, size_t bw,
+                                             const void *x, size_t bx) {
+    offset_gemm_tile(n, s, ss, w, bw, x, bx, sizeof(block_mxfp4), mxfp4_levels, mxfp4_block_scales, 12);
 }
 
 // Q4_1 . Q8_1: levels 0..15 unsigned; each row's minimum m times the column block's sum s (Q8_1 keeps d * sum(q))
@@ -870,6 +947,7 @@ void ggml_quants_install_avx2(struct ggml_type_traits *traits) {
     traits[GGML_TYPE_Q8_0].vec_dot = q8_0_vec_dot_avx2;
     traits[GGML_TYPE_Q4_K].vec_dot = q4_K_vec_dot_avx2;
     traits[GGML_TYPE_Q6_K].vec_dot = q6_K_vec_dot_avx2;
+    traits[GGML_TYPE_MXFP4].vec_dot = mxfp4_vec_dot_avx2;
     ggml_quants_install_axpy_avx2(traits); // quants_axpy_avx2.c: axpy for Q4_0, Q8_0, Q4_1, Q5_0, Q4_K, Q6_K
     ggml_quants_install_axpy_rounded_avx2(traits); // quants_axpy_rounded_avx2.c: Q4_K, Q8_0
     traits[GGML_TYPE_Q8_0].quantize_act = q8_0_quantize_act_avx2;
@@ -884,5 +962,6 @@ void ggml_quants_install_avx2(struct ggml_type_traits *traits) {
         traits[GGML_TYPE_Q8_0].gemm_tile = q8_0_gemm_tile_vnni;
         traits[GGML_TYPE_Q4_K].gemm_tile = q4_K_gemm_tile_vnni;
         traits[GGML_TYPE_Q6_K].gemm_tile = q6_K_gemm_tile_vnni;
+        traits[GGML_TYPE_MXFP4].gemm_tile = mxfp4_gemm_tile_vnni;
     }
 }

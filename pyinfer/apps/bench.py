@@ -28,7 +28,7 @@ FILE_TYPE_NAMES = {
     36: "TQ1_0 - 1.69 bpw ternary", 37: "TQ2_0 - 2.06 bpw ternary", 38: "MXFP4 MoE",
 }
 # tensor type -> the file type llama.cpp guesses when general.file_type is absent
-GUESSED_FILE_TYPE = {0: 0, 1: 1, 2: 2, 3: 3, 6: 8, 7: 9, 8: 7, 10: 10, 11: 12, 12: 15, 13: 17, 14: 18, 30: 32}
+GUESSED_FILE_TYPE = {0: 0, 1: 1, 2: 2, 3: 3, 6: 8, 7: 9, 8: 7, 10: 10, 11: 12, 12: 15, 13: 17, 14: 18, 30: 32, 39: 38}
 GUESSED_BIT = 1024
 
 

@@ -39,7 +39,9 @@ MOE_SHAPES = {
     "tiny-moe": ("qwen3moe", 256, 3, 4, 2, 64, 512, 32, 4, 128),  # tests
     "tiny-oss": ("gpt-oss", 256, 2, 4, 2, 64, 512, 8, 2, 128),  # tests
 }
-TYPES = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0}
+TYPES = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0,
+         "mxfp4": Q.MXFP4}
+MXFP4_LEVEL_RMS = 5.852  # of MXFP4's 16 levels (0, 1, 2, 3, 4, 6, 8, 12 and their negatives): sqrt(34.25)
 RELU_VAR = 0.5 - 1.0 / (2.0 * math.pi)  # variance of relu(N(0, 1))
 GATED_RELU = ("reglu", "drelu", "relu")
 
@@ -111,8 +113,17 @@ def sparsity_kv(kind: str, n_layer: int, density: float, rank: int, threshold: f
 
 
 def random_weight(rng: np.random.Generator, qtype: Q, shape: tuple[int, int], std: float) -> np.ndarray:
-    """Bytes of a (rows, k) matrix of random values of about `std`; Q4_0/Q8_0 blocks drawn directly."""
+    """Bytes of a (rows, k) matrix of random values of about `std`; Q4_0/Q8_0/MXFP4 blocks drawn directly."""
     rows, k = shape
+    if qtype == Q.MXFP4:
+        # any nibbles (the levels are symmetric about 0); the scale std / MXFP4_LEVEL_RMS is rarely a power of two,
+        # so blocks take the two around it, 2^lo or 2^(lo + 1), mixed for a mean square scale of exactly its square
+        raw = rng.integers(0, 256, size=(rows * k // 32, 17), dtype=np.uint8)
+        scale = std / MXFP4_LEVEL_RMS
+        lo = math.floor(math.log2(scale))
+        p_lo = (4.0 ** (lo + 1) - scale**2) / (3 * 4.0**lo)  # the share of blocks at 2^lo
+        raw[:, 0] = 128 + lo + (rng.random(len(raw)) >= p_lo)  # e: d = 2^(e - 128)
+        return raw.reshape(rows, -1)
     if qtype in (Q.Q4_0, Q.Q8_0):
         block, size, q_std = (32, 18, 4.32) if qtype == Q.Q4_0 else (32, 34, 73.6)  # std of the quants
         raw = rng.integers(0, 256, size=(rows * k // block, size), dtype=np.uint8)

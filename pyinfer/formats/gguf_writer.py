@@ -25,12 +25,15 @@ QUANTIZABLE = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0)
 KV = tuple[str, Any, GGUFValueType, GGUFValueType | None]  # a metadata entry: key, value, type, array item type
 
 
+# llama.cpp's file types for matrix types it names differently: no all-Q4_K type (its Q4_K_S mix is the one of
+# mostly Q4_K); MXFP4 is named for gpt-oss's mix (MXFP4 experts)
+FILE_TYPES = {Q.F32: LlamaFileType.ALL_F32, Q.Q4_K: LlamaFileType.MOSTLY_Q4_K_S,
+              Q.MXFP4: LlamaFileType.MOSTLY_MXFP4_MOE}
+
+
 def file_type(qtype: GGMLQuantizationType) -> int:
-    """general.file_type of a file whose matrices are all of qtype (llama.cpp names no all-Q4_K type: its
-    Q4_K_S mix is the one of mostly Q4_K)."""
-    if qtype == Q.F32:
-        return int(LlamaFileType.ALL_F32)
-    return int(LlamaFileType["MOSTLY_Q4_K_S" if qtype == Q.Q4_K else f"MOSTLY_{qtype.name}"])
+    """general.file_type of a file whose matrices are all of qtype."""
+    return int(FILE_TYPES[qtype] if qtype in FILE_TYPES else LlamaFileType[f"MOSTLY_{qtype.name}"])
 
 
 @dataclass

@@ -15,8 +15,8 @@ from pyinfer.native.binding import check, check_ptr, ffi, lib
 
 F32, F16, BF16 = lib.GGML_TYPE_F32, lib.GGML_TYPE_F16, lib.GGML_TYPE_BF16
 Q4_0, Q4_1, Q5_0, Q8_0 = lib.GGML_TYPE_Q4_0, lib.GGML_TYPE_Q4_1, lib.GGML_TYPE_Q5_0, lib.GGML_TYPE_Q8_0
-Q4_K, Q6_K, I32 = lib.GGML_TYPE_Q4_K, lib.GGML_TYPE_Q6_K, lib.GGML_TYPE_I32
-WEIGHT_TYPES = (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K)
+Q4_K, Q6_K, MXFP4, I32 = lib.GGML_TYPE_Q4_K, lib.GGML_TYPE_Q6_K, lib.GGML_TYPE_MXFP4, lib.GGML_TYPE_I32
+WEIGHT_TYPES = (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K, MXFP4)
 FFN_KINDS = ("relu", "reglu", "drelu", "swiglu", "geglu", "swiglu_oai")  # FFN activations, as enum ggml_ffn_kind
 SPARSE_FFN_KINDS = FFN_KINDS[:5]  # sparse_ffn's (swiglu_oai, gpt-oss' experts', is moe_ffn's only)
 ROPE_NORMAL, ROPE_NEOX = lib.GGML_ROPE_NORMAL, lib.GGML_ROPE_NEOX

@@ -92,6 +92,16 @@ static __device__ __forceinline__ float h2f(uint32_t h) { return __half2float(__
 static __device__ __forceinline__ float bf2f(uint32_t h) { return __uint_as_float(h << 16); }
 static __device__ __forceinline__ uint16_t u16_at(const uint8_t *p) { return *(const uint16_t *)p; }
 
+// MXFP4: the levels (ggml_mxfp4_kvalues) of four 4-bit indices, one in each byte of q, as four int8 (dp4a's
+// operand): each magnitude picked by bits 0..2 from the eight packed in two words, negated where bit 3 is set
+static __device__ __forceinline__ int mxfp4_levels4(uint32_t q) {
+    const uint32_t m = q & 0x07070707;
+    const uint32_t sel = (m & 0x7) | ((m >> 4) & 0x70) | ((m >> 8) & 0x700) | ((m >> 12) & 0x7000); // nibble k: byte k
+    const uint32_t mag = __byte_perm(0x03020100u, 0x0C080604u, sel); // bytes 0..7 of the pair: 0 1 2 3 4 6 8 12
+    const uint32_t neg = ((q >> 3) & 0x01010101) * 0xFF;           // 0xFF in the bytes whose bit 3 is set
+    return (int)((mag & ~neg) | (__vneg4(mag) & neg));
+}
+
 // value i of a row of `type` (any type with a dequantization; F32, F16, BF16, the quants)
 static __device__ float cuda_dequant1(int type, const uint8_t *row, int64_t i) {
     switch (type) {
@@ -116,6 +126,12 @@ static __device__ float cuda_dequant1(int type, const uint8_t *row, int64_t i) {
         const int lo = j < 16 ? (b[6 + j] & 15) : (b[6 + j - 16] >> 4);
         const int hi = (b[2 + j / 8] >> (j % 8)) & 1;
         return h2f(u16_at(b)) * (float)((lo | hi << 4) - 16);
+    }
+    case GGML_TYPE_MXFP4: {
+        const uint8_t *b = row + (i / 32) * 17;
+        const int j = (int)(i % 32);
+        const int q = j < 16 ? (b[1 + j] & 15) : (b[1 + j - 16] >> 4);
+        return ggml_e8m0_to_fp32_half(b[0]) * (float)(int8_t)mxfp4_levels4((uint32_t)q);
     }
     case GGML_TYPE_Q8_0: {
         const uint8_t *b = row + (i / 32) * 34;
@@ -154,7 +170,7 @@ static inline bool cuda_type_dequantizes(enum ggml_type t) {
     switch (t) {
     case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16: case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1:
     case GGML_TYPE_Q5_0: case GGML_TYPE_Q8_0: case GGML_TYPE_Q8_1: case GGML_TYPE_Q4_K: case GGML_TYPE_Q6_K:
-    case GGML_TYPE_Q8_K: return true;
+    case GGML_TYPE_Q8_K: case GGML_TYPE_MXFP4: return true;
     default: return false;
     }
 }
@@ -180,6 +196,7 @@ template <typename Launch> static void with_weight_type(enum ggml_type type, con
     case GGML_TYPE_Q5_0: launch.template run<GGML_TYPE_Q5_0>(); break;
     case GGML_TYPE_Q8_0: launch.template run<GGML_TYPE_Q8_0>(); break;
     case GGML_TYPE_Q4_K: launch.template run<GGML_TYPE_Q4_K>(); break;
+    case GGML_TYPE_MXFP4: launch.template run<GGML_TYPE_MXFP4>(); break;
     default: launch.template run<GGML_TYPE_Q6_K>(); break;
     }
 }

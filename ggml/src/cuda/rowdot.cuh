@@ -64,9 +64,10 @@ static __device__ __forceinline__ void q4k_scale_min(const uint32_t *u, int B, i
 // weight windows: how an item's bytes get into registers
 // ---------------------------------------------------------------------------------------------------
 
-// NB bytes at p (2-byte aligned) into words u[(NB + 3) / 4], u[0] holding bytes 0..3 of p: the 16-byte
-// chunks that hold them (LDG.128; none beyond the last byte, so no load leaves the pages of the data),
-// realigned in registers by the even offset o of p in its chunk. AT16: p is 16-byte aligned (o = 0).
+// NB bytes at p into words u[(NB + 3) / 4], u[0] holding bytes 0..3 of p: the 16-byte chunks that hold them
+// (LDG.128; none beyond the last byte, so no load leaves the pages of the data), realigned in registers by the
+// offset o of p in its chunk. p is 2-byte aligned for even NB (every block of an even size sits at even offsets);
+// odd NB (MXFP4's 17-byte blocks) takes any offset. AT16: p is 16-byte aligned (o = 0).
 template <int NB, bool AT16 = false>
 static __device__ __forceinline__ void load_win(const uint8_t *p, uint32_t *u) {
     constexpr int NW = (NB + 3) / 4;
@@ -81,7 +82,8 @@ static __device__ __forceinline__ void load_win(const uint8_t *p, uint32_t *u) {
             u[4 * i + 3] = v.w;
         }
     } else {
-        constexpr int NCH = (NB + 14 + 15) / 16; // chunks that hold NB bytes at any even offset
+        constexpr int ODD = NB % 2;                  // p may sit at odd offsets
+        constexpr int NCH = (NB + 14 + ODD + 15) / 16; // chunks that hold NB bytes at any allowed offset
         constexpr int NV = 4 * NCH;
         const int o = (int)((uintptr_t)p & 15);
         const int4 *c = (const int4 *)(p - o);
@@ -96,7 +98,7 @@ static __device__ __forceinline__ void load_win(const uint8_t *p, uint32_t *u) {
             v[4 * i + 3] = t.w;
         }
         v[NV] = v[NV + 1] = v[NV + 2] = 0;
-        // drop o / 4 words (as 1 + 2), then funnel out the half word
+        // drop o / 4 words (as 1 + 2), then funnel out the bytes o % 4
         const int q = o >> 2;
         uint32_t t1[NV + 2];
 #pragma unroll
@@ -104,7 +106,7 @@ static __device__ __forceinline__ void load_win(const uint8_t *p, uint32_t *u) {
         uint32_t t2[NW + 1];
 #pragma unroll
         for (int i = 0; i < NW + 1; i++) t2[i] = (q & 2) ? t1[i + 2] : t1[i];
-        const uint32_t sh = (uint32_t)(o & 2) * 8;
+        const uint32_t sh = (uint32_t)(o & (ODD ? 3 : 2)) * 8;
 #pragma unroll
         for (int i = 0; i < NW; i++) u[i] = __funnelshift_r(t2[i], t2[i + 1], sh);
     }
@@ -210,6 +212,25 @@ template <> struct qrow<GGML_TYPE_Q8_0> : qrow_x32 {
 #pragma unroll
         for (int i = 0; i < 8; i++) s = __dp4a((int)wd(w.u, 2 + 4 * i), x.v[i], s);
         return h2f(hw(w.u, 0)) * x.ds.x * (float)s;
+    }
+};
+
+// MXFP4 block (17 bytes, at any byte offset): E8M0 e, 16 bytes of nibbles indexing the levels (mxfp4_levels4)
+template <> struct qrow<GGML_TYPE_MXFP4> : qrow_x32 {
+    static constexpr int NR = 2, U = 2, TS = 17;
+    struct W { uint32_t u[5]; };
+    template <bool A16> static __device__ __forceinline__ void load(const uint8_t *row, int64_t it, W &w) {
+        load_win<TS>(row + TS * it, w.u);
+    }
+    static __device__ __forceinline__ float dot(const W &w, const X &x, int64_t) {
+        int s = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t q = __byte_perm(w.u[i], w.u[i + 1], 0x4321); // qs[4 i .. 4 i + 4): block bytes 1 on
+            s = __dp4a(mxfp4_levels4(q & 0x0F0F0F0F), x.v[i], s);
+            s = __dp4a(mxfp4_levels4((q >> 4) & 0x0F0F0F0F), x.v[i + 4], s);
+        }
+        return ggml_e8m0_to_fp32_half((uint8_t)(w.u[0] & 0xFF)) * (x.ds.x * (float)s); // the power of two last
     }
 };
 
@@ -450,6 +471,20 @@ static __device__ __forceinline__ void slice32(const uint8_t *row, int64_t sl, i
         const float dd = h2f(hw(u, 0));
 #pragma unroll
         for (int i = 0; i < 32; i++) f[i] = dd * (float)(int8_t)((wd(u, 2 + 4 * (i / 4)) >> (8 * (i % 4))) & 0xFF);
+    } else if constexpr (TYPE == GGML_TYPE_MXFP4) {
+        uint32_t u[5];
+        load_win<17>(row + sl * 17, u);
+        const float dd = ggml_e8m0_to_fp32_half((uint8_t)(u[0] & 0xFF));
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t q = __byte_perm(u[i], u[i + 1], 0x4321); // qs[4 i .. 4 i + 4)
+            const int lo = mxfp4_levels4(q & 0x0F0F0F0F), hi = mxfp4_levels4((q >> 4) & 0x0F0F0F0F);
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                f[4 * i + b] = dd * (float)(int8_t)(lo >> (8 * b));
+                f[16 + 4 * i + b] = dd * (float)(int8_t)(hi >> (8 * b));
+            }
+        }
     } else if constexpr (TYPE == GGML_TYPE_Q4_K) {
         const uint8_t *blk = row + (sl / 8) * 144;
         const int s = (int)(sl % 8);
