@@ -165,11 +165,8 @@ def predict(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
     spec, ctx = b.sparse, b.ctx
     if spec.oracle:
         return _active(b, il, ffn_activation(b, il, h))
-    fc1, fc2 = b.w(f"blk.{il}.fc1"), b.w(f"blk.{il}.fc2")
-    # F32 predictors precise: a GPU batch's GEMM would take them as TF32, and a logit near the threshold flips a
-    # neuron's whole output (a tiny Llama 3 model's prompt logits moved 39 %); the CPU reads F32 exactly either way
-    z = ctx.relu(ctx.mul_mat(fc1, h, fc1.type == ggml.F32))  # (n, r_l)
-    return ctx.add(ctx.mul_mat(fc2, z, fc2.type == ggml.F32), spec.pred_bias[il])  # (n, n_ff)
+    z = ctx.relu(ctx.mul_mat(b.w(f"blk.{il}.fc1"), h))  # (n, r_l)
+    return ctx.add(ctx.mul_mat(b.w(f"blk.{il}.fc2"), z), spec.pred_bias[il])  # (n, n_ff)
 
 
 def fused_ffn(b, il: int, h: ggml.Tensor, pred: ggml.Tensor) -> tuple[ggml.Tensor, ggml.Tensor]:
