@@ -280,3 +280,17 @@ def test_timings_count_the_routings_the_gpus_experts_serve(tiny_files, host_only
     assert x["routings_total"] == sum(i.size for i in ids) == 7 * 2 * 2
     assert x["routings_gpu"] == int((ids[0] < 1).sum() + (ids[1] < 3).sum())
     assert "experts on the GPU" in split.timings.report()
+
+
+def test_a_streamed_chunk_holds_at_most_64_mib_of_experts(tmp_path):
+    """Mixtral-8x7B's experts (99 MB each at Q4_0) stream one at a time: 16 had made the prompt reserve 1.6 GB,
+    above a third of a 4-layer file; Qwen3-30B-A3B's (2.65 MB) 16 at a time."""
+    from pyinfer.converters import synthetic
+    from pyinfer.models.moe import STREAM_CHUNK_BYTES, stream_experts
+
+    assert stream_experts(99_090_432) == 1 and stream_experts(2_654_208) == 16 and stream_experts(8 << 20) == 8
+    path = str(tmp_path / "mix.gguf")
+    synthetic.make_moe(path, "mixtral-8x7b", synthetic.Q.Q4_0, n_layer=1, share_weights=True)
+    costs = model_costs(GGUFFile(path), 592, 2, False, 512)
+    expert = costs.layers[0].neuron_bytes
+    assert expert > STREAM_CHUNK_BYTES and expert < costs.reserve_bytes < 6 * expert  # 488 MiB, one expert 94.5

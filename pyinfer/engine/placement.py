@@ -25,7 +25,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from pyinfer.errors import InvalidArgumentError, PyInferError
 from pyinfer.models.common import STREAM_ROWS
-from pyinfer.models.moe import STREAM_EXPERTS
+from pyinfer.models.moe import stream_experts
 from pyinfer.native import ggml
 
 GROUP_ROWS = 64
@@ -482,9 +482,10 @@ def _expert_costs(file, n_ctx: int, kv_bytes_per_value: int, n_batch: int) -> Mo
         layers.append(LayerCosts(attn_bytes=attn, kv_bytes=kv, pred_bytes=0, neuron_bytes=expert, freq=freq,
                                  sparse=True, group_rows=1, experts=True))
     head = (nbytes("output.weight") or nbytes("token_embd.weight")) + nbytes("output_norm.weight")
-    # a prompt batch streams a layer's host experts to the GPU, STREAM_EXPERTS at a time
+    # a prompt batch streams a layer's host experts to the GPU, a chunk of stream_experts at a time
     largest = max(max(nbytes(f"blk.{il}.{part}.weight") for part in ATTENTION_PARTS) for il in range(cfg.n_layer))
-    largest = max(largest, STREAM_EXPERTS * max(layer.neuron_bytes for layer in layers))
+    expert = max(layer.neuron_bytes for layer in layers)
+    largest = max(largest, stream_experts(expert) * expert)
     scratch = moe_scratch_bytes(cfg, n_batch)
     return ModelCosts(layers, head_bytes=head, reserve_bytes=reserve_bytes(cfg, n_batch, largest) + scratch,
                       n_ctx=n_ctx, type_name=GGMLQuantizationType(ffn_weight_type(file)).name.lower())
