@@ -105,7 +105,7 @@ moe_table_bg() {  # [NAME...] (default moe12 moe12s): issue 28's rows in the bac
     rm -rf "$W/out"
     setsid bash -c "W=$W; . tools/gpu_session.sh; OUT=$W/out; mkdir -p \$OUT; wait_for $W/llama.done 500 || exit 1
         for name in ${*:-moe12 moe12s}; do moe_rows \$name; done
-        [ -e $W/moe12.gguf ] && moe_whole 2 > /dev/null; touch \$OUT/ALL.done" > "$W/table.log" 2>&1 < /dev/null &
+        [ -e $W/moe12.gguf ] && moe_whole moe12 2 > /dev/null; touch \$OUT/ALL.done" > "$W/table.log" 2>&1 < /dev/null &
 }
 
 moe_model() {  # NAME: the shape, type, layers, maker flags and label of a table file
@@ -140,12 +140,12 @@ moe_rows() {  # NAME: one file's rows (bench_hybrid), its profiled copy where th
         --label "SYNTHETIC $label" --json "$OUT/$name.json" 2> "$OUT/$name.log" | tee "$OUT/$name.md"
 }
 
-moe_whole() {  # [ROUNDS]: $W/moe12 whole on the GPU, ours and llama.cpp alternating
-    local lb=$W/llama-src/build/bin/llama-bench a="-p 512 -n 64 -r 2"
-    for r in $(seq "${1:-2}"); do
-        python3 -m pyinfer bench -m $W/moe12.gguf -ngl 99 $a 2>&1 | grep -E "pp512|tg64|rror" | sed "s|^|ours round $r |"
-        "$lb" -m $W/moe12.gguf -ngl 99 $a 2>&1 | grep -E "pp512|tg64|rror" | sed "s|^|llama.cpp round $r |"
-    done | tee "$OUT/moe-whole.md"
+moe_whole() {  # [NAME] [ROUNDS]: $W/NAME.gguf (default moe12) whole on the GPU, ours and llama.cpp alternating
+    local f=$W/${1:-moe12}.gguf lb=$W/llama-src/build/bin/llama-bench a="-p 512 -n 64 -r 2"
+    for r in $(seq "${2:-2}"); do
+        python3 -m pyinfer bench -m "$f" -ngl 99 $a 2>&1 | grep -E "pp512|tg64|rror" | sed "s|^|ours round $r |"
+        "$lb" -m "$f" -ngl 99 $a 2>&1 | grep -E "pp512|tg64|rror" | sed "s|^|llama.cpp round $r |"
+    done | tee "$OUT/${1:-moe12}-whole.md"
 }
 
 moe_sanitize() {  # the MoE and attention kernels' tests under compute-sanitizer memcheck and racecheck
