@@ -76,6 +76,11 @@ LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,
                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# gpt-oss' and Llama 4's (o200k), as their tokenizer.json writes it
+GPT4O_SPLIT = ("[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
+               "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+"
+               "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*"
+               "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 UNMERGEABLE = "\u0120zqzq"  # " zqzq": in the vocabulary but no merge makes it (tests ignore_merges)
 
@@ -104,6 +109,7 @@ def hf_bpe(pre: str):
                                            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]),
         "llama-bpe": pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_SPLIT), "isolated"), byte_level]),
         "qwen2": pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_SPLIT), "isolated"), byte_level]),
+        "gpt-4o": pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(GPT4O_SPLIT), "isolated"), byte_level]),
     }[pre]
     tok.add_special_tokens(SPECIALS)
     return tok
@@ -112,7 +118,7 @@ def hf_bpe(pre: str):
 _CACHE: dict = {}
 
 
-@pytest.fixture(scope="module", params=["gpt-2", "smollm", "llama-bpe", "qwen2"])
+@pytest.fixture(scope="module", params=["gpt-2", "smollm", "llama-bpe", "qwen2", "gpt-4o"])
 def bpe_pair(request):
     """(our tokenizer, HF oracle) for the byte-level BPE vocabulary with the pre-tokenizer `pre` names."""
     hf = hf_bpe(request.param)
@@ -133,8 +139,21 @@ def test_byte_level_bpe_matches_hf(bpe_pair, text):
 def test_pre_tokenizers_differ_on_this_vocabulary():
     """The regexes must matter here, or the comparisons above could not tell them apart."""
     outs = {pre: tuple(hf_bpe(pre).encode("".join(BPE_TEXTS)).ids)
-            for pre in ("gpt-2", "smollm", "llama-bpe", "qwen2")}
-    assert len(set(outs.values())) == 4
+            for pre in ("gpt-2", "smollm", "llama-bpe", "qwen2", "gpt-4o")}
+    assert len(set(outs.values())) == 5
+
+
+@pytest.mark.parametrize("text", [*BPE_TEXTS, "HELLO'S World'S camelCaseWord XMLHttpRequest", "a/b\n/c\r\n\n",
+                                  "1234567 ١٢٣٤ 12.5%", "\u0301e\u0301 n\u0303o", "x   \n\n   y\t\t"])
+def test_gpt4o_pieces_are_the_o200k_regex(text):
+    """The gpt-4o pre-tokenizer's pieces (the tokenizers library's regex engine) against the `regex` module
+    applying tokenizer.json's pattern: cased words keep their contraction, digits go in threes, a slash stays
+    with its punctuation."""
+    import regex
+
+    ours = Tokenizer.from_gguf_metadata(meta_from_hf_bpe(hf_bpe("gpt-4o"), "gpt-4o"))
+    pieces = [text[a:b] for _, (a, b) in ours._tok.pre_tokenizer.pre_tokenize_str(text)]
+    assert pieces == regex.findall(GPT4O_SPLIT, text)
 
 
 @given(st.text(max_size=40))

@@ -29,6 +29,12 @@ _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# o200k (gpt-oss, Llama 4): cased words keep a trailing contraction, digits in threes
+_GPT4O_CASED = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"  # letters that start or are a cased word
+_GPT4O_LOWER = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+_GPT4O_SPLIT = (rf"[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_CASED}*{_GPT4O_LOWER}+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                rf"|[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_CASED}+{_GPT4O_LOWER}*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 # tokenizer.ggml.pre -> (split regexes applied in turn, ignore_merges); the groups follow llama.cpp.
 _PRE_SPLITS: dict[str, tuple[tuple[str, ...], bool]] = {
@@ -37,6 +43,7 @@ _PRE_SPLITS: dict[str, tuple[tuple[str, ...], bool]] = {
                     ((r"\p{N}", _GPT2_SPLIT), False)),
     **dict.fromkeys(("llama-bpe", "llama3", "llama-v3", "falcon3", "smaug-bpe", "dbrx"), ((_LLAMA3_SPLIT,), True)),
     **dict.fromkeys(("qwen2", "stablelm2", "deepseek-r1-qwen", "megrez"), ((_QWEN2_SPLIT,), False)),
+    **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie"), ((_GPT4O_SPLIT,), False)),
 }
 
 # Texts of end-of-turn tokens that stop generation besides eos (as llama.cpp's end-of-generation set).
