@@ -706,6 +706,41 @@ VNNI_TARGET static inline __m256i q5_0_levels(const void *block) {
                            _mm256_and_si256(avx2_bits_to_bytes(blk->qh), _mm256_set1_epi8(16)));
 }
 
+// a decoded token's Q4_0 . Q8_0 (one row): q4_0_pair_dot's work in four dpbusd per two blocks, which add the
+// bytes' products straight into int32 (AVX2's maddubs, the add of its halves and the madd to int32 are three)
+VNNI_TARGET static void q4_0_vec_dot_vnni(int64_t n, float *s, const void *w, const void *x) {
+    const block_q4_0 *a = w; // (n / 32,)
+    const block_q8_0 *b = x; // (n / 32,)
+    const int64_t nb = n / QK4_0;
+    const __m256i low4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
+    const __m256i order01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), order23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        const __m256 sc = avx2_scales4(a[i].d, a[i + 1].d, a[i + 2].d, a[i + 3].d, b[i].d, b[i + 1].d, b[i + 2].d, b[i + 3].d);
+        __m256i p[2];
+        for (int h = 0; h < 2; h++) { // blocks i + 2h and i + 2h + 1: int32 lanes 0..3 the first, 4..7 the second
+            const __m256i v = avx2_load2_128(a[i + 2 * h].qs, a[i + 2 * h + 1].qs);
+            const __m256i ylo = avx2_load2_128(b[i + 2 * h].qs, b[i + 2 * h + 1].qs);
+            const __m256i yhi = avx2_load2_128(b[i + 2 * h].qs + 16, b[i + 2 * h + 1].qs + 16);
+            const __m256i q = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(),
+                                                                      _mm256_and_si256(v, low4), ylo),
+                                                  _mm256_and_si256(_mm256_srli_epi16(v, 4), low4), yhi);
+            const __m256i o = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), eight, ylo), eight, yhi);
+            p[h] = _mm256_sub_epi32(q, o); // sum (q - 8) y
+        }
+        acc0 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sc, order01), _mm256_cvtepi32_ps(p[0]), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sc, order23), _mm256_cvtepi32_ps(p[1]), acc1);
+    }
+    float sum = avx2_hsum_ps(_mm256_add_ps(acc0, acc1));
+    if (i < nb) { // the last blocks as the AVX2 kernel does them
+        float rest;
+        q4_0_vec_dot_avx2((nb - i) * QK4_0, &rest, a + i, b + i);
+        sum += rest;
+    }
+    *s = sum;
+}
+
 VNNI_TARGET static void q4_0_gemm_tile_vnni(int64_t n, float *s, int64_t ss, const void *w, size_t bw,
                                             const void *x, size_t bx) {
     offset_gemm_tile(n, s, ss, w, bw, x, bx, sizeof(block_q4_0), q4_0_levels, f16_block_scales, 8);
@@ -957,6 +992,7 @@ void ggml_quants_install_avx2(struct ggml_type_traits *traits) {
         traits[GGML_TYPE_F16].gemm_tile = f16_gemm_tile_avx512;
         traits[GGML_TYPE_BF16].gemm_tile = bf16_gemm_tile_avx512;
         traits[GGML_TYPE_Q4_0].gemm_tile = q4_0_gemm_tile_vnni;
+        traits[GGML_TYPE_Q4_0].vec_dot = q4_0_vec_dot_vnni;
         traits[GGML_TYPE_Q4_1].gemm_tile = q4_1_gemm_tile_vnni;
         traits[GGML_TYPE_Q5_0].gemm_tile = q5_0_gemm_tile_vnni;
         traits[GGML_TYPE_Q8_0].gemm_tile = q8_0_gemm_tile_vnni;
