@@ -294,3 +294,27 @@ def test_a_streamed_chunk_holds_at_most_64_mib_of_experts(tmp_path):
     costs = model_costs(GGUFFile(path), 592, 2, False, 512)
     expert = costs.layers[0].neuron_bytes
     assert expert > STREAM_CHUNK_BYTES and expert < costs.reserve_bytes < 6 * expert  # 488 MiB, one expert 94.5
+
+
+@pytest.mark.parametrize("name,shape", [("blk.1.ffn_down_exps.bias", (4, 63)), ("blk.0.attn_sinks.weight", (5,)),
+                                        ("blk.1.ffn_gate_inp.bias", None)])
+def test_gpt_oss_biases_and_sinks_that_disagree_are_one_line(tiny_files, tmp_path, name, shape):
+    """A gpt-oss file whose expert biases or sinks have the wrong shape, or lack one, fails in one line on opening."""
+    from gguf import GGMLQuantizationType
+
+    from pyinfer.errors import ModelFormatError
+    from pyinfer.formats.gguf_writer import OutFile, OutTensor, write_atomically
+
+    g = GGUFFile(tiny_files("gpt_oss", False))
+    kv = [item for item in g.typed_metadata() if item[0] not in ("general.architecture", "general.alignment")]
+    tensors = []
+    for i in g.tensors.values():
+        if i.name != name:
+            tensors.append(OutTensor(i.name, tuple(reversed(i.ne)), GGMLQuantizationType(i.type), lambda i=i: i.data))
+        elif shape is not None:
+            tensors.append(OutTensor(name, shape, GGMLQuantizationType.F32, lambda: np.zeros(shape, np.float32)))
+    bad = str(tmp_path / "bad.gguf")
+    write_atomically([OutFile(bad, "gpt-oss", kv, tensors)])
+    with pytest.raises(ModelFormatError, match=name.split(".", 2)[-1].replace(".", "\\.")) as err:
+        GGUFFile(bad)
+    assert "\n" not in str(err.value)
