@@ -318,3 +318,43 @@ def test_gpt_oss_biases_and_sinks_that_disagree_are_one_line(tiny_files, tmp_pat
     with pytest.raises(ModelFormatError, match=name.split(".", 2)[-1].replace(".", "\\.")) as err:
         GGUFFile(bad)
     assert "\n" not in str(err.value)
+
+
+def test_the_expert_cache_moves_routed_experts_to_the_gpu_and_keeps_the_logits(tiny_files, moe_streamed_on_cpu):
+    """--expert-cache: decoding a stream that keeps choosing the same experts moves them to the GPU side (the file's
+    matrices copied into the leavers' slots, both sides' slots rewritten), and every step's logits, and a prompt
+    after the moves, equal the whole model's."""
+    _check_expert_cache(tiny_files("qwen3moe", False), tol=1e-4)
+
+
+@needs_gpu
+def test_the_expert_cache_on_the_gpu(tiny_files):
+    """The same on the GPU: the moves write device memory between CUDA-graph decode steps."""
+    _check_expert_cache(tiny_files("qwen3moe", False), tol=3e-2)
+
+
+def _check_expert_cache(path: str, tol: float) -> None:
+    whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2)
+    model = Model(path, n_ctx=64, kv_type="f32", n_threads=2, plan=split_plan((1, 1)), expert_cache=True)
+    cache = model.expert_cache
+    cache.interval, cache.margin = 2, 0.5
+    prompt = whole.logits(TOKENS)
+    np.testing.assert_allclose(model.logits(TOKENS), prompt, rtol=tol, atol=tol * np.abs(prompt).max())  # cached
+    stream = [TOKENS[0]] * 6 + [TOKENS[1]] * 6 + [TOKENS[2]] * 6  # the same token: the same experts, for a while
+    want = decode_steps(whole, stream)
+    np.testing.assert_allclose(decode_steps(model, stream), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    assert cache.swaps > 0
+    _, captured = Model(path, n_ctx=64, kv_type="f32", n_threads=2).ffn_activations(stream)
+    for il in range(2):
+        gpu = model.weights[f"blk.{il}.ffn_exps_slots.gpu"].numpy()
+        cpu = model.weights[f"blk.{il}.ffn_exps_slots.cpu"].numpy()
+        assert (gpu >= 0).sum() == 1 and ((gpu >= 0) != (cpu >= 0)).all()
+        last = np.bincount(captured[f"moe_ids.{il}"][-6:].ravel(), minlength=N_EXPERT)
+        assert last[np.flatnonzero(gpu >= 0)[0]] > 0  # the GPU holds one of the last token's experts
+        held = int(np.flatnonzero(gpu >= 0)[0])
+        mats = [model.weights[f"blk.{il}.ffn_{m}_exps.gpu.weight"].raw() for m in ("gate", "up", "down")]
+        files = [np.frombuffer(GGUFFile(path).tensors[f"blk.{il}.ffn_{m}_exps.weight"].data, np.uint8).reshape(
+            N_EXPERT, -1)[held] for m in ("gate", "up", "down")]
+        for got, want in zip(mats, files, strict=True):
+            np.testing.assert_array_equal(got.reshape(-1), want)
+    np.testing.assert_allclose(model.logits(TOKENS), prompt, rtol=tol, atol=tol * np.abs(prompt).max())

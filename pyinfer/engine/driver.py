@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pyinfer import arguments, models
+from pyinfer.engine.expert_cache import ExpertCache
 from pyinfer.engine.machine import resolve as resolve_machine
 from pyinfer.engine.offload import apply_plan, offload_layers
 from pyinfer.engine.placement import (
@@ -140,7 +141,7 @@ class _StepGraph:
         stream = n_tokens >= STREAM_MIN_TOKENS and model.streams_prompts and not capture
         # --timings counts a mixture's decoded routings by side: the router's choices are outputs then (reading
         # those of a GPU router costs a copy a layer, which only a timed model pays)
-        self.routes = cfg.is_moe and model.timed and n_tokens == 1
+        self.routes = cfg.is_moe and (model.timed or model.expert_cache is not None) and n_tokens == 1
         builder = Builder(self.ctx, cfg, model.weights, model.kv_cache,
                           self.captured if capture or self.routes else None, spec, hot_rows=model.hot_rows,
                           stream=stream, precise=model.precise)
@@ -188,7 +189,8 @@ class Model:
                  n_threads: int | None = None, kv_type: str = "f16", sparse: bool | None = None,
                  sparsity_threshold: float = 0.0, oracle: bool = False, n_gpu_layers: int = 0,
                  vram_budget: int | str | None = None, machine: MachineProfile | str | None = None,
-                 plan: Plan | None = None, timed: bool = False, precise: bool | str = "auto", n_cpu_moe: int = 0):
+                 plan: Plan | None = None, timed: bool = False, precise: bool | str = "auto", n_cpu_moe: int = 0,
+                 expert_cache: bool = False):
         """sparse: the predicted-neuron FFN (None: on when the file has predictors); sparsity_threshold is
         added to the predictors' logit threshold (higher = fewer neurons); oracle (tests) masks with the
         true active set, computed densely. n_gpu_layers: the last n layers (and, above n_layer, the output
@@ -201,7 +203,8 @@ class Model:
         precise: CPU matmuls without the activations' 8-bit rounding (ggml_mul_mat_precise; about 1e-5
         relative instead of 4e-3, for twice the arithmetic); "auto": for models of at most PRECISE_MAX_BYTES.
         n_cpu_moe: with n_gpu_layers, the experts of a mixture's first n_cpu_moe layers stay on the CPU (llama.cpp's
-        --n-cpu-moe)."""
+        --n-cpu-moe). expert_cache: a mixture's split layers re-place their experts while decoding
+        (engine.expert_cache)."""
         t0 = time.perf_counter()
         if kv_type not in KV_TYPES:
             raise InvalidArgumentError(f"KV cache type must be one of {', '.join(KV_TYPES)}, not {kv_type!r}")
@@ -270,6 +273,7 @@ class Model:
         self._graphs: OrderedDict[tuple[int, int, bool], _StepGraph] = OrderedDict()
         self.timed = timed
         self._gpu_expert_masks: list[np.ndarray] | None = None
+        self.expert_cache = ExpertCache(self) if expert_cache and cfg.is_moe and self.hot_rows else None
         self.step_stats: list[dict] = []  # per decode step when timed: wall, CPU/GPU busy and overlap (ms)
         self.tokens: list[int] = []  # the sequence in the KV cache
         self.timings = Timings(load_ms=1e3 * (time.perf_counter() - t0))
@@ -333,13 +337,19 @@ class Model:
         began to place its weights, so a model loaded meanwhile counts too and a later one starts it again."""
         return lib.ggml_cuda_allocated_peak() - self._device_base
 
-    def _count_routings(self, graph: _StepGraph) -> None:
-        """Adds a decoded token's routings, and those its layers' GPU experts served, to the timings."""
+    def _count_routings(self, ids: dict[int, np.ndarray]) -> None:
+        """Adds a decoded token's routings (expert ids per layer), and those its GPU experts served, to the timings."""
         x = self.timings.extra
-        for il in range(self.config.n_layer):
-            ids = graph.captured[f"moe_ids.{il}"].numpy().reshape(-1)
-            x["routings_gpu"] = x.get("routings_gpu", 0) + int(self._gpu_experts[il][ids].sum())
-            x["routings_total"] = x.get("routings_total", 0) + ids.size
+        for il, layer_ids in ids.items():
+            x["routings_gpu"] = x.get("routings_gpu", 0) + int(self._gpu_experts[il][layer_ids].sum())
+            x["routings_total"] = x.get("routings_total", 0) + layer_ids.size
+
+    def slots_changed(self) -> None:
+        """The expert cache moved experts: prompt graphs, which cut their streamed chunks from the slots when built,
+        are rebuilt, and the GPU's share is read anew."""
+        for key in [k for k in self._graphs if k[0] > 1]:
+            del self._graphs[key]
+        self._gpu_expert_masks = None
 
     @property
     def _gpu_experts(self) -> list[np.ndarray]:
@@ -467,7 +477,11 @@ class Model:
                 self.timings.extra["ffn_rows_active"] += graph.active_rows()
                 self.timings.extra["ffn_rows_total"] += len(chunk) * graph.mask_rows
             if graph.routes:
-                self._count_routings(graph)
+                ids = {il: graph.captured[f"moe_ids.{il}"].numpy().reshape(-1) for il in range(self.config.n_layer)}
+                if self.timed:
+                    self._count_routings(ids)
+                if self.expert_cache is not None:
+                    self.expert_cache.observe(ids)
             self.tokens.extend(int(t) for t in chunk)
             if n_out:
                 outs.append(logits)

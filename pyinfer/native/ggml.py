@@ -166,6 +166,13 @@ class Tensor:
             raise InvalidArgumentError(f"{raw.size} bytes for a tensor of {self.nbytes}")
         check(lib.ggml_tensor_write(self.ptr, ffi.from_buffer(raw.reshape(-1)), 0, raw.size))
 
+    def write(self, data, offset: int = 0) -> None:
+        """Copies data's bytes into the tensor at byte offset (in host or device memory), before the next compute."""
+        view = memoryview(data).cast("B")
+        if offset < 0 or offset + view.nbytes > self.nbytes:
+            raise InvalidArgumentError(f"{view.nbytes} bytes at {offset} do not fit the tensor's {self.nbytes}")
+        check(lib.ggml_tensor_write(self.ptr, ffi.from_buffer(view), offset, view.nbytes))
+
     def to_device(self) -> Tensor:
         """Moves a leaf's data to the GPU and lets go of the host buffer it was read from."""
         check(lib.ggml_tensor_to_backend(self.ptr, lib.GGML_BACKEND_CUDA))
