@@ -61,9 +61,6 @@ def add_placement_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-ncmoe", "--n-cpu-moe", type=int, default=0, metavar="N",
                    help="with -ngl: the experts of the first N layers of a mixture of experts stay in host memory and "
                         "run on the CPU, as llama.cpp's")
-    p.add_argument("--expert-cache", action="store_true",
-                   help="with a VRAM budget: a mixture's split layers move their most routed recent experts to the "
-                        "GPU while decoding (each move copies one expert over PCIe)")
 
 
 def placement_options(args) -> dict:
@@ -78,8 +75,6 @@ def placement_options(args) -> dict:
         raise PyInferError("--vram-budget and -ngl/--device cuda exclude each other: give one")
     if args.n_cpu_moe and not layers:
         raise PyInferError("--n-cpu-moe goes with -ngl (a VRAM budget places the experts itself)")
-    if args.expert_cache and layers:
-        raise PyInferError("--expert-cache goes with a VRAM budget (-ngl places whole layers)")
     if layers:
         return dict(n_gpu_layers=args.n_gpu_layers if args.n_gpu_layers is not None else 999,
                     n_cpu_moe=args.n_cpu_moe)
@@ -90,7 +85,7 @@ def placement_options(args) -> dict:
     if budget and not cuda_available():
         raise PyInferError("--vram-budget needs a CUDA build and a GPU, and none is available here (0 runs on the "
                            "CPU; pyinfer plan plans for another machine)")
-    return dict(vram_budget=budget, machine=args.machine, expert_cache=args.expert_cache)
+    return dict(vram_budget=budget, machine=args.machine)
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

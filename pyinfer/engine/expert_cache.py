@@ -4,7 +4,13 @@ graph outputs then) add to a decayed count per expert; every `interval` steps a 
 replace its least counted GPU ones where the gain exceeds `margin` routings: the newcomer's matrices are copied
 from the file into the leaver's GPU slot (one expert's bytes over PCIe, about one CPU routing of it) and both
 sides' slots are rewritten. The decode graph reads the slots as tensors, so it stays valid; prompt graphs, which
-cut their streamed chunks from the slots when built, are dropped."""
+cut their streamed chunks from the slots when built, are dropped.
+
+Not a user option: on an H200 it has not paid (docs/BENCHMARKS.md, "The expert cache"): reading the ids back costs
+6 % of a step, each move's synchronous copies from the file's pageable pages cost about what the CPU saves, and
+on local streams (windows of 32 tokens from 4 ids) it ran 0.79-1.02x static placement. What it would need: the
+copies on a side stream from pinned staging, overlapped with decoding, and the ids counted where the CPU side
+already reads them."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +19,7 @@ from pyinfer.engine.placement import EXPERT_MATRICES
 
 
 class ExpertCache:
-    def __init__(self, model, interval: int = 4, decay: float = 0.9, margin: float = 2.0, max_swaps: int = 8):
+    def __init__(self, model, interval: int = 8, decay: float = 0.9, margin: float = 8.0, max_swaps: int = 2):
         self.model, self.interval, self.decay, self.margin, self.max_swaps = model, interval, decay, margin, max_swaps
         n_expert = model.config.n_expert
         self.layers = [il for il in range(model.config.n_layer) if f"blk.{il}.ffn_exps_slots.gpu" in model.weights]
