@@ -81,6 +81,17 @@ GPT4O_SPLIT = ("[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{
                "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+"
                "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*"
                "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+# the others as llama.cpp's llama-vocab.cpp writes them (C strings: \r and \n are the characters)
+TEKKEN_SPLIT = ("[^\r\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
+                "|[^\r\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|\\p{N}"
+                "| ?[^\\s\\p{L}\\p{N}]+[\r\n/]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+")
+QWEN35_SPLIT = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}"
+                "| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+")
+DEEPSEEK3_SPLITS = ("\\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+",
+                    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+                    "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+")
+SPLITS = {"gpt-4o": (GPT4O_SPLIT,), "tekken": (TEKKEN_SPLIT,), "qwen35": (QWEN35_SPLIT,),
+          "deepseek-v3": DEEPSEEK3_SPLITS}
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 UNMERGEABLE = "\u0120zqzq"  # " zqzq": in the vocabulary but no merge makes it (tests ignore_merges)
 
@@ -109,7 +120,8 @@ def hf_bpe(pre: str):
                                            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]),
         "llama-bpe": pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_SPLIT), "isolated"), byte_level]),
         "qwen2": pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_SPLIT), "isolated"), byte_level]),
-        "gpt-4o": pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(GPT4O_SPLIT), "isolated"), byte_level]),
+        **{name: pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r), "isolated") for r in splits] + [byte_level])
+           for name, splits in SPLITS.items()},
     }[pre]
     tok.add_special_tokens(SPECIALS)
     return tok
@@ -118,14 +130,15 @@ def hf_bpe(pre: str):
 _CACHE: dict = {}
 
 
-@pytest.fixture(scope="module", params=["gpt-2", "smollm", "llama-bpe", "qwen2", "gpt-4o"])
+@pytest.fixture(scope="module", params=["gpt-2", "smollm", "llama-bpe", "qwen2", *SPLITS])
 def bpe_pair(request):
     """(our tokenizer, HF oracle) for the byte-level BPE vocabulary with the pre-tokenizer `pre` names."""
     hf = hf_bpe(request.param)
     return Tokenizer.from_gguf_metadata(meta_from_hf_bpe(hf, request.param)), hf
 
 
-BPE_TEXTS = TEXTS + ["a zqzq b", "Call 555-1234 in 2024 or 12345678 ' 1999'"]
+BPE_TEXTS = TEXTS + ["a zqzq b", "Call 555-1234 in 2024 or 12345678 ' 1999'",
+                     "e\u0301t\u0301e\u0301 n\u0303o x\u0308 HE'S we'Ll"]  # combining marks, cased contractions
 
 
 @pytest.mark.parametrize("text", BPE_TEXTS)
@@ -138,22 +151,42 @@ def test_byte_level_bpe_matches_hf(bpe_pair, text):
 
 def test_pre_tokenizers_differ_on_this_vocabulary():
     """The regexes must matter here, or the comparisons above could not tell them apart."""
-    outs = {pre: tuple(hf_bpe(pre).encode("".join(BPE_TEXTS)).ids)
-            for pre in ("gpt-2", "smollm", "llama-bpe", "qwen2", "gpt-4o")}
-    assert len(set(outs.values())) == 5
+    pres = ("gpt-2", "smollm", "llama-bpe", "qwen2", "gpt-4o", "deepseek-v3")
+    outs = {pre: tuple(hf_bpe(pre).encode("".join(BPE_TEXTS)).ids) for pre in pres}
+    assert len(set(outs.values())) == len(pres)
+    # qwen2, qwen35 and tekken give this small vocabulary's ids alike, but cut the texts differently
+    cuts = {pre: tuple(p for p, _ in hf_bpe(pre).pre_tokenizer.pre_tokenize_str("".join(BPE_TEXTS)))
+            for pre in ("qwen2", "qwen35", "tekken")}
+    assert len(set(cuts.values())) == 3
 
 
-@pytest.mark.parametrize("text", [*BPE_TEXTS, "HELLO'S World'S camelCaseWord XMLHttpRequest", "a/b\n/c\r\n\n",
-                                  "1234567 ١٢٣٤ 12.5%", "\u0301e\u0301 n\u0303o", "x   \n\n   y\t\t"])
-def test_gpt4o_pieces_are_the_o200k_regex(text):
-    """The gpt-4o pre-tokenizer's pieces (the tokenizers library's regex engine) against the `regex` module
-    applying tokenizer.json's pattern: cased words keep their contraction, digits go in threes, a slash stays
-    with its punctuation."""
+def _isolated(pieces: list[str], pattern: str) -> list[str]:
+    """llama.cpp's split of each piece by one regex: its matches, and the text between them, in order."""
     import regex
 
-    ours = Tokenizer.from_gguf_metadata(meta_from_hf_bpe(hf_bpe("gpt-4o"), "gpt-4o"))
+    out = []
+    for piece in pieces:
+        pos = 0
+        for m in regex.finditer(pattern, piece):
+            out += ([piece[pos:m.start()]] if m.start() > pos else []) + [m.group()]
+            pos = m.end()
+        out += [piece[pos:]] if pos < len(piece) else []
+    return out
+
+
+@pytest.mark.parametrize("pre", list(SPLITS))
+@pytest.mark.parametrize("text", [*BPE_TEXTS, "HELLO'S World'S camelCaseWord XMLHttpRequest", "a/b\n/c\r\n\n",
+                                  "1234567 ١٢٣٤ 12.5%", "x   \n\n   y\t\t", "中文テキスト漢字abc,def;'gh' 한국어"])
+def test_pre_tokenizer_pieces_are_its_regexes(pre, text):
+    """gpt-4o, tekken, qwen35 and deepseek-v3 (the tokenizers library's regex engine) cut text as the `regex` module
+    applying llama.cpp's patterns in turn: o200k's cased words keep their contraction and digits go in threes,
+    Tekken's single digits, Qwen3.5's combining marks stay in words, DeepSeek-V3 splits CJK runs and digits first."""
+    ours = Tokenizer.from_gguf_metadata(meta_from_hf_bpe(hf_bpe(pre), pre))
     pieces = [text[a:b] for _, (a, b) in ours._tok.pre_tokenizer.pre_tokenize_str(text)]
-    assert pieces == regex.findall(GPT4O_SPLIT, text)
+    want = [text]
+    for pattern in SPLITS[pre]:
+        want = _isolated(want, pattern)
+    assert pieces == want
 
 
 @given(st.text(max_size=40))

@@ -35,6 +35,16 @@ _GPT4O_LOWER = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
 _GPT4O_SPLIT = (rf"[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_CASED}*{_GPT4O_LOWER}+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
                 rf"|[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_CASED}+{_GPT4O_LOWER}*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
                 r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Tekken (Mistral Nemo, Small 3.x, Ministral, Devstral): o200k's words without contractions, single digits
+_TEKKEN_SPLIT = (rf"[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_CASED}*{_GPT4O_LOWER}+|[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_CASED}+"
+                 rf"{_GPT4O_LOWER}*|\p{{N}}| ?[^\s\p{{L}}\p{{N}}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Qwen3.5: Qwen2's, with combining marks kept in words
+_QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+                 r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# DeepSeek-V3 (three splits in turn): digits in threes, CJK runs, then the words
+_DEEPSEEK3_SPLITS = (r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
+                     r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+                     r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 # tokenizer.ggml.pre -> (split regexes applied in turn, ignore_merges); the groups follow llama.cpp.
 _PRE_SPLITS: dict[str, tuple[tuple[str, ...], bool]] = {
@@ -44,6 +54,9 @@ _PRE_SPLITS: dict[str, tuple[tuple[str, ...], bool]] = {
     **dict.fromkeys(("llama-bpe", "llama3", "llama-v3", "falcon3", "smaug-bpe", "dbrx"), ((_LLAMA3_SPLIT,), True)),
     **dict.fromkeys(("qwen2", "stablelm2", "deepseek-r1-qwen", "megrez"), ((_QWEN2_SPLIT,), False)),
     **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie"), ((_GPT4O_SPLIT,), False)),
+    "tekken": ((_TEKKEN_SPLIT,), False),
+    "qwen35": ((_QWEN35_SPLIT,), False),
+    **dict.fromkeys(("deepseek-v3", "hunyuan-dense", "joyai-llm"), (_DEEPSEEK3_SPLITS, False)),
 }
 
 # Texts of end-of-turn tokens that stop generation besides eos (as llama.cpp's end-of-generation set).
