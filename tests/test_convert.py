@@ -637,3 +637,23 @@ def test_gpt_oss_yarn_without_truncation_converts_with_a_note(models, tmp_path, 
     (folder / "config.json").write_text(json.dumps(config))
     assert convert(str(folder), str(tmp_path / "l.gguf"), "--outtype", "f32") == 1
     assert "truncate false is not supported" in capsys.readouterr().err
+
+
+def test_gpt_oss_mxfp4_blocks_are_refused_in_one_line(models, tmp_path, capsys):
+    """OpenAI's published gpt-oss checkpoints keep the experts as MXFP4 blocks and scales: one line says what to do
+    (the converter had failed on the missing gate_up_proj)."""
+    from safetensors.numpy import load_file, save_file
+
+    folder = tmp_path / "hf"
+    shutil.copytree(models("gpt_oss").folder, folder)
+    weights = load_file(str(folder / "model.safetensors"))
+    for name in [n for n in weights if n.endswith("experts.gate_up_proj")]:
+        del weights[name]
+        weights[name + "_blocks"] = np.zeros((4, 96, 2, 16), np.uint8)
+        weights[name + "_scales"] = np.zeros((4, 96, 2), np.uint8)
+    save_file(weights, str(folder / "model.safetensors"))
+    out = tmp_path / "m.gguf"
+    capsys.readouterr()
+    assert convert(str(folder), str(out), "--outtype", "f32") == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "MXFP4 blocks" in err[0] and not out.exists()

@@ -542,7 +542,11 @@ def _plan_hf(folder: str, outtype: Q, out_path: str, dense_path: str | None) -> 
 
 def _check_checkpoint(src: SafetensorsSource, arch: str, hp: dict[str, Any]) -> None:
     """The checkpoint holds num_hidden_layers layers and vocab_size embedding rows: checked before the
-    tensor map and the vocabulary are sized from them."""
+    tensor map and the vocabulary are sized from them; gpt-oss' experts in floats, not OpenAI's MXFP4 blocks."""
+    if arch == "gpt-oss" and any(n.endswith("gate_up_proj_blocks") for n in src.tensors):
+        raise UnsupportedError("this gpt-oss checkpoint keeps its experts as MXFP4 blocks (*_blocks, *_scales), which "
+                               "the converter does not read: run its GGUF (llama.cpp's convert_hf_to_gguf.py writes "
+                               "one), or convert a dequantized checkpoint")
     names = [n.removeprefix("model.").removeprefix("decoder.").removeprefix("transformer.") for n in src.tensors]
     gguf_schema.check_layer_names(hp["n_layer"], names, "config.json num_hidden_layers",
                                   prefix="h." if arch == "falcon" else "layers.")
