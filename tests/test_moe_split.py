@@ -358,3 +358,32 @@ def _check_expert_cache(path: str, tol: float) -> None:
         for got, want in zip(mats, files, strict=True):
             np.testing.assert_array_equal(got.reshape(-1), want)
     np.testing.assert_allclose(model.logits(TOKENS), prompt, rtol=tol, atol=tol * np.abs(prompt).max())
+
+
+def test_a_whole_gpt_oss_layer_moves_what_its_plan_counts(tiny_files, host_only, monkeypatch):
+    """-ngl 99 on gpt-oss: a layer's experts go to the GPU with the one bias tensor moe_ffn reads, which the
+    placement counts; the file's three expert bias tensors (read by no graph) had gone along too, 2.5 KB a tiny
+    layer and ~1.1 MB a gpt-oss-20b one beyond the budget's count."""
+    from pyinfer.native import ggml as g
+
+    moved: dict[str, int] = {}
+    monkeypatch.setattr(g.Tensor, "to_device", lambda self: moved.__setitem__(self.name, self.nbytes) or self)
+    path = tiny_files("gpt_oss", False)
+    Model(path, n_ctx=64, kv_type="f32", n_threads=2, n_gpu_layers=99)
+    file = GGUFFile(path)
+    for il in range(2):
+        assert {k for k in moved if k.startswith(f"blk.{il}.ffn_")} == {
+            f"blk.{il}.ffn_{m}_exps.weight" for m in ("gate", "up", "down")} | {
+            f"blk.{il}.ffn_exps_biases", f"blk.{il}.ffn_gate_inp.weight", f"blk.{il}.ffn_gate_inp.bias"}
+        assert moved[f"blk.{il}.ffn_exps_biases"] == sum(
+            file.tensors[f"blk.{il}.ffn_{m}_exps.bias"].data.nbytes for m in ("gate", "up", "down"))
+
+
+def test_timings_count_decoded_tokens_only(tiny_files, host_only):
+    """A prompt whose last batch holds one token is not a decoded token (its routings had been counted)."""
+    path = tiny_files("qwen3moe", False)
+    model = Model(path, n_ctx=64, kv_type="f32", n_threads=2, n_batch=4, plan=split_plan((1, 3)), timed=True)
+    model.eval(TOKENS[:5])  # batches of 4 and 1
+    assert model.timings.extra.get("routings_total", 0) == 0
+    model.eval(TOKENS[5:6])
+    assert model.timings.extra["routings_total"] == 2 * 2  # 2 layers, 2 experts a token

@@ -68,14 +68,14 @@ def measure(a: argparse.Namespace) -> int:
     swaps: dict[str, int] = {}
     for _ in range(a.rounds):
         for cache in (False, True):
-            model = Model(a.model, n_ctx=a.tokens + 16, n_threads=a.threads, vram_budget=budget, machine=a.machine,
-                          expert_cache=cache)
-            for kind, tokens in streams.items():
+            for kind, tokens in streams.items():  # a fresh model each: a cache starts from the plan's placement
+                model = Model(a.model, n_ctx=a.tokens + 16, n_threads=a.threads, vram_budget=budget,
+                              machine=a.machine, expert_cache=cache)
                 key = f"{kind}, {'cache' if cache else 'static'}"
                 rates.setdefault(key, []).append(decode_rate(model, tokens))
                 if model.expert_cache is not None:
-                    swaps[key] = model.expert_cache.swaps
-            del model
+                    swaps[key] = swaps.get(key, 0) + model.expert_cache.swaps
+                del model
         if a.llama_bench:
             costs = model_costs(g, a.tokens + 16, 2, False, 512)
             for label, flags in llama_configs(g, budget, costs.reserve_bytes - costs.dequantized_bytes):
@@ -83,7 +83,7 @@ def measure(a: argparse.Namespace) -> int:
                 rates.setdefault(f"llama.cpp {label}, random", []).append(r.get("tg", float("nan")))
     print(f"{a.model}: budget {budget / 2**30:.2f} GiB ({a.budget:g}), {a.tokens} tokens, local windows of {a.window} "
           f"from {a.pool} ids")
-    print("| stream, placement | t/s median (range) | swaps |\n| --- | ---: | ---: |")
+    print("| stream, placement | t/s median (range) | moves, all rounds |\n| --- | ---: | ---: |")
     for key, values in rates.items():
         print(f"| {key} | {np.median(values):.1f} ({min(values):.1f}-{max(values):.1f}) | {swaps.get(key, '')} |")
     print(json.dumps(rates), file=sys.stderr)

@@ -476,7 +476,7 @@ class Model:
             if graph.mask_tensors:
                 self.timings.extra["ffn_rows_active"] += graph.active_rows()
                 self.timings.extra["ffn_rows_total"] += len(chunk) * graph.mask_rows
-            if graph.routes:
+            if graph.routes and len(tokens) == 1:  # a decoded token's (not a prompt's last chunk of one)
                 ids = {il: graph.captured[f"moe_ids.{il}"].numpy().reshape(-1) for il in range(self.config.n_layer)}
                 if self.timed:
                     self._count_routings(ids)
