@@ -90,8 +90,11 @@ QWEN35_SPLIT = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]
 DEEPSEEK3_SPLITS = ("\\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+",
                     "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
                     "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+")
+FALCON_SPLITS = ("[\\p{P}\\$\\+<=>\\^~\\|`]+",
+                 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)", "[0-9][0-9][0-9]")
+DEEPSEEK_CODER_SPLITS = ("[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", "[一-龥ࠀ-一가-퟿]+", "\\p{N}")
 SPLITS = {"gpt-4o": (GPT4O_SPLIT,), "tekken": (TEKKEN_SPLIT,), "qwen35": (QWEN35_SPLIT,),
-          "deepseek-v3": DEEPSEEK3_SPLITS}
+          "deepseek-v3": DEEPSEEK3_SPLITS, "falcon": FALCON_SPLITS, "deepseek-coder": DEEPSEEK_CODER_SPLITS}
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 UNMERGEABLE = "\u0120zqzq"  # " zqzq": in the vocabulary but no merge makes it (tests ignore_merges)
 
@@ -112,7 +115,7 @@ def hf_bpe(pre: str):
         vocab = dict(model["vocab"], **{UNMERGEABLE: len(model["vocab"])})
         _CACHE["base"] = vocab, [tuple(m) for m in model["merges"]]
     vocab, merges = _CACHE["base"]
-    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre == "llama-bpe"))
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre in ("llama-bpe", "tekken")))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.pre_tokenizer = {
         "gpt-2": pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
@@ -156,8 +159,8 @@ def test_pre_tokenizers_differ_on_this_vocabulary():
     assert len(set(outs.values())) == len(pres)
     # qwen2, qwen35 and tekken give this small vocabulary's ids alike, but cut the texts differently
     cuts = {pre: tuple(p for p, _ in hf_bpe(pre).pre_tokenizer.pre_tokenize_str("".join(BPE_TEXTS)))
-            for pre in ("qwen2", "qwen35", "tekken")}
-    assert len(set(cuts.values())) == 3
+            for pre in ("qwen2", *SPLITS)}
+    assert len(set(cuts.values())) == len(cuts)
 
 
 def _isolated(pieces: list[str], pattern: str) -> list[str]:
@@ -178,9 +181,10 @@ def _isolated(pieces: list[str], pattern: str) -> list[str]:
 @pytest.mark.parametrize("text", [*BPE_TEXTS, "HELLO'S World'S camelCaseWord XMLHttpRequest", "a/b\n/c\r\n\n",
                                   "1234567 ١٢٣٤ 12.5%", "x   \n\n   y\t\t", "中文テキスト漢字abc,def;'gh' 한국어"])
 def test_pre_tokenizer_pieces_are_its_regexes(pre, text):
-    """gpt-4o, tekken, qwen35 and deepseek-v3 (the tokenizers library's regex engine) cut text as the `regex` module
-    applying llama.cpp's patterns in turn: o200k's cased words keep their contraction and digits go in threes,
-    Tekken's single digits, Qwen3.5's combining marks stay in words, DeepSeek-V3 splits CJK runs and digits first."""
+    """gpt-4o, tekken, qwen35, deepseek-v3, falcon and deepseek-coder (the tokenizers library's regex engine) cut
+    text as the `regex` module applying llama.cpp's patterns in turn: o200k's cased words keep their contraction and
+    digits go in threes, Tekken's single digits, Qwen3.5's combining marks stay in words, DeepSeek-V3 splits CJK
+    runs and digits first, Falcon's punctuation runs and then digit triples, DeepSeek Coder's lines, CJK, digits."""
     ours = Tokenizer.from_gguf_metadata(meta_from_hf_bpe(hf_bpe(pre), pre))
     pieces = [text[a:b] for _, (a, b) in ours._tok.pre_tokenizer.pre_tokenize_str(text)]
     want = [text]

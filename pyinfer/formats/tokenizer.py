@@ -41,6 +41,10 @@ _TEKKEN_SPLIT = (rf"[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_CASED}*{_GPT4O_LOWER}+|[^\r\n\
 # Qwen3.5: Qwen2's, with combining marks kept in words
 _QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
                  r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Falcon (llama.cpp's Falcon files): punctuation runs, GPT-2's words, then digits in threes
+_FALCON_SPLITS = (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2_SPLIT.removesuffix(r"|\s+"), r"[0-9][0-9][0-9]")
+# DeepSeek Coder (llama.cpp's patterns in turn): lines, letters, punctuation, CJK runs, single digits
+_DEEPSEEK_CODER_SPLITS = (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}")
 # DeepSeek-V3 (three splits in turn): digits in threes, CJK runs, then the words
 _DEEPSEEK3_SPLITS = (r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
                      r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
@@ -54,7 +58,9 @@ _PRE_SPLITS: dict[str, tuple[tuple[str, ...], bool]] = {
     **dict.fromkeys(("llama-bpe", "llama3", "llama-v3", "falcon3", "smaug-bpe", "dbrx"), ((_LLAMA3_SPLIT,), True)),
     **dict.fromkeys(("qwen2", "stablelm2", "deepseek-r1-qwen", "megrez"), ((_QWEN2_SPLIT,), False)),
     **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie"), ((_GPT4O_SPLIT,), False)),
-    "tekken": ((_TEKKEN_SPLIT,), False),
+    "tekken": ((_TEKKEN_SPLIT,), True),
+    "falcon": (_FALCON_SPLITS, False),
+    "deepseek-coder": (_DEEPSEEK_CODER_SPLITS, False),
     "qwen35": ((_QWEN35_SPLIT,), False),
     **dict.fromkeys(("deepseek-v3", "hunyuan-dense", "joyai-llm"), (_DEEPSEEK3_SPLITS, False)),
 }
