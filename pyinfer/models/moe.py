@@ -16,12 +16,12 @@ SIDES = (".gpu", ".cpu")
 # (one expert where it is larger: Mixtral-8x7B's are 99 MB at Q4_0, 16 of them had made the reserve 1.6 GB)
 STREAM_EXPERTS = 16
 STREAM_CHUNK_BYTES = 64 << 20
+BIASES = "ffn_exps_biases"  # gpt-oss: a layer's expert biases as moe_ffn takes them (expert_biases)
 
 
 def stream_experts(expert_bytes: int) -> int:
     """Experts one streamed chunk holds, of expert_bytes (its three matrices) each."""
     return max(1, min(STREAM_EXPERTS, STREAM_CHUNK_BYTES // max(expert_bytes, 1)))
-BIASES = "ffn_exps_biases"
 
 
 def expert_biases(file, il: int) -> np.ndarray:

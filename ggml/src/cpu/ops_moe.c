@@ -8,6 +8,7 @@
 // pairs go 4 at a time through the type's 4 x 4 gemm tiles where it has them (a prompt's). Biases (gpt-oss) are
 // found by expert: thread 0 also lists which expert each matrix holds.
 #include "ops_kernels.h"
+#include "../swiglu_oai.h"
 
 #include <string.h>
 
@@ -143,15 +144,8 @@ static inline float *moe_out(struct ggml_tensor *dst, int32_t j) {
     return (float *)((char *)dst->data + j * (int64_t)dst->nb[1]);
 }
 
-#define OAI_ALPHA 1.702f // gpt-oss' clamped SwiGLU (llama.cpp's swiglu_oai)
-#define OAI_LIMIT 7.0f
-
 static inline float moe_act(enum ggml_ffn_kind kind, float g, float u) {
-    if (kind == GGML_FFN_SWIGLU_OAI) {
-        g = fminf(g, OAI_LIMIT);
-        u = fminf(fmaxf(u, -OAI_LIMIT), OAI_LIMIT);
-        return g / (1.0f + expf(-OAI_ALPHA * g)) * (u + 1.0f);
-    }
+    if (kind == GGML_FFN_SWIGLU_OAI) return ggml_swiglu_oai(g, u);
     return (kind == GGML_FFN_SWIGLU ? ggml_silu_f32(g) : ggml_gelu_f32(g)) * u;
 }
 

@@ -32,6 +32,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32) moe_up_kernel(moe_params p) {
     if (e < 0) continue;
     const int lane = threadIdx.x % 32;
     const uint8_t *wg = p.wg + e * p.g_nb2, *wu = p.wu + e * p.g_nb2;
+    const float *b = moe_bias(p, pair);
     for (int64_t r = (int64_t)blockIdx.x * MOE_ROWS + threadIdx.x / 32; r < p.n_ff && r < (int64_t)(blockIdx.x + 1) * MOE_ROWS;
          r += MOE_WARPS) {
         float g, u;
@@ -45,7 +46,6 @@ __global__ void __launch_bounds__(MOE_WARPS * 32) moe_up_kernel(moe_params p) {
             g = warp_sum(acc[0][0]);
             u = warp_sum(acc[1][0]);
         }
-        const float *b = moe_bias(p, pair);
         if (lane == 0) p.act[pair * p.n_ff + r] = b ? moe_act(p.kind, g + b[r], u + b[p.n_ff + r])
                                                     : moe_act(p.kind, g, u);
     }
@@ -85,6 +85,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32) moe_down_kernel(moe_params p) 
         const int32_t e = moe_slot(p, pair);
         if (e < 0) continue; // the sum skips it
         const float w = p.wts[pair];
+        const float *b = moe_bias(p, pair);
         for (int64_t r = (int64_t)blockIdx.x * MOE_ROWS + threadIdx.x / 32;
              r < p.d && r < (int64_t)(blockIdx.x + 1) * MOE_ROWS; r += MOE_WARPS) {
             const uint8_t *row = p.wd + e * p.d_nb2 + r * p.d_nb1;
@@ -98,7 +99,6 @@ __global__ void __launch_bounds__(MOE_WARPS * 32) moe_down_kernel(moe_params p) 
                                              lane, acc);
                 v = warp_sum(acc[0][0]);
             }
-            const float *b = moe_bias(p, pair);
             if (lane == 0) p.part[pair * p.d + r] = w * (b ? v + b[2 * p.n_ff + r] : v);
         }
     }

@@ -2,6 +2,7 @@
 // slot, and the batch path (moe_gemm.cu) that moe.cu's moe_ffn hands prompts to.
 #pragma once
 #include "rowdot.cuh"
+#include "../swiglu_oai.h"
 
 #define MOE_WARPS 4       // warps per block; warp w takes rows w, w + MOE_WARPS, ... of the block's
 #define MOE_ROWS 8        // rows per block: many blocks, so one token's few experts fill the GPU
@@ -34,11 +35,7 @@ static __device__ __forceinline__ const float *moe_bias(const moe_params &p, int
 
 // the activation of a gate and an up value (ops_moe.c's moe_act)
 static __device__ __forceinline__ float moe_act(int kind, float g, float u) {
-    if (kind == GGML_FFN_SWIGLU_OAI) { // gpt-oss' clamped SwiGLU
-        g = fminf(g, 7.0f);
-        u = fminf(fmaxf(u, -7.0f), 7.0f);
-        return g / (1.0f + expf(-1.702f * g)) * (u + 1.0f);
-    }
+    if (kind == GGML_FFN_SWIGLU_OAI) return ggml_swiglu_oai(g, u);
     return cuda_act(kind == GGML_FFN_SWIGLU ? GGML_OP_SILU : GGML_OP_GELU, g) * u;
 }
 
