@@ -662,3 +662,38 @@ def test_streamed_weights_take_turns_in_one_copys_memory_whatever_their_size():
         want = want @ w.T.astype(np.float64)
     np.testing.assert_allclose(read(y).reshape(want.shape), want, rtol=1e-2, atol=1e-2 * np.abs(want).max())  # TF32
     assert g.device_mem_bytes < 4 * ws[0].nbytes + 3 * x.nbytes  # two copies and activations at most, not twelve
+
+
+@SETTINGS
+@given(n=st.integers(1, 5), k=st.integers(1, 700), seed=st.integers(0, 2**31), act=st.sampled_from(["silu", "gelu"]),
+       leak=st.booleans())
+def test_fused_input_sparsity_chains(n, k, seed, act, leak):
+    """Input sparsity's |x| - t mask (five nodes as models.sparse_ffn.over_threshold builds them) and act(gate) * up
+    (as input_ffn orders them) run as one kernel each on CUDA, against float64 and the CPU graph; chains whose
+    intermediates are outputs too (leak) are left unfused."""
+    from pyinfer.models.sparse_ffn import _abs, over_threshold
+
+    rng = np.random.default_rng(seed)
+    x, gate, up = (rng.standard_normal((n, k)).astype(np.float32) for _ in range(3))
+    t = np.abs(rng.standard_normal(k)).astype(np.float32)
+
+    def build(ctx):
+        xt = ctx.scale(tensor(ctx, x).to_device(), 1.0)  # made on the device, as a layer's input is
+        neg_t = tensor(ctx, -t)
+        if leak:
+            abs_x = _abs(ctx, xt)
+            mask = ctx.add(abs_x, neg_t)
+        else:
+            mask = over_threshold(ctx, xt, neg_t)
+        activated = getattr(ctx, act)(ctx.scale(tensor(ctx, gate).to_device(), 1.0))
+        h = ctx.mul(ctx.scale(tensor(ctx, up).to_device(), 1.0), activated)
+        return [mask, h] + ([abs_x, activated] if leak else [])
+
+    n_fused = []
+    got, cpu = run(build, "cuda", n_fused), run(build, "cpu")
+    assert n_fused == [0 if leak else 5]
+    want_mask = np.abs(x.astype(np.float64)) - t
+    want_h = getattr(ref, act)(gate.astype(np.float64)) * up
+    for result in (got, cpu):
+        np.testing.assert_allclose(result[0].reshape(n, k), want_mask, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(result[1].reshape(n, k), want_h, rtol=1e-5, atol=1e-6)

@@ -216,6 +216,15 @@ sparse_vs_dense() {  # NAME [ROUNDS]: the whole model on the GPU, its PowerGGUF 
     done | tee "$OUT/$name-sparse-vs-dense.md"
 }
 
+whole_profile() {  # NAME: where a decoded token's GPU time goes, the whole model on the GPU, its PowerGGUF (sparse)
+    # and its dense GGUF ($OUT/NAME-profile.md)
+    local name=$1
+    wait_for "$W/$name.done" || return 1
+    for f in "$name" "$name-dense"; do
+        python3 -m tools.profile_decode -m "$W/$f.gguf" -ngl 99 -n 32 2>/dev/null
+    done | tee "$OUT/$name-profile.md"
+}
+
 steadiness() {  # NAME [ROUNDS]: CPU-only decode of the dense GGUF, ours and llama.cpp alternating, quiet and beside
     # one busy process (issue 13, item 5): ours with its default thread count (one fewer than the cores here)
     # and with one a core, llama.cpp with one a core (its default)

@@ -124,7 +124,8 @@ def input_ffn(b, il: int, h: ggml.Tensor, part: str = "", sel_x: ggml.Tensor | N
         sel_x = over_threshold(ctx, h, spec.neg_input_thresholds[il])  # (n, n_embd), positive: channel read
     gate = b.axpy_rows(b.w(f"blk.{il}.ffn_gate_t{part}"), h, sel_x)  # (n, rows)
     up = b.axpy_rows(b.w(f"blk.{il}.ffn_up_t{part}"), h, sel_x)  # (n, rows)
-    act = ctx.mul(ctx.silu(gate) if cfg.ffn_kind == "swiglu" else ctx.gelu(gate), up)  # (n, rows)
+    # up first: the graph then holds act(gate) right before the mul, one kernel on CUDA (fusion.cu)
+    act = ctx.mul(up, ctx.silu(gate) if cfg.ffn_kind == "swiglu" else ctx.gelu(gate))  # (n, rows)
     sel_h = over_threshold(ctx, act, spec.neg_thresholds[il] if neg_t is None else neg_t)  # positive: neuron read
     return b.axpy_rows(b.w(f"blk.{il}.ffn_down_t{part}"), act, sel_h), sel_h, act
 

@@ -205,6 +205,11 @@ template <typename Launch> static void with_weight_type(enum ggml_type type, con
 int cuda_op_cpy(struct ggml_tensor *dst, cudaStream_t st);
 int cuda_op_get_rows(struct ggml_tensor *dst, cudaStream_t st);
 int cuda_op_binary(struct ggml_tensor *dst, cudaStream_t st);
+// dst = pre(a) + b or pre(a) * b (b: a's shape or one row broadcast); pre: CUDA_PRE_NONE, CUDA_PRE_ABS or an
+// activation op (GGML_OP_SILU, ...): the fused runs |x| - t and act(gate) * up (fusion.cu)
+enum { CUDA_PRE_NONE = -1, CUDA_PRE_ABS = -2 };
+int cuda_binary(const struct ggml_tensor *a, int pre, const struct ggml_tensor *b, struct ggml_tensor *dst, bool add,
+                cudaStream_t st);
 int cuda_op_unary(struct ggml_tensor *dst, cudaStream_t st);
 int cuda_op_norm(struct ggml_tensor *dst, cudaStream_t st);
 // the norm node's rows times the weight row w (F32, the row length) into dst: the norm -> mul fusion;

@@ -1,5 +1,5 @@
-// elementwise.cu: cpy/convert, get_rows (every dequantizable type), add/mul with row broadcast,
-// scale, silu, gelu (tanh), relu, and the dequantization of weight rows to F16 used by the GEMM.
+// elementwise.cu: cpy/convert, get_rows (every dequantizable type), add/mul with row broadcast (and, fused, of
+// |a| or act(a)), scale, silu, gelu (tanh), relu, and the dequantization of weight rows to F16 used by the GEMM.
 // Sources may be views: rows are found through nb[1..3] (rows themselves are contiguous).
 #include "common.cuh"
 
@@ -101,6 +101,13 @@ static __device__ __forceinline__ float unop(int op, float s, float x) {
 static __device__ __forceinline__ float4 unop(int op, float s, float4 x) {
     return make_float4(unop(op, s, x.x), unop(op, s, x.y), unop(op, s, x.z), unop(op, s, x.w));
 }
+// what a fused add/mul applies to its first operand first (fusion.cu): nothing, |x|, or an activation
+static __device__ __forceinline__ float preop(int pre, float x) {
+    return pre == CUDA_PRE_NONE ? x : pre == CUDA_PRE_ABS ? fabsf(x) : cuda_act(pre, x);
+}
+static __device__ __forceinline__ float4 preop(int pre, float4 x) {
+    return make_float4(preop(pre, x.x), preop(pre, x.y), preop(pre, x.z), preop(pre, x.w));
+}
 
 // whether t's rows are whole 16-byte chunks at 16-byte aligned addresses
 static bool rows_of_chunks(const struct ggml_tensor *t) {
@@ -109,30 +116,35 @@ static bool rows_of_chunks(const struct ggml_tensor *t) {
 }
 
 template <int V>
-__global__ void binary_kernel(cuda_view a, cuda_view b, cuda_view dst, bool broadcast, bool is_add, int64_t nrows) {
+__global__ void binary_kernel(cuda_view a, int pre, cuda_view b, cuda_view dst, bool broadcast, bool is_add,
+                              int64_t nrows) {
     using T = typename vals<V>::type;
     const int64_t n0 = a.ne[0] / V, n = n0 * nrows;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = e / n0, i = e % n0;
-        const T x = ((const T *)cuda_row(a, r))[i];
+        const T x = preop(pre, ((const T *)cuda_row(a, r))[i]);
         const T y = ((const T *)(broadcast ? b.data : cuda_row(b, r)))[i];
         ((T *)cuda_row(dst, r))[i] = binop(x, y, is_add);
     }
 }
 
-int cuda_op_binary(struct ggml_tensor *dst, cudaStream_t st) {
-    const struct ggml_tensor *a = dst->src[0], *b = dst->src[1];
+int cuda_binary(const struct ggml_tensor *a, int pre, const struct ggml_tensor *b, struct ggml_tensor *dst, bool add,
+                cudaStream_t st) {
     if (a->type != GGML_TYPE_F32 || b->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32)
         return ggml_set_error(GGML_STATUS_UNSUPPORTED, "add/mul take F32 tensors");
     const int64_t nrows = ggml_nrows(a);
-    const bool broadcast = ggml_nrows(b) == 1, add = dst->op == GGML_OP_ADD;
+    const bool broadcast = ggml_nrows(b) == 1;
     if (rows_of_chunks(a) && rows_of_chunks(b) && rows_of_chunks(dst))
         binary_kernel<4><<<grid_for(a->ne[0] / 4 * nrows), CUDA_BLOCK, 0, st>>>(
-            cuda_view_of(a), cuda_view_of(b), cuda_view_of(dst), broadcast, add, nrows);
+            cuda_view_of(a), pre, cuda_view_of(b), cuda_view_of(dst), broadcast, add, nrows);
     else
         binary_kernel<1><<<grid_for(a->ne[0] * nrows), CUDA_BLOCK, 0, st>>>(
-            cuda_view_of(a), cuda_view_of(b), cuda_view_of(dst), broadcast, add, nrows);
+            cuda_view_of(a), pre, cuda_view_of(b), cuda_view_of(dst), broadcast, add, nrows);
     return cuda_launch_status("add/mul");
+}
+
+int cuda_op_binary(struct ggml_tensor *dst, cudaStream_t st) {
+    return cuda_binary(dst->src[0], CUDA_PRE_NONE, dst->src[1], dst, dst->op == GGML_OP_ADD, st);
 }
 
 template <int V>
