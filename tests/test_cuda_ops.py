@@ -697,3 +697,35 @@ def test_fused_input_sparsity_chains(n, k, seed, act, leak):
     for result in (got, cpu):
         np.testing.assert_allclose(result[0].reshape(n, k), want_mask, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(result[1].reshape(n, k), want_h, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_intermediates_take_no_memory():
+    """A fused run's intermediates, which its kernel never writes and nothing after it reads, get no graph memory:
+    a 512-token |x| - t chain holds its input and output only (its four intermediates, alive to the run's end, had
+    pushed a prompt's graph over a VRAM budget); one read after the run keeps its memory."""
+    from pyinfer.models.sparse_ffn import _abs, over_threshold
+
+    n, k = 512, 4096
+    act_bytes = 4 * n * k
+    x = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32)
+
+    def graph_bytes(leak: bool) -> int:
+        ctx = ggml.Context(64 << 20)
+        xt = ctx.scale(tensor(ctx, x).to_device(), 1.0)
+        neg_t = tensor(ctx, np.full(k, -0.5, dtype=np.float32))
+        if leak:  # the same five nodes, the sum of the two relus also an output
+            abs_x = _abs(ctx, xt)
+            outputs = [ctx.add(abs_x, neg_t), abs_x]
+        else:
+            outputs = [over_threshold(ctx, xt, neg_t)]
+        before = lib.ggml_cuda_allocated()
+        g = ggml.Graph(ctx, outputs, backend="cuda").plan()
+        g.compute(pool())
+        used = lib.ggml_cuda_allocated() - before
+        assert np.allclose(read(outputs[0]).reshape(n, k), np.abs(x) - 0.5, atol=1e-6)
+        del g, ctx
+        gc.collect()
+        return used
+
+    assert graph_bytes(False) <= 2 * act_bytes + (1 << 20)  # xt and the mask
+    assert graph_bytes(True) >= 3 * act_bytes  # unfused: two relus and their sum live at once

@@ -347,16 +347,27 @@ static int issue_downloads_early(struct ggml_cgraph *g) {
 }
 
 // memory for one backend's intermediates; returns the high-water mark and fills offs[i]
+// nodes[i] needs memory of its own: it owns it (no view) and is not a fused run's intermediate that nothing after the
+// run reads (the run's kernel never writes those: a prompt's |x| - t chain had kept four batch activations alive)
+static bool gets_memory(const struct ggml_cgraph *g, const int *last_use, int i) {
+    if (!owns_planned_memory(g->nodes[i])) return false;
+    if (!g->groups) return true;
+    int start = i;
+    while (start > 0 && g->groups[start].len == 0) start--;
+    int end = start + g->groups[start].len - 1;
+    return i == end || g->nodes[i]->is_output || last_use[i] > end;
+}
+
 static int plan_backend(struct ggml_cgraph *g, enum ggml_backend backend, const int *last_use, size_t *offs,
                         size_t *total) {
     struct planner p = {0};
     int status = GGML_STATUS_OK;
     for (int i = 0; i < g->n_nodes && !status; i++) {
         struct ggml_tensor *t = g->nodes[i];
-        if (owns_planned_memory(t) && t->backend == backend) offs[i] = planner_alloc(&p, ggml_nbytes(t));
+        if (gets_memory(g, last_use, i) && t->backend == backend) offs[i] = planner_alloc(&p, ggml_nbytes(t));
         for (int j = 0; j <= i && !status; j++) {
             struct ggml_tensor *u = g->nodes[j];
-            if (last_use[j] == i && owns_planned_memory(u) && u->backend == backend)
+            if (last_use[j] == i && gets_memory(g, last_use, j) && u->backend == backend)
                 status = planner_release(&p, offs[j], ggml_nbytes(u));
         }
     }
@@ -499,7 +510,7 @@ int ggml_graph_plan(struct ggml_cgraph *g) {
     }
     for (int i = 0; i < n; i++) {
         struct ggml_tensor *t = g->nodes[i];
-        if (!owns_planned_memory(t)) continue;
+        if (!gets_memory(g, last_use, i)) continue;
         t->data = (uint8_t *)(t->backend == GGML_BACKEND_CUDA ? g->dev_buffer : g->buffer) + offs[i];
     }
     for (int i = 0; i < n; i++) { // views last: their owners have data now
