@@ -93,8 +93,14 @@ DEEPSEEK3_SPLITS = ("\\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+",
 FALCON_SPLITS = ("[\\p{P}\\$\\+<=>\\^~\\|`]+",
                  "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)", "[0-9][0-9][0-9]")
 DEEPSEEK_CODER_SPLITS = ("[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", "[一-龥ࠀ-一가-퟿]+", "\\p{N}")
+DEEPSEEK_LLM_SPLITS = ("[\r\n]",
+                       "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚ"
+                       "Ḁ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻ"
+                       "Ȿ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
+                       "\\s?[!-/:-~！-／：-～‘-‟\u3000-。]+", "\\s+$", "[一-龥ࠀ-一가-퟿]+", "\\p{N}+")
 SPLITS = {"gpt-4o": (GPT4O_SPLIT,), "tekken": (TEKKEN_SPLIT,), "qwen35": (QWEN35_SPLIT,),
-          "deepseek-v3": DEEPSEEK3_SPLITS, "falcon": FALCON_SPLITS, "deepseek-coder": DEEPSEEK_CODER_SPLITS}
+          "deepseek-v3": DEEPSEEK3_SPLITS, "falcon": FALCON_SPLITS, "deepseek-coder": DEEPSEEK_CODER_SPLITS,
+          "deepseek-llm": DEEPSEEK_LLM_SPLITS}
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 UNMERGEABLE = "\u0120zqzq"  # " zqzq": in the vocabulary but no merge makes it (tests ignore_merges)
 
@@ -179,12 +185,14 @@ def _isolated(pieces: list[str], pattern: str) -> list[str]:
 
 @pytest.mark.parametrize("pre", list(SPLITS))
 @pytest.mark.parametrize("text", [*BPE_TEXTS, "HELLO'S World'S camelCaseWord XMLHttpRequest", "a/b\n/c\r\n\n",
-                                  "1234567 ١٢٣٤ 12.5%", "x   \n\n   y\t\t", "中文テキスト漢字abc,def;'gh' 한국어"])
+                                  "1234567 ١٢٣٤ 12.5%", "x   \n\n   y\t\t", "中文テキスト漢字abc,def;'gh' 한국어",
+                                  "Ｆｕｌｌ！ｗｉｄｔｈ\u3000ℌ𝔢𝔩𝔩𝔬 Ωhm 𐐨𐐯 end  "])
 def test_pre_tokenizer_pieces_are_its_regexes(pre, text):
     """gpt-4o, tekken, qwen35, deepseek-v3, falcon and deepseek-coder (the tokenizers library's regex engine) cut
     text as the `regex` module applying llama.cpp's patterns in turn: o200k's cased words keep their contraction and
     digits go in threes, Tekken's single digits, Qwen3.5's combining marks stay in words, DeepSeek-V3 splits CJK
-    runs and digits first, Falcon's punctuation runs and then digit triples, DeepSeek Coder's lines, CJK, digits."""
+    runs and digits first, Falcon's punctuation runs and then digit triples, DeepSeek Coder's lines, CJK, digits,
+    DeepSeek LLM's words of the letters llama.cpp lists (not \\p{L}), full-width punctuation, trailing spaces."""
     ours = Tokenizer.from_gguf_metadata(meta_from_hf_bpe(hf_bpe(pre), pre))
     pieces = [text[a:b] for _, (a, b) in ours._tok.pre_tokenizer.pre_tokenize_str(text)]
     want = [text]
@@ -213,6 +221,15 @@ def test_parse_special_off_splits_control_tokens():
     assert tok.encode("<|im_start|>hi", add_special=False) == [start] + tok.encode("hi", add_special=False)
     plain = tok.encode("<|im_start|>hi", add_special=False, parse_special=False)
     assert start not in plain and tok.decode(plain) == "<|im_start|>hi"
+
+
+def test_another_architectures_keys_do_not_stop_the_tokenizer():
+    """A vocabulary loads whatever architecture its file is for: Gemma 4 keeps a list per layer in
+    attention.head_count_kv, which the row written for the architectures pyinfer runs would call malformed."""
+    meta = meta_from_hf_bpe(hf_bpe("gpt-2"), "gpt-2")
+    plain = Tokenizer.from_gguf_metadata(meta).encode("Hello world")
+    meta |= {"general.architecture": "gemma4", "gemma4.attention.head_count_kv": [8, 2]}
+    assert Tokenizer.from_gguf_metadata(meta).encode("Hello world") == plain
 
 
 def test_unknown_pre_tokenizer_is_refused():

