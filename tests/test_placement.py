@@ -442,10 +442,13 @@ MEASURED_PROMPT_BYTES = [((13824, 5120, 32000), "f16", 512, 226), ((13824, 5120,
                          ((13824, 5120, 32000), "f16", 128, 160), ((28672, 8192, 32000), "f16", 512, 292),
                          ((28672, 8192, 32000), "f16", 256, 253), ((28672, 8192, 32000), "f16", 128, 162),
                          ((13824, 5120, 32000), "q4_0", 512, 319), ((28672, 8192, 32000), "q4_0", 512, 446)]
+# the same for a file of input sparsity (H200, 2026-11-27): the 13B SwiGLU F16 file at 50 %, a third of its bytes
+MEASURED_INPUT_PROMPT_BYTES = [((13824, 5120, 32000), "f16", 512, 462)]
 
 
-@pytest.mark.parametrize("shape, type_, n_batch, measured_mb", MEASURED_PROMPT_BYTES)
-def test_the_reserve_holds_what_prompt_batches_took_on_a_gpu(shape, type_, n_batch, measured_mb):
+@pytest.mark.parametrize("shape, type_, n_batch, measured_mb, input_ffn", [(*m, False) for m in MEASURED_PROMPT_BYTES]
+                         + [(*m, True) for m in MEASURED_INPUT_PROMPT_BYTES])
+def test_the_reserve_holds_what_prompt_batches_took_on_a_gpu(shape, type_, n_batch, measured_mb, input_ffn):
     from types import SimpleNamespace
 
     from pyinfer.engine.placement import GEMM_CHUNK, reserve_bytes
@@ -455,7 +458,7 @@ def test_the_reserve_holds_what_prompt_batches_took_on_a_gpu(shape, type_, n_bat
     largest_attention = n_embd * row
     dequantized = 0 if type_ == "f16" else min(GEMM_CHUNK, 2 * n_vocab * n_embd)  # the output head: the largest
     reserve = reserve_bytes(SimpleNamespace(n_ff=n_ff, n_embd=n_embd, n_vocab=n_vocab), n_batch, largest_attention,
-                            row, dequantized)
+                            row, dequantized, input_ffn)
     assert reserve >= 1.15 * measured_mb * 1e6, reserve / 1e6
 
 

@@ -374,6 +374,11 @@ GEMV_MAX_COLS = 8  # ggml/src/cuda/gemv.cu: batches of at most this many tokens 
 # what the driver holds beyond the allocator: CUDA graphs, the cuBLAS handle (72-143 MB seen); with the logits of
 # 512 tokens out of the reserve, 160 MiB keeps it 1.15x above every prompt batch measured (test_placement)
 DEVICE_MARGIN = 160 << 20
+# (n_batch, widest) activations charged for a prompt through an FFN of input sparsity: gate, up, their product and
+# its down mask live at once, and the transposed GEMMs add more: a 13B file's 512-token batch took 462 MB beyond
+# the loaded model at a third of its bytes on an H200 (four had let it pass the budget); seven keep the reserve
+# 1.15x above that, as above every dense batch measured (test_placement)
+INPUT_FFN_ACTIVATIONS = 7
 
 
 def logit_rows(n_batch: int) -> int:
@@ -396,8 +401,8 @@ def fusable_qkv(tensors, il: int) -> dict[str, list] | None:
 def reserve_bytes(cfg, n_batch: int, largest_matrix: int = 0, neuron_row: int = 0, dequantized: int = 0,
                   input_ffn: bool = False) -> int:
     """Device bytes any GPU use needs besides weights and KV cache: the intermediates of a prompt batch of
-    n_batch tokens (two (n_batch, n_ff) activations live at once, four in an FFN of input sparsity: gate, up,
-    their product and its down mask; the logits of logit_rows tokens), the host weights a prompt batch streams
+    n_batch tokens (two (n_batch, n_ff) activations live at once; INPUT_FFN_ACTIVATIONS in an FFN of input
+    sparsity; the logits of logit_rows tokens), the host weights a prompt batch streams
     in (the graph planner reuses one chunk's memory for the next: one chunk of STREAM_ROWS neurons of gate, up
     and down_t, or the largest attention matrix), the GEMM's scratch (the batch in 16 bits, and `dequantized`
     bytes of F16 rows of weights that are not F16), the cuBLAS workspace and a margin. The driver measured
@@ -405,7 +410,7 @@ def reserve_bytes(cfg, n_batch: int, largest_matrix: int = 0, neuron_row: int = 
     whose GEMM dequantizes 64 MiB of rows, used up to 1.06x the count without that scratch (docs/BENCHMARKS.md,
     "The prompt batch's reserve")."""
     widest = max(cfg.n_ff, 3 * cfg.n_embd)
-    activations = (4 * n_batch * ((4 if input_ffn else 2) * widest + 4 * cfg.n_embd)
+    activations = (4 * n_batch * ((INPUT_FFN_ACTIVATIONS if input_ffn else 2) * widest + 4 * cfg.n_embd)
                    + 4 * logit_rows(n_batch) * cfg.n_vocab)
     gemm = 2 * n_batch * widest + dequantized
     chunk = 3 * min(STREAM_ROWS, cfg.n_ff) * neuron_row
