@@ -41,7 +41,13 @@ import torch
 from pyinfer.hub.pull import pull
 from pyinfer.sparsity.corpus import documents, held_out_text, token_chunks
 
-METHODS = ("teal", "wina", "cats", "griffin", "griffin+cats", "teal-split", "gated", "greedy")
+METHODS = ("teal", "wina", "cats", "griffin", "griffin+cats", "teal-split", "gated", "greedy", "split14", "rot",
+           "sens", "rot-sens")
+SPLIT_H = 1.4  # the engine's split (pyinfer.sparsity.input_sparsity)
+ROWS = 64  # FFN inputs kept per layer and calibration chunk (rotated samples)
+SENS_X = (0.2, 0.4, 0.55, 0.7)  # levels at which one layer's x axis is sparsified alone
+SENS_H = (0.5, 0.7, 0.85, 0.95)
+SENS_CHUNKS = 2
 GREEDY_TOKENS = 512  # calibration tokens whose FFN outputs the greedy allocation compares
 STEP = 0.05  # the greedy allocation's step, a share of one matrix's rows
 SAMPLES = 200_000  # entries of each score kept per layer and calibration chunk
@@ -61,6 +67,9 @@ class Sparsifier:
         self.cal_x = [torch.zeros(0) for _ in self.mlps]  # per layer GREEDY_TOKENS calibration FFN inputs (n, d)
         self.capture: list[dict[str, torch.Tensor]] | None = None
         n_layer = len(self.mlps)
+        self.cov = [torch.zeros(0) for _ in self.mlps]  # per layer sum of x^T x over the calibration text
+        self.rot = [torch.zeros(0) for _ in self.mlps]  # per layer PCA basis of x (columns, variance descending)
+        self.overhead = 0.0  # FFN bytes a rotation reads per token, as a share of the FFN's
         self.c_x = [torch.sqrt(m.gate_proj.weight.pow(2).sum(0) + m.up_proj.weight.pow(2).sum(0)) for m in self.mlps]
         self.c_h = [m.down_proj.weight.norm(dim=0) for m in self.mlps]
         self.kept = np.zeros(n_layer)  # fraction of FFN bytes read in the continuation, per layer
@@ -73,6 +82,8 @@ class Sparsifier:
             h = mlp.act_fn(gate) * mlp.up_proj(x)
             if self.capture is not None:
                 self.capture.append(self._samples(il, x[0], mlp.act_fn(gate)[0], h[0]))
+                xd = x[0].detach().double()
+                self.cov[il] = xd.T @ xd + (self.cov[il] if self.cov[il].numel() else 0)
                 if self.cal_x[il].shape[0] < GREEDY_TOKENS:
                     self.cal_x[il] = torch.cat([self.cal_x[il], x[0].detach()])[:GREEDY_TOKENS]
             if self.method == "dense":
@@ -89,8 +100,9 @@ class Sparsifier:
         ix = torch.randint(0, x.numel(), (SAMPLES,), generator=rng)
         ih = torch.randint(0, h.numel(), (SAMPLES,), generator=rng)
         ax, ag, ah = x.abs().flatten()[ix], g.abs().flatten()[ih], h.abs().flatten()[ih]
+        rows = x[torch.randint(0, x.shape[0], (ROWS,), generator=rng)].detach()
         return {"x": ax, "x_wina": ax * self.c_x[il][ix % x.shape[1]], "g": ag, "h": ah,
-                "h_wina": ah * self.c_h[il][ih % h.shape[1]]}
+                "h_wina": ah * self.c_h[il][ih % h.shape[1]], "rows": rows}
 
     def _sparse(self, il: int, mlp, x, h_prompt):
         """The continuation's FFN under the method: x (1, m, d) -> (1, m, d); records the bytes read."""
@@ -103,7 +115,16 @@ class Sparsifier:
             keep_h = h.abs() > self.t_h[il]
             self.kept[il] += float(keep_x.float().mean() + keep_n.float().mean() + keep_h.float().mean()) / 3
             return mlp.down_proj(torch.where(keep_h, h, torch.zeros_like(h)))
-        if m in ("teal", "wina", "teal-split", "greedy"):
+        if m in ("rot", "rot-sens"):
+            q = self.rot[il]
+            xr = x @ q
+            keep_x = xr.abs() > self.t_x[il]
+            xs = torch.where(keep_x, xr, torch.zeros_like(xr)) @ q.T
+            h = mlp.act_fn(mlp.gate_proj(xs)) * mlp.up_proj(xs)
+            keep_h = h.abs() > self.t_h[il]
+            self.kept[il] += float((keep_x.float().mean() * 2 + keep_h.float().mean()) / 3) + self.overhead
+            return mlp.down_proj(torch.where(keep_h, h, torch.zeros_like(h)))
+        if m in ("teal", "wina", "teal-split", "greedy", "split14", "sens"):
             score_x = x.abs() * (self.c_x[il] if m == "wina" else 1.0)
             xs = torch.where(score_x > self.t_x[il], x, torch.zeros_like(x))
             h = mlp.act_fn(mlp.gate_proj(xs)) * mlp.up_proj(xs)
@@ -157,6 +178,12 @@ def calibrate(sp: Sparsifier, hf, chunks: list[np.ndarray]) -> list[dict[str, to
     per_layer = [{k: torch.cat([c[k] for c in sp.capture[il::n_layer]]) for k in sp.capture[0]}
                  for il in range(n_layer)]
     sp.capture = None
+    for il, c in enumerate(per_layer):
+        _, vecs = torch.linalg.eigh(sp.cov[il])
+        sp.rot[il] = vecs.flip(1).float()  # columns by variance, descending
+        c["x_rot"] = (c.pop("rows") @ sp.rot[il]).abs().flatten()
+    d, n_ff = sp.mlps[0].gate_proj.weight.shape[1], sp.mlps[0].gate_proj.weight.shape[0]
+    sp.overhead = d / (3 * n_ff)
     return per_layer
 
 
@@ -179,6 +206,12 @@ def set_thresholds(sp: Sparsifier, cal: list[dict[str, torch.Tensor]], method: s
     elif method == "teal-split":
         s_h = min(0.95, 1.8 * b)
         sp.t_x = [quantile(c["x"], max(0.0, (3 * b - s_h) / 2)) for c in cal]
+        sp.t_h = [quantile(c["h"], s_h) for c in cal]
+    elif method in ("split14", "rot"):
+        s_h = min(0.95, SPLIT_H * b)
+        key = "x_rot" if method == "rot" else "x"
+        sp.t_x = [quantile(c[key], max(0.0, (3 * b - s_h) / 2)) for c in cal] if method != "rot" else \
+            [quantile(c[key], max(0.0, (3 * (b + sp.overhead) - s_h) / 2)) for c in cal]
         sp.t_h = [quantile(c["h"], s_h) for c in cal]
     elif method == "gated":
         sp.t_x = [quantile(c["x"], b / 2) for c in cal]
@@ -238,6 +271,66 @@ def greedy_allocation(sp: Sparsifier, cal: list[dict[str, torch.Tensor]],
     return found
 
 
+def sensitivity(hf, sp: Sparsifier, cal: list[dict[str, torch.Tensor]], chunks: list[np.ndarray],
+                key: str) -> dict[str, np.ndarray]:
+    """Per layer and axis the mean KL (dense || sparse) of the chunks' continuations with only that layer's axis
+    sparsified at each level of SENS_X / SENS_H (x thresholds on cal[l][key])."""
+    n_layer = len(sp.mlps)
+    method = "rot-sens" if key == "x_rot" else "sens"
+    sp.method = "dense"
+    with torch.no_grad():
+        dense = [torch.log_softmax(hf(torch.tensor(c[None].astype(np.int64))).logits[0, sp.prompt:].double(), -1)
+                 for c in chunks]
+
+    def kl() -> float:
+        total, n = 0.0, 0
+        with torch.no_grad():
+            for c, lp in zip(chunks, dense):
+                lq = torch.log_softmax(hf(torch.tensor(c[None].astype(np.int64))).logits[0, sp.prompt:].double(), -1)
+                total += float((lp.exp() * (lp - lq)).sum())
+                n += lp.shape[0]
+        return total / n
+
+    out = {"x": np.zeros((n_layer, len(SENS_X))), "h": np.zeros((n_layer, len(SENS_H)))}
+    sp.method = method
+    for il in range(n_layer):
+        for axis, levels in (("x", SENS_X), ("h", SENS_H)):
+            for j, s in enumerate(levels):
+                sp.t_x, sp.t_h = [-1.0] * n_layer, [-1.0] * n_layer
+                (sp.t_x if axis == "x" else sp.t_h)[il] = quantile(cal[il][key if axis == "x" else "h"], s)
+                out[axis][il, j] = kl()
+        print(f"sensitivity layer {il}: x {np.round(out['x'][il], 4).tolist()} h {np.round(out['h'][il], 4).tolist()}",
+              flush=True)
+    return out
+
+
+def allocate(sens: dict[str, np.ndarray], b: float, overhead: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Per layer (s_x, s_h) minimising the summed KL (each curve interpolated, 0 at 0) for b of the FFN's bytes
+    skipped on average, by bisection on the price of a byte."""
+    grid_x = np.concatenate([[0.0], SENS_X])
+    grid_h = np.concatenate([[0.0], SENS_H])
+    fine_x, fine_h = np.linspace(0, SENS_X[-1], 71), np.linspace(0, SENS_H[-1], 96)
+    n_layer = sens["x"].shape[0]
+    lx = np.array([np.interp(fine_x, grid_x, np.concatenate([[0.0], np.maximum.accumulate(r)])) for r in sens["x"]])
+    lh = np.array([np.interp(fine_h, grid_h, np.concatenate([[0.0], np.maximum.accumulate(r)])) for r in sens["h"]])
+
+    def pick(lam: float):
+        sx = fine_x[np.argmin(lx - lam * (2 / 3) * fine_x, axis=1)]
+        sh = fine_h[np.argmin(lh - lam * (1 / 3) * fine_h, axis=1)]
+        return sx, sh, float(np.mean((2 * sx + sh) / 3)) - overhead
+
+    lo, hi = 0.0, 1e3
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if pick(mid)[2] < b:
+            lo = mid
+        else:
+            hi = mid
+    sx, sh, _ = pick(hi)
+    print(f"allocation {b:.2f}: x {np.round(sx, 2).tolist()} h {np.round(sh, 2).tolist()}", flush=True)
+    return sx, sh
+
+
 def nll(hf, sp: Sparsifier, chunks: list[np.ndarray]) -> float:
     """Mean negative log-likelihood of the continuations (second halves) of chunks."""
     total, n = 0.0, 0
@@ -279,6 +372,8 @@ def main() -> None:
     sp.prompt = args.ctx // 2
     cal = calibrate(sp, hf, cal_chunks)
     allocation = greedy_allocation(sp, cal, args.levels) if "greedy" in args.methods else {}
+    sens_chunks = cal_chunks[-SENS_CHUNKS:]
+    sens: dict[str, dict[str, np.ndarray]] = {}
     sp.method = "dense"
     base = nll(hf, sp, eval_chunks)
     rows = [{"method": "dense", "target": 0.0, "bytes_skipped": 0.0, "nll": base, "ppl_change": 0.0}]
@@ -291,6 +386,19 @@ def main() -> None:
             set_thresholds(sp, cal, method, b)
             if method == "greedy":
                 sp.t_x, sp.t_h = allocation[b]
+            if method in ("sens", "rot-sens"):
+                key = "x_rot" if method == "rot-sens" else "x"
+                if method not in sens:
+                    cached = Path(f"/tmp/sens-{args.model}-{method}.npz")
+                    if cached.exists():
+                        sens[method] = dict(np.load(cached))
+                    else:
+                        sens[method] = sensitivity(hf, sp, cal, sens_chunks, key)
+                        np.savez(cached, **sens[method])
+                sx, sh = allocate(sens[method], b, sp.overhead if method == "rot-sens" else 0.0)
+                sp.method, sp.b = method, b
+                sp.t_x = [quantile(c[key], q) if q > 0 else -1.0 for c, q in zip(cal, sx)]
+                sp.t_h = [quantile(c["h"], q) if q > 0 else -1.0 for c, q in zip(cal, sh)]
             sp.kept[:] = 0
             loss = nll(hf, sp, eval_chunks)
             skipped = 1 - float(sp.kept.mean()) / len(eval_chunks)
