@@ -85,7 +85,7 @@ GPT4O_SPLIT = ("[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{
 TEKKEN_SPLIT = ("[^\r\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
                 "|[^\r\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|\\p{N}"
                 "| ?[^\\s\\p{L}\\p{N}]+[\r\n/]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+")
-QWEN35_SPLIT = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}"
+QWEN35_SPLIT = ("(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}"
                 "| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+")
 DEEPSEEK3_SPLITS = ("\\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+",
                     "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
@@ -199,6 +199,24 @@ def test_pre_tokenizer_pieces_are_its_regexes(pre, text):
     for pattern in SPLITS[pre]:
         want = _isolated(want, pattern)
     assert pieces == want
+
+
+def _pieces(pre: str, text: str) -> list[str]:
+    """Our pre-tokenizer's cut of text for the pre-tokenizer `pre` names."""
+    ours = Tokenizer.from_gguf_metadata(meta_from_hf_bpe(hf_bpe("gpt-2"), pre))
+    return [text[a:b] for _, (a, b) in ours._tok.pre_tokenizer.pre_tokenize_str(text)]
+
+
+APART, ON_WORD = ["x", "'ſa", " it", "'S"], ["x", "'ſa", " it'S"]  # a contraction cut off, or kept on its word
+
+
+@pytest.mark.parametrize(("pre", "want"), [("llama-bpe", APART), ("qwen2", APART), ("qwen35", APART),
+                                           ("gpt-4o", ON_WORD)])
+def test_contractions_are_ascii_as_in_llama_cpp(pre, want):
+    """llama.cpp matches its patterns' (?i:'s|...) as 's or 'S (its lowercase table folds no other letter into
+    these), so "'ſ" (long s) is no contraction there, as (?i:...) in a regex engine would have it; the pieces here
+    are llama.cpp's own (its unicode_regex_split, run on these texts)."""
+    assert _pieces(pre, "x'ſa it'S") == want
 
 
 @given(st.text(max_size=40))

@@ -28,21 +28,23 @@ TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TO
 SPACE_MARK = "\u2581"
 
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+# the contractions as llama.cpp matches them: ASCII letters of either case ((?i:...) would also take "'ſ", long s)
+_CONTRACTION = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+_LLAMA3_SPLIT = (rf"{_CONTRACTION}|[^\r\n\p{{L}}\p{{N}}]?\p{{L}}+|\p{{N}}{{1,3}}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+_QWEN2_SPLIT = (rf"{_CONTRACTION}|[^\r\n\p{{L}}\p{{N}}]?\p{{L}}+|\p{{N}}"
                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # o200k (gpt-oss, Llama 4): cased words keep a trailing contraction, digits in threes
 _GPT4O_CASED = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"  # letters that start or are a cased word
 _GPT4O_LOWER = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
-_GPT4O_SPLIT = (rf"[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_CASED}*{_GPT4O_LOWER}+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-                rf"|[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_CASED}+{_GPT4O_LOWER}*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+_GPT4O_SPLIT = (rf"[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_CASED}*{_GPT4O_LOWER}+{_CONTRACTION}?"
+                rf"|[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_CASED}+{_GPT4O_LOWER}*{_CONTRACTION}?"
                 r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # Tekken (Mistral Nemo, Small 3.x, Ministral, Devstral): o200k's words without contractions, single digits
 _TEKKEN_SPLIT = (rf"[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_CASED}*{_GPT4O_LOWER}+|[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_CASED}+"
                  rf"{_GPT4O_LOWER}*|\p{{N}}| ?[^\s\p{{L}}\p{{N}}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # Qwen3.5: Qwen2's, with combining marks kept in words
-_QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+_QWEN35_SPLIT = (rf"{_CONTRACTION}|[^\r\n\p{{L}}\p{{N}}]?[\p{{L}}\p{{M}}]+|\p{{N}}"
                  r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # Falcon (llama.cpp's Falcon files): punctuation runs, GPT-2's words, then digits in threes
 _FALCON_SPLITS = (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2_SPLIT.removesuffix(r"|\s+"), r"[0-9][0-9][0-9]")
