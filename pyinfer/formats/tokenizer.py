@@ -61,6 +61,13 @@ _DEEPSEEK_LLM_SPLITS = (r"[\r\n]", rf"\s?[{_DEEPSEEK_LLM_LETTERS}]+", "\\s?[!-/:
 _DEEPSEEK3_SPLITS = (r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
                      r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
                      r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Kimi K2: llama.cpp's hand-written splitter (unicode.cpp), which is not the regex of Kimi's tokenizer it cites:
+# runs of its Han blocks; words of any other letters whatever their case (no camelCase cut; combining marks are no
+# letters), each with an optional contraction; digits in threes; then Llama 3's punctuation and whitespace
+_HAN = "".join(f"{chr(a)}-{chr(b)}" for a, b in ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF),
+                                                 (0x2A700, 0x2EBEF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F)))
+_KIMI_K2_SPLIT = (rf"[{_HAN}]+|[^\r\n\p{{L}}\p{{N}}]?[\p{{L}}&&[^{_HAN}]]+{_CONTRACTION}?|\p{{N}}{{1,3}}"
+                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 # tokenizer.ggml.pre -> (split regexes applied in turn, ignore_merges); the groups follow llama.cpp.
 _PRE_SPLITS: dict[str, tuple[tuple[str, ...], bool]] = {
@@ -68,6 +75,7 @@ _PRE_SPLITS: dict[str, tuple[tuple[str, ...], bool]] = {
     **dict.fromkeys(("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"),
                     ((r"\p{N}", _GPT2_SPLIT), False)),
     **dict.fromkeys(("llama-bpe", "llama3", "llama-v3", "falcon3", "smaug-bpe", "dbrx"), ((_LLAMA3_SPLIT,), True)),
+    **dict.fromkeys(("glm4", "glm5"), ((_LLAMA3_SPLIT,), True)),  # llama.cpp's CHATGLM4 type, merges ignored
     **dict.fromkeys(("qwen2", "stablelm2", "deepseek-r1-qwen", "megrez"), ((_QWEN2_SPLIT,), False)),
     **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie"), ((_GPT4O_SPLIT,), False)),
     "tekken": ((_TEKKEN_SPLIT,), True),
@@ -75,6 +83,7 @@ _PRE_SPLITS: dict[str, tuple[tuple[str, ...], bool]] = {
     "deepseek-coder": (_DEEPSEEK_CODER_SPLITS, False),
     "deepseek-llm": (_DEEPSEEK_LLM_SPLITS, False),
     "qwen35": ((_QWEN35_SPLIT,), False),
+    "kimi-k2": ((_KIMI_K2_SPLIT,), False),
     **dict.fromkeys(("deepseek-v3", "hunyuan-dense", "joyai-llm"), (_DEEPSEEK3_SPLITS, False)),
 }
 
