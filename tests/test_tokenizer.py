@@ -85,7 +85,7 @@ GPT4O_SPLIT = ("[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{
 TEKKEN_SPLIT = ("[^\r\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
                 "|[^\r\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|\\p{N}"
                 "| ?[^\\s\\p{L}\\p{N}]+[\r\n/]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+")
-QWEN35_SPLIT = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}"
+QWEN35_SPLIT = ("(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}"
                 "| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+")
 DEEPSEEK3_SPLITS = ("\\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+",
                     "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
@@ -98,11 +98,93 @@ DEEPSEEK_LLM_SPLITS = ("[\r\n]",
                        "Ḁ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻ"
                        "Ȿ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
                        "\\s?[!-/:-~！-／：-～‘-‟\u3000-。]+", "\\s+$", "[一-龥ࠀ-一가-퟿]+", "\\p{N}+")
+# GLM-4.5 / GLM-5: Llama 3's, which llama.cpp writes with its contractions spelled out
+GLM4_SPLIT = ("(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
+              "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
 SPLITS = {"gpt-4o": (GPT4O_SPLIT,), "tekken": (TEKKEN_SPLIT,), "qwen35": (QWEN35_SPLIT,),
           "deepseek-v3": DEEPSEEK3_SPLITS, "falcon": FALCON_SPLITS, "deepseek-coder": DEEPSEEK_CODER_SPLITS,
-          "deepseek-llm": DEEPSEEK_LLM_SPLITS}
+          "deepseek-llm": DEEPSEEK_LLM_SPLITS, "glm4": (GLM4_SPLIT,)}
+IGNORE_MERGES = ("llama-bpe", "tekken", "glm4")
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 UNMERGEABLE = "\u0120zqzq"  # " zqzq": in the vocabulary but no merge makes it (tests ignore_merges)
+
+# llama.cpp's Han blocks (unicode_cpt_is_han) for kimi-k2
+HAN_BLOCKS = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
+              (0x2B820, 0x2CEAF), (0x2CEB0, 0x2EBEF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+
+
+def kimi_k2_pieces(text: str) -> list[str]:
+    """llama.cpp's kimi-k2 pre-tokenizer, step for step as its hand-written unicode_regex_split_custom_kimi_k2
+    (unicode.cpp) walks the text, with the regex module's categories for llama.cpp's flags."""
+    import regex
+
+    n = len(text)
+
+    def flag(i: int, category: str) -> bool:  # nothing past the end, as llama.cpp's _get_flags
+        return i < n and regex.match(category, text[i]) is not None
+
+    def han(i: int) -> bool:
+        return i < n and any(a <= ord(text[i]) <= b for a, b in HAN_BLOCKS)
+
+    def word_letter(i: int) -> bool:
+        return flag(i, r"\p{L}") and not han(i)
+
+    def space(i: int) -> bool:
+        return flag(i, r"\p{White_Space}")  # llama.cpp's whitespace set is this property
+
+    pieces, pos = [], 0
+    while pos < n:
+        start, c = pos, text[pos]
+        body = pos + (c == " ")  # where ' ?[^\s\p{L}\p{N}]+' would take its first character
+        if han(pos):  # [\p{Han}]+
+            while han(pos):
+                pos += 1
+        elif word_letter(pos) or (c not in "\r\n" and not flag(pos, r"[\p{L}\p{N}]") and word_letter(pos + 1)):
+            pos += 1  # a letter, or one leading character before letters
+            while word_letter(pos):  # any case: llama.cpp does not cut camelCase as Kimi's regex would
+                pos += 1
+            if text[pos:pos + 1] == "'":  # (?:'s|'t|'re|'ve|'m|'ll|'d): its lowercase table folds only A-Z to these
+                after = "".join(ch.lower() if ch.isascii() else ch for ch in text[pos + 1:pos + 3])
+                if after[:1] in ("s", "t", "m", "d"):
+                    pos += 2
+                elif after in ("re", "ve", "ll"):
+                    pos += 3
+        elif flag(pos, r"\p{N}"):  # \p{N}{1,3}
+            while flag(pos, r"\p{N}") and pos - start < 3:
+                pos += 1
+        elif body < n and not (space(body) or flag(body, r"[\p{L}\p{N}]")):  # ' ?[^\s\p{L}\p{N}]+[\r\n]*'
+            pos = body
+            while pos < n and not (space(pos) or flag(pos, r"[\p{L}\p{N}]")):
+                pos += 1
+            while text[pos:pos + 1] in ("\r", "\n"):
+                pos += 1
+        else:
+            run = start
+            while space(run):
+                run += 1
+            breaks = [i for i in range(start, run) if text[i] in "\r\n"]
+            if breaks:  # \s*[\r\n]+
+                pos = breaks[-1] + 1
+            elif run - start > 1 and run < n:  # \s+(?!\S)
+                pos = run - 1
+            else:  # \s+, or llama.cpp's fallback of one character
+                pos = max(run, start + 1)
+        pieces.append(text[start:pos])
+    return pieces
+
+
+class KimiK2Split:
+    """kimi_k2_pieces as a tokenizers pre-tokenizer, for an HF oracle of the ids."""
+
+    def pre_tokenize(self, pretok):
+        def split(_, normalized):
+            out, pos = [], 0
+            for piece in kimi_k2_pieces(str(normalized)):
+                out.append(normalized[pos:pos + len(piece)])
+                pos += len(piece)
+            return out
+
+        pretok.split(split)
 
 
 def hf_bpe(pre: str):
@@ -121,7 +203,7 @@ def hf_bpe(pre: str):
         vocab = dict(model["vocab"], **{UNMERGEABLE: len(model["vocab"])})
         _CACHE["base"] = vocab, [tuple(m) for m in model["merges"]]
     vocab, merges = _CACHE["base"]
-    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre in ("llama-bpe", "tekken")))
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre in IGNORE_MERGES))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.pre_tokenizer = {
         "gpt-2": pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
@@ -131,6 +213,7 @@ def hf_bpe(pre: str):
         "qwen2": pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_SPLIT), "isolated"), byte_level]),
         **{name: pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r), "isolated") for r in splits] + [byte_level])
            for name, splits in SPLITS.items()},
+        "kimi-k2": pre_tokenizers.Sequence([pre_tokenizers.PreTokenizer.custom(KimiK2Split()), byte_level]),
     }[pre]
     tok.add_special_tokens(SPECIALS)
     return tok
@@ -139,11 +222,12 @@ def hf_bpe(pre: str):
 _CACHE: dict = {}
 
 
-@pytest.fixture(scope="module", params=["gpt-2", "smollm", "llama-bpe", "qwen2", *SPLITS])
+@pytest.fixture(scope="module", params=["gpt-2", "smollm", "llama-bpe", "qwen2", *SPLITS, "kimi-k2"])
 def bpe_pair(request):
     """(our tokenizer, HF oracle) for the byte-level BPE vocabulary with the pre-tokenizer `pre` names."""
-    hf = hf_bpe(request.param)
-    return Tokenizer.from_gguf_metadata(meta_from_hf_bpe(hf, request.param)), hf
+    # every oracle has the same vocabulary; gpt-2's gives it, as a custom pre-tokenizer (kimi-k2's) cannot be saved
+    meta = meta_from_hf_bpe(hf_bpe("gpt-2"), request.param)
+    return Tokenizer.from_gguf_metadata(meta), hf_bpe(request.param)
 
 
 BPE_TEXTS = TEXTS + ["a zqzq b", "Call 555-1234 in 2024 or 12345678 ' 1999'",
@@ -188,17 +272,56 @@ def _isolated(pieces: list[str], pattern: str) -> list[str]:
                                   "1234567 ١٢٣٤ 12.5%", "x   \n\n   y\t\t", "中文テキスト漢字abc,def;'gh' 한국어",
                                   "Ｆｕｌｌ！ｗｉｄｔｈ\u3000ℌ𝔢𝔩𝔩𝔬 Ωhm 𐐨𐐯 end  "])
 def test_pre_tokenizer_pieces_are_its_regexes(pre, text):
-    """gpt-4o, tekken, qwen35, deepseek-v3, falcon and deepseek-coder (the tokenizers library's regex engine) cut
-    text as the `regex` module applying llama.cpp's patterns in turn: o200k's cased words keep their contraction and
-    digits go in threes, Tekken's single digits, Qwen3.5's combining marks stay in words, DeepSeek-V3 splits CJK
-    runs and digits first, Falcon's punctuation runs and then digit triples, DeepSeek Coder's lines, CJK, digits,
-    DeepSeek LLM's words of the letters llama.cpp lists (not \\p{L}), full-width punctuation, trailing spaces."""
+    """gpt-4o, tekken, qwen35, deepseek-v3, falcon, deepseek-coder, deepseek-llm and glm4 (the tokenizers library's
+    regex engine) cut text as the `regex` module applying llama.cpp's patterns in turn: o200k's cased words keep
+    their contraction and digits go in threes, Tekken's single digits, Qwen3.5's combining marks stay in words,
+    DeepSeek-V3 splits CJK runs and digits first, Falcon's punctuation runs and then digit triples, DeepSeek Coder's
+    lines, CJK, digits, DeepSeek LLM's words of the letters llama.cpp lists (not \\p{L}), full-width punctuation,
+    trailing spaces, GLM's Llama 3 split."""
     ours = Tokenizer.from_gguf_metadata(meta_from_hf_bpe(hf_bpe(pre), pre))
     pieces = [text[a:b] for _, (a, b) in ours._tok.pre_tokenizer.pre_tokenize_str(text)]
     want = [text]
     for pattern in SPLITS[pre]:
         want = _isolated(want, pattern)
     assert pieces == want
+
+
+def _pieces(pre: str, text: str) -> list[str]:
+    """Our pre-tokenizer's cut of text for the pre-tokenizer `pre` names."""
+    ours = Tokenizer.from_gguf_metadata(meta_from_hf_bpe(hf_bpe("gpt-2"), pre))
+    return [text[a:b] for _, (a, b) in ours._tok.pre_tokenizer.pre_tokenize_str(text)]
+
+
+KIMI_TEXTS = [*BPE_TEXTS, "HELLO'S World'S camelCaseWord XMLHttpRequest", "x   \n\n   y\t\t", "1234567 ١٢٣٤ 12.5%",
+              "中文テキスト漢字abc,def;'gh' 한국어 汉字'S 𠀀𪜀丽 ⺀〇々",  # its Han blocks, not \\p{Han}
+              "a漢b 漢 c ,漢 1漢 'xyz'LL", "naïve cafe\u0301s e\u0301\u0301"]
+
+
+@pytest.mark.parametrize("text", KIMI_TEXTS)
+def test_kimi_k2_pieces_are_llama_cpps_walk(text):
+    """kimi-k2 (one regex in the tokenizers library) cuts text as llama.cpp's hand-written splitter walks it: Han
+    runs of its blocks, words of any other letters whatever their case, combining marks outside words, contractions
+    that keep to their word, digits in threes."""
+    assert _pieces("kimi-k2", text) == kimi_k2_pieces(text)
+
+
+# characters of Python's Unicode (14): llama.cpp's tables, the tokenizers library (16) and the regex module (17) agree
+# on their letters, digits and whitespace (checked for all), not on those assigned since
+@given(st.text(st.characters(exclude_categories=("Cn", "Cs")), max_size=60))
+def test_kimi_k2_random_text(text):
+    assert _pieces("kimi-k2", text) == kimi_k2_pieces(text)
+
+
+APART, ON_WORD = ["x", "'ſa", " it", "'S"], ["x", "'ſa", " it'S"]  # a contraction cut off, or kept on its word
+
+
+@pytest.mark.parametrize(("pre", "want"), [("llama-bpe", APART), ("qwen2", APART), ("qwen35", APART), ("glm4", APART),
+                                           ("gpt-4o", ON_WORD), ("kimi-k2", ON_WORD)])
+def test_contractions_are_ascii_as_in_llama_cpp(pre, want):
+    """llama.cpp matches its patterns' (?i:'s|...) as 's or 'S (its lowercase table folds no other letter into
+    these), so "'ſ" (long s) is no contraction there, as (?i:...) in a regex engine would have it; the pieces here
+    are llama.cpp's own (its unicode_regex_split, run on these texts)."""
+    assert _pieces(pre, "x'ſa it'S") == want
 
 
 @given(st.text(max_size=40))

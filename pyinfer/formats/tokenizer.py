@@ -28,21 +28,23 @@ TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TO
 SPACE_MARK = "\u2581"
 
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+# the contractions as llama.cpp matches them: ASCII letters of either case ((?i:...) would also take "'ſ", long s)
+_CONTRACTION = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+_LLAMA3_SPLIT = (rf"{_CONTRACTION}|[^\r\n\p{{L}}\p{{N}}]?\p{{L}}+|\p{{N}}{{1,3}}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+_QWEN2_SPLIT = (rf"{_CONTRACTION}|[^\r\n\p{{L}}\p{{N}}]?\p{{L}}+|\p{{N}}"
                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # o200k (gpt-oss, Llama 4): cased words keep a trailing contraction, digits in threes
 _GPT4O_CASED = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"  # letters that start or are a cased word
 _GPT4O_LOWER = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
-_GPT4O_SPLIT = (rf"[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_CASED}*{_GPT4O_LOWER}+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-                rf"|[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_CASED}+{_GPT4O_LOWER}*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+_GPT4O_SPLIT = (rf"[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_CASED}*{_GPT4O_LOWER}+{_CONTRACTION}?"
+                rf"|[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_CASED}+{_GPT4O_LOWER}*{_CONTRACTION}?"
                 r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # Tekken (Mistral Nemo, Small 3.x, Ministral, Devstral): o200k's words without contractions, single digits
 _TEKKEN_SPLIT = (rf"[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_CASED}*{_GPT4O_LOWER}+|[^\r\n\p{{L}}\p{{N}}]?{_GPT4O_CASED}+"
                  rf"{_GPT4O_LOWER}*|\p{{N}}| ?[^\s\p{{L}}\p{{N}}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # Qwen3.5: Qwen2's, with combining marks kept in words
-_QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+_QWEN35_SPLIT = (rf"{_CONTRACTION}|[^\r\n\p{{L}}\p{{N}}]?[\p{{L}}\p{{M}}]+|\p{{N}}"
                  r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # Falcon (llama.cpp's Falcon files): punctuation runs, GPT-2's words, then digits in threes
 _FALCON_SPLITS = (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2_SPLIT.removesuffix(r"|\s+"), r"[0-9][0-9][0-9]")
@@ -59,6 +61,13 @@ _DEEPSEEK_LLM_SPLITS = (r"[\r\n]", rf"\s?[{_DEEPSEEK_LLM_LETTERS}]+", "\\s?[!-/:
 _DEEPSEEK3_SPLITS = (r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
                      r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
                      r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Kimi K2: llama.cpp's hand-written splitter (unicode.cpp), which is not the regex of Kimi's tokenizer it cites:
+# runs of its Han blocks; words of any other letters whatever their case (no camelCase cut; combining marks are no
+# letters), each with an optional contraction; digits in threes; then Llama 3's punctuation and whitespace
+_HAN = "".join(f"{chr(a)}-{chr(b)}" for a, b in ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF),
+                                                 (0x2A700, 0x2EBEF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F)))
+_KIMI_K2_SPLIT = (rf"[{_HAN}]+|[^\r\n\p{{L}}\p{{N}}]?[\p{{L}}&&[^{_HAN}]]+{_CONTRACTION}?|\p{{N}}{{1,3}}"
+                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 # tokenizer.ggml.pre -> (split regexes applied in turn, ignore_merges); the groups follow llama.cpp.
 _PRE_SPLITS: dict[str, tuple[tuple[str, ...], bool]] = {
@@ -66,6 +75,7 @@ _PRE_SPLITS: dict[str, tuple[tuple[str, ...], bool]] = {
     **dict.fromkeys(("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"),
                     ((r"\p{N}", _GPT2_SPLIT), False)),
     **dict.fromkeys(("llama-bpe", "llama3", "llama-v3", "falcon3", "smaug-bpe", "dbrx"), ((_LLAMA3_SPLIT,), True)),
+    **dict.fromkeys(("glm4", "glm5"), ((_LLAMA3_SPLIT,), True)),  # llama.cpp's CHATGLM4 type, merges ignored
     **dict.fromkeys(("qwen2", "stablelm2", "deepseek-r1-qwen", "megrez"), ((_QWEN2_SPLIT,), False)),
     **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie"), ((_GPT4O_SPLIT,), False)),
     "tekken": ((_TEKKEN_SPLIT,), True),
@@ -73,6 +83,7 @@ _PRE_SPLITS: dict[str, tuple[tuple[str, ...], bool]] = {
     "deepseek-coder": (_DEEPSEEK_CODER_SPLITS, False),
     "deepseek-llm": (_DEEPSEEK_LLM_SPLITS, False),
     "qwen35": ((_QWEN35_SPLIT,), False),
+    "kimi-k2": ((_KIMI_K2_SPLIT,), False),
     **dict.fromkeys(("deepseek-v3", "hunyuan-dense", "joyai-llm"), (_DEEPSEEK3_SPLITS, False)),
 }
 
