@@ -285,7 +285,7 @@ def sensitivity(hf, sp: Sparsifier, cal: list[dict[str, torch.Tensor]], chunks: 
     def kl() -> float:
         total, n = 0.0, 0
         with torch.no_grad():
-            for c, lp in zip(chunks, dense):
+            for c, lp in zip(chunks, dense, strict=True):
                 lq = torch.log_softmax(hf(torch.tensor(c[None].astype(np.int64))).logits[0, sp.prompt:].double(), -1)
                 total += float((lp.exp() * (lp - lq)).sum())
                 n += lp.shape[0]
@@ -310,7 +310,6 @@ def allocate(sens: dict[str, np.ndarray], b: float, overhead: float = 0.0) -> tu
     grid_x = np.concatenate([[0.0], SENS_X])
     grid_h = np.concatenate([[0.0], SENS_H])
     fine_x, fine_h = np.linspace(0, SENS_X[-1], 71), np.linspace(0, SENS_H[-1], 96)
-    n_layer = sens["x"].shape[0]
     lx = np.array([np.interp(fine_x, grid_x, np.concatenate([[0.0], np.maximum.accumulate(r)])) for r in sens["x"]])
     lh = np.array([np.interp(fine_h, grid_h, np.concatenate([[0.0], np.maximum.accumulate(r)])) for r in sens["h"]])
 
@@ -397,8 +396,8 @@ def main() -> None:
                         np.savez(cached, **sens[method])
                 sx, sh = allocate(sens[method], b, sp.overhead if method == "rot-sens" else 0.0)
                 sp.method, sp.b = method, b
-                sp.t_x = [quantile(c[key], q) if q > 0 else -1.0 for c, q in zip(cal, sx)]
-                sp.t_h = [quantile(c["h"], q) if q > 0 else -1.0 for c, q in zip(cal, sh)]
+                sp.t_x = [quantile(c[key], q) if q > 0 else -1.0 for c, q in zip(cal, sx, strict=True)]
+                sp.t_h = [quantile(c["h"], q) if q > 0 else -1.0 for c, q in zip(cal, sh, strict=True)]
             sp.kept[:] = 0
             loss = nll(hf, sp, eval_chunks)
             skipped = 1 - float(sp.kept.mean()) / len(eval_chunks)
