@@ -67,6 +67,10 @@ def relu(a) -> np.ndarray:
     return np.maximum(_f64(a), 0.0)
 
 
+def tanh(a) -> np.ndarray:
+    return np.tanh(_f64(a))
+
+
 # --- norms (over the last axis, no weight) ---
 
 def rms_norm(a, eps: float) -> np.ndarray:

@@ -254,6 +254,9 @@ class Context:
     def gelu_erf(self, a: Tensor) -> Tensor:
         return self._t(lib.ggml_gelu_erf(self.ptr, a.ptr))
 
+    def tanh(self, a: Tensor) -> Tensor:
+        return self._t(lib.ggml_tanh(self.ptr, a.ptr))
+
     def relu(self, a: Tensor) -> Tensor:
         return self._t(lib.ggml_relu(self.ptr, a.ptr))
 

@@ -84,6 +84,7 @@ static __device__ __forceinline__ float cuda_act(int op, float x) {
     if (op == GGML_OP_SILU) return x / (1.0f + expf(-x));
     if (op == GGML_OP_GELU) return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
     if (op == GGML_OP_GELU_ERF) return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
+    if (op == GGML_OP_TANH) return tanhf(x);
     return x < 0.0f ? 0.0f : x; // RELU; NaN stays NaN
 }
 

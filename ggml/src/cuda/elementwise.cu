@@ -1,5 +1,5 @@
 // elementwise.cu: cpy/convert, get_rows (every dequantizable type), add/mul with row broadcast (and, fused, of
-// |a| or act(a)), scale, silu, gelu (tanh), relu, and the dequantization of weight rows to F16 used by the GEMM.
+// |a| or act(a)), scale, silu, gelu (tanh), relu, tanh, and the dequantization of weight rows to F16 used by the GEMM.
 // Sources may be views: rows are found through nb[1..3] (rows themselves are contiguous).
 #include "common.cuh"
 
@@ -82,7 +82,7 @@ int cuda_op_get_rows(struct ggml_tensor *dst, cudaStream_t st) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// ADD, MUL (b is a's shape or one row broadcast over a's rows); SCALE, SILU, GELU, GELU_ERF, RELU
+// ADD, MUL (b is a's shape or one row broadcast over a's rows); SCALE, SILU, GELU, GELU_ERF, TANH, RELU
 // ---------------------------------------------------------------------------------------------------
 
 // Where rows hold whole 16-byte chunks, a thread moves four values a load (V = 4): one float a thread kept too
