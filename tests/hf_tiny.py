@@ -62,6 +62,28 @@ VARIANTS = {
     "falcon_40b": ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2, "activation": "gelu_pytorch_tanh"}),
     "falcon_relu": ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2, "activation": "relu"}),
 }
+# Gemma 4's text model (tests/test_gemma4.py; not in VARIANTS, whose suites also split, sparsify and offload, which
+# Gemma 4 has not been tried with): 5 layers, windowed ones of head size 16 and global ones (1 and 4) of 32 with
+# one KV head, proportional RoPE on a quarter of their heads, a window of 8 positions
+_GEMMA4_LAYERS = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"]
+_GEMMA4_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}}
+_GEMMA4 = {"layer_types": _GEMMA4_LAYERS, "rope_parameters": _GEMMA4_ROPE, "sliding_window": 8,
+           "global_head_dim": 32, "num_global_key_value_heads": 1}
+GEMMA4_VARIANTS = {
+    "gemma4": ("gemma4", _GEMMA4),  # no per-layer embeddings, no shared KV, no softcap, untied output
+    # E2B's features: per-layer embeddings, the last two layers (windowed, global) attend over layer 1's and 2's KV
+    # (the last unshared layers: global, the one before windowed, as in E2B and as llama.cpp assumes) with a
+    # double-wide FFN, the final softcap
+    "gemma4_ple": ("gemma4", {**_GEMMA4, "hidden_size_per_layer_input": 8, "num_kv_shared_layers": 2,
+                              "use_double_wide_mlp": True, "final_logit_softcapping": 3.0,
+                              "layer_types": ["sliding_attention", "sliding_attention", "full_attention",
+                                              "sliding_attention", "full_attention"]}),
+    # the 31B's: global layers whose values are their keys' projection, whole heads rotated by the default RoPE
+    "gemma4_k_eq_v": ("gemma4", {**_GEMMA4, "attention_k_eq_v": True, "final_logit_softcapping": 30.0,
+                                 "rope_parameters": {**_GEMMA4_ROPE,
+                                                     "full_attention": {"rope_type": "default", "rope_theta": 1e4}}}),
+}
 # mixtures of experts: no neurons to reorder or predict
 MOE_VARIANTS = ("qwen3moe", "mixtral", "olmoe", "qwen3moe_top1", "gpt_oss")
 DENSE_VARIANTS = tuple(v for v in VARIANTS if v not in MOE_VARIANTS)
@@ -112,6 +134,11 @@ def _config(arch: str, extra: dict):
                               num_key_value_heads=2, head_dim=16, vocab_size=N_VOCAB, max_position_embeddings=64,
                               rms_norm_eps=1e-5, attn_implementation="eager", experts_implementation="eager",
                               **extra)
+    if arch == "gemma4":
+        return T.Gemma4TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=5, num_attention_heads=4,
+                                  num_key_value_heads=2, head_dim=16, vocab_size=N_VOCAB,
+                                  vocab_size_per_layer_input=N_VOCAB, max_position_embeddings=4096,
+                                  rms_norm_eps=1e-6, tie_word_embeddings=False, attn_implementation="eager", **extra)
     if arch == "gemma3":
         return T.Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
                                   num_key_value_heads=2, head_dim=16, vocab_size=N_VOCAB, max_position_embeddings=4096,
@@ -128,7 +155,8 @@ def _config(arch: str, extra: dict):
 
 
 def _randomize(model: torch.nn.Module, seed: int) -> None:
-    """Every parameter random (norm scales near 1), so any misplaced weight changes the logits."""
+    """Every parameter random (norm scales near 1), so any misplaced weight changes the logits; Gemma 4's layer
+    scalars (buffers, saved with the weights) too."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -136,6 +164,9 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
             is_norm = "norm" in name or "layer_norm" in name
             scale = 0.3 if p.ndim == 1 else 0.15
             p.copy_(1.0 + 0.1 * noise if is_norm and name.endswith("weight") else scale * noise)
+        for name, buf in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                buf.copy_(1.0 + 0.3 * torch.randn(buf.shape, generator=gen, dtype=torch.float32))
 
 
 def _patch_drelu(model: torch.nn.Module) -> None:
@@ -146,14 +177,16 @@ def _patch_drelu(model: torch.nn.Module) -> None:
 
 
 def _rmsnorm_f64(model: torch.nn.Module) -> None:
-    """Keep RMSNorm in float64 (transformers upcasts to float32 only); Gemma's scales by 1 + weight."""
+    """Keep RMSNorm in float64 (transformers upcasts to float32 only); Gemma 3's scales by 1 + weight, Gemma 4's by
+    its weight or (its value norm) by nothing."""
     for module in model.modules():
         name = type(module).__name__
         if name.endswith("RMSNorm"):
             eps = getattr(module, "variance_epsilon", None) or module.eps
-            offset = 1.0 if name.startswith("Gemma") else 0.0
-            module.forward = (lambda m, e, o: lambda x: (m.weight + o) * x * torch.rsqrt(
-                x.pow(2).mean(-1, keepdim=True) + e))(module, eps, offset)
+            offset = 1.0 if name.startswith("Gemma") and not name.startswith("Gemma4") else 0.0
+            scaled = getattr(module, "with_scale", True)
+            module.forward = (lambda m, e, o, w: lambda x: ((m.weight + o) if w else 1.0) * x * torch.rsqrt(
+                x.pow(2).mean(-1, keepdim=True) + e))(module, eps, offset, scaled)
 
 
 def _rotary_f64(model: torch.nn.Module) -> None:
@@ -162,18 +195,23 @@ def _rotary_f64(model: torch.nn.Module) -> None:
     if rot is None:
         return
     cfg = model.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    # Gemma 4's kinds of layer differ in head size (inv_freq takes each kind's)
+    gemma4 = cfg.model_type == "gemma4_text"
+    head_dim = None if gemma4 else getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
-    def inv_freq(params: dict) -> torch.Tensor:
+    def inv_freq(params: dict, layer_type: str | None) -> torch.Tensor:
         kind = params.get("rope_type", "default")
-        if kind not in ("default", "linear"):  # scaled (Llama 3): transformers' own, float32-rounded
+        if kind not in ("default", "linear", "proportional"):  # scaled (Llama 3): transformers' own, float32-rounded
             return rot.inv_freq.double()
-        freq = params["rope_theta"] ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (hd/2,)
-        return freq / params["factor"] if kind == "linear" else freq
+        hd = 2 * len(getattr(rot, f"{layer_type}_inv_freq")) if gemma4 else head_dim
+        rotated = int(params.get("partial_rotary_factor", 1.0) * hd // 2)  # proportional: the first pairs only
+        freq = torch.zeros(hd // 2, dtype=torch.float64)  # (hd/2,)
+        freq[:rotated] = params["rope_theta"] ** (-torch.arange(0, 2 * rotated, 2, dtype=torch.float64) / hd)
+        return freq / params.get("factor", 1.0) if kind != "default" else freq
 
     def forward(x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None):
         params = cfg.rope_parameters[layer_type] if layer_type else cfg.rope_parameters  # Gemma 3: per kind
-        freqs = position_ids[..., None].double() * inv_freq(params)  # (batch, T, head_dim/2)
+        freqs = position_ids[..., None].double() * inv_freq(params, layer_type)  # (batch, T, head_dim/2)
         # (batch, T, head_dim): both halves' angles (gpt-oss rotates by the halves' one set)
         emb = freqs if cfg.model_type == "gpt_oss" else torch.cat((freqs, freqs), dim=-1)
         # YaRN's cos/sin multiplier (1 for the others); Gemma 3 keeps one per kind of layer
@@ -188,12 +226,12 @@ def build(variant: str, folder: str, seed: int = 0, dtype: torch.dtype = torch.f
     """Create, randomize and save a tiny checkpoint of `variant` into `folder` (weights stored as `dtype`)."""
     import transformers as T
 
-    arch, extra = VARIANTS[variant]
+    arch, extra = {**VARIANTS, **GEMMA4_VARIANTS}[variant]
     cfg = _config(arch, extra)
     cls = {"llama": T.LlamaForCausalLM, "qwen2": T.Qwen2ForCausalLM, "qwen3": T.Qwen3ForCausalLM,
            "mistral": T.MistralForCausalLM, "qwen3moe": T.Qwen3MoeForCausalLM, "mixtral": T.MixtralForCausalLM,
            "olmoe": T.OlmoeForCausalLM, "gpt_oss": T.GptOssForCausalLM,
-           "gemma3": T.Gemma3ForCausalLM, "falcon": T.FalconForCausalLM, "opt": T.OPTForCausalLM}[arch]
+           "gemma3": T.Gemma3ForCausalLM, "gemma4": T.Gemma4ForCausalLM, "falcon": T.FalconForCausalLM, "opt": T.OPTForCausalLM}[arch]
     torch.manual_seed(seed)
     model = cls(cfg).eval()
     _randomize(model, seed)

@@ -52,7 +52,7 @@ OUTTYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q4_0": 
 HF_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
             "MistralForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3", "FalconForCausalLM": "falcon",
             "OPTForCausalLM": "opt", "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe",
-            "OlmoeForCausalLM": "olmoe", "GptOssForCausalLM": "gpt-oss"}
+            "OlmoeForCausalLM": "olmoe", "GptOssForCausalLM": "gpt-oss", "Gemma4ForCausalLM": "gemma4"}
 MOE_HF = {"MixtralForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "GptOssForCausalLM"}
 # gpt-oss' experts: gate and up interleaved in one (n_expert, d, 2 n_ff) tensor, x @ W; down (n_expert, n_ff, d)
 OAI_SHAPES = {"oai_gate": lambda s: (s[0], s[2] // 2, s[1]), "oai_up": lambda s: (s[0], s[2] // 2, s[1]),
@@ -154,11 +154,14 @@ def _hparams(config: dict[str, Any], arch: str) -> dict[str, Any]:
                 "qkv_bias": True, "out_bias": True, "ffn_bias": True}
     if arch == "falcon":
         return _falcon(config)
+    if arch == "gemma4":
+        return _gemma4(config)
     if config.get("use_sliding_window"):
         raise UnsupportedError("sliding-window attention (use_sliding_window) is not supported")
-    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
-        if config.get(key) is not None:
-            raise UnsupportedError(f"{key} is not supported")
+    if config.get("attn_logit_softcapping") is not None:
+        raise UnsupportedError("attn_logit_softcapping is not supported")
+    if config.get("final_logit_softcapping") is not None and arch != "gemma3":
+        raise UnsupportedError("final_logit_softcapping is not supported")
     act = config.get("hidden_activation") or config.get("hidden_act", "silu")
     acts = LLAMA_ACTS if arch in ("llama", "gemma3") else {"silu": "swiglu_oai" if arch == "gpt-oss" else "swiglu"}
     if arch == "gpt-oss" and (config.get("swiglu_limit", 7.0), config.get("swiglu_alpha", 1.702)) != (7.0, 1.702):
@@ -182,6 +185,7 @@ def _hparams(config: dict[str, Any], arch: str) -> dict[str, Any]:
             "out_bias": bool(config.get("attention_bias")), "ffn_bias": bool(config.get("mlp_bias")),
             "qk_norm": arch in ("qwen3", "gemma3", "qwen3moe", "olmoe"),
             "sliding_window": int(config.get("sliding_window") or 0),
+            "softcap": float(config.get("final_logit_softcapping") or 0.0),
             **(_gemma3(config, head_dim) if gemma else {}), **_experts(config, arch),
             **({"swa_pattern": _swa_pattern(config, 2)} if arch == "gpt-oss" else {})}
 
@@ -266,6 +270,72 @@ def _gemma3(config: dict[str, Any], head_dim: int) -> dict[str, Any]:
             "rope_theta_swa": local_theta, "attn_scale": float(config.get("query_pre_attn_scalar") or 256) ** -0.5}
 
 
+def _gemma4(config: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 4's text model (transformers' gemma4_text, defaults as its Gemma4TextConfig has them) in llama.cpp's
+    gemma4 terms: the windowed and the global layers' head sizes, KV heads and RoPE, the shared KV layers, the
+    per-layer embeddings, the double-wide FFN of the shared layers, the final softcap."""
+    for key, what in (("enable_moe_block", "mixture-of-experts layers (enable_moe_block)"),
+                      ("use_bidirectional_attention", "bidirectional attention (use_bidirectional_attention)"),
+                      ("attention_bias", "attention biases (attention_bias)")):
+        if config.get(key):
+            raise UnsupportedError(f"Gemma 4 with {what} is not supported")
+    act = config.get("hidden_activation") or "gelu_pytorch_tanh"
+    if LLAMA_ACTS.get(act) != "geglu":
+        raise UnsupportedError(f"Gemma 4 with hidden_activation {act!r} is not supported (only gelu_pytorch_tanh)")
+    n_layer, n_head = int(_need(config, "num_hidden_layers")), int(_need(config, "num_attention_heads"))
+    n_vocab, n_ff = int(_need(config, "vocab_size")), int(_need(config, "intermediate_size"))
+    kinds = config.get("layer_types") or ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                                          for i in range(n_layer)]
+    if len(kinds) != n_layer or set(kinds) - {"sliding_attention", "full_attention"}:
+        raise UnsupportedError("layer_types must name sliding_attention or full_attention for every layer")
+    kinds[-1] = "full_attention"  # transformers forces the last layer global
+    windowed = [k == "sliding_attention" for k in kinds]
+    # the layers' head sizes and KV heads: transformers' per-layer overrides, else the older global_* keys
+    head_swa, n_kv = int(config.get("head_dim") or 256), int(config.get("num_key_value_heads") or 4)
+    overrides = {int(k): v for k, v in (config.get("per_layer_config") or {}).items() if k.isdigit()}
+    if not overrides:
+        glob = {"head_dim": int(config.get("global_head_dim") or 512)}
+        if config.get("num_global_key_value_heads") and config.get("attention_k_eq_v", True):
+            glob["num_key_value_heads"] = int(config["num_global_key_value_heads"])
+        overrides = {il: glob for il in range(n_layer) if not windowed[il]}
+    head = [int(overrides.get(il, {}).get("head_dim") or head_swa) for il in range(n_layer)]
+    kv_heads = [int(overrides.get(il, {}).get("num_key_value_heads") or n_kv) for il in range(n_layer)]
+    head_global = {h for h, w in zip(head, windowed) if not w}
+    if len(head_global) != 1 or {h for h, w in zip(head, windowed) if w} - {head_swa}:
+        raise UnsupportedError("Gemma 4 whose layers of one kind differ in head size is not supported")
+    shared = int(config.get("num_kv_shared_layers") or 0)
+    if config.get("hidden_size_per_layer_input") and int(config.get("vocab_size_per_layer_input") or n_vocab) != n_vocab:
+        raise UnsupportedError("Gemma 4 whose per-layer embedding table has other rows than vocab_size is not supported")
+    double = bool(config.get("use_double_wide_mlp"))
+    params = config.get("rope_parameters") or {}
+    local, glob_rope = params.get("sliding_attention") or {}, params.get("full_attention") or {}
+    if (local.get("rope_type") or "default") != "default":
+        raise UnsupportedError(f"Gemma 4 with rope_type {local['rope_type']!r} on its windowed layers is not "
+                               "supported (only default)")
+    kind = glob_rope.get("rope_type") or "default"
+    if kind not in ("default", "proportional"):
+        raise UnsupportedError(f"Gemma 4 with rope_type {kind!r} on its global layers is not supported (only "
+                               "default, proportional)")
+    (hd,) = head_global
+    # proportional RoPE rotates the first pairs of each half of a head (their frequencies computed over the whole
+    # head) and leaves the rest: llama.cpp's rope_freqs divides the others' frequencies by 1e30
+    rotated = int(float(glob_rope.get("partial_rotary_factor", 1.0)) * hd // 2) if kind == "proportional" else hd // 2
+    factor = float(glob_rope.get("factor") or 1.0) if kind == "proportional" else 1.0
+    return {"n_embd": int(_need(config, "hidden_size")), "n_ff": n_ff, "n_layer": n_layer, "n_head": n_head,
+            "n_head_kv": kv_heads, "head_dim": hd, "head_dim_swa": head_swa,
+            "n_ctx": int(config.get("max_position_embeddings") or 131072), "n_vocab": n_vocab,
+            "eps": float(config.get("rms_norm_eps") or 1e-6), "tied": bool(config.get("tie_word_embeddings", True)),
+            "rope_theta": float(glob_rope.get("rope_theta") or 1e6),
+            "rope_theta_swa": float(local.get("rope_theta") or 10000.0),
+            "rope_scaling": {"type": "linear", "factor": factor} if factor != 1.0 else {},
+            "rope_freqs": np.array([1.0] * rotated + [1e30] * (hd // 2 - rotated), np.float32),
+            "ffn_kind": "geglu", "qkv_bias": False, "out_bias": False, "ffn_bias": False, "qk_norm": True,
+            "sliding_window": int(config.get("sliding_window") or 512), "swa_pattern": windowed,
+            "n_kv_shared": shared, "v_from_k": bool(config.get("attention_k_eq_v")), "n_embd_per_layer": int(config.get("hidden_size_per_layer_input") or 0),
+            "n_ff_layers": [n_ff * 2 if double and il >= n_layer - shared else n_ff for il in range(n_layer)],
+            "softcap": float(config.get("final_logit_softcapping") or 0.0)}
+
+
 # ----------------------------------------------------------------------------
 # tensor names: GGUF name <- HF name, with the transform each needs
 
@@ -299,6 +369,8 @@ def tensor_map(arch: str, hp: dict[str, Any]) -> list[tuple[str, str, str]]:
                     ("ffn_down", "mlp.dense_4h_to_h", "down")]
             out += [(b + g + s, h + n + s, tr) for g, n, tr in proj for s in (wb if hp["qkv_bias"] else wb[:1])]
         out += [("output_norm" + s, p + "ln_f" + s, "") for s in wb]
+    elif arch == "gemma4":
+        out += _gemma4_map(hp)
     else:
         p = "model."
         out.append(("token_embd.weight", p + "embed_tokens.weight", ""))
@@ -337,6 +409,35 @@ def tensor_map(arch: str, hp: dict[str, Any]) -> list[tuple[str, str, str]]:
     if not hp["tied"]:
         out.append(("output.weight", "lm_head.weight", ""))
     return out
+
+
+def _gemma4_map(hp: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Gemma 4's tensors as llama.cpp names them; its norms scale by w (not Gemma 3's 1 + w): stored as they are.
+    The shared KV layers have no k (or v) projection, the global layers of attention_k_eq_v no v."""
+    p = "model."
+    out = [("token_embd.weight", p + "embed_tokens.weight", "")]
+    if hp["n_embd_per_layer"]:
+        out += [("per_layer_token_embd.weight", p + "embed_tokens_per_layer.weight", ""),
+                ("per_layer_model_proj.weight", p + "per_layer_model_projection.weight", ""),
+                ("per_layer_proj_norm.weight", p + "per_layer_projection_norm.weight", "")]
+    n_layer, shared = hp["n_layer"], hp["n_kv_shared"]
+    for il in range(n_layer):
+        b, h = f"blk.{il}.", f"{p}layers.{il}."
+        pairs = [("attn_norm", "input_layernorm"), ("post_attention_norm", "post_attention_layernorm"),
+                 ("ffn_norm", "pre_feedforward_layernorm"), ("post_ffw_norm", "post_feedforward_layernorm"),
+                 ("attn_q", "self_attn.q_proj"), ("attn_q_norm", "self_attn.q_norm"),
+                 ("attn_output", "self_attn.o_proj"), ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj")]
+        if il < n_layer - shared:
+            pairs += [("attn_k", "self_attn.k_proj"), ("attn_k_norm", "self_attn.k_norm")]
+            if not (hp["v_from_k"] and not hp["swa_pattern"][il]):
+                pairs.append(("attn_v", "self_attn.v_proj"))
+        if hp["n_embd_per_layer"]:
+            pairs += [("inp_gate", "per_layer_input_gate"), ("proj", "per_layer_projection"),
+                      ("post_norm", "post_per_layer_input_norm")]
+        out += [(b + g + ".weight", h + n + ".weight", "") for g, n in pairs]
+        out += [(b + "ffn_down.weight", h + "mlp.down_proj.weight", "down"),
+                (b + "layer_output_scale.weight", h + "layer_scalar", "")]
+    return out + [("output_norm.weight", p + "norm.weight", "")]
 
 
 def _expert_map(b: str, h: str, n_expert: int, arch: str) -> list[tuple[str, str, str]]:
@@ -424,6 +525,8 @@ def _arch_kv(arch: str, hp: dict[str, Any], name: str, outtype: Q) -> list[KV]:
         kv.append((f"{arch}.rope.scaling.{name}", value, kind, None))
     if arch == "falcon":
         return kv + [(f"{arch}.attention.layer_norm_epsilon", hp["eps"], f32, None)]
+    if arch == "gemma4":
+        return _gemma4_kv(kv, hp)
     kv += [(f"{arch}.attention.layer_norm_rms_epsilon", hp["eps"], f32, None),
            (f"{arch}.rope.dimension_count", head_dim, u32, None)]
     if arch in ("llama", "gpt-oss") and hp["sliding_window"]:  # Mistral, gpt-oss
@@ -446,6 +549,35 @@ def _arch_kv(arch: str, hp: dict[str, Any], name: str, outtype: Q) -> list[KV]:
             kv.append((f"{arch}.attention.sliding_window_pattern", pattern, u32, None))
         # always: a reader's default depends on the layer count (llama.cpp's rule for the 27B)
         kv.append((f"{arch}.attention.scale", hp["attn_scale"], f32, None))
+        if hp["softcap"]:
+            kv.append((f"{arch}.final_logit_softcapping", hp["softcap"], f32, None))
+    return kv
+
+
+def _gemma4_kv(kv: list[KV], hp: dict[str, Any]) -> list[KV]:
+    """kv (the keys every architecture has) with Gemma 4's, as llama.cpp's convert_hf_to_gguf.py writes them:
+    key_length is the global layers' head size, *_swa the windowed layers'; head_count_kv and feed_forward_length
+    one value per layer where the layers differ."""
+    u32, f32, arr, boolean = GGUFValueType.UINT32, GGUFValueType.FLOAT32, GGUFValueType.ARRAY, GGUFValueType.BOOL
+
+    def one_or_per_layer(values: list[int]) -> tuple[Any, GGUFValueType, GGUFValueType | None]:
+        return (values[0], u32, None) if len(set(values)) == 1 else (values, arr, u32)
+
+    per_layer = {"gemma4.attention.head_count_kv": one_or_per_layer(hp["n_head_kv"]),
+                 "gemma4.feed_forward_length": one_or_per_layer(hp["n_ff_layers"])}
+    kv = [(k, *per_layer[k]) if k in per_layer else (k, v, t, e) for k, v, t, e in kv]
+    kv += [("gemma4.attention.layer_norm_rms_epsilon", hp["eps"], f32, None),
+           ("gemma4.rope.dimension_count", hp["head_dim"], u32, None),
+           ("gemma4.attention.key_length_swa", hp["head_dim_swa"], u32, None),
+           ("gemma4.attention.value_length_swa", hp["head_dim_swa"], u32, None),
+           ("gemma4.rope.dimension_count_swa", hp["head_dim_swa"], u32, None),
+           ("gemma4.rope.freq_base_swa", hp["rope_theta_swa"], f32, None),
+           ("gemma4.attention.sliding_window", hp["sliding_window"], u32, None),
+           ("gemma4.attention.sliding_window_pattern", hp["swa_pattern"], arr, boolean),
+           ("gemma4.attention.shared_kv_layers", hp["n_kv_shared"], u32, None),
+           ("gemma4.embedding_length_per_layer_input", hp["n_embd_per_layer"], u32, None)]
+    if hp["softcap"]:
+        kv.append(("gemma4.final_logit_softcapping", hp["softcap"], f32, None))
     return kv
 
 
@@ -484,7 +616,7 @@ def _plan_hf(folder: str, outtype: Q, out_path: str, dense_path: str | None) -> 
     if archs[0] not in HF_ARCHS:
         raise UnsupportedError(f"unsupported architecture {archs[0]!r}; supported: {', '.join(HF_ARCHS)}")
     arch = HF_ARCHS[archs[0]]
-    if archs[0] not in ("MistralForCausalLM", "Gemma3ForCausalLM", "GptOssForCausalLM"):  # Qwen2 carries one unused
+    if archs[0] not in ("MistralForCausalLM", "Gemma3ForCausalLM", "Gemma4ForCausalLM", "GptOssForCausalLM"):  # Qwen2: unused
         config = {k: v for k, v in config.items() if k != "sliding_window"}
     if dense_path is not None and arch == "opt":
         raise UnsupportedError("--dense-gguf: llama.cpp has no OPT architecture, so no dense GGUF can be written")

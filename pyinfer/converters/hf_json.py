@@ -95,7 +95,7 @@ _ROPE_KEYS = (("rope_type", Str(32)), ("type", Str(32)), ("factor", Float(positi
               ("high_freq_factor", Float(positive=True)), ("original_max_position_embeddings", SIZE),
               ("attention_factor", Float(positive=True)), ("beta_fast", Float(positive=True)),
               ("beta_slow", Float(positive=True)), ("mscale", Float()), ("mscale_all_dim", Float()),
-              ("truncate", Bool()))
+              ("truncate", Bool()), ("partial_rotary_factor", Float(0.0, 1.0)))
 # Gemma 3 keeps one set per kind of layer
 ROPE = Obj((*_ROPE_KEYS, ("sliding_attention", Obj(_ROPE_KEYS)), ("full_attention", Obj(_ROPE_KEYS))))
 
@@ -135,7 +135,7 @@ CONFIG = Obj(tuple({
     "sliding_window": SIZE,
     "layer_types": Array(Str(64), min_len=0),
     "sliding_window_pattern": Int(1, MAX_LAYERS),
-    "use_bidirectional_attention": Bool(),
+    "use_bidirectional_attention": Either(Bool(), Str(16)),  # Gemma 4: "all" or "vision"
     "query_pre_attn_scalar": Float(positive=True),
     "hidden_activation": Str(64),
     "rope_local_base_freq": Float(positive=True),
@@ -154,6 +154,16 @@ CONFIG = Obj(tuple({
     "mlp_only_layers": Array(Int(0, MAX_LAYERS), min_len=0),
     "clip_qkv": Float(positive=True),
     "shared_expert_intermediate_size": Int(0, MAX_SIZE),
+    # Gemma 4: the global layers' head size and KV heads (older configs), or transformers' per-layer overrides
+    "global_head_dim": SIZE,
+    "num_global_key_value_heads": SIZE,
+    "per_layer_config": Map(Obj((("head_dim", SIZE), ("num_key_value_heads", SIZE)))),
+    "attention_k_eq_v": Bool(),
+    "num_kv_shared_layers": Int(0, MAX_LAYERS),
+    "hidden_size_per_layer_input": Int(0, MAX_SIZE),
+    "vocab_size_per_layer_input": SIZE,
+    "use_double_wide_mlp": Bool(),
+    "enable_moe_block": Bool(),
 }.items()))
 
 

@@ -53,16 +53,24 @@ _PLANS: dict[tuple, Plan] = {}
 
 
 class KVCache:
-    """Per layer K and V: (n_ctx, n_head_kv, head_dim) each, in one context."""
+    """Per layer K and V: (n_ctx, n_head_kv, head_dim) each (that layer's sizes), in one context; a layer that
+    shares another's KV (Gemma 4) holds that layer's tensors."""
 
     def __init__(self, cfg, n_ctx: int, kv_type: int):
-        per_tensor = ggml.row_size(kv_type, cfg.head_dim) * cfg.n_head_kv * n_ctx
-        self.ctx = ggml.Context(2 * cfg.n_layer * (per_tensor + 4096) + (1 << 16))
-        shape = (n_ctx, cfg.n_head_kv, cfg.head_dim)
-        self.k = [self.ctx.new_tensor(kv_type, shape) for _ in range(cfg.n_layer)]
-        self.v = [self.ctx.new_tensor(kv_type, shape) for _ in range(cfg.n_layer)]
+        own = [il for il in range(cfg.n_layer) if cfg.kv_layer(il) == il]
+        sizes = {il: ggml.row_size(kv_type, cfg.layer_head_dim(il)) * cfg.layer_n_head_kv(il) * n_ctx for il in own}
+        self.ctx = ggml.Context(sum(2 * (size + 4096) for size in sizes.values()) + (1 << 16))
+        self.k, self.v = [], []
+        for il in range(cfg.n_layer):
+            if il in sizes:
+                shape = (n_ctx, cfg.layer_n_head_kv(il), cfg.layer_head_dim(il))
+                self.k.append(self.ctx.new_tensor(kv_type, shape))
+                self.v.append(self.ctx.new_tensor(kv_type, shape))
+            else:
+                self.k.append(self.k[cfg.kv_layer(il)])
+                self.v.append(self.v[cfg.kv_layer(il)])
         self.n_ctx = n_ctx
-        self.nbytes = 2 * cfg.n_layer * per_tensor
+        self.nbytes = 2 * sum(sizes.values())
 
 
 @dataclass

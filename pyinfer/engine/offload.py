@@ -75,8 +75,9 @@ def _attention_to_device(model, il: int) -> None:
     fuse_qkv(model, il)
     _to_device(model, _layer_parts(il, ATTENTION_PARTS) + _layer_parts(il, ("fc1", "fc2", "ffn_gate_inp"))
                + ["rope_freqs.weight"])
-    model.kv_cache.k[il].to_device()
-    model.kv_cache.v[il].to_device()
+    for cache in (model.kv_cache.k[il], model.kv_cache.v[il]):
+        if not cache.on_device:  # a shared KV cache (Gemma 4) moves with the first of its layers
+            cache.to_device()
     spec = model.sparse_spec
     if spec is not None:
         for tensors in (spec.pred_bias, spec.neg_thresholds, spec.neg_input_thresholds):

@@ -474,7 +474,6 @@ def _expert_costs(file, n_ctx: int, kv_bytes_per_value: int, n_batch: int) -> Mo
         info = tensors.get(name)
         return int(info.data.nbytes) if info is not None else 0
 
-    kv = 2 * n_ctx * cfg.n_head_kv * cfg.head_dim * kv_bytes_per_value
     layers = []
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
@@ -484,7 +483,7 @@ def _expert_costs(file, n_ctx: int, kv_bytes_per_value: int, n_batch: int) -> Mo
         expert = math.ceil(sum(nbytes(p + f"ffn_{m}_exps.weight") for m in ("gate", "up", "down")) / cfg.n_expert)
         freq = (np.full(cfg.n_expert, cfg.n_expert_used / cfg.n_expert) if file.expert_freq is None
                 else np.sort(file.expert_freq[il])[::-1])  # expert_order's order
-        layers.append(LayerCosts(attn_bytes=attn, kv_bytes=kv, pred_bytes=0, neuron_bytes=expert, freq=freq,
+        layers.append(LayerCosts(attn_bytes=attn, kv_bytes=kv_bytes(cfg, il, n_ctx, kv_bytes_per_value), pred_bytes=0, neuron_bytes=expert, freq=freq,
                                  sparse=True, group_rows=1, experts=True))
     head = (nbytes("output.weight") or nbytes("token_embd.weight")) + nbytes("output_norm.weight")
     # a prompt batch streams a layer's host experts to the GPU, a chunk of stream_experts at a time
@@ -494,6 +493,13 @@ def _expert_costs(file, n_ctx: int, kv_bytes_per_value: int, n_batch: int) -> Mo
     scratch = moe_scratch_bytes(cfg, n_batch)
     return ModelCosts(layers, head_bytes=head, reserve_bytes=reserve_bytes(cfg, n_batch, largest) + scratch,
                       n_ctx=n_ctx, type_name=GGMLQuantizationType(ffn_weight_type(file)).name.lower())
+
+
+def kv_bytes(cfg, il: int, n_ctx: int, kv_bytes_per_value: int) -> int:
+    """Layer il's K and V at the context size; none for a layer that reads another's (Gemma 4's shared KV)."""
+    if cfg.kv_layer(il) != il:
+        return 0
+    return 2 * n_ctx * cfg.layer_n_head_kv(il) * cfg.layer_head_dim(il) * kv_bytes_per_value
 
 
 def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch: int) -> ModelCosts:
@@ -509,7 +515,6 @@ def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch
 
     split = file.ffn_layout == "down_t"  # neurons are rows of every FFN matrix: a layer can split anywhere
     input_kind = sparse and file.metadata.get("pyinfer.sparsity.kind") == "input"
-    kv = 2 * n_ctx * cfg.n_head_kv * cfg.head_dim * kv_bytes_per_value
     layers = []
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
@@ -526,7 +531,7 @@ def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch
             info = tensors.get(p + "ffn_act_freq")
             if info is not None and info.ne == (cfg.n_ff,):
                 freq = np.clip(np.frombuffer(info.data, dtype=np.float32).astype(np.float64), 0.0, 1.0)
-        layers.append(LayerCosts(attn_bytes=attn, kv_bytes=kv, pred_bytes=pred,
+        layers.append(LayerCosts(attn_bytes=attn, kv_bytes=kv_bytes(cfg, il, n_ctx, kv_bytes_per_value), pred_bytes=pred,
                                  neuron_bytes=math.ceil(ffn / cfg.n_ff), freq=freq, sparse=sparse, group_rows=group))
     head = nbytes("output.weight") or nbytes("token_embd.weight")  # tied: the GPU gets a copy of the embeddings
     head += nbytes("output_norm.weight") + nbytes("output_norm.bias")

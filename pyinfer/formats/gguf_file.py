@@ -29,8 +29,12 @@ class TensorInfo:
 
 def expected_tensor_shapes(cfg: ModelConfig, ffn_layout: str) -> dict[str, tuple[int, ...]]:
     """Every tensor the forward pass reads, name -> ne (ggml order); ffn_layout is 'down_t' or 'down'."""
-    d, q_dim, kv_dim = cfg.n_embd, cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+    d = cfg.n_embd
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (d, cfg.n_vocab), "output_norm.weight": (d,)}
+    if cfg.n_embd_per_layer:  # Gemma 4's per-layer embeddings: one table for all layers, and its projection
+        pl = cfg.n_embd_per_layer
+        shapes |= {"per_layer_token_embd.weight": (pl * cfg.n_layer, cfg.n_vocab),
+                   "per_layer_model_proj.weight": (d, pl * cfg.n_layer), "per_layer_proj_norm.weight": (pl,)}
     norm_bias = cfg.norm_kind == "layer"
     if norm_bias:
         shapes["output_norm.bias"] = (d,)
@@ -39,8 +43,9 @@ def expected_tensor_shapes(cfg: ModelConfig, ffn_layout: str) -> dict[str, tuple
     if cfg.pos_offset or cfg.rope_mode is None:
         shapes["position_embd.weight"] = (d, cfg.n_ctx_train + cfg.pos_offset)
     for il in range(cfg.n_layer):
-        b = f"blk.{il}."
-        layer = {"attn_norm.weight": (d,), "attn_output.weight": (q_dim, d), "ffn_up.weight": (d, cfg.n_ff)}
+        b, hd, n_ff = f"blk.{il}.", cfg.layer_head_dim(il), cfg.layer_n_ff(il)
+        q_dim, kv_dim = cfg.n_head * hd, cfg.layer_n_head_kv(il) * hd
+        layer = {"attn_norm.weight": (d,), "attn_output.weight": (q_dim, d), "ffn_up.weight": (d, n_ff)}
         if cfg.is_moe:  # the router and every expert's matrices in one tensor each, as llama.cpp stores them
             f, e = cfg.n_ff_exp, cfg.n_expert
             layer = {"attn_norm.weight": (d,), "attn_output.weight": (q_dim, d), "ffn_gate_inp.weight": (d, e),
@@ -53,6 +58,8 @@ def expected_tensor_shapes(cfg: ModelConfig, ffn_layout: str) -> dict[str, tuple
         else:
             layer |= {"attn_q.weight": (d, q_dim), "attn_k.weight": (d, kv_dim), "attn_v.weight": (d, kv_dim),
                       f"{cfg.ffn_norm_name}.weight": (d,)}
+        if cfg.v_from_k and not cfg.windowed(il):  # Gemma 4's global layers: the keys' projection is the values'
+            del layer["attn_v.weight"]
             if cfg.qkv_bias:
                 layer |= {"attn_q.bias": (q_dim,), "attn_k.bias": (kv_dim,), "attn_v.bias": (kv_dim,)}
         if norm_bias:
@@ -61,8 +68,14 @@ def expected_tensor_shapes(cfg: ModelConfig, ffn_layout: str) -> dict[str, tuple
             layer["attn_output.bias"] = (d,)
         if cfg.qk_norm:
             per_head = not cfg.qk_norm_whole
-            layer |= {"attn_q_norm.weight": (cfg.head_dim if per_head else q_dim,),
-                      "attn_k_norm.weight": (cfg.head_dim if per_head else kv_dim,)}
+            layer |= {"attn_q_norm.weight": (hd if per_head else q_dim,),
+                      "attn_k_norm.weight": (hd if per_head else kv_dim,)}
+        if cfg.kv_layer(il) != il:  # Gemma 4's shared KV layers compute no keys or values
+            for name in ("attn_k.weight", "attn_v.weight", "attn_k_norm.weight"):
+                layer.pop(name, None)
+        if cfg.n_embd_per_layer:
+            pl = cfg.n_embd_per_layer
+            layer |= {"inp_gate.weight": (d, pl), "proj.weight": (pl, d), "post_norm.weight": (d,)}
         if cfg.post_norms:
             layer |= {"post_attention_norm.weight": (d,), "post_ffw_norm.weight": (d,)}
         if cfg.attn_sinks:
@@ -75,13 +88,13 @@ def expected_tensor_shapes(cfg: ModelConfig, ffn_layout: str) -> dict[str, tuple
             shapes |= {b + k: v for k, v in layer.items()}
             continue
         if cfg.gated:
-            layer["ffn_gate.weight"] = (d, cfg.n_ff)
+            layer["ffn_gate.weight"] = (d, n_ff)
         down = "ffn_down_t" if ffn_layout == "down_t" else "ffn_down"
-        layer[f"{down}.weight"] = (d, cfg.n_ff) if ffn_layout == "down_t" else (cfg.n_ff, d)
+        layer[f"{down}.weight"] = (d, n_ff) if ffn_layout == "down_t" else (n_ff, d)
         if cfg.ffn_bias:
-            layer |= {"ffn_up.bias": (cfg.n_ff,), f"{down}.bias": (d,)}
+            layer |= {"ffn_up.bias": (n_ff,), f"{down}.bias": (d,)}
             if cfg.gated:
-                layer["ffn_gate.bias"] = (cfg.n_ff,)
+                layer["ffn_gate.bias"] = (n_ff,)
         shapes |= {b + k: v for k, v in layer.items()}
     return shapes
 
@@ -138,6 +151,11 @@ class GGUFFile:
         if freqs is not None and (freqs.type != 0 or freqs.ne != (self.config.n_rot // 2,)):  # 0: F32
             raise ModelFormatError(f"{self.path}: rope_freqs must be F32 [{self.config.n_rot // 2}] (Llama 3's "
                                    f"per-frequency factors), not type {freqs.type} {list(freqs.ne)}")
+        for il in range(self.config.n_layer):  # Gemma 4's optional scalar on each layer's output
+            scale = self.tensors.get(f"blk.{il}.layer_output_scale.weight")
+            if scale is not None and (scale.type != 0 or scale.ne != (1,)):
+                raise ModelFormatError(f"{self.path}: blk.{il}.layer_output_scale must be F32 [1], not type "
+                                       f"{scale.type} {list(scale.ne)}")
         for name, ne in expected_tensor_shapes(self.config, self.ffn_layout).items():
             info = self.tensors.get(name)
             if info is None:

@@ -235,10 +235,17 @@ ARCH_KEYS: dict[str, Kind] = {
     "context_length": SIZE,
     "embedding_length": SIZE,
     "block_count": Int(1, MAX_LAYERS),
-    "feed_forward_length": SIZE,
+    # one value, or one per layer (llama.cpp's gemma4: the shared KV layers' double-wide FFN)
+    "feed_forward_length": Either((SIZE, Array(SIZE, max_len=MAX_LAYERS))),
     "attention.head_count": SIZE,
-    "attention.head_count_kv": SIZE,
+    # one value, or one per layer (llama.cpp's gemma4: fewer KV heads on its global layers)
+    "attention.head_count_kv": Either((SIZE, Array(SIZE, max_len=MAX_LAYERS))),
     "attention.key_length": SIZE,
+    "attention.key_length_swa": SIZE,  # the windowed layers' head size (Gemma 4; key_length is the global ones')
+    "attention.value_length_swa": SIZE,
+    "attention.shared_kv_layers": Int(0, MAX_LAYERS),  # the last layers reuse earlier layers' KV cache (Gemma 4)
+    "embedding_length_per_layer_input": Int(0, MAX_SIZE),  # per-layer embeddings' width, 0: none (Gemma 4)
+    "rope.dimension_count_swa": SIZE,
     "attention.layer_norm_rms_epsilon": Float(hi=1.0, positive=True),
     "attention.layer_norm_epsilon": Float(hi=1.0, positive=True),
     "rope.freq_base": Float(positive=True),

@@ -9,7 +9,7 @@ from typing import Any
 from pyinfer.errors import ModelFormatError, UnsupportedError
 from pyinfer.formats import gguf_schema
 
-SUPPORTED_ARCHS = ("falcon", "gemma3", "gpt-oss", "llama", "olmoe", "opt", "qwen2", "qwen3", "qwen3moe")
+SUPPORTED_ARCHS = ("falcon", "gemma3", "gemma4", "gpt-oss", "llama", "olmoe", "opt", "qwen2", "qwen3", "qwen3moe")
 FFN_KINDS = ("swiglu", "reglu", "drelu", "relu", "geglu", "gelu", "gelu_erf", "swiglu_oai")
 UNGATED_KINDS = ("relu", "gelu", "gelu_erf")  # act(up), no gate: OPT, Falcon
 
@@ -22,6 +22,7 @@ _ARCH_TRAITS: dict[str, tuple[str, str | None, str, int]] = {
     "olmoe": ("rms", "neox", "swiglu", 0),
     "gpt-oss": ("rms", "neox", "swiglu_oai", 0),
     "gemma3": ("rms", "neox", "geglu", 0),
+    "gemma4": ("rms", "neox", "geglu", 0),
     "falcon": ("layer", "neox", "gelu", 0),
     # OPT's learned position table has 2 leading rows that no position uses
     "opt": ("layer", None, "relu", 2),
@@ -54,6 +55,12 @@ class ModelConfig:
     qk_norm_whole: the q and k norms span the whole projection, not each head (OLMoE).
     attn_sinks: every head's softmax counts a learned logit beside its keys' (gpt-oss, blk.N.attn_sinks);
     expert_bias: the router and the experts' matrices have biases (gpt-oss).
+    final_logit_softcap > 0: logits become c tanh(logits / c) (Gemma 3 and 4 files that say so).
+    Gemma 4: head_dim is the global layers' head size, head_dim_swa and n_rot_swa the windowed layers';
+    n_head_kv_layers and n_ff_layers hold llama.cpp's per-layer forms of head_count_kv and feed_forward_length
+    (empty: the scalar for every layer); the last n_kv_shared layers compute no K and V but attend over the cache of
+    the last earlier layer of their kind (kv_layer); v_from_k: the global layers' values are their keys' projection
+    (no attn_v); n_embd_per_layer > 0: per-layer embeddings of that width feed every layer (E2B, E4B).
     """
 
     arch: str
@@ -99,6 +106,14 @@ class ModelConfig:
     qk_norm_whole: bool = False
     attn_sinks: bool = False
     expert_bias: bool = False
+    final_logit_softcap: float = 0.0
+    head_dim_swa: int = 0
+    n_rot_swa: int = 0
+    n_head_kv_layers: tuple[int, ...] = ()
+    n_ff_layers: tuple[int, ...] = ()
+    n_kv_shared: int = 0
+    v_from_k: bool = False
+    n_embd_per_layer: int = 0
 
     @property
     def ffn_norm_name(self) -> str:
@@ -115,6 +130,26 @@ class ModelConfig:
 
     def layer_window(self, il: int) -> int:
         return self.sliding_window if self.windowed(il) else 0
+
+    def layer_head_dim(self, il: int) -> int:
+        return self.head_dim_swa if self.head_dim_swa and self.windowed(il) else self.head_dim
+
+    def layer_n_rot(self, il: int) -> int:
+        return self.n_rot_swa if self.n_rot_swa and self.windowed(il) else self.n_rot
+
+    def layer_n_head_kv(self, il: int) -> int:
+        return self.n_head_kv_layers[il] if self.n_head_kv_layers else self.n_head_kv
+
+    def layer_n_ff(self, il: int) -> int:
+        return self.n_ff_layers[il] if self.n_ff_layers else self.n_ff
+
+    def kv_layer(self, il: int) -> int:
+        """The layer whose K and V layer il attends over: its own, or for the last n_kv_shared layers the last
+        layer before them of the same kind (windowed or global), as transformers' Gemma 4 shares them."""
+        first_shared = self.n_layer - self.n_kv_shared
+        if il < first_shared:
+            return il
+        return max(j for j in range(first_shared) if self.windowed(j) == self.windowed(il))
 
     def layer_rope(self, il: int) -> tuple[float, float]:
         """Layer il's RoPE base and linear scale (positions are divided by it)."""
@@ -183,10 +218,25 @@ class ModelConfig:
             raise UnsupportedError(f"unsupported rope scaling {scaling!r}; supported: none, linear, yarn")
         rope_scale = float(key("rope.scaling.factor", 1.0) or 1.0) if scaling != "none" else 1.0
         yarn = scaling == "yarn"
-        if key("final_logit_softcapping", 0.0):
+        if arch not in ("gemma3", "gemma4") and key("final_logit_softcapping", 0.0):
             raise UnsupportedError(f"{arch}.final_logit_softcapping is not supported")
+
+        def per_layer(name: str, default: Any = ...) -> tuple[int, tuple[int, ...]]:
+            """A key llama.cpp reads as one value or one per layer: (the first layer's, all of them or ())."""
+            value = key(name, default)
+            if value is None:
+                return 0, ()
+            if not isinstance(value, list):
+                return int(value), ()
+            if arch != "gemma4":
+                raise UnsupportedError(f"{arch}.{name} with one value per layer is not supported")
+            if len(value) != n_layer:
+                raise ModelFormatError(f"{arch}.{name} has {len(value)} values for {n_layer} layers")
+            return int(value[0]), tuple(int(v) for v in value)
         n_layer_27b = 62  # llama.cpp's Gemma 3 27B (by its layer count) scales q by 1/sqrt(n_embd / n_head)
         attn_scale = 1.0 / math.sqrt(n_embd / n_head) if arch == "gemma3" and n_layer == n_layer_27b else 0.0
+        if arch == "gemma4":  # q and k are RMS-normed: llama.cpp's gemma4 scales their product by 1, whatever the file says
+            attn_scale = 1.0
         names = set(tensor_names) if tensor_names is not None else None
 
         def has(name: str, default: bool) -> bool:
@@ -198,9 +248,9 @@ class ModelConfig:
             n_ctx_train=int(key("context_length")),
             n_embd=n_embd,
             n_layer=n_layer,
-            n_ff=int(key("feed_forward_length", None) or key("expert_feed_forward_length")),
+            n_ff=per_layer("feed_forward_length", None)[0] or int(key("expert_feed_forward_length")),
             n_head=n_head,
-            n_head_kv=int(key("attention.head_count_kv", n_head)),
+            n_head_kv=per_layer("attention.head_count_kv", n_head)[0],
             head_dim=head_dim,
             norm_kind=norm_kind,
             norm_eps=float(key(eps_key)),
@@ -215,17 +265,17 @@ class ModelConfig:
             attn_out_bias=has("blk.0.attn_output.bias", arch in ("opt", "gpt-oss")),
             ffn_bias=has("blk.0.ffn_up.bias", arch == "opt"),
             pos_offset=pos_offset,
-            qk_norm=has("blk.0.attn_q_norm.weight", arch in ("qwen3", "gemma3", "qwen3moe", "olmoe")),
-            post_norms=arch == "gemma3",
+            qk_norm=has("blk.0.attn_q_norm.weight", arch in ("qwen3", "gemma3", "gemma4", "qwen3moe", "olmoe")),
+            post_norms=arch in ("gemma3", "gemma4"),
             sliding_window=int(key("attention.sliding_window", 0)),
             swa_layers=_swa_layers(key("attention.sliding_window_pattern", SWA_PATTERNS.get(arch, 0)), n_layer,
                                    f"{arch}.attention.sliding_window_pattern"),
             # llama.cpp's Gemma 3 files carry no local base: it is 10000 there
-            rope_base_swa=float(key("rope.freq_base_swa", 10000.0 if arch == "gemma3" else
+            rope_base_swa=float(key("rope.freq_base_swa", 10000.0 if arch in ("gemma3", "gemma4") else
                                     key("rope.freq_base", 10000.0))),
-            rope_scale_swa=1.0 if arch == "gemma3" else rope_scale,
+            rope_scale_swa=1.0 if arch in ("gemma3", "gemma4") else rope_scale,
             attn_scale=float(key("attention.scale", attn_scale)),
-            embed_scale=math.sqrt(n_embd) if arch == "gemma3" else 1.0,
+            embed_scale=math.sqrt(n_embd) if arch in ("gemma3", "gemma4") else 1.0,
             yarn_ext_factor=float(key("rope.scaling.yarn_ext_factor", 1.0)) if yarn else 0.0,
             yarn_orig_ctx=int(key("rope.scaling.original_context_length", key("context_length"))) if yarn else 0,
             # transformers' default: 1 + 0.1 ln(factor) (1 for factors <= 1)
@@ -234,7 +284,9 @@ class ModelConfig:
             yarn_beta_slow=float(key("rope.scaling.yarn_beta_slow", 1.0)),
             attn_sinks=has("blk.0.attn_sinks.weight", arch == "gpt-oss"),
             expert_bias=has("blk.0.ffn_gate_exps.bias", arch == "gpt-oss"),
+            final_logit_softcap=float(key("final_logit_softcapping", 0.0)),
             **_experts(key, arch),
+            **(_gemma4(key, per_layer, n_layer, names) if arch == "gemma4" else {}),
         )
         cfg._check()
         return cfg
@@ -249,6 +301,18 @@ class ModelConfig:
             raise ModelFormatError(f"head_count {self.n_head} is not a multiple of head_count_kv {self.n_head_kv}")
         if self.rope_mode and (self.n_rot % 2 or not 0 < self.n_rot <= self.head_dim):
             raise ModelFormatError(f"bad rope.dimension_count {self.n_rot} for head size {self.head_dim}")
+        if self.head_dim_swa and (self.n_rot_swa % 2 or not 0 < self.n_rot_swa <= self.head_dim_swa):
+            raise ModelFormatError(f"bad rope.dimension_count_swa {self.n_rot_swa} for head size {self.head_dim_swa}")
+        for n_kv in self.n_head_kv_layers:
+            if not 0 < n_kv <= self.n_head or self.n_head % n_kv:
+                raise ModelFormatError(f"head_count {self.n_head} is not a multiple of a layer's head_count_kv {n_kv}")
+        if any(n_ff <= 0 for n_ff in self.n_ff_layers):
+            raise ModelFormatError(f"bad feed_forward_length {list(self.n_ff_layers)}")
+        first_shared = self.n_layer - self.n_kv_shared
+        for kind in {self.windowed(il) for il in range(first_shared, self.n_layer)}:
+            if not any(self.windowed(il) == kind for il in range(first_shared)):
+                raise ModelFormatError(f"the shared KV layers include {'windowed' if kind else 'global'} ones, but no "
+                                       "earlier layer of that kind computes a KV cache for them")
         if self.yarn_ext_factor and self.rope_scale < 1.0:
             raise ModelFormatError(f"bad YaRN rope.scaling.factor {self.rope_scale:g} (below 1)")
         if self.ffn_kind not in FFN_KINDS:
@@ -291,6 +355,26 @@ def _experts(key, arch: str) -> dict[str, Any]:
             # gpt-oss: the softmax of the k chosen logits (llama.cpp's SOFTMAX_WEIGHT), which is normalising
             "expert_norm": arch == "gpt-oss" or bool(key("expert_weights_norm", arch != "olmoe")),
             "qk_norm_whole": arch == "olmoe"}
+
+
+def _gemma4(key, per_layer, n_layer: int, names: set[str] | None) -> dict[str, Any]:
+    """Gemma 4's fields, read as llama.cpp's gemma4 reads them: the windowed layers' head size and rotated
+    dimensions, the per-layer forms of the KV heads and FFN widths, the shared KV layers, the per-layer
+    embeddings' width."""
+    shared = int(key("attention.shared_kv_layers", 0))
+    if not 0 <= shared < n_layer:
+        raise ModelFormatError(f"gemma4.attention.shared_kv_layers {shared} is not below the {n_layer} layers")
+    head_swa = int(key("attention.key_length_swa", key("attention.key_length")))
+    if int(key("attention.value_length_swa", head_swa)) != head_swa:
+        raise UnsupportedError("gemma4.attention.value_length_swa differs from the key length")
+    pattern = _swa_layers(key("attention.sliding_window_pattern"), n_layer, "gemma4.attention.sliding_window_pattern")
+    # the global layers without attn_v take their values from the keys' projection (attention_k_eq_v)
+    global_layers = [il for il in range(n_layer - shared) if not pattern[il]]
+    v_from_k = names is not None and any(f"blk.{il}.attn_v.weight" not in names for il in global_layers)
+    return {"head_dim_swa": head_swa, "n_rot_swa": int(key("rope.dimension_count_swa", head_swa)),
+            "n_head_kv_layers": per_layer("attention.head_count_kv")[1],
+            "n_ff_layers": per_layer("feed_forward_length")[1], "n_kv_shared": shared, "v_from_k": v_from_k,
+            "n_embd_per_layer": int(key("embedding_length_per_layer_input", 0))}
 
 
 def _swa_layers(pattern: int | list[bool], n_layer: int, name: str) -> tuple[bool, ...]:

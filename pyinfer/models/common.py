@@ -246,11 +246,14 @@ def streamed_ffn(b: Builder, il: int, h: ggml.Tensor, pred: ggml.Tensor | None =
 
 
 def output_logits(b: Builder, x: ggml.Tensor, inputs: GraphInputs) -> ggml.Tensor:
-    """Final norm and the vocabulary projection of the last n_out tokens: (n_out, n_vocab)."""
+    """Final norm and the vocabulary projection of the last n_out tokens, softcapped where the model says so
+    (c tanh(logits / c), Gemma): (n_out, n_vocab)."""
     ctx = b.ctx
     n, d = x.shape if len(x.shape) == 2 else (1, x.shape[0])
     if inputs.n_out < n:  # only the rows we need go through the large output matrix
         x = ctx.view(x, (inputs.n_out, d), (d * 4, 4), offset=(n - inputs.n_out) * d * 4)
     x = b.norm(x, "output_norm")
     head = "output" if b.has("output") else "token_embd"
-    return b.matmul(b.w(head), x)
+    logits = b.matmul(b.w(head), x)
+    cap = b.cfg.final_logit_softcap
+    return ctx.scale(ctx.tanh(ctx.scale(logits, 1.0 / cap)), cap) if cap else logits
