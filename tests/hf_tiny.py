@@ -231,7 +231,8 @@ def build(variant: str, folder: str, seed: int = 0, dtype: torch.dtype = torch.f
     cls = {"llama": T.LlamaForCausalLM, "qwen2": T.Qwen2ForCausalLM, "qwen3": T.Qwen3ForCausalLM,
            "mistral": T.MistralForCausalLM, "qwen3moe": T.Qwen3MoeForCausalLM, "mixtral": T.MixtralForCausalLM,
            "olmoe": T.OlmoeForCausalLM, "gpt_oss": T.GptOssForCausalLM,
-           "gemma3": T.Gemma3ForCausalLM, "gemma4": T.Gemma4ForCausalLM, "falcon": T.FalconForCausalLM, "opt": T.OPTForCausalLM}[arch]
+           "gemma3": T.Gemma3ForCausalLM, "gemma4": T.Gemma4ForCausalLM, "falcon": T.FalconForCausalLM,
+           "opt": T.OPTForCausalLM}[arch]
     torch.manual_seed(seed)
     model = cls(cfg).eval()
     _randomize(model, seed)

@@ -98,7 +98,8 @@ def assert_dot_close(got, want, bound, type_):
 
 @SETTINGS
 @given(rows=st.integers(1, 9), cols=st.integers(1, 700), seed=st.integers(0, 2**31),
-       op=st.sampled_from(["add", "mul", "add_b", "mul_b", "scale", "silu", "gelu", "gelu_erf", "relu", "tanh", "view_add"]))
+       op=st.sampled_from(["add", "mul", "add_b", "mul_b", "scale", "silu", "gelu", "gelu_erf", "relu", "tanh",
+                           "view_add"]))
 def test_elementwise(rows, cols, seed, op):
     rng = np.random.default_rng(seed)
     a = (rng.standard_normal((rows, cols)) * 3).astype(np.float32)

@@ -300,12 +300,14 @@ def _gemma4(config: dict[str, Any]) -> dict[str, Any]:
         overrides = {il: glob for il in range(n_layer) if not windowed[il]}
     head = [int(overrides.get(il, {}).get("head_dim") or head_swa) for il in range(n_layer)]
     kv_heads = [int(overrides.get(il, {}).get("num_key_value_heads") or n_kv) for il in range(n_layer)]
-    head_global = {h for h, w in zip(head, windowed) if not w}
-    if len(head_global) != 1 or {h for h, w in zip(head, windowed) if w} - {head_swa}:
+    head_global = {h for h, w in zip(head, windowed, strict=True) if not w}
+    if len(head_global) != 1 or {h for h, w in zip(head, windowed, strict=True) if w} - {head_swa}:
         raise UnsupportedError("Gemma 4 whose layers of one kind differ in head size is not supported")
     shared = int(config.get("num_kv_shared_layers") or 0)
-    if config.get("hidden_size_per_layer_input") and int(config.get("vocab_size_per_layer_input") or n_vocab) != n_vocab:
-        raise UnsupportedError("Gemma 4 whose per-layer embedding table has other rows than vocab_size is not supported")
+    per_layer_rows = int(config.get("vocab_size_per_layer_input") or n_vocab)
+    if config.get("hidden_size_per_layer_input") and per_layer_rows != n_vocab:
+        raise UnsupportedError("Gemma 4 whose per-layer embedding table has other rows than vocab_size is not "
+                               "supported")
     double = bool(config.get("use_double_wide_mlp"))
     params = config.get("rope_parameters") or {}
     local, glob_rope = params.get("sliding_attention") or {}, params.get("full_attention") or {}
@@ -331,7 +333,8 @@ def _gemma4(config: dict[str, Any]) -> dict[str, Any]:
             "rope_freqs": np.array([1.0] * rotated + [1e30] * (hd // 2 - rotated), np.float32),
             "ffn_kind": "geglu", "qkv_bias": False, "out_bias": False, "ffn_bias": False, "qk_norm": True,
             "sliding_window": int(config.get("sliding_window") or 512), "swa_pattern": windowed,
-            "n_kv_shared": shared, "v_from_k": bool(config.get("attention_k_eq_v")), "n_embd_per_layer": int(config.get("hidden_size_per_layer_input") or 0),
+            "n_kv_shared": shared, "v_from_k": bool(config.get("attention_k_eq_v")),
+            "n_embd_per_layer": int(config.get("hidden_size_per_layer_input") or 0),
             "n_ff_layers": [n_ff * 2 if double and il >= n_layer - shared else n_ff for il in range(n_layer)],
             "softcap": float(config.get("final_logit_softcapping") or 0.0)}
 
@@ -616,7 +619,8 @@ def _plan_hf(folder: str, outtype: Q, out_path: str, dense_path: str | None) -> 
     if archs[0] not in HF_ARCHS:
         raise UnsupportedError(f"unsupported architecture {archs[0]!r}; supported: {', '.join(HF_ARCHS)}")
     arch = HF_ARCHS[archs[0]]
-    if archs[0] not in ("MistralForCausalLM", "Gemma3ForCausalLM", "Gemma4ForCausalLM", "GptOssForCausalLM"):  # Qwen2: unused
+    windowed = ("MistralForCausalLM", "Gemma3ForCausalLM", "Gemma4ForCausalLM", "GptOssForCausalLM")
+    if archs[0] not in windowed:  # Qwen2 carries one unused
         config = {k: v for k, v in config.items() if k != "sliding_window"}
     if dense_path is not None and arch == "opt":
         raise UnsupportedError("--dense-gguf: llama.cpp has no OPT architecture, so no dense GGUF can be written")

@@ -483,7 +483,8 @@ def _expert_costs(file, n_ctx: int, kv_bytes_per_value: int, n_batch: int) -> Mo
         expert = math.ceil(sum(nbytes(p + f"ffn_{m}_exps.weight") for m in ("gate", "up", "down")) / cfg.n_expert)
         freq = (np.full(cfg.n_expert, cfg.n_expert_used / cfg.n_expert) if file.expert_freq is None
                 else np.sort(file.expert_freq[il])[::-1])  # expert_order's order
-        layers.append(LayerCosts(attn_bytes=attn, kv_bytes=kv_bytes(cfg, il, n_ctx, kv_bytes_per_value), pred_bytes=0, neuron_bytes=expert, freq=freq,
+        kv = kv_bytes(cfg, il, n_ctx, kv_bytes_per_value)
+        layers.append(LayerCosts(attn_bytes=attn, kv_bytes=kv, pred_bytes=0, neuron_bytes=expert, freq=freq,
                                  sparse=True, group_rows=1, experts=True))
     head = (nbytes("output.weight") or nbytes("token_embd.weight")) + nbytes("output_norm.weight")
     # a prompt batch streams a layer's host experts to the GPU, a chunk of stream_experts at a time
@@ -531,7 +532,8 @@ def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch
             info = tensors.get(p + "ffn_act_freq")
             if info is not None and info.ne == (cfg.n_ff,):
                 freq = np.clip(np.frombuffer(info.data, dtype=np.float32).astype(np.float64), 0.0, 1.0)
-        layers.append(LayerCosts(attn_bytes=attn, kv_bytes=kv_bytes(cfg, il, n_ctx, kv_bytes_per_value), pred_bytes=pred,
+        kv = kv_bytes(cfg, il, n_ctx, kv_bytes_per_value)
+        layers.append(LayerCosts(attn_bytes=attn, kv_bytes=kv, pred_bytes=pred,
                                  neuron_bytes=math.ceil(ffn / cfg.n_ff), freq=freq, sparse=sparse, group_rows=group))
     head = nbytes("output.weight") or nbytes("token_embd.weight")  # tied: the GPU gets a copy of the embeddings
     head += nbytes("output_norm.weight") + nbytes("output_norm.bias")

@@ -235,7 +235,7 @@ class ModelConfig:
             return int(value[0]), tuple(int(v) for v in value)
         n_layer_27b = 62  # llama.cpp's Gemma 3 27B (by its layer count) scales q by 1/sqrt(n_embd / n_head)
         attn_scale = 1.0 / math.sqrt(n_embd / n_head) if arch == "gemma3" and n_layer == n_layer_27b else 0.0
-        if arch == "gemma4":  # q and k are RMS-normed: llama.cpp's gemma4 scales their product by 1, whatever the file says
+        if arch == "gemma4":  # q and k are RMS-normed: llama.cpp's gemma4 scales q.k by 1, whatever the file says
             attn_scale = 1.0
         names = set(tensor_names) if tensor_names is not None else None
 

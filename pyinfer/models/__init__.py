@@ -6,7 +6,8 @@ from pyinfer.errors import UnsupportedError
 
 from . import falcon, gemma3, gemma4, llama, opt
 
-BUILDERS = {"falcon": falcon.build, "gemma3": gemma3.build, "gemma4": gemma4.build, "gpt-oss": llama.build, "llama": llama.build,
+BUILDERS = {"falcon": falcon.build, "gemma3": gemma3.build, "gemma4": gemma4.build, "gpt-oss": llama.build,
+            "llama": llama.build,
             "olmoe": llama.build,
             "opt": opt.build, "qwen2": llama.build, "qwen3": llama.build, "qwen3moe": llama.build}
 
