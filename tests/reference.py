@@ -144,6 +144,8 @@ def reference_logits(gguf_file: GGUFFile, tokens: list[int],
     ffn_up_t (what `sparsity kind "input"` runs).
     """
     cfg = gguf_file.config
+    if cfg.arch == "gemma4":  # its layers differ from those below; tests/test_gemma4.py checks it against transformers
+        raise ValueError("the numpy reference does not compute Gemma 4")
     tok = np.asarray(tokens, dtype=np.int64)  # (T,)
     if tok.ndim != 1 or tok.size == 0 or tok.min() < 0 or tok.max() >= cfg.n_vocab:
         raise ValueError(f"tokens must be a non-empty list of ids in [0, {cfg.n_vocab})")
@@ -236,7 +238,9 @@ def reference_logits(gguf_file: GGUFFile, tokens: list[int],
     # final norm and vocabulary projection (tied embeddings reuse token_embd)
     x = _norm(x, w("output_norm.weight"), opt_w("output_norm.bias"), cfg)  # (T, n_embd)
     out_name = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
-    return x @ w(out_name).T  # (T, n_vocab)
+    logits = x @ w(out_name).T  # (T, n_vocab)
+    cap = cfg.final_logit_softcap  # Gemma's final softcap
+    return cap * np.tanh(logits / cap) if cap else logits
 
 
 def reference_ffn_activations(gguf_file: GGUFFile, tokens: list[int]) -> dict[str, list[Any]]:

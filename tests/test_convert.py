@@ -551,9 +551,8 @@ def test_gemma3_config_refusals(capsys):
 @pytest.mark.parametrize("n_layer", [18, 62])
 def test_gemma3_gguf_scale_and_softcap_as_llama_cpp(n_layer):
     """llama.cpp's Gemma 3 files carry no attention.scale: it is 1/sqrt(head_dim), but 1/sqrt(n_embd / n_head)
-    for the 27B (62 layers), as llama.cpp computes it; a final logit softcap (which llama.cpp reads) is refused
-    in one line rather than ignored."""
-    from pyinfer.errors import UnsupportedError
+    for the 27B (62 layers), as llama.cpp computes it; a final logit softcap is read as llama.cpp reads it (0:
+    none), and the converter writes config.json's."""
     from pyinfer.formats.model_config import ModelConfig
 
     hp = conv._hparams({**GEMMA_SIZES, "num_hidden_layers": n_layer, "head_dim": 32}, "gemma3")
@@ -562,9 +561,12 @@ def test_gemma3_gguf_scale_and_softcap_as_llama_cpp(n_layer):
     want = 1 / np.sqrt(64 / 4) if n_layer == 62 else 1 / np.sqrt(32)
     assert ModelConfig.from_metadata(meta).softmax_scale == pytest.approx(want)
     assert ModelConfig.from_metadata({**meta, "gemma3.attention.scale": 0.5}).softmax_scale == 0.5
-    with pytest.raises(UnsupportedError, match="^gemma3.final_logit_softcapping is not supported$"):
-        ModelConfig.from_metadata({**meta, "gemma3.final_logit_softcapping": 30.0})
-    assert ModelConfig.from_metadata({**meta, "gemma3.final_logit_softcapping": 0.0})
+    assert ModelConfig.from_metadata({**meta, "gemma3.final_logit_softcapping": 30.0}).final_logit_softcap == 30.0
+    assert ModelConfig.from_metadata({**meta, "gemma3.final_logit_softcapping": 0.0}).final_logit_softcap == 0.0
+    assert ModelConfig.from_metadata(meta).final_logit_softcap == 0.0
+    capped = conv._hparams({**GEMMA_SIZES, "num_hidden_layers": n_layer, "final_logit_softcapping": 30.0}, "gemma3")
+    assert ("gemma3.final_logit_softcapping", 30.0) in [(k, v) for k, v, *_ in conv._arch_kv("gemma3", capped, "t",
+                                                                                            Q.F32)]
 
 
 def test_gemma3_window_flags_are_checked():

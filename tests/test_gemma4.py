@@ -1,0 +1,175 @@
+"""Gemma 4's text model end to end: tiny random gemma4_text checkpoints (tests/hf_tiny.py GEMMA4_VARIANTS) through
+the converter and the engine against transformers in float64; the converter's names and keys against llama.cpp's
+(gguf-py's tables, which its convert_hf_to_gguf.py writes with), and llama.cpp's layout of the file run directly."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import MODEL_ARCH, get_tensor_name_map
+from gguf.constants import Keys
+from hf_tiny import GEMMA4_VARIANTS, N_VOCAB, build
+
+import pyinfer.converters.convert_hf_to_powergguf as conv
+from pyinfer.engine.driver import Model
+from pyinfer.engine.sampling import SamplerParams
+from pyinfer.errors import UnsupportedError
+from pyinfer.formats.gguf_file import GGUFFile
+from pyinfer.formats.model_config import ModelConfig
+
+RNG = np.random.default_rng(11)
+PROMPTS = [[5], RNG.integers(0, N_VOCAB, 9).tolist(), RNG.integers(0, N_VOCAB, 23).tolist()]
+VARIANTS = sorted(GEMMA4_VARIANTS)
+
+
+def rel_err(a, b) -> float:
+    return float(np.abs(np.asarray(a, np.float64) - b).max() / np.abs(b).max())
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """variant -> (TinyModel oracle, F32 PowerGGUF, llama.cpp-layout dense GGUF), built once."""
+    cache = {}
+
+    def get(variant: str):
+        if variant not in cache:
+            folder = tmp_path_factory.mktemp(variant)
+            oracle = build(variant, str(folder / "hf"))
+            power, dense = str(folder / "m.gguf"), str(folder / "dense.gguf")
+            assert conv.main([oracle.folder, "-o", power, "--outtype", "f32", "--dense-gguf", dense]) == 0
+            cache[variant] = (oracle, power, dense)
+        return cache[variant]
+
+    return get
+
+
+def test_variants_exercise_the_features(tiny):
+    """What each tiny checkpoint exercises, as the converted file tells it."""
+    cfgs = {v: GGUFFile(tiny(v)[1]).config for v in VARIANTS}
+    for variant, cfg in cfgs.items():  # windowed layers of head size 16, global ones of 32 (attention_k_eq_v: with
+        # num_global_key_value_heads, as transformers reads it only then)
+        global_kv = 1 if variant == "gemma4_k_eq_v" else 2
+        assert (cfg.head_dim, cfg.head_dim_swa, cfg.layer_n_head_kv(0), cfg.layer_n_head_kv(4)) == (32, 16, 2, global_kv)
+    ple = cfgs["gemma4_ple"]
+    assert ple.n_embd_per_layer == 8 and ple.final_logit_softcap == 3.0
+    assert [ple.kv_layer(il) for il in range(5)] == [0, 1, 2, 1, 2]
+    assert [ple.layer_n_ff(il) for il in range(5)] == [128, 128, 128, 256, 256]  # double-wide on the shared layers
+    assert cfgs["gemma4_k_eq_v"].v_from_k and not cfgs["gemma4"].v_from_k
+    assert cfgs["gemma4"].final_logit_softcap == 0.0 and not cfgs["gemma4"].tied_embeddings
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_f32_logits_match_transformers(tiny, variant):
+    oracle, power, _ = tiny(variant)
+    model = Model(power, n_ctx=64, kv_type="f32", n_threads=2)
+    for tokens in PROMPTS:
+        want = oracle.logits(tokens)
+        got = model.logits(tokens)
+        assert got.shape == want.shape
+        assert rel_err(got, want) < 1e-4, (variant, len(tokens))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_greedy_32_steps_equal_transformers(tiny, variant):
+    """Greedy decoding through the KV cache equals the argmax of the float64 oracle recomputed from scratch; a
+    difference is allowed only where the oracle's top two logits tie within float32 rounding."""
+    oracle, power, _ = tiny(variant)
+    model = Model(power, n_ctx=64, kv_type="f32", n_threads=2)
+    prompt = PROMPTS[1]
+    ours = list(model.generate_tokens(prompt, 32, SamplerParams(temperature=0), stop_at_eos=False))
+    seq = list(prompt)
+    for step, token in enumerate(ours):
+        logits = oracle.logits(seq)[-1]
+        best = int(np.argmax(logits))
+        if token != best:
+            top2 = np.sort(logits)[-2:]
+            assert top2[1] - top2[0] < 1e-4 * np.abs(logits).max(), (variant, step)
+            break
+        seq.append(token)
+    assert len(ours) == 32
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_prompt_in_batches_equals_one_batch(tiny, variant):
+    """A prompt in batches of 4 (each batch's shared layers attending over what earlier batches stored), and
+    continued after a cached prefix, gives the logits of the whole prompt at once."""
+    _, power, _ = tiny(variant)
+    whole = Model(power, n_ctx=64, kv_type="f32").logits(PROMPTS[2])
+    batched = Model(power, n_ctx=64, n_batch=4, kv_type="f32").logits(PROMPTS[2])
+    np.testing.assert_allclose(batched, whole, rtol=0, atol=1e-5 * np.abs(whole).max())
+    model = Model(power, n_ctx=64, kv_type="f32")
+    model.eval(PROMPTS[2][:10])
+    last = model.eval(PROMPTS[2][10:], all_logits=True)
+    np.testing.assert_allclose(last, whole[10:], rtol=0, atol=1e-5 * np.abs(whole).max())
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_long_context_through_the_kv_cache(tiny, variant):
+    """600 tokens, far past the window (8 positions), in prompt batches of 128 and then one token at a time: the
+    last positions' logits equal transformers' over the whole sequence."""
+    oracle, power, _ = tiny(variant)
+    tokens = np.random.default_rng(3).integers(0, N_VOCAB, 600).tolist()
+    want = oracle.logits(tokens)[-6:]
+    model = Model(power, n_ctx=640, n_batch=128, kv_type="f32", n_threads=2)
+    model.eval(tokens[:-6])
+    got = np.stack([model.eval([t]).reshape(-1) for t in tokens[-6:]])
+    assert rel_err(got, want) < 1e-4
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_llama_cpp_layout_runs_like_the_powergguf(tiny, tmp_path, variant):
+    """The dense GGUF (ffn_down, no pyinfer keys: what llama.cpp's gemma4 loads) runs directly, and converted again
+    (GGUF input) runs the same."""
+    _, power, dense = tiny(variant)
+    again = str(tmp_path / "again.gguf")
+    assert conv.main([dense, "-o", again]) == 0
+    a = Model(power, n_ctx=64, kv_type="f32").logits(PROMPTS[2])
+    for path in (dense, again):
+        b = Model(path, n_ctx=64, kv_type="f32").logits(PROMPTS[2])
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(a).max())
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_names_and_keys_are_llama_cpps(tiny, variant):
+    """Every tensor of the dense file is the name gguf-py's map (llama.cpp's convert_hf_to_gguf.py) gives its HF
+    tensor, rope_freqs (llama.cpp's proportional-RoPE factors) aside; every gemma4 key is one of gguf-py's."""
+    oracle, _, dense = tiny(variant)
+    g = GGUFFile(dense)
+    names = get_tensor_name_map(MODEL_ARCH.GEMMA4, g.config.n_layer)
+    hp = conv._hparams(conv.read_json(f"{oracle.folder}/config.json", conv.CONFIG), "gemma4")
+    for ours, hf_name, _ in conv.tensor_map("gemma4", hp):
+        theirs = names.get_name(hf_name.removesuffix(".weight"))
+        assert theirs is not None and f"{theirs}.weight" == ours, (hf_name, theirs, ours)
+    assert set(g.tensors) - {t for t, *_ in conv.tensor_map("gemma4", hp)} == {"rope_freqs.weight"}
+    factors = np.frombuffer(g.tensors["rope_freqs.weight"].data, np.float32)
+    if variant == "gemma4_k_eq_v":  # default RoPE on the global layers: every pair rotated
+        assert (factors == 1.0).all()
+    else:  # a quarter of the global head (32): 4 of its 16 pairs rotated
+        assert factors.tolist() == [1.0] * 4 + [float(np.float32(1e30))] * 12
+    known = {v.replace("{arch}", "gemma4") for group in (Keys.LLM, Keys.Attention, Keys.Rope)
+             for v in vars(group).values() if isinstance(v, str) and v.startswith("{arch}.")}
+    assert {k for k in g.metadata if k.startswith("gemma4.")} <= known
+
+
+def test_refusals():
+    """What the converter does not convert is refused by name; an architecture pyinfer does not run is refused as
+    unsupported, not as malformed metadata."""
+    base = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "vocab_size": 300}
+    for extra, words in [({"enable_moe_block": True}, "mixture-of-experts"),
+                         ({"use_bidirectional_attention": "all"}, "bidirectional"),
+                         ({"rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 2.0}}}, "yarn")]:
+        with pytest.raises(UnsupportedError, match=words):
+            conv._hparams({**base, **extra}, "gemma4")
+    meta = {"general.architecture": "gemma4-assistant", "gemma4-assistant.block_count": "not a number"}
+    with pytest.raises(UnsupportedError, match="^unsupported architecture 'gemma4-assistant'"):
+        ModelConfig.from_metadata(meta)
+
+
+def test_shared_kv_needs_a_source_of_each_kind(tiny):
+    """A file whose shared layers include a kind no earlier layer computes a cache for is malformed."""
+    from pyinfer.errors import ModelFormatError
+
+    meta = dict(GGUFFile(tiny("gemma4_ple")[1]).metadata)
+    meta["gemma4.attention.sliding_window_pattern"] = [True, True, True, False, False]
+    with pytest.raises(ModelFormatError, match="no earlier layer of that kind"):
+        ModelConfig.from_metadata(meta)
