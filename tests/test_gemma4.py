@@ -48,7 +48,8 @@ def test_variants_exercise_the_features(tiny):
     for variant, cfg in cfgs.items():  # windowed layers of head size 16, global ones of 32 (attention_k_eq_v: with
         # num_global_key_value_heads, as transformers reads it only then)
         global_kv = 1 if variant == "gemma4_k_eq_v" else 2
-        assert (cfg.head_dim, cfg.head_dim_swa, cfg.layer_n_head_kv(0), cfg.layer_n_head_kv(4)) == (32, 16, 2, global_kv)
+        sizes = (cfg.head_dim, cfg.head_dim_swa, cfg.layer_n_head_kv(0), cfg.layer_n_head_kv(4))
+        assert sizes == (32, 16, 2, global_kv)
     ple = cfgs["gemma4_ple"]
     assert ple.n_embd_per_layer == 8 and ple.final_logit_softcap == 3.0
     assert [ple.kv_layer(il) for il in range(5)] == [0, 1, 2, 1, 2]
