@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hf_tiny import N_VOCAB, VARIANTS, build
+from hf_tiny import GEMMA4_VARIANTS, N_VOCAB, VARIANTS, build
 
 import pyinfer.converters.convert_hf_to_powergguf as conv
 from pyinfer.engine.driver import Model
@@ -69,6 +69,20 @@ def test_tiny_models_on_gpu_match_cpu(converted, variant, ngl):
         # every layer fuses its two norm -> mul; rope writes the keys into the cache; gated FFNs run as one GEMV
         glu = variant in ("llama_silu", "llama_relu", "llama_geglu")
         assert decode_fused_nodes(gpu_model) >= (6 if glu else 2) * VARIANT_LAYERS
+
+
+@pytest.mark.parametrize("variant", sorted(GEMMA4_VARIANTS))
+@pytest.mark.parametrize("ngl", [2, 99])
+def test_gemma4_on_gpu_matches_cpu(converted, variant, ngl):
+    """Gemma 4's per-layer head sizes, shared KV (a cache the first of its layers moves), per-layer embeddings and
+    softcap on the GPU, whole and in part, against the CPU engine."""
+    path = converted(variant)
+    cpu_model = Model(path, n_ctx=64, kv_type="f32")
+    gpu_model = Model(path, n_ctx=64, kv_type="f32", n_gpu_layers=ngl)
+    step_err = rel_err([gpu_model.eval([t]) for t in TOKENS[:6]], np.array([cpu_model.eval([t]) for t in TOKENS[:6]]))
+    batch_err = rel_err(gpu_model.logits(TOKENS), cpu_model.logits(TOKENS))
+    assert step_err < 1e-4, (variant, ngl, step_err)
+    assert batch_err < 3e-2, (variant, ngl, batch_err)
 
 
 def decode_fused_nodes(model: Model) -> int:
