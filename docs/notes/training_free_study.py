@@ -42,7 +42,7 @@ from pyinfer.hub.pull import pull
 from pyinfer.sparsity.corpus import documents, held_out_text, token_chunks
 
 METHODS = ("teal", "wina", "cats", "griffin", "griffin+cats", "teal-split", "gated", "greedy", "split14", "rot",
-           "sens", "rot-sens")
+           "sens", "rot-sens", "grot")
 SPLIT_H = 1.4  # the engine's split (pyinfer.sparsity.input_sparsity)
 ROWS = 64  # FFN inputs kept per layer and calibration chunk (rotated samples)
 SENS_X = (0.2, 0.4, 0.55, 0.7)  # levels at which one layer's x axis is sparsified alone
@@ -70,6 +70,8 @@ class Sparsifier:
         self.cov = [torch.zeros(0) for _ in self.mlps]  # per layer sum of x^T x over the calibration text
         self.rot = [torch.zeros(0) for _ in self.mlps]  # per layer PCA basis of x (columns, variance descending)
         self.overhead = 0.0  # FFN bytes a rotation reads per token, as a share of the FFN's
+        self.norm_w = [layer.post_attention_layernorm.weight.detach() for layer in hf.model.layers]
+        self.grot = torch.zeros(0)  # one PCA basis of the normalised residual stream, all layers pooled
         self.c_x = [torch.sqrt(m.gate_proj.weight.pow(2).sum(0) + m.up_proj.weight.pow(2).sum(0)) for m in self.mlps]
         self.c_h = [m.down_proj.weight.norm(dim=0) for m in self.mlps]
         self.kept = np.zeros(n_layer)  # fraction of FFN bytes read in the continuation, per layer
@@ -114,6 +116,15 @@ class Sparsifier:
             h = torch.where(keep_n, act * mlp.up_proj(x), torch.zeros_like(act))
             keep_h = h.abs() > self.t_h[il]
             self.kept[il] += float(keep_x.float().mean() + keep_n.float().mean() + keep_h.float().mean()) / 3
+            return mlp.down_proj(torch.where(keep_h, h, torch.zeros_like(h)))
+        if m == "grot":  # a residual rotation folded into every matrix: the FFN sees (x / w) Q, no bytes added
+            w, q = self.norm_w[il], self.grot
+            zr = (x / w) @ q
+            keep_x = zr.abs() > self.t_x[il]
+            xs = (torch.where(keep_x, zr, torch.zeros_like(zr)) @ q.T) * w
+            h = mlp.act_fn(mlp.gate_proj(xs)) * mlp.up_proj(xs)
+            keep_h = h.abs() > self.t_h[il]
+            self.kept[il] += float((keep_x.float().mean() * 2 + keep_h.float().mean()) / 3)
             return mlp.down_proj(torch.where(keep_h, h, torch.zeros_like(h)))
         if m in ("rot", "rot-sens"):
             q = self.rot[il]
@@ -168,6 +179,46 @@ def requantize_transposed(hf, type_name: str) -> None:
             lin.weight.data = torch.from_numpy(np.ascontiguousarray(back.T))
 
 
+GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+              "mlp.down_proj": "ffn_down"}
+
+
+def fold_rotation(hf, q: torch.Tensor, gguf_path: str | None) -> None:
+    """Rotates hf's residual stream by the orthogonal q (r -> r q) with every norm's weight folded into the matrices
+    that read it (an RMSNorm commutes with q once its weight is 1): the same function, computed in rotated
+    coordinates, so every FFN's input is RMSNorm(r) q. With gguf_path, each rotated matrix is then rounded again
+    in its type in that file, as a converter writing the rotated model would store it."""
+    from pyinfer.formats.gguf_file import GGUFFile
+    from pyinfer.native import ggml
+
+    types = {name: int(info.type) for name, info in GGUFFile(gguf_path).tensors.items()} if gguf_path else {}
+
+    def store(lin_weight: torch.Tensor, gguf_name: str) -> torch.Tensor:
+        t = types.get(gguf_name)
+        w = lin_weight.detach().numpy().astype(np.float32)
+        if t is None or t in (ggml.F32, ggml.F16) or w.shape[1] % ggml.block_size(t):
+            return torch.from_numpy(w)
+        return torch.from_numpy(ggml.dequantize(t, ggml.quantize(t, np.ascontiguousarray(w)), w.size).reshape(w.shape))
+
+    with torch.no_grad():
+        m = hf.model
+        head = (m.embed_tokens.weight * m.norm.weight) @ q  # the output head reads RMSNorm(r) w_f: untied
+        hf.lm_head.weight = torch.nn.Parameter(store(head, "output.weight"))
+        m.norm.weight.fill_(1.0)
+        m.embed_tokens.weight.copy_(store(m.embed_tokens.weight @ q, "token_embd.weight"))
+        for il, layer in enumerate(m.layers):
+            for norm, reads in ((layer.input_layernorm, ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+                                (layer.post_attention_layernorm, ("mlp.gate_proj", "mlp.up_proj"))):
+                for name in reads:
+                    lin = layer.get_submodule(name)
+                    lin.weight.copy_(store((lin.weight * norm.weight) @ q, f"blk.{il}.{GGUF_NAMES[name]}.weight"))
+                norm.weight.fill_(1.0)
+            for name in ("self_attn.o_proj", "mlp.down_proj"):  # they write the residual
+                lin = layer.get_submodule(name)
+                lin.weight.copy_(store(q.T @ lin.weight, f"blk.{il}.{GGUF_NAMES[name]}.weight"))
+
+
 def calibrate(sp: Sparsifier, hf, chunks: list[np.ndarray]) -> list[dict[str, torch.Tensor]]:
     """Per layer the calibration text's samples of every score (Sparsifier._samples)."""
     sp.capture, sp.method = [], "dense"
@@ -178,10 +229,18 @@ def calibrate(sp: Sparsifier, hf, chunks: list[np.ndarray]) -> list[dict[str, to
     per_layer = [{k: torch.cat([c[k] for c in sp.capture[il::n_layer]]) for k in sp.capture[0]}
                  for il in range(n_layer)]
     sp.capture = None
-    for il, c in enumerate(per_layer):
+    pooled = torch.zeros_like(sp.cov[0])
+    for il in range(n_layer):
         _, vecs = torch.linalg.eigh(sp.cov[il])
         sp.rot[il] = vecs.flip(1).float()  # columns by variance, descending
-        c["x_rot"] = (c.pop("rows") @ sp.rot[il]).abs().flatten()
+        w = sp.norm_w[il].double()
+        cz = sp.cov[il] / torch.outer(w, w)  # of x / w: the normalised residual
+        pooled += cz / torch.trace(cz)
+    sp.grot = torch.linalg.eigh(pooled)[1].flip(1).float()
+    for il, c in enumerate(per_layer):
+        rows = c.pop("rows")
+        c["x_rot"] = (rows @ sp.rot[il]).abs().flatten()
+        c["x_grot"] = ((rows / sp.norm_w[il]) @ sp.grot).abs().flatten()
     d, n_ff = sp.mlps[0].gate_proj.weight.shape[1], sp.mlps[0].gate_proj.weight.shape[0]
     sp.overhead = d / (3 * n_ff)
     return per_layer
@@ -206,6 +265,10 @@ def set_thresholds(sp: Sparsifier, cal: list[dict[str, torch.Tensor]], method: s
     elif method == "teal-split":
         s_h = min(0.95, 1.8 * b)
         sp.t_x = [quantile(c["x"], max(0.0, (3 * b - s_h) / 2)) for c in cal]
+        sp.t_h = [quantile(c["h"], s_h) for c in cal]
+    elif method == "grot":
+        s_h = min(0.95, SPLIT_H * b)
+        sp.t_x = [quantile(c["x_grot"], max(0.0, (3 * b - s_h) / 2)) for c in cal]
         sp.t_h = [quantile(c["h"], s_h) for c in cal]
     elif method in ("split14", "rot"):
         s_h = min(0.95, SPLIT_H * b)
@@ -355,6 +418,9 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=list(METHODS))
     ap.add_argument("--json", default=None)
     ap.add_argument("--transposed-type", default=None, help="q4_0, q4_k, q5_0, q6_k, q8_0 (see above)")
+    ap.add_argument("--fold-rotation", choices=["exact", "requantized"], default=None,
+                    help="rotate the model's residual stream by grot's basis first (fold_rotation), its matrices kept "
+                         "in float or rounded again in the file's types; the dense row is then the rotated model's")
     args = ap.parse_args()
     torch.set_num_threads(2)
     path = pull(args.model, progress=False)
@@ -370,6 +436,13 @@ def main() -> None:
     sp = Sparsifier(hf)
     sp.prompt = args.ctx // 2
     cal = calibrate(sp, hf, cal_chunks)
+    if args.fold_rotation:  # the model itself rotated (grot's basis), requantized; then calibrated again
+        sp.method = "dense"
+        print(f"{args.model}: dense continuation NLL before the rotation {nll(hf, sp, eval_chunks):.4f}", flush=True)
+        fold_rotation(hf, sp.grot, str(path) if args.fold_rotation == "requantized" else None)
+        sp = Sparsifier(hf)
+        sp.prompt = args.ctx // 2
+        cal = calibrate(sp, hf, cal_chunks)
     allocation = greedy_allocation(sp, cal, args.levels) if "greedy" in args.methods else {}
     sens_chunks = cal_chunks[-SENS_CHUNKS:]
     sens: dict[str, dict[str, np.ndarray]] = {}
