@@ -47,3 +47,27 @@ def host_only(monkeypatch):
 
     monkeypatch.setattr(offload, "_require_gpu", lambda what: None)
     monkeypatch.setattr(ggml.Tensor, "to_device", lambda self: self)
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """(variant, outtype) -> (TinyModel oracle, converted PowerGGUF path, the llama.cpp-layout dense GGUF path or
+    None (OPT has none)) of a tiny checkpoint (tests/hf_tiny.py VARIANTS or GEMMA4_VARIANTS), made once a session."""
+    from hf_tiny import GEMMA4_VARIANTS, VARIANTS, build
+
+    import pyinfer.converters.convert_hf_to_powergguf as conv
+
+    cache = {}
+
+    def get(variant: str, outtype: str = "f32"):
+        if (variant, outtype) not in cache:
+            folder = tmp_path_factory.mktemp(f"{variant}-{outtype}")
+            oracle = build(variant, str(folder / "hf"))
+            power, dense = str(folder / "m.gguf"), str(folder / "dense.gguf")
+            with_dense = {**VARIANTS, **GEMMA4_VARIANTS}[variant][0] != "opt"
+            args = [oracle.folder, "-o", power, "--outtype", outtype] + (["--dense-gguf", dense] if with_dense else [])
+            assert conv.main(args) == 0
+            cache[(variant, outtype)] = (oracle, power, dense if with_dense else None)
+        return cache[(variant, outtype)]
+
+    return get

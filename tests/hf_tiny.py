@@ -106,6 +106,19 @@ class TinyModel:
         with torch.no_grad(), mock.patch.object(torch.nn.functional, "softmax", softmax_f64):
             return self.model(torch.tensor([tokens])).logits[0].numpy()
 
+    def assert_greedy(self, prompt: list[int], tokens: list[int], label: str) -> None:
+        """tokens, greedily decoded after prompt, are the argmax of these logits recomputed from scratch each step;
+        a difference is allowed only where the top two logits tie within float32 rounding (then the rest may
+        differ too)."""
+        seq = list(prompt)
+        for step, token in enumerate(tokens):
+            logits = self.logits(seq)[-1]
+            if token != int(np.argmax(logits)):
+                top2 = np.sort(logits)[-2:]
+                assert top2[1] - top2[0] < 1e-4 * np.abs(logits).max(), (label, step)
+                return
+            seq.append(token)
+
 
 def save_tokenizer(folder: str) -> None:
     """Train a ~280-token byte-level BPE and save it with transformers (tokenizer.json, config, template)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
-from hf_tiny import N_VOCAB, VARIANTS, build, roundtrip_weights
+from hf_tiny import GEMMA4_VARIANTS, N_VOCAB, VARIANTS, roundtrip_weights
 
 import pyinfer.converters.convert_hf_to_powergguf as conv
 from pyinfer.engine.driver import Model
@@ -19,27 +19,7 @@ def rel_err(a, b) -> float:
     return float(np.abs(np.asarray(a, np.float64) - b).max() / np.abs(b).max())
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """(variant, outtype) -> (TinyModel oracle, converted PowerGGUF path, dense GGUF path or None)."""
-    cache = {}
-
-    def get(variant: str, outtype: str = "f32"):
-        if (variant, outtype) not in cache:
-            folder = tmp_path_factory.mktemp(f"{variant}-{outtype}")
-            oracle = build(variant, str(folder / "hf"))
-            power, dense = str(folder / "m.gguf"), str(folder / "dense.gguf")
-            args = [oracle.folder, "-o", power, "--outtype", outtype]
-            if VARIANTS[variant][0] != "opt":
-                args += ["--dense-gguf", dense]
-            assert conv.main(args) == 0
-            cache[(variant, outtype)] = (oracle, power, dense if VARIANTS[variant][0] != "opt" else None)
-        return cache[(variant, outtype)]
-
-    return get
-
-
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("variant", sorted(VARIANTS) + sorted(GEMMA4_VARIANTS))
 def test_f32_logits_match_transformers(tiny, variant):
     oracle, power, _ = tiny(variant)
     model = Model(power, n_ctx=64, kv_type="f32", n_threads=2)
@@ -52,7 +32,7 @@ def test_f32_logits_match_transformers(tiny, variant):
 
 @pytest.mark.parametrize("variant", ["llama_silu", "llama_relu", "qwen2", "qwen3", "gemma3", "mistral", "llama3_rope",
                                      "qwen3moe", "mixtral", "olmoe", "gpt_oss",
-                                     "llama_yarn", "falcon_7b", "falcon_40b", "opt"])
+                                     "llama_yarn", "falcon_7b", "falcon_40b", "opt", *sorted(GEMMA4_VARIANTS)])
 def test_greedy_32_steps_equal_transformers(tiny, variant):
     """Greedy decoding through the KV cache equals argmax of the float64 oracle recomputed from scratch;
     a difference is allowed only where the oracle's top two logits tie within float32 rounding."""
@@ -60,15 +40,7 @@ def test_greedy_32_steps_equal_transformers(tiny, variant):
     model = Model(power, n_ctx=64, kv_type="f32", n_threads=2)
     prompt = PROMPTS[1]
     ours = list(model.generate_tokens(prompt, 32, SamplerParams(temperature=0), stop_at_eos=False))
-    seq = list(prompt)
-    for step, token in enumerate(ours):
-        logits = oracle.logits(seq)[-1]
-        best = int(np.argmax(logits))
-        if token != best:
-            top2 = np.sort(logits)[-2:]
-            assert top2[1] - top2[0] < 1e-4 * np.abs(logits).max(), (variant, step)
-            break
-        seq.append(token)
+    oracle.assert_greedy(prompt, ours, variant)
     assert len(ours) == 32
 
 
