@@ -60,7 +60,8 @@ def test_quantized_logits_within_bounds(tiny, outtype, qtype, bound):
         assert rel_err(precise.logits(tokens), want) < 3e-4
 
 
-@pytest.mark.parametrize("variant", ["gemma3", "mistral", "llama3_rope", "llama_yarn", "gpt_oss"])
+@pytest.mark.parametrize("variant", ["gemma3", "mistral", "llama3_rope", "llama_yarn", "gpt_oss",
+                                     *sorted(GEMMA4_VARIANTS)])
 def test_long_context_beyond_the_window(tiny, variant):
     """2000 tokens, far past the sliding window (8) or the rope scaling's original context (16; YaRN's 1024),
     through the KV cache in prompt batches of 300 and then one token at a time: the last positions' logits equal
@@ -74,8 +75,9 @@ def test_long_context_beyond_the_window(tiny, variant):
     assert rel_err(got, want) < 1e-4
 
 
-def test_batches_and_cache_reuse_give_the_same_logits(tiny):
-    _, power, _ = tiny("qwen2")
+@pytest.mark.parametrize("variant", ["qwen2", *sorted(GEMMA4_VARIANTS)])  # Gemma 4: shared layers read earlier batches
+def test_batches_and_cache_reuse_give_the_same_logits(tiny, variant):
+    _, power, _ = tiny(variant)
     whole = Model(power, n_ctx=64, kv_type="f32").logits(PROMPTS[2])
     batched = Model(power, n_ctx=64, n_batch=4, kv_type="f32").logits(PROMPTS[2])
     np.testing.assert_allclose(batched, whole, rtol=0, atol=1e-5 * np.abs(whole).max())
@@ -85,7 +87,7 @@ def test_batches_and_cache_reuse_give_the_same_logits(tiny):
     np.testing.assert_allclose(last, whole[10:], rtol=0, atol=1e-5 * np.abs(whole).max())
 
 
-@pytest.mark.parametrize("variant", ["llama_silu", "qwen3", "mistral", "gemma3"])
+@pytest.mark.parametrize("variant", ["llama_silu", "qwen3", "mistral", "gemma3", *sorted(GEMMA4_VARIANTS)])
 def test_plain_gguf_runs_like_powergguf(tiny, tmp_path, variant):
     """A llama.cpp GGUF (ffn_down, no pyinfer keys), as real files of these families come, runs directly and
     converts (GGUF input) to a PowerGGUF that runs the same; llama.cpp's format has no activation key, so this

@@ -1,7 +1,7 @@
-"""Gemma 4's text model end to end: tiny random gemma4_text checkpoints (tests/hf_tiny.py GEMMA4_VARIANTS) through
-the converter and the engine against transformers in float64 (their logits and greedy decoding: test_engine.py's
-tests, which take these variants too); the converter's names and keys against llama.cpp's
-(gguf-py's tables, which its convert_hf_to_gguf.py writes with), and llama.cpp's layout of the file run directly."""
+"""Gemma 4's text model: tiny random gemma4_text checkpoints (tests/hf_tiny.py GEMMA4_VARIANTS) and what they
+exercise, the converter's names and keys against llama.cpp's (gguf-py's tables, which its convert_hf_to_gguf.py
+writes with), refusals. Their logits, greedy decoding, batches, 2000 tokens through the cache and llama.cpp's layout
+of the file against transformers in float64 are test_engine.py's tests, which take these variants too."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +11,6 @@ from gguf.constants import Keys
 from hf_tiny import GEMMA4_VARIANTS, N_VOCAB
 
 import pyinfer.converters.convert_hf_to_powergguf as conv
-from pyinfer.engine.driver import Model
 from pyinfer.errors import UnsupportedError
 from pyinfer.formats.gguf_file import GGUFFile
 from pyinfer.formats.model_config import ModelConfig
@@ -39,46 +38,6 @@ def test_variants_exercise_the_features(tiny):
     assert [ple.layer_n_ff(il) for il in range(5)] == [128, 128, 128, 256, 256]  # double-wide on the shared layers
     assert cfgs["gemma4_k_eq_v"].v_from_k and not cfgs["gemma4"].v_from_k
     assert cfgs["gemma4"].final_logit_softcap == 0.0 and not cfgs["gemma4"].tied_embeddings
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_prompt_in_batches_equals_one_batch(tiny, variant):
-    """A prompt in batches of 4 (each batch's shared layers attending over what earlier batches stored), and
-    continued after a cached prefix, gives the logits of the whole prompt at once."""
-    _, power, _ = tiny(variant)
-    whole = Model(power, n_ctx=64, kv_type="f32").logits(PROMPTS[2])
-    batched = Model(power, n_ctx=64, n_batch=4, kv_type="f32").logits(PROMPTS[2])
-    np.testing.assert_allclose(batched, whole, rtol=0, atol=1e-5 * np.abs(whole).max())
-    model = Model(power, n_ctx=64, kv_type="f32")
-    model.eval(PROMPTS[2][:10])
-    last = model.eval(PROMPTS[2][10:], all_logits=True)
-    np.testing.assert_allclose(last, whole[10:], rtol=0, atol=1e-5 * np.abs(whole).max())
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_long_context_through_the_kv_cache(tiny, variant):
-    """600 tokens, far past the window (8 positions), in prompt batches of 128 and then one token at a time: the
-    last positions' logits equal transformers' over the whole sequence."""
-    oracle, power, _ = tiny(variant)
-    tokens = np.random.default_rng(3).integers(0, N_VOCAB, 600).tolist()
-    want = oracle.logits(tokens)[-6:]
-    model = Model(power, n_ctx=640, n_batch=128, kv_type="f32", n_threads=2)
-    model.eval(tokens[:-6])
-    got = np.stack([model.eval([t]).reshape(-1) for t in tokens[-6:]])
-    assert rel_err(got, want) < 1e-4
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_llama_cpp_layout_runs_like_the_powergguf(tiny, tmp_path, variant):
-    """The dense GGUF (ffn_down, no pyinfer keys: what llama.cpp's gemma4 loads) runs directly, and converted again
-    (GGUF input) runs the same."""
-    _, power, dense = tiny(variant)
-    again = str(tmp_path / "again.gguf")
-    assert conv.main([dense, "-o", again]) == 0
-    a = Model(power, n_ctx=64, kv_type="f32").logits(PROMPTS[2])
-    for path in (dense, again):
-        b = Model(path, n_ctx=64, kv_type="f32").logits(PROMPTS[2])
-        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(a).max())
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
