@@ -235,7 +235,7 @@ def test_placement_charges_what_the_kernels_read(tiny_files, tmp_path):
     """model_costs of a file of input sparsity: a neuron is a column of the channel-major gate and up and a row of
     down_t (the row-major originals stay in host memory), read at the layer's channel density and its own
     frequency; a sparse-off load is charged whole for the row-major FFN it runs."""
-    from pyinfer.engine.placement import model_costs
+    from pyinfer.engine.placement import INPUT_FFN_ACTIVATIONS, model_costs
 
     path, _, _ = _calibrated(tiny_files, "llama_silu", 0.5, tmp_path / "input.gguf")
     g = GGUFFile(path)
@@ -248,10 +248,10 @@ def test_placement_charges_what_the_kernels_read(tiny_files, tmp_path):
         assert 0.35 < 1 - layer.freq.mean() < 0.65  # the target, 0.5, of the bytes skipped
     dense = model_costs(g, 64, 4, False, 32).layers[0]
     assert dense.neuron_bytes == 3 * 4 * d and np.all(dense.freq == 1) and dense.n_ff == n_ff
-    # a prompt batch of the input FFN holds gate, up, their product and its mask: two activations more
+    # a prompt batch of the input FFN is charged INPUT_FFN_ACTIVATIONS activations where a dense one has two
     widest = max(n_ff, 3 * d)
     extra = model_costs(g, 64, 4, True, 512).reserve_bytes - model_costs(g, 64, 4, False, 512).reserve_bytes
-    assert extra == 2 * 4 * 512 * widest
+    assert extra == (INPUT_FFN_ACTIVATIONS - 2) * 4 * 512 * widest
 
 
 def test_plan_places_an_input_file_sparse_and_says_the_gain(tiny_files, tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pyinfer.errors import PyInferError, UnsupportedError
+from pyinfer.errors import ModelFormatError, PyInferError, UnsupportedError
 from pyinfer.formats.gguf_file import GGUFFile
 from pyinfer.formats.gguf_reader import open_gguf
 from pyinfer.formats.tokenizer import Tokenizer
@@ -76,9 +76,11 @@ def test_gemma4_newline_runs_are_single_tokens(folder):
                         for n in runs)
 
 
-def test_vocabulary_only_file_of_an_architecture_pyinfer_does_not_run(folder):
-    """Gemma 4's file keeps a list per layer in attention.head_count_kv, which the rows of the architectures
-    pyinfer runs would call malformed: its tokenizer loads (above), and as a model it is refused for its
-    architecture, not for that key."""
-    with pytest.raises(UnsupportedError, match="unsupported architecture 'gemma4'"):
+def test_vocabulary_only_files_as_models_are_refused_in_one_line(folder):
+    """Gemma 4's file keeps a list per layer in attention.head_count_kv: its tokenizer loads (above), and as a model
+    (an architecture pyinfer runs) it is refused for holding no layers, not for that key; BERT's for its
+    architecture."""
+    with pytest.raises(ModelFormatError, match="block_count = 30: expected the 0 layers the tensors hold"):
         GGUFFile(vocab_file(folder, "gemma-4"))
+    with pytest.raises(UnsupportedError, match="unsupported architecture 'bert'"):
+        GGUFFile(vocab_file(folder, "bert-bge"))
