@@ -21,6 +21,12 @@ at a fraction b of the FFN's weight bytes skipped (gate, up and down equal in si
 - greedy: teal's two thresholds chosen per layer (x for gate and up, h for down) by TEAL's greedy allocation:
   in steps of 5 % of a matrix, the step that adds least relative error to its layer's FFN output on 512
   calibration tokens per byte it skips, until b of all FFN bytes are skipped.
+- split14: teal-split with the engine's split (s_h = min(0.95, 1.4 b));
+- rot: split14 on x rotated into its PCA basis per layer (LaRoSA), the d x d rotation's bytes counted as read;
+- sens: split14's axes, each layer's two shares chosen against its own end-to-end KL (one layer sparsified at a
+  time at SENS_X / SENS_H on SENS_CHUNKS calibration chunks), summed, by bisection on the price of a byte;
+- grot: split14 on (x / w) q with q one PCA basis of the normalised residual, all layers pooled: the model as a
+  residual rotation folded into its matrices would compute it (no bytes added); --fold-rotation folds it for real.
 Thresholds come from calibration text (shakespeare + bible), never from the held-out text (the Britannica 1911
 article on Shakespeare, as docs/BENCHMARKS.md's earlier sparsity studies). With --transposed-type T, gate and up
 are first stored channel-major in T and down neuron-major (in T where its rows of n_embd allow T's blocks, else
@@ -42,7 +48,7 @@ from pyinfer.hub.pull import pull
 from pyinfer.sparsity.corpus import documents, held_out_text, token_chunks
 
 METHODS = ("teal", "wina", "cats", "griffin", "griffin+cats", "teal-split", "gated", "greedy", "split14", "rot",
-           "sens", "rot-sens", "grot")
+           "sens", "grot")
 SPLIT_H = 1.4  # the engine's split (pyinfer.sparsity.input_sparsity)
 ROWS = 64  # FFN inputs kept per layer and calibration chunk (rotated samples)
 SENS_X = (0.2, 0.4, 0.55, 0.7)  # levels at which one layer's x axis is sparsified alone
@@ -126,7 +132,7 @@ class Sparsifier:
             keep_h = h.abs() > self.t_h[il]
             self.kept[il] += float((keep_x.float().mean() * 2 + keep_h.float().mean()) / 3)
             return mlp.down_proj(torch.where(keep_h, h, torch.zeros_like(h)))
-        if m in ("rot", "rot-sens"):
+        if m == "rot":
             q = self.rot[il]
             xr = x @ q
             keep_x = xr.abs() > self.t_x[il]
@@ -334,12 +340,11 @@ def greedy_allocation(sp: Sparsifier, cal: list[dict[str, torch.Tensor]],
     return found
 
 
-def sensitivity(hf, sp: Sparsifier, cal: list[dict[str, torch.Tensor]], chunks: list[np.ndarray],
-                key: str) -> dict[str, np.ndarray]:
+def sensitivity(hf, sp: Sparsifier, cal: list[dict[str, torch.Tensor]],
+                chunks: list[np.ndarray]) -> dict[str, np.ndarray]:
     """Per layer and axis the mean KL (dense || sparse) of the chunks' continuations with only that layer's axis
-    sparsified at each level of SENS_X / SENS_H (x thresholds on cal[l][key])."""
+    sparsified at each level of SENS_X / SENS_H."""
     n_layer = len(sp.mlps)
-    method = "rot-sens" if key == "x_rot" else "sens"
     sp.method = "dense"
     with torch.no_grad():
         dense = [torch.log_softmax(hf(torch.tensor(c[None].astype(np.int64))).logits[0, sp.prompt:].double(), -1)
@@ -355,19 +360,19 @@ def sensitivity(hf, sp: Sparsifier, cal: list[dict[str, torch.Tensor]], chunks: 
         return total / n
 
     out = {"x": np.zeros((n_layer, len(SENS_X))), "h": np.zeros((n_layer, len(SENS_H)))}
-    sp.method = method
+    sp.method = "sens"
     for il in range(n_layer):
         for axis, levels in (("x", SENS_X), ("h", SENS_H)):
             for j, s in enumerate(levels):
                 sp.t_x, sp.t_h = [-1.0] * n_layer, [-1.0] * n_layer
-                (sp.t_x if axis == "x" else sp.t_h)[il] = quantile(cal[il][key if axis == "x" else "h"], s)
+                (sp.t_x if axis == "x" else sp.t_h)[il] = quantile(cal[il][axis], s)
                 out[axis][il, j] = kl()
         print(f"sensitivity layer {il}: x {np.round(out['x'][il], 4).tolist()} h {np.round(out['h'][il], 4).tolist()}",
               flush=True)
     return out
 
 
-def allocate(sens: dict[str, np.ndarray], b: float, overhead: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+def allocate(sens: dict[str, np.ndarray], b: float) -> tuple[np.ndarray, np.ndarray]:
     """Per layer (s_x, s_h) minimising the summed KL (each curve interpolated, 0 at 0) for b of the FFN's bytes
     skipped on average, by bisection on the price of a byte."""
     grid_x = np.concatenate([[0.0], SENS_X])
@@ -379,7 +384,7 @@ def allocate(sens: dict[str, np.ndarray], b: float, overhead: float = 0.0) -> tu
     def pick(lam: float):
         sx = fine_x[np.argmin(lx - lam * (2 / 3) * fine_x, axis=1)]
         sh = fine_h[np.argmin(lh - lam * (1 / 3) * fine_h, axis=1)]
-        return sx, sh, float(np.mean((2 * sx + sh) / 3)) - overhead
+        return sx, sh, float(np.mean((2 * sx + sh) / 3))
 
     lo, hi = 0.0, 1e3
     for _ in range(100):
@@ -444,8 +449,7 @@ def main() -> None:
         sp.prompt = args.ctx // 2
         cal = calibrate(sp, hf, cal_chunks)
     allocation = greedy_allocation(sp, cal, args.levels) if "greedy" in args.methods else {}
-    sens_chunks = cal_chunks[-SENS_CHUNKS:]
-    sens: dict[str, dict[str, np.ndarray]] = {}
+    sens = sensitivity(hf, sp, cal, cal_chunks[-SENS_CHUNKS:]) if "sens" in args.methods else {}
     sp.method = "dense"
     base = nll(hf, sp, eval_chunks)
     rows = [{"method": "dense", "target": 0.0, "bytes_skipped": 0.0, "nll": base, "ppl_change": 0.0}]
@@ -458,18 +462,9 @@ def main() -> None:
             set_thresholds(sp, cal, method, b)
             if method == "greedy":
                 sp.t_x, sp.t_h = allocation[b]
-            if method in ("sens", "rot-sens"):
-                key = "x_rot" if method == "rot-sens" else "x"
-                if method not in sens:
-                    cached = Path(f"/tmp/sens-{args.model}-{method}.npz")
-                    if cached.exists():
-                        sens[method] = dict(np.load(cached))
-                    else:
-                        sens[method] = sensitivity(hf, sp, cal, sens_chunks, key)
-                        np.savez(cached, **sens[method])
-                sx, sh = allocate(sens[method], b, sp.overhead if method == "rot-sens" else 0.0)
-                sp.method, sp.b = method, b
-                sp.t_x = [quantile(c[key], q) if q > 0 else -1.0 for c, q in zip(cal, sx, strict=True)]
+            if method == "sens":
+                sx, sh = allocate(sens, b)
+                sp.t_x = [quantile(c["x"], q) if q > 0 else -1.0 for c, q in zip(cal, sx, strict=True)]
                 sp.t_h = [quantile(c["h"], q) if q > 0 else -1.0 for c, q in zip(cal, sh, strict=True)]
             sp.kept[:] = 0
             loss = nll(hf, sp, eval_chunks)
