@@ -71,6 +71,10 @@ def tanh(a) -> np.ndarray:
     return np.tanh(_f64(a))
 
 
+def abs(a) -> np.ndarray:  # noqa: A001 (the op's name)
+    return np.abs(_f64(a))
+
+
 # --- norms (over the last axis, no weight) ---
 
 def rms_norm(a, eps: float) -> np.ndarray:

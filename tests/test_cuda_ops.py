@@ -99,7 +99,7 @@ def assert_dot_close(got, want, bound, type_):
 @SETTINGS
 @given(rows=st.integers(1, 9), cols=st.integers(1, 700), seed=st.integers(0, 2**31),
        op=st.sampled_from(["add", "mul", "add_b", "mul_b", "scale", "silu", "gelu", "gelu_erf", "relu", "tanh",
-                           "view_add"]))
+                           "abs", "view_add"]))
 def test_elementwise(rows, cols, seed, op):
     rng = np.random.default_rng(seed)
     a = (rng.standard_normal((rows, cols)) * 3).astype(np.float32)
@@ -123,7 +123,7 @@ def test_elementwise(rows, cols, seed, op):
     want = {"add": lambda: ref.add(a, b), "mul": lambda: ref.mul(a, b), "add_b": lambda: ref.add(a, b),
             "mul_b": lambda: ref.mul(a, b), "scale": lambda: ref.scale(a, -1.75), "silu": lambda: ref.silu(a),
             "gelu": lambda: ref.gelu(a), "gelu_erf": lambda: ref.gelu_erf(a), "relu": lambda: ref.relu(a),
-            "tanh": lambda: ref.tanh(a),
+            "tanh": lambda: ref.tanh(a), "abs": lambda: ref.abs(a),
             "view_add": lambda: 2.0 * a}[op]()
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got, cpu, rtol=1e-5, atol=1e-6)
@@ -670,10 +670,10 @@ def test_streamed_weights_take_turns_in_one_copys_memory_whatever_their_size():
 @given(n=st.integers(1, 5), k=st.integers(1, 700), seed=st.integers(0, 2**31), act=st.sampled_from(["silu", "gelu"]),
        leak=st.booleans())
 def test_fused_input_sparsity_chains(n, k, seed, act, leak):
-    """Input sparsity's |x| - t mask (five nodes as models.sparse_ffn.over_threshold builds them) and act(gate) * up
+    """Input sparsity's |x| - t mask (abs, then add, as models.sparse_ffn.over_threshold builds it) and act(gate) * up
     (as input_ffn orders them) run as one kernel each on CUDA, against float64 and the CPU graph; chains whose
     intermediates are outputs too (leak) are left unfused."""
-    from pyinfer.models.sparse_ffn import _abs, over_threshold
+    from pyinfer.models.sparse_ffn import over_threshold
 
     rng = np.random.default_rng(seed)
     x, gate, up = (rng.standard_normal((n, k)).astype(np.float32) for _ in range(3))
@@ -683,7 +683,7 @@ def test_fused_input_sparsity_chains(n, k, seed, act, leak):
         xt = ctx.scale(tensor(ctx, x).to_device(), 1.0)  # made on the device, as a layer's input is
         neg_t = tensor(ctx, -t)
         if leak:
-            abs_x = _abs(ctx, xt)
+            abs_x = ctx.abs(xt)
             mask = ctx.add(abs_x, neg_t)
         else:
             mask = over_threshold(ctx, xt, neg_t)
@@ -693,7 +693,7 @@ def test_fused_input_sparsity_chains(n, k, seed, act, leak):
 
     n_fused = []
     got, cpu = run(build, "cuda", n_fused), run(build, "cpu")
-    assert n_fused == [0 if leak else 5]
+    assert n_fused == [0 if leak else 2]
     want_mask = np.abs(x.astype(np.float64)) - t
     want_h = getattr(ref, act)(gate.astype(np.float64)) * up
     for result in (got, cpu):
@@ -703,9 +703,9 @@ def test_fused_input_sparsity_chains(n, k, seed, act, leak):
 
 def test_fused_intermediates_take_no_memory():
     """A fused run's intermediates, which its kernel never writes and nothing after it reads, get no graph memory:
-    a 512-token |x| - t chain holds its input and output only (its four intermediates, alive to the run's end, had
+    a 512-token |x| - t chain holds its input and output only (its intermediates, alive to the run's end, had
     pushed a prompt's graph over a VRAM budget); one read after the run keeps its memory."""
-    from pyinfer.models.sparse_ffn import _abs, over_threshold
+    from pyinfer.models.sparse_ffn import over_threshold
 
     n, k = 512, 4096
     act_bytes = 4 * n * k
@@ -715,8 +715,8 @@ def test_fused_intermediates_take_no_memory():
         ctx = ggml.Context(64 << 20)
         xt = ctx.scale(tensor(ctx, x).to_device(), 1.0)
         neg_t = tensor(ctx, np.full(k, -0.5, dtype=np.float32))
-        if leak:  # the same five nodes, the sum of the two relus also an output
-            abs_x = _abs(ctx, xt)
+        if leak:  # the same nodes, |x| also an output
+            abs_x = ctx.abs(xt)
             outputs = [ctx.add(abs_x, neg_t), abs_x]
         else:
             outputs = [over_threshold(ctx, xt, neg_t)]
@@ -730,4 +730,4 @@ def test_fused_intermediates_take_no_memory():
         return used
 
     assert graph_bytes(False) <= 2 * act_bytes + (1 << 20)  # xt and the mask
-    assert graph_bytes(True) >= 3 * act_bytes  # unfused: two relus and their sum live at once
+    assert graph_bytes(True) >= 2 * act_bytes  # unfused: |x| and the mask, both outputs, held to the end

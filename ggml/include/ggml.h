@@ -57,6 +57,7 @@ enum ggml_op {
     GGML_OP_RELU,
     GGML_OP_GELU_ERF,     // exact GELU, x * Phi(x) (transformers' nn.GELU: Falcon)
     GGML_OP_TANH,         // tanh(x): final logit softcapping, c tanh(x / c) (Gemma 2-4)
+    GGML_OP_ABS,          // |x|: input sparsity's masks, |x| - t
     GGML_OP_RMS_NORM,     // x / sqrt(mean(x^2) + eps) per row
     GGML_OP_LAYER_NORM,   // (x - mean) / sqrt(var + eps) per row
     GGML_OP_MUL_MAT,      // y[n, m] = W[n, :] . x[:, m]
@@ -164,6 +165,7 @@ struct ggml_tensor *ggml_silu(struct ggml_context *ctx, struct ggml_tensor *a);
 struct ggml_tensor *ggml_gelu(struct ggml_context *ctx, struct ggml_tensor *a);
 struct ggml_tensor *ggml_gelu_erf(struct ggml_context *ctx, struct ggml_tensor *a);
 struct ggml_tensor *ggml_tanh(struct ggml_context *ctx, struct ggml_tensor *a);
+struct ggml_tensor *ggml_abs(struct ggml_context *ctx, struct ggml_tensor *a);
 struct ggml_tensor *ggml_relu(struct ggml_context *ctx, struct ggml_tensor *a);
 struct ggml_tensor *ggml_rms_norm(struct ggml_context *ctx, struct ggml_tensor *a, float eps);
 struct ggml_tensor *ggml_layer_norm(struct ggml_context *ctx, struct ggml_tensor *a, float eps);

@@ -429,6 +429,7 @@ struct ggml_tensor *ggml_gelu_erf(struct ggml_context *ctx, struct ggml_tensor *
     return unary_op(ctx, GGML_OP_GELU_ERF, a);
 }
 struct ggml_tensor *ggml_tanh(struct ggml_context *ctx, struct ggml_tensor *a) { return unary_op(ctx, GGML_OP_TANH, a); }
+struct ggml_tensor *ggml_abs(struct ggml_context *ctx, struct ggml_tensor *a) { return unary_op(ctx, GGML_OP_ABS, a); }
 
 static struct ggml_tensor *norm_op(struct ggml_context *ctx, enum ggml_op op, struct ggml_tensor *a, float eps) {
     CHECK_ARG(a && ggml_is_contiguous(a), "norms take a contiguous tensor");

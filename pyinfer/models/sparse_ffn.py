@@ -140,13 +140,9 @@ def split_input_ffn(b, il: int, h: ggml.Tensor, k: int) -> ggml.Tensor:
     return ctx.add(hot, cold)
 
 
-def _abs(ctx: ggml.Context, x: ggml.Tensor) -> ggml.Tensor:
-    return ctx.add(ctx.relu(x), ctx.relu(ctx.scale(x, -1.0)))
-
-
 def over_threshold(ctx: ggml.Context, x: ggml.Tensor, neg_t: ggml.Tensor) -> ggml.Tensor:
     """|x| - t, positive where an entry passes its threshold; neg_t holds -t per column."""
-    return ctx.add(_abs(ctx, x), neg_t)
+    return ctx.add(ctx.abs(x), neg_t)
 
 
 def _active(b, il: int, act: ggml.Tensor) -> ggml.Tensor:
@@ -156,7 +152,7 @@ def _active(b, il: int, act: ggml.Tensor) -> ggml.Tensor:
     neg_t = b.sparse.neg_thresholds.get(il)
     if neg_t is None and b.cfg.ffn_kind in ("relu", "drelu"):
         return act
-    return over_threshold(ctx, act, neg_t) if neg_t is not None else _abs(ctx, act)
+    return over_threshold(ctx, act, neg_t) if neg_t is not None else ctx.abs(act)
 
 
 def predict(b, il: int, h: ggml.Tensor) -> ggml.Tensor:

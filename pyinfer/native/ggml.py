@@ -257,6 +257,9 @@ class Context:
     def tanh(self, a: Tensor) -> Tensor:
         return self._t(lib.ggml_tanh(self.ptr, a.ptr))
 
+    def abs(self, a: Tensor) -> Tensor:
+        return self._t(lib.ggml_abs(self.ptr, a.ptr))
+
     def relu(self, a: Tensor) -> Tensor:
         return self._t(lib.ggml_relu(self.ptr, a.ptr))
 

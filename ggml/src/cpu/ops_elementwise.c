@@ -1,4 +1,4 @@
-// ops_elementwise.c: copy/convert, get_rows, add, mul, scale, silu, gelu (tanh, erf), relu, tanh.
+// ops_elementwise.c: copy/convert, get_rows, add, mul, scale, silu, gelu (tanh, erf), relu, tanh, abs.
 // Sources may be views: rows are found through nb[1..3]; rows split evenly over the threads.
 #include "exp_avx2.h"
 #include "ops_kernels.h"
@@ -113,7 +113,7 @@ int ggml_cpu_op_binary(const struct ggml_compute_params *p, struct ggml_tensor *
 }
 
 // ---------------------------------------------------------------------------------------------------
-// SCALE, SILU, GELU, RELU, GELU_ERF, TANH
+// SCALE, SILU, GELU, RELU, GELU_ERF, TANH, ABS
 // ---------------------------------------------------------------------------------------------------
 
 #if defined(__x86_64__)
@@ -159,6 +159,9 @@ static void unary_row(enum ggml_op op, float s, const float *x, float *y, int64_
         break;
     case GGML_OP_TANH: // once per logit of the tokens asked for: libm's speed is enough
         for (int64_t i = 0; i < n; i++) y[i] = tanhf(x[i]);
+        break;
+    case GGML_OP_ABS:
+        for (int64_t i = 0; i < n; i++) y[i] = fabsf(x[i]);
         break;
     default: // RELU; NaN stays NaN
         for (int64_t i = 0; i < n; i++) y[i] = x[i] < 0.0f ? 0.0f : x[i];

@@ -85,6 +85,7 @@ static __device__ __forceinline__ float cuda_act(int op, float x) {
     if (op == GGML_OP_GELU) return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
     if (op == GGML_OP_GELU_ERF) return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
     if (op == GGML_OP_TANH) return tanhf(x);
+    if (op == GGML_OP_ABS) return fabsf(x);
     return x < 0.0f ? 0.0f : x; // RELU; NaN stays NaN
 }
 
@@ -206,9 +207,9 @@ template <typename Launch> static void with_weight_type(enum ggml_type type, con
 int cuda_op_cpy(struct ggml_tensor *dst, cudaStream_t st);
 int cuda_op_get_rows(struct ggml_tensor *dst, cudaStream_t st);
 int cuda_op_binary(struct ggml_tensor *dst, cudaStream_t st);
-// dst = pre(a) + b or pre(a) * b (b: a's shape or one row broadcast); pre: CUDA_PRE_NONE, CUDA_PRE_ABS or an
-// activation op (GGML_OP_SILU, ...): the fused runs |x| - t and act(gate) * up (fusion.cu)
-enum { CUDA_PRE_NONE = -1, CUDA_PRE_ABS = -2 };
+// dst = pre(a) + b or pre(a) * b (b: a's shape or one row broadcast); pre: CUDA_PRE_NONE or a unary op whose
+// function is cuda_act's (GGML_OP_SILU, GGML_OP_ABS, ...): the fused unary -> add/mul (fusion.cu)
+enum { CUDA_PRE_NONE = -1 };
 int cuda_binary(const struct ggml_tensor *a, int pre, const struct ggml_tensor *b, struct ggml_tensor *dst, bool add,
                 cudaStream_t st);
 int cuda_op_unary(struct ggml_tensor *dst, cudaStream_t st);

@@ -1,5 +1,6 @@
 // elementwise.cu: cpy/convert, get_rows (every dequantizable type), add/mul with row broadcast (and, fused, of
-// |a| or act(a)), scale, silu, gelu (tanh), relu, tanh, and the dequantization of weight rows to F16 used by the GEMM.
+// a unary op of a), scale, silu, gelu (tanh), relu, tanh, abs, and the dequantization of weight rows to F16 used by
+// the GEMM.
 // Sources may be views: rows are found through nb[1..3] (rows themselves are contiguous).
 #include "common.cuh"
 
@@ -82,7 +83,7 @@ int cuda_op_get_rows(struct ggml_tensor *dst, cudaStream_t st) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// ADD, MUL (b is a's shape or one row broadcast over a's rows); SCALE, SILU, GELU, GELU_ERF, TANH, RELU
+// ADD, MUL (b is a's shape or one row broadcast over a's rows); SCALE, SILU, GELU, GELU_ERF, TANH, ABS, RELU
 // ---------------------------------------------------------------------------------------------------
 
 // Where rows hold whole 16-byte chunks, a thread moves four values a load (V = 4): one float a thread kept too
@@ -101,10 +102,8 @@ static __device__ __forceinline__ float unop(int op, float s, float x) {
 static __device__ __forceinline__ float4 unop(int op, float s, float4 x) {
     return make_float4(unop(op, s, x.x), unop(op, s, x.y), unop(op, s, x.z), unop(op, s, x.w));
 }
-// what a fused add/mul applies to its first operand first (fusion.cu): nothing, |x|, or an activation
-static __device__ __forceinline__ float preop(int pre, float x) {
-    return pre == CUDA_PRE_NONE ? x : pre == CUDA_PRE_ABS ? fabsf(x) : cuda_act(pre, x);
-}
+// what a fused add/mul applies to its first operand first (fusion.cu): nothing, or a unary op
+static __device__ __forceinline__ float preop(int pre, float x) { return pre == CUDA_PRE_NONE ? x : cuda_act(pre, x); }
 static __device__ __forceinline__ float4 preop(int pre, float4 x) {
     return make_float4(preop(pre, x.x), preop(pre, x.y), preop(pre, x.z), preop(pre, x.w));
 }

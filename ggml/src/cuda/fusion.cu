@@ -9,8 +9,7 @@
 //   rope q, rope k -> kv_store, kv_store v         (q, k, v views of one projection: one kernel for all three)
 //   one token's gate rows, act, up rows, mul -> axpy of down_t under the predictor's mask (sparse_ffn.cu), and
 //   the residual add after it (the sum starts from the residual instead of 0)
-//   relu(x), scale(x, -1), relu, add, add of a row            (|x| + t: input sparsity's masks)
-//   silu/gelu/relu -> mul                                     (act(gate) * up of input sparsity's FFN)
+//   silu/gelu/relu/abs -> add or mul                          (input sparsity's |x| - t and act(gate) * up)
 // and quantized GEMVs of the same x (q, k, v) quantize it once, or not at all when the norm that made x
 // left it quantized.
 #include "common.cuh"
@@ -99,27 +98,15 @@ static int match_rope_qkv(struct ggml_tensor *const *nd, const int *readers, int
     return readers[1] == 1 && readers[2] == 1 && readers[4] == 1 ? 6 : 0;
 }
 
-// models/sparse_ffn.py's over_threshold: add(add(relu(x), relu(scale(x, -1))), t) with t one row, |x| + t
-static int match_abs_add(struct ggml_tensor *const *nd, const int *readers, int n) {
-    if (n < 5) return 0;
-    const struct ggml_tensor *pos = nd[0], *neg = nd[1], *rneg = nd[2], *sum = nd[3], *out = nd[4];
-    if (pos->op != GGML_OP_RELU || neg->op != GGML_OP_SCALE || rneg->op != GGML_OP_RELU || sum->op != GGML_OP_ADD ||
-        out->op != GGML_OP_ADD)
+// u = silu/gelu/relu/abs(a) -> add or mul of u and b: b of a's shape, or one row that u's op broadcasts as its
+// second operand
+static int match_unary_binary(struct ggml_tensor *const *nd, const int *readers, int n) {
+    if (n < 2 || !(is_act(nd[0]) || nd[0]->op == GGML_OP_ABS) || (nd[1]->op != GGML_OP_ADD && nd[1]->op != GGML_OP_MUL))
         return 0;
-    const struct ggml_tensor *x = pos->src[0], *t = other_src(out, sum);
-    if (neg->src[0] != x || ggml_op_param_f32(neg, 0) != -1.0f || rneg->src[0] != neg || other_src(sum, pos) != rneg)
-        return 0;
-    if (!t || t == sum || t->type != GGML_TYPE_F32 || t->ne[0] != x->ne[0] || ggml_nrows(t) != 1) return 0;
-    if (x->type != GGML_TYPE_F32 || out->src[0] != sum) return 0; // t broadcast as add's second operand
-    return private_run(nd, readers, 5) ? 5 : 0;
-}
-
-// act(a) -> mul(act, b) or mul(b, act), b of a's shape
-static int match_act_mul(struct ggml_tensor *const *nd, const int *readers, int n) {
-    if (n < 2 || !is_act(nd[0]) || nd[1]->op != GGML_OP_MUL) return 0;
     const struct ggml_tensor *a = nd[0]->src[0], *b = other_src(nd[1], nd[0]);
-    if (!b || b == nd[0] || a->type != GGML_TYPE_F32 || b->type != GGML_TYPE_F32) return 0;
-    if (b->ne[0] != a->ne[0] || ggml_nrows(b) != ggml_nrows(a)) return 0;
+    if (!b || b == nd[0] || a->type != GGML_TYPE_F32 || b->type != GGML_TYPE_F32 || b->ne[0] != a->ne[0]) return 0;
+    const bool broadcast = ggml_nrows(b) == 1 && ggml_nrows(a) > 1;
+    if ((broadcast && nd[1]->src[0] != nd[0]) || (!broadcast && ggml_nrows(b) != ggml_nrows(a))) return 0;
     return private_run(nd, readers, 2) ? 2 : 0;
 }
 
@@ -191,10 +178,8 @@ extern "C" void ggml_cuda_plan_groups(struct ggml_tensor *const *nodes, int n, c
             g.kind = GGML_CUDA_FUSE_ROPE_QKV;
         else if ((len = match_rope_store(nodes + i, readers + i, n - i)))
             g.kind = GGML_CUDA_FUSE_ROPE_STORE;
-        else if ((len = match_abs_add(nodes + i, readers + i, n - i)))
-            g.kind = GGML_CUDA_FUSE_ABS_ADD;
-        else if ((len = match_act_mul(nodes + i, readers + i, n - i)))
-            g.kind = GGML_CUDA_FUSE_ACT_MUL;
+        else if ((len = match_unary_binary(nodes + i, readers + i, n - i)))
+            g.kind = GGML_CUDA_FUSE_UNARY_BINARY;
         g.len = len ? len : 1;
         if (on_cuda(nodes[i])) { // CPU nodes do not touch the device scratch
             const struct ggml_tensor *x = quantized_x(nodes[i]);
@@ -238,9 +223,8 @@ extern "C" int ggml_cuda_forward_group(const struct ggml_cuda_group *group, stru
     case GGML_CUDA_FUSE_GEMV_ACT:
         e.act = last->op;
         return cuda_rows_dot(node->src[0], node->src[1], last, all, wdata, st, e);
-    case GGML_CUDA_FUSE_ABS_ADD: return cuda_binary(node->src[0], CUDA_PRE_ABS, other_src(last, nodes[3]), last, true, st);
-    case GGML_CUDA_FUSE_ACT_MUL:
-        return cuda_binary(node->src[0], node->op, other_src(last, node), last, false, st);
+    case GGML_CUDA_FUSE_UNARY_BINARY:
+        return cuda_binary(node->src[0], node->op, other_src(last, node), last, last->op == GGML_OP_ADD, st);
     case GGML_CUDA_FUSE_GLU:
         e.up = nodes[2]->src[0];
         e.act = nodes[1]->op;
