@@ -75,6 +75,17 @@ def abs(a) -> np.ndarray:  # noqa: A001 (the op's name)
     return np.abs(_f64(a))
 
 
+def sigmoid(a) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-_f64(a)))
+
+
+def softplus(a) -> np.ndarray:
+    """torch's: log(1 + exp(x)), x itself above 20."""
+    a = _f64(a)
+    return np.where(a > 20.0, a, np.log1p(np.exp(np.minimum(a, 20.0))))
+
+
 # --- norms (over the last axis, no weight) ---
 
 def rms_norm(a, eps: float) -> np.ndarray:
@@ -264,3 +275,33 @@ def sparse_ffn(bundle, x, kind: str, sel=None, threshold: float = 0.0) -> np.nda
     counts = selection(sel, rows.shape[0], x.shape[0]) * (np.abs(act) > threshold)
     taken = (counts > 0).astype(np.float64)
     return np.concatenate([axpy_rows(down_t, act * counts, taken), taken], axis=1)
+
+
+# --- linear attention (Qwen3.5's gated delta net) ---
+
+def ssm_conv(state, x, w, fresh: bool) -> tuple[np.ndarray, np.ndarray]:
+    """state (K-1, C), x (n, C), w (C, K) -> (y (n, C), the new state (K-1, C)); fresh: the state taken as zeros."""
+    state, x, w = _f64(state), _f64(x), _f64(w)
+    k = w.shape[1]
+    xx = np.concatenate([np.zeros_like(state) if fresh else state, x])  # (K-1 + n, C)
+    y = np.stack([(xx[t:t + k] * w.T).sum(axis=0) for t in range(x.shape[0])])
+    return y, xx[-(k - 1):]
+
+
+def delta_net(state, q, k, v, g, beta, scale: float, fresh: bool) -> tuple[np.ndarray, np.ndarray]:
+    """state (H, D_v, D_k) (each head's S transposed), q and k (n, H_k, D_k), v (n, H, D_v), g and beta (n, H);
+    value head h reads key head h % H_k -> (out (n, H, D_v), the new state)."""
+    s = np.zeros_like(_f64(state)) if fresh else _f64(state).copy()
+    q, k, v, g, beta = (_f64(a) for a in (q, k, v, g, beta))
+    n, h = v.shape[:2]
+    hk = k.shape[1]
+    out = np.empty_like(v)
+    for t in range(n):
+        for head in range(h):
+            st = s[head]  # (D_v, D_k): row j is S's column j
+            st *= np.exp(g[t, head])
+            kt, qt = k[t, head % hk], q[t, head % hk]
+            delta = beta[t, head] * (v[t, head] - st @ kt)  # (D_v,)
+            st += np.outer(delta, kt)
+            out[t, head] = scale * (st @ qt)
+    return out, s

@@ -99,7 +99,7 @@ def assert_dot_close(got, want, bound, type_):
 @SETTINGS
 @given(rows=st.integers(1, 9), cols=st.integers(1, 700), seed=st.integers(0, 2**31),
        op=st.sampled_from(["add", "mul", "add_b", "mul_b", "scale", "silu", "gelu", "gelu_erf", "relu", "tanh",
-                           "abs", "view_add"]))
+                           "abs", "sigmoid", "softplus", "view_add"]))
 def test_elementwise(rows, cols, seed, op):
     rng = np.random.default_rng(seed)
     a = (rng.standard_normal((rows, cols)) * 3).astype(np.float32)
@@ -123,7 +123,8 @@ def test_elementwise(rows, cols, seed, op):
     want = {"add": lambda: ref.add(a, b), "mul": lambda: ref.mul(a, b), "add_b": lambda: ref.add(a, b),
             "mul_b": lambda: ref.mul(a, b), "scale": lambda: ref.scale(a, -1.75), "silu": lambda: ref.silu(a),
             "gelu": lambda: ref.gelu(a), "gelu_erf": lambda: ref.gelu_erf(a), "relu": lambda: ref.relu(a),
-            "tanh": lambda: ref.tanh(a), "abs": lambda: ref.abs(a),
+            "tanh": lambda: ref.tanh(a), "abs": lambda: ref.abs(a), "sigmoid": lambda: ref.sigmoid(a),
+            "softplus": lambda: ref.softplus(a),
             "view_add": lambda: 2.0 * a}[op]()
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got, cpu, rtol=1e-5, atol=1e-6)

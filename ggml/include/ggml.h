@@ -58,6 +58,8 @@ enum ggml_op {
     GGML_OP_GELU_ERF,     // exact GELU, x * Phi(x) (transformers' nn.GELU: Falcon)
     GGML_OP_TANH,         // tanh(x): final logit softcapping, c tanh(x / c) (Gemma 2-4)
     GGML_OP_ABS,          // |x|: input sparsity's masks, |x| - t
+    GGML_OP_SIGMOID,      // 1 / (1 + exp(-x)): gates (Qwen3.5's attention output, the delta rule's write strength)
+    GGML_OP_SOFTPLUS,     // log(1 + exp(x)), x above 20 as is (torch's): the delta rule's decay step
     GGML_OP_RMS_NORM,     // x / sqrt(mean(x^2) + eps) per row
     GGML_OP_LAYER_NORM,   // (x - mean) / sqrt(var + eps) per row
     GGML_OP_MUL_MAT,      // y[n, m] = W[n, :] . x[:, m]
@@ -70,6 +72,8 @@ enum ggml_op {
     GGML_OP_SPARSE_FFN,   // a whole FFN over the selected neurons, each neuron's rows read together
     GGML_OP_TOP_K,        // I32 indices of each row's k largest values, largest first
     GGML_OP_MOE_FFN,      // the FFN of a mixture of experts: each token's routed experts, weighted and summed
+    GGML_OP_SSM_CONV,     // causal depthwise convolution over the tokens, its last inputs kept in a state leaf
+    GGML_OP_DELTA_NET,    // the gated delta rule: per head a matrix state, decayed, corrected and read per token
     GGML_OP_TRANSFER,     // inserted by the planner: src0's bytes copied to another backend
     GGML_OP_COUNT,
 };
@@ -167,6 +171,8 @@ struct ggml_tensor *ggml_gelu_erf(struct ggml_context *ctx, struct ggml_tensor *
 struct ggml_tensor *ggml_tanh(struct ggml_context *ctx, struct ggml_tensor *a);
 struct ggml_tensor *ggml_abs(struct ggml_context *ctx, struct ggml_tensor *a);
 struct ggml_tensor *ggml_relu(struct ggml_context *ctx, struct ggml_tensor *a);
+struct ggml_tensor *ggml_sigmoid(struct ggml_context *ctx, struct ggml_tensor *a);
+struct ggml_tensor *ggml_softplus(struct ggml_context *ctx, struct ggml_tensor *a);
 struct ggml_tensor *ggml_rms_norm(struct ggml_context *ctx, struct ggml_tensor *a, float eps);
 struct ggml_tensor *ggml_layer_norm(struct ggml_context *ctx, struct ggml_tensor *a, float eps);
 // w: [k, n] any weight type; x: [k, m] F32 -> [n, m] F32
@@ -223,6 +229,19 @@ struct ggml_tensor *ggml_top_k(struct ggml_context *ctx, struct ggml_tensor *a, 
 // Mixtral and Qwen3-MoE) or over all experts (OLMoE). kind: SWIGLU, GEGLU or SWIGLU_OAI. biases: NULL or F32
 // [2 n_ff + d, n_expert], by expert (not by matrix): gate's, up's and down's (added before the weighting; gpt-oss).
 struct ggml_tensor *ggml_moe_ffn(struct ggml_context *ctx, struct ggml_tensor *gate, struct ggml_tensor *up, struct ggml_tensor *down, struct ggml_tensor *x, struct ggml_tensor *ids, struct ggml_tensor *logits, struct ggml_tensor *slots, struct ggml_tensor *biases, enum ggml_ffn_kind kind, bool norm);
+
+// linear attention (Qwen3.5's gated delta net). Both ops carry a sequence between graphs in a state leaf that they
+// read and overwrite in place, so they run where it lives (as kv_store). The state stands after pos[0] tokens of
+// the sequence: at pos[0] == 0 it is taken as zeros, not read. pos: [n] I32, consecutive positions.
+// ssm_conv: state [C, K-1] F32, the K-1 inputs before x; x [C, n] F32; w [K, C] F32, channel c's taps, oldest
+// first. -> [C, n]: y[c, t] = sum over j of w[j, c] * xx[c, t + j], xx the state's rows then x's; the state
+// becomes xx's last K-1 rows
+struct ggml_tensor *ggml_ssm_conv(struct ggml_context *ctx, struct ggml_tensor *state, struct ggml_tensor *x, struct ggml_tensor *w, struct ggml_tensor *pos);
+// delta_net: state [D_k, D_v, H] F32, head h's matrix S (D_k x D_v) transposed (row j is S's column j); q, k
+// [D_k, H_k, n] F32 (strided rows allowed), v [D_v, H, n], g and beta [H, n] F32 (per head and token the log
+// decay and the write strength). Value head h reads query and key head h % H_k (llama.cpp's tiled order).
+// Per token: S = exp(g) S; S += k (beta (v - S^T k))^T; out = scale S^T q. -> [D_v, H, n]
+struct ggml_tensor *ggml_delta_net(struct ggml_context *ctx, struct ggml_tensor *state, struct ggml_tensor *q, struct ggml_tensor *k, struct ggml_tensor *v, struct ggml_tensor *g, struct ggml_tensor *beta, struct ggml_tensor *pos, float scale);
 
 // --- graphs: built from output tensors, planned once (buffers for intermediates), computed many times ---
 struct ggml_cgraph *ggml_graph_new(struct ggml_context *ctx);

@@ -430,6 +430,12 @@ struct ggml_tensor *ggml_gelu_erf(struct ggml_context *ctx, struct ggml_tensor *
 }
 struct ggml_tensor *ggml_tanh(struct ggml_context *ctx, struct ggml_tensor *a) { return unary_op(ctx, GGML_OP_TANH, a); }
 struct ggml_tensor *ggml_abs(struct ggml_context *ctx, struct ggml_tensor *a) { return unary_op(ctx, GGML_OP_ABS, a); }
+struct ggml_tensor *ggml_sigmoid(struct ggml_context *ctx, struct ggml_tensor *a) {
+    return unary_op(ctx, GGML_OP_SIGMOID, a);
+}
+struct ggml_tensor *ggml_softplus(struct ggml_context *ctx, struct ggml_tensor *a) {
+    return unary_op(ctx, GGML_OP_SOFTPLUS, a);
+}
 
 static struct ggml_tensor *norm_op(struct ggml_context *ctx, enum ggml_op op, struct ggml_tensor *a, float eps) {
     CHECK_ARG(a && ggml_is_contiguous(a), "norms take a contiguous tensor");
@@ -695,5 +701,54 @@ struct ggml_tensor *ggml_moe_ffn(struct ggml_context *ctx, struct ggml_tensor *g
     t->src[7] = biases;
     t->op_params[0] = (int32_t)kind;
     t->op_params[1] = norm;
+    return t;
+}
+
+// a recurrent op's state: a contiguous F32 leaf
+static bool is_state(const struct ggml_tensor *s) {
+    return s && s->op == GGML_OP_NONE && s->type == GGML_TYPE_F32 && ggml_is_contiguous(s);
+}
+
+static bool is_positions(const struct ggml_tensor *pos, int64_t n) {
+    return pos && pos->type == GGML_TYPE_I32 && ggml_n_dims(pos) == 1 && pos->ne[0] == n;
+}
+
+struct ggml_tensor *ggml_ssm_conv(struct ggml_context *ctx, struct ggml_tensor *state, struct ggml_tensor *x,
+                                  struct ggml_tensor *w, struct ggml_tensor *pos) {
+    CHECK_ARG(state && x && w && pos, "null tensor");
+    CHECK_ARG(is_state(state), "ssm_conv: the state must be a contiguous F32 leaf");
+    CHECK_ARG(x->type == GGML_TYPE_F32 && ggml_is_contiguous(x) && ggml_n_dims(x) <= 2, "ssm_conv takes F32 x [C, n]");
+    CHECK_ARG(w->type == GGML_TYPE_F32 && ggml_is_contiguous(w) && ggml_n_dims(w) <= 2 && w->ne[1] == x->ne[0] &&
+              w->ne[0] >= 2 && w->ne[0] <= 16, "ssm_conv: taps must be F32 [2 <= K <= 16, %lld]", (long long)x->ne[0]);
+    CHECK_ARG(state->ne[0] == x->ne[0] && state->ne[1] == w->ne[0] - 1 && ggml_nelements(state) == x->ne[0] * (w->ne[0] - 1),
+              "ssm_conv: the state must be [%lld, %lld]", (long long)x->ne[0], (long long)(w->ne[0] - 1));
+    CHECK_ARG(is_positions(pos, x->ne[1]), "ssm_conv needs I32 positions, one per token");
+    return op_new(ctx, GGML_OP_SSM_CONV, GGML_TYPE_F32, 2, x->ne, state, x, w, pos);
+}
+
+struct ggml_tensor *ggml_delta_net(struct ggml_context *ctx, struct ggml_tensor *state, struct ggml_tensor *q,
+                                   struct ggml_tensor *k, struct ggml_tensor *v, struct ggml_tensor *g,
+                                   struct ggml_tensor *beta, struct ggml_tensor *pos, float scale) {
+    CHECK_ARG(state && q && k && v && g && beta && pos, "null tensor");
+    CHECK_ARG(is_state(state), "delta_net: the state must be a contiguous F32 leaf");
+    CHECK_ARG(q->type == GGML_TYPE_F32 && k->type == GGML_TYPE_F32 && v->type == GGML_TYPE_F32,
+              "delta_net takes F32 q, k and v");
+    const int64_t dk = k->ne[0], hk = k->ne[1], dv = v->ne[0], h = v->ne[1], n = v->ne[2];
+    CHECK_ARG(q->ne[0] == dk && q->ne[1] == hk && q->ne[2] == n && k->ne[2] == n && q->ne[3] == 1 && k->ne[3] == 1 &&
+              v->ne[3] == 1, "delta_net: q and k must be [D_k, H_k, n] with v [D_v, H, n]");
+    CHECK_ARG(h % hk == 0, "delta_net: %lld value heads do not share %lld key heads evenly", (long long)h, (long long)hk);
+    CHECK_ARG(g->type == GGML_TYPE_F32 && beta->type == GGML_TYPE_F32 && ggml_is_contiguous(g) &&
+              ggml_is_contiguous(beta) && ggml_nelements(g) == h * n && ggml_nelements(beta) == h * n &&
+              g->ne[0] == h && beta->ne[0] == h, "delta_net: g and beta must be contiguous F32 [H, n]");
+    CHECK_ARG(state->ne[0] == dk && state->ne[1] == dv && state->ne[2] == h && state->ne[3] == 1,
+              "delta_net: the state must be [%lld, %lld, %lld]", (long long)dk, (long long)dv, (long long)h);
+    CHECK_ARG(is_positions(pos, n), "delta_net needs I32 positions, one per token");
+    CHECK_ARG(isfinite(scale), "delta_net: scale must be finite");
+    struct ggml_tensor *t = op_new(ctx, GGML_OP_DELTA_NET, GGML_TYPE_F32, 3, (int64_t[]){dv, h, n}, state, q, k, v);
+    if (!t) return NULL;
+    t->src[4] = g;
+    t->src[5] = beta;
+    t->src[6] = pos;
+    ggml_set_op_param_f32(t, 0, scale);
     return t;
 }

@@ -177,6 +177,8 @@ static enum ggml_backend node_backend(const struct ggml_cgraph *g, const struct 
     case GGML_OP_SPARSE_FFN:
     case GGML_OP_GET_ROWS: return ggml_get_backend(t->src[0]);
     case GGML_OP_ATTENTION: return ggml_get_backend(t->src[1]);
+    case GGML_OP_SSM_CONV:
+    case GGML_OP_DELTA_NET: return ggml_get_backend(t->src[0]); // where the state lives
     default:
         for (int i = 0; i < GGML_MAX_SRC; i++)
             if (t->src[i] && ggml_get_backend(t->src[i]) == GGML_BACKEND_CUDA) return GGML_BACKEND_CUDA;
@@ -208,6 +210,8 @@ static bool follows_inputs(const struct ggml_tensor *t) {
     case GGML_OP_SPARSE_FFN:
     case GGML_OP_MOE_FFN:
     case GGML_OP_GET_ROWS:
+    case GGML_OP_SSM_CONV:
+    case GGML_OP_DELTA_NET:
     case GGML_OP_ATTENTION: return false;
     default: return true;
     }

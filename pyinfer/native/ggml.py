@@ -263,6 +263,12 @@ class Context:
     def relu(self, a: Tensor) -> Tensor:
         return self._t(lib.ggml_relu(self.ptr, a.ptr))
 
+    def sigmoid(self, a: Tensor) -> Tensor:
+        return self._t(lib.ggml_sigmoid(self.ptr, a.ptr))
+
+    def softplus(self, a: Tensor) -> Tensor:
+        return self._t(lib.ggml_softplus(self.ptr, a.ptr))
+
     def rms_norm(self, a: Tensor, eps: float) -> Tensor:
         return self._t(lib.ggml_rms_norm(self.ptr, a.ptr, eps))
 
@@ -294,6 +300,17 @@ class Context:
         F32: a logit per head that each softmax counts beside the keys' (gpt-oss)."""
         return self._t(lib.ggml_attention(self.ptr, q.ptr, k.ptr, v.ptr, pos.ptr, sinks.ptr if sinks else ffi.NULL,
                                           scale, window))
+
+    def ssm_conv(self, state: Tensor, x: Tensor, w: Tensor, pos: Tensor) -> Tensor:
+        """(n, C) -> (n, C): the causal depthwise convolution of x, taps w (C, K), continuing from state (K-1, C),
+        which it overwrites with the last K-1 inputs (zeros taken for it when pos[0] == 0; see ggml_ssm_conv)."""
+        return self._t(lib.ggml_ssm_conv(self.ptr, state.ptr, x.ptr, w.ptr, pos.ptr))
+
+    def delta_net(self, state: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, pos: Tensor,
+                  scale: float) -> Tensor:
+        """The gated delta rule over n tokens: q, k (n, H_k, D_k), v (n, H, D_v), g and beta (n, H); state (H, D_v,
+        D_k), overwritten (zeros taken for it when pos[0] == 0) -> (n, H, D_v); see ggml_delta_net."""
+        return self._t(lib.ggml_delta_net(self.ptr, state.ptr, q.ptr, k.ptr, v.ptr, g.ptr, beta.ptr, pos.ptr, scale))
 
     def mul_mat_rows(self, w: Tensor, x: Tensor, sel: Tensor | None = None, begin: int = 0, end: int = -1):
         return self._t(lib.ggml_mul_mat_rows(self.ptr, w.ptr, x.ptr, sel.ptr if sel else ffi.NULL, begin, end))

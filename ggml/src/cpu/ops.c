@@ -34,6 +34,8 @@ int ggml_cpu_forward(const struct ggml_compute_params *params, struct ggml_tenso
     case GGML_OP_GELU_ERF:
     case GGML_OP_TANH:
     case GGML_OP_ABS:
+    case GGML_OP_SIGMOID:
+    case GGML_OP_SOFTPLUS:
     case GGML_OP_RELU: return ggml_cpu_op_unary(params, node);
     case GGML_OP_RMS_NORM:
     case GGML_OP_LAYER_NORM: return ggml_cpu_op_norm(params, node);
@@ -47,6 +49,8 @@ int ggml_cpu_forward(const struct ggml_compute_params *params, struct ggml_tenso
     case GGML_OP_SPARSE_FFN: return ggml_cpu_op_sparse_ffn(params, node);
     case GGML_OP_TOP_K: return ggml_cpu_op_top_k(params, node);
     case GGML_OP_MOE_FFN: return ggml_cpu_op_moe_ffn(params, node);
+    case GGML_OP_SSM_CONV: return ggml_cpu_op_ssm_conv(params, node);
+    case GGML_OP_DELTA_NET: return ggml_cpu_op_delta_net(params, node);
     default: break; // TRANSFER and other executor-level ops never reach the CPU kernels
     }
     return ggml_set_error(GGML_STATUS_UNSUPPORTED, "op %d has no CPU kernel", (int)node->op);

@@ -163,6 +163,12 @@ static void unary_row(enum ggml_op op, float s, const float *x, float *y, int64_
     case GGML_OP_ABS:
         for (int64_t i = 0; i < n; i++) y[i] = fabsf(x[i]);
         break;
+    case GGML_OP_SIGMOID:
+        for (int64_t i = 0; i < n; i++) y[i] = 1.0f / (1.0f + expf(-x[i]));
+        break;
+    case GGML_OP_SOFTPLUS:
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] > 20.0f ? x[i] : log1pf(expf(x[i]));
+        break;
     default: // RELU; NaN stays NaN
         for (int64_t i = 0; i < n; i++) y[i] = x[i] < 0.0f ? 0.0f : x[i];
         break;
