@@ -668,12 +668,12 @@ def test_streamed_weights_take_turns_in_one_copys_memory_whatever_their_size():
 
 
 @SETTINGS
-@given(n=st.integers(1, 5), k=st.integers(1, 700), seed=st.integers(0, 2**31), act=st.sampled_from(["silu", "gelu"]),
-       leak=st.booleans())
+@given(n=st.integers(1, 5), k=st.integers(1, 700), seed=st.integers(0, 2**31),
+       act=st.sampled_from(["silu", "gelu", "sigmoid", "softplus"]), leak=st.booleans())
 def test_fused_input_sparsity_chains(n, k, seed, act, leak):
     """Input sparsity's |x| - t mask (abs, then add, as models.sparse_ffn.over_threshold builds it) and act(gate) * up
-    (as input_ffn orders them) run as one kernel each on CUDA, against float64 and the CPU graph; chains whose
-    intermediates are outputs too (leak) are left unfused."""
+    (as input_ffn orders them; sigmoid and softplus as Qwen3.5's gates) run as one kernel each on CUDA, against
+    float64 and the CPU graph; chains whose intermediates are outputs too (leak) are left unfused."""
     from pyinfer.models.sparse_ffn import over_threshold
 
     rng = np.random.default_rng(seed)

@@ -86,6 +86,8 @@ static __device__ __forceinline__ float cuda_act(int op, float x) {
     if (op == GGML_OP_GELU_ERF) return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
     if (op == GGML_OP_TANH) return tanhf(x);
     if (op == GGML_OP_ABS) return fabsf(x);
+    if (op == GGML_OP_SIGMOID) return 1.0f / (1.0f + expf(-x));
+    if (op == GGML_OP_SOFTPLUS) return x > 20.0f ? x : log1pf(expf(x)); // torch's threshold
     return x < 0.0f ? 0.0f : x; // RELU; NaN stays NaN
 }
 
@@ -236,6 +238,8 @@ size_t cuda_axpy_rows_wsize(const struct ggml_tensor *dst);
 int cuda_op_top_k(struct ggml_tensor *dst, cudaStream_t st);
 int cuda_op_moe_ffn(struct ggml_tensor *dst, void *wdata, cudaStream_t st);
 size_t cuda_moe_ffn_wsize(const struct ggml_tensor *dst);
+int cuda_op_ssm_conv(struct ggml_tensor *dst, cudaStream_t st);
+int cuda_op_delta_net(struct ggml_tensor *dst, cudaStream_t st);
 
 // --- shared between gemv.cu, sparse.cu and gemm.cu ---
 #define GEMV_MAX_COLS 8 // mul_mat with at most this many columns runs as a GEMV, beyond as a GEMM

@@ -51,7 +51,8 @@ enum ggml_cuda_fusion {
     GGML_CUDA_FUSE_ROPE_STORE, // rope, then kv_store of its rows
     GGML_CUDA_FUSE_ROPE_QKV,   // rope q; k's view, rope, kv_store; v's view, kv_store (views of one projection)
     GGML_CUDA_FUSE_SPARSE_FFN, // one token's mul_mat_rows gate, act, mul_mat_rows up, mul, axpy_rows down
-    GGML_CUDA_FUSE_UNARY_BINARY, // silu/gelu/relu/abs of a, then add or mul by a tensor of a's shape or a row
+    GGML_CUDA_FUSE_UNARY_BINARY, // a unary op of a (fusion.cu's is_pre_op), then add or mul by a tensor of a's shape
+                                 // or a row
 };
 struct ggml_cuda_group {
     int kind;      // ggml_cuda_fusion

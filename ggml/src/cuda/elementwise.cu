@@ -1,6 +1,6 @@
 // elementwise.cu: cpy/convert, get_rows (every dequantizable type), add/mul with row broadcast (and, fused, of
-// a unary op of a), scale, silu, gelu (tanh), relu, tanh, abs, and the dequantization of weight rows to F16 used by
-// the GEMM.
+// a unary op of a), scale, silu, gelu (tanh), relu, tanh, abs, sigmoid, softplus, and the dequantization of weight
+// rows to F16 used by the GEMM.
 // Sources may be views: rows are found through nb[1..3] (rows themselves are contiguous).
 #include "common.cuh"
 
@@ -83,7 +83,7 @@ int cuda_op_get_rows(struct ggml_tensor *dst, cudaStream_t st) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// ADD, MUL (b is a's shape or one row broadcast over a's rows); SCALE, SILU, GELU, GELU_ERF, TANH, ABS, RELU
+// ADD, MUL (b is a's shape or one row broadcast over a's rows); SCALE and the unary ops of cuda_act
 // ---------------------------------------------------------------------------------------------------
 
 // Where rows hold whole 16-byte chunks, a thread moves four values a load (V = 4): one float a thread kept too

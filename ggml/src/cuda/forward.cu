@@ -32,6 +32,8 @@ extern "C" int ggml_cuda_forward(struct ggml_tensor *node, void *wdata, void *st
     case GGML_OP_GELU_ERF:
     case GGML_OP_TANH:
     case GGML_OP_ABS:
+    case GGML_OP_SIGMOID:
+    case GGML_OP_SOFTPLUS:
     case GGML_OP_RELU: return cuda_op_unary(node, st);
     case GGML_OP_RMS_NORM:
     case GGML_OP_LAYER_NORM: return cuda_op_norm(node, st);
@@ -44,6 +46,8 @@ extern "C" int ggml_cuda_forward(struct ggml_tensor *node, void *wdata, void *st
     case GGML_OP_AXPY_ROWS: return cuda_op_axpy_rows(node, wdata, st);
     case GGML_OP_TOP_K: return cuda_op_top_k(node, st);
     case GGML_OP_MOE_FFN: return cuda_op_moe_ffn(node, wdata, st);
+    case GGML_OP_SSM_CONV: return cuda_op_ssm_conv(node, st);
+    case GGML_OP_DELTA_NET: return cuda_op_delta_net(node, st);
     default: break; // TRANSFER and other executor-level ops are run by the executor itself
     }
     return ggml_set_error(GGML_STATUS_UNSUPPORTED, "op %d has no CUDA kernel", (int)node->op);

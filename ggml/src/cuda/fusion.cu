@@ -9,7 +9,7 @@
 //   rope q, rope k -> kv_store, kv_store v         (q, k, v views of one projection: one kernel for all three)
 //   one token's gate rows, act, up rows, mul -> axpy of down_t under the predictor's mask (sparse_ffn.cu), and
 //   the residual add after it (the sum starts from the residual instead of 0)
-//   silu/gelu/relu/abs -> add or mul                          (input sparsity's |x| - t and act(gate) * up)
+//   silu/gelu/relu/abs/sigmoid/softplus -> add or mul (input sparsity's |x| - t, act(gate) * up, Qwen3.5's gates)
 // and quantized GEMVs of the same x (q, k, v) quantize it once, or not at all when the norm that made x
 // left it quantized.
 #include "common.cuh"
@@ -98,11 +98,15 @@ static int match_rope_qkv(struct ggml_tensor *const *nd, const int *readers, int
     return readers[1] == 1 && readers[2] == 1 && readers[4] == 1 ? 6 : 0;
 }
 
-// u = silu/gelu/relu/abs(a) -> add or mul of u and b: b of a's shape, or one row that u's op broadcasts as its
-// second operand
+// the unary ops an add/mul applies to its first operand when fused (cuda_act computes each)
+static bool is_pre_op(const struct ggml_tensor *t) {
+    return is_act(t) || t->op == GGML_OP_ABS || t->op == GGML_OP_SIGMOID || t->op == GGML_OP_SOFTPLUS;
+}
+
+// u = silu/gelu/relu/abs/sigmoid/softplus(a) -> add or mul of u and b: b of a's shape, or one row that u's op
+// broadcasts as its second operand
 static int match_unary_binary(struct ggml_tensor *const *nd, const int *readers, int n) {
-    if (n < 2 || !(is_act(nd[0]) || nd[0]->op == GGML_OP_ABS) || (nd[1]->op != GGML_OP_ADD && nd[1]->op != GGML_OP_MUL))
-        return 0;
+    if (n < 2 || !is_pre_op(nd[0]) || (nd[1]->op != GGML_OP_ADD && nd[1]->op != GGML_OP_MUL)) return 0;
     const struct ggml_tensor *a = nd[0]->src[0], *b = other_src(nd[1], nd[0]);
     if (!b || b == nd[0] || a->type != GGML_TYPE_F32 || b->type != GGML_TYPE_F32 || b->ne[0] != a->ne[0]) return 0;
     const bool broadcast = ggml_nrows(b) == 1 && ggml_nrows(a) > 1;
