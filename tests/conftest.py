@@ -52,8 +52,9 @@ def host_only(monkeypatch):
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
     """(variant, outtype) -> (TinyModel oracle, converted PowerGGUF path, the llama.cpp-layout dense GGUF path or
-    None (OPT has none)) of a tiny checkpoint (tests/hf_tiny.py VARIANTS or GEMMA4_VARIANTS), made once a session."""
-    from hf_tiny import GEMMA4_VARIANTS, VARIANTS, build
+    None (OPT has none)) of a tiny checkpoint (tests/hf_tiny.py VARIANTS, GEMMA4_VARIANTS or QWEN35_VARIANTS), made
+    once a session."""
+    from hf_tiny import GEMMA4_VARIANTS, QWEN35_VARIANTS, VARIANTS, build
 
     import pyinfer.converters.convert_hf_to_powergguf as conv
 
@@ -64,7 +65,7 @@ def tiny(tmp_path_factory):
             folder = tmp_path_factory.mktemp(f"{variant}-{outtype}")
             oracle = build(variant, str(folder / "hf"))
             power, dense = str(folder / "m.gguf"), str(folder / "dense.gguf")
-            with_dense = {**VARIANTS, **GEMMA4_VARIANTS}[variant][0] != "opt"
+            with_dense = {**VARIANTS, **GEMMA4_VARIANTS, **QWEN35_VARIANTS}[variant][0] != "opt"
             args = [oracle.folder, "-o", power, "--outtype", outtype] + (["--dense-gguf", dense] if with_dense else [])
             assert conv.main(args) == 0
             cache[(variant, outtype)] = (oracle, power, dense if with_dense else None)

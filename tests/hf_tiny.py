@@ -84,6 +84,12 @@ GEMMA4_VARIANTS = {
                                  "rope_parameters": {**_GEMMA4_ROPE,
                                                      "full_attention": {"rope_type": "default", "rope_theta": 1e4}}}),
 }
+# Qwen3.5's text model (tests/test_qwen35.py): layers 0-2 and 4 linear attention (a gated delta net: 2 key heads,
+# 4 value heads, so that the value heads' order matters), layer 3 full attention with its output gate, RoPE on a
+# quarter of each head
+QWEN35_VARIANTS = {
+    "qwen35": ("qwen3_5", {"layer_types": ["linear_attention"] * 3 + ["full_attention", "linear_attention"]}),
+}
 # mixtures of experts: no neurons to reorder or predict
 MOE_VARIANTS = ("qwen3moe", "mixtral", "olmoe", "qwen3moe_top1", "gpt_oss")
 DENSE_VARIANTS = tuple(v for v in VARIANTS if v not in MOE_VARIANTS)
@@ -152,6 +158,12 @@ def _config(arch: str, extra: dict):
                                   num_key_value_heads=2, head_dim=16, vocab_size=N_VOCAB,
                                   vocab_size_per_layer_input=N_VOCAB, max_position_embeddings=4096,
                                   rms_norm_eps=1e-6, tie_word_embeddings=False, attn_implementation="eager", **extra)
+    if arch == "qwen3_5":
+        return T.Qwen3_5TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=5, num_attention_heads=4,
+                                   num_key_value_heads=2, head_dim=16, vocab_size=N_VOCAB, max_position_embeddings=4096,
+                                   linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                                   linear_num_key_heads=2, linear_num_value_heads=4, rms_norm_eps=1e-6,
+                                   tie_word_embeddings=False, attn_implementation="eager", **extra)
     if arch == "gemma3":
         return T.Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
                                   num_key_value_heads=2, head_dim=16, vocab_size=N_VOCAB, max_position_embeddings=4096,
@@ -190,13 +202,17 @@ def _patch_drelu(model: torch.nn.Module) -> None:
 
 
 def _rmsnorm_f64(model: torch.nn.Module) -> None:
-    """Keep RMSNorm in float64 (transformers upcasts to float32 only); Gemma 3's scales by 1 + weight, Gemma 4's by
-    its weight or (its value norm) by nothing."""
+    """Keep RMSNorm in float64 (transformers upcasts to float32 only); Gemma 3's and Qwen3.5's scale by 1 + weight,
+    Gemma 4's by its weight or (its value norm) by nothing; Qwen3.5's gated norm by its weight and silu(gate)."""
     for module in model.modules():
         name = type(module).__name__
+        if name.endswith("RMSNormGated"):
+            module.forward = (lambda m: lambda x, gate: m.weight * x * torch.rsqrt(
+                x.pow(2).mean(-1, keepdim=True) + m.variance_epsilon) * torch.nn.functional.silu(gate))(module)
         if name.endswith("RMSNorm"):
             eps = getattr(module, "variance_epsilon", None) or module.eps
-            offset = 1.0 if name.startswith("Gemma") and not name.startswith("Gemma4") else 0.0
+            offset = 1.0 if (name.startswith("Gemma") and not name.startswith("Gemma4")) or name.startswith(
+                "Qwen3_5") else 0.0
             scaled = getattr(module, "with_scale", True)
             module.forward = (lambda m, e, o, w: lambda x: ((m.weight + o) if w else 1.0) * x * torch.rsqrt(
                 x.pow(2).mean(-1, keepdim=True) + e))(module, eps, offset, scaled)
@@ -224,6 +240,12 @@ def _rotary_f64(model: torch.nn.Module) -> None:
 
     def forward(x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None):
         params = cfg.rope_parameters[layer_type] if layer_type else cfg.rope_parameters  # Gemma 3: per kind
+        if cfg.model_type == "qwen3_5_text":  # its sections see one text position; cos and sin of the rotated part
+            rotated = int(params["partial_rotary_factor"] * head_dim)
+            inv = params["rope_theta"] ** (-torch.arange(0, rotated, 2, dtype=torch.float64) / rotated)
+            positions = position_ids[0] if position_ids.ndim == 3 else position_ids
+            emb = torch.cat([positions[..., None].double() * inv] * 2, dim=-1)  # (batch, T, rotated)
+            return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
         freqs = position_ids[..., None].double() * inv_freq(params, layer_type)  # (batch, T, head_dim/2)
         # (batch, T, head_dim): both halves' angles (gpt-oss rotates by the halves' one set)
         emb = freqs if cfg.model_type == "gpt_oss" else torch.cat((freqs, freqs), dim=-1)
@@ -239,12 +261,13 @@ def build(variant: str, folder: str, seed: int = 0, dtype: torch.dtype = torch.f
     """Create, randomize and save a tiny checkpoint of `variant` into `folder` (weights stored as `dtype`)."""
     import transformers as T
 
-    arch, extra = {**VARIANTS, **GEMMA4_VARIANTS}[variant]
+    arch, extra = {**VARIANTS, **GEMMA4_VARIANTS, **QWEN35_VARIANTS}[variant]
     cfg = _config(arch, extra)
     cls = {"llama": T.LlamaForCausalLM, "qwen2": T.Qwen2ForCausalLM, "qwen3": T.Qwen3ForCausalLM,
            "mistral": T.MistralForCausalLM, "qwen3moe": T.Qwen3MoeForCausalLM, "mixtral": T.MixtralForCausalLM,
            "olmoe": T.OlmoeForCausalLM, "gpt_oss": T.GptOssForCausalLM,
            "gemma3": T.Gemma3ForCausalLM, "gemma4": T.Gemma4ForCausalLM, "falcon": T.FalconForCausalLM,
+           "qwen3_5": T.Qwen3_5ForCausalLM,
            "opt": T.OPTForCausalLM}[arch]
     torch.manual_seed(seed)
     model = cls(cfg).eval()

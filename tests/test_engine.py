@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
-from hf_tiny import GEMMA4_VARIANTS, N_VOCAB, VARIANTS, roundtrip_weights
+from hf_tiny import GEMMA4_VARIANTS, N_VOCAB, QWEN35_VARIANTS, VARIANTS, roundtrip_weights
 
 import pyinfer.converters.convert_hf_to_powergguf as conv
 from pyinfer.engine.driver import Model
@@ -19,7 +19,7 @@ def rel_err(a, b) -> float:
     return float(np.abs(np.asarray(a, np.float64) - b).max() / np.abs(b).max())
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS) + sorted(GEMMA4_VARIANTS))
+@pytest.mark.parametrize("variant", sorted(VARIANTS) + sorted(GEMMA4_VARIANTS) + sorted(QWEN35_VARIANTS))
 def test_f32_logits_match_transformers(tiny, variant):
     oracle, power, _ = tiny(variant)
     model = Model(power, n_ctx=64, kv_type="f32", n_threads=2)
@@ -32,7 +32,8 @@ def test_f32_logits_match_transformers(tiny, variant):
 
 @pytest.mark.parametrize("variant", ["llama_silu", "llama_relu", "qwen2", "qwen3", "gemma3", "mistral", "llama3_rope",
                                      "qwen3moe", "mixtral", "olmoe", "gpt_oss",
-                                     "llama_yarn", "falcon_7b", "falcon_40b", "opt", *sorted(GEMMA4_VARIANTS)])
+                                     "llama_yarn", "falcon_7b", "falcon_40b", "opt", *sorted(GEMMA4_VARIANTS),
+                                     *sorted(QWEN35_VARIANTS)])
 def test_greedy_32_steps_equal_transformers(tiny, variant):
     """Greedy decoding through the KV cache equals argmax of the float64 oracle recomputed from scratch;
     a difference is allowed only where the oracle's top two logits tie within float32 rounding."""
@@ -61,11 +62,11 @@ def test_quantized_logits_within_bounds(tiny, outtype, qtype, bound):
 
 
 @pytest.mark.parametrize("variant", ["gemma3", "mistral", "llama3_rope", "llama_yarn", "gpt_oss",
-                                     *sorted(GEMMA4_VARIANTS)])
+                                     *sorted(GEMMA4_VARIANTS), *sorted(QWEN35_VARIANTS)])
 def test_long_context_beyond_the_window(tiny, variant):
     """2000 tokens, far past the sliding window (8) or the rope scaling's original context (16; YaRN's 1024),
-    through the KV cache in prompt batches of 300 and then one token at a time: the last positions' logits equal
-    transformers' over the whole sequence."""
+    through the KV cache (and Qwen3.5's recurrent states) in prompt batches of 300 and then one token at a time: the
+    last positions' logits equal transformers' over the whole sequence."""
     oracle, power, _ = tiny(variant)
     tokens = np.random.default_rng(3).integers(0, N_VOCAB, 2000).tolist()
     want = oracle.logits(tokens)[-8:]
@@ -75,7 +76,8 @@ def test_long_context_beyond_the_window(tiny, variant):
     assert rel_err(got, want) < 1e-4
 
 
-@pytest.mark.parametrize("variant", ["qwen2", *sorted(GEMMA4_VARIANTS)])  # Gemma 4: shared layers read earlier batches
+# Gemma 4: shared layers read earlier batches; Qwen3.5: recurrent states carry them
+@pytest.mark.parametrize("variant", ["qwen2", *sorted(GEMMA4_VARIANTS), *sorted(QWEN35_VARIANTS)])
 def test_batches_and_cache_reuse_give_the_same_logits(tiny, variant):
     _, power, _ = tiny(variant)
     whole = Model(power, n_ctx=64, kv_type="f32").logits(PROMPTS[2])
@@ -87,7 +89,8 @@ def test_batches_and_cache_reuse_give_the_same_logits(tiny, variant):
     np.testing.assert_allclose(last, whole[10:], rtol=0, atol=1e-5 * np.abs(whole).max())
 
 
-@pytest.mark.parametrize("variant", ["llama_silu", "qwen3", "mistral", "gemma3", *sorted(GEMMA4_VARIANTS)])
+@pytest.mark.parametrize("variant", ["llama_silu", "qwen3", "mistral", "gemma3", *sorted(GEMMA4_VARIANTS),
+                                     *sorted(QWEN35_VARIANTS)])
 def test_plain_gguf_runs_like_powergguf(tiny, tmp_path, variant):
     """A llama.cpp GGUF (ffn_down, no pyinfer keys), as real files of these families come, runs directly and
     converts (GGUF input) to a PowerGGUF that runs the same; llama.cpp's format has no activation key, so this

@@ -57,7 +57,8 @@ def test_ssm_conv(backend, data, channels, taps, n, fresh, seed):
         return ctx.ssm_conv(state, ctx.tensor_from_numpy(x[t0:t1]), wt, pos)
 
     bounds = pieces(data.draw, n)
-    got = np.concatenate([o.reshape(-1, channels) for o in run_pieces(backend, bounds, state, build, 0 if fresh else 5)])
+    outs = run_pieces(backend, bounds, state, build, 0 if fresh else 5)
+    got = np.concatenate([o.reshape(-1, channels) for o in outs])
     want, want_state = ref.ssm_conv(before, x, w, fresh)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(state.numpy().reshape(want_state.shape), want_state, rtol=1e-6, atol=1e-6)

@@ -52,12 +52,14 @@ OUTTYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q4_0": 
 HF_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
             "MistralForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3", "FalconForCausalLM": "falcon",
             "OPTForCausalLM": "opt", "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe",
-            "OlmoeForCausalLM": "olmoe", "GptOssForCausalLM": "gpt-oss", "Gemma4ForCausalLM": "gemma4"}
+            "OlmoeForCausalLM": "olmoe", "GptOssForCausalLM": "gpt-oss", "Gemma4ForCausalLM": "gemma4",
+            "Qwen3_5ForCausalLM": "qwen35"}
 MOE_HF = {"MixtralForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "GptOssForCausalLM"}
-# gpt-oss' experts: gate and up interleaved in one (n_expert, d, 2 n_ff) tensor, x @ W; down (n_expert, n_ff, d)
-OAI_SHAPES = {"oai_gate": lambda s: (s[0], s[2] // 2, s[1]), "oai_up": lambda s: (s[0], s[2] // 2, s[1]),
-              "oai_down": lambda s: (s[0], s[2], s[1]), "oai_gate_b": lambda s: (s[0], s[1] // 2),
-              "oai_up_b": lambda s: (s[0], s[1] // 2)}
+# the shapes of HF tensors whose transform reshapes them: gpt-oss' experts (gate and up interleaved in one
+# (n_expert, d, 2 n_ff) tensor, x @ W; down (n_expert, n_ff, d)); Qwen3.5's convolution (channels, 1, taps)
+RESHAPED = {"oai_gate": lambda s: (s[0], s[2] // 2, s[1]), "oai_up": lambda s: (s[0], s[2] // 2, s[1]),
+            "oai_down": lambda s: (s[0], s[2], s[1]), "oai_gate_b": lambda s: (s[0], s[1] // 2),
+            "oai_up_b": lambda s: (s[0], s[1] // 2), "conv1d": lambda s: (s[0], s[2])}
 # Falcon's "gelu" is exact (nn.GELU) in transformers; llama.cpp's files run it in the tanh form ("gelu")
 FALCON_ACTS = {"gelu": "gelu_erf", "gelu_pytorch_tanh": "gelu", "gelu_new": "gelu", "relu": "relu"}
 LLAMA_ACTS = {"silu": "swiglu", "relu": "reglu", "drelu": "drelu", "gelu_pytorch_tanh": "geglu", "gelu_new": "geglu"}
@@ -156,6 +158,8 @@ def _hparams(config: dict[str, Any], arch: str) -> dict[str, Any]:
         return _falcon(config)
     if arch == "gemma4":
         return _gemma4(config)
+    if arch == "qwen35":
+        return {**_hparams(config, "qwen3"), **_qwen35(config)}
     if config.get("use_sliding_window"):
         raise UnsupportedError("sliding-window attention (use_sliding_window) is not supported")
     if config.get("attn_logit_softcapping") is not None:
@@ -188,6 +192,38 @@ def _hparams(config: dict[str, Any], arch: str) -> dict[str, Any]:
             "softcap": float(config.get("final_logit_softcapping") or 0.0),
             **(_gemma3(config, head_dim) if gemma else {}), **_experts(config, arch),
             **({"swa_pattern": _swa_pattern(config, 2)} if arch == "gpt-oss" else {})}
+
+
+def _qwen35(config: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3.5's text model (transformers' qwen3_5_text, defaults as its Qwen3_5TextConfig has them): which layers
+    are linear attention, their sizes, and the part of each full-attention head that RoPE rotates."""
+    n_layer = int(_need(config, "num_hidden_layers"))
+    every = int(config.get("full_attention_interval") or 4)
+    kinds = config.get("layer_types") or ["linear_attention" if (il + 1) % every else "full_attention"
+                                          for il in range(n_layer)]
+    if len(kinds) != n_layer or set(kinds) - {"linear_attention", "full_attention"}:
+        raise ModelFormatError(f"config.json layer_types must be {n_layer} of linear_attention and full_attention")
+    k_dim, v_dim = int(config.get("linear_key_head_dim") or 128), int(config.get("linear_value_head_dim") or 128)
+    if k_dim != v_dim:
+        raise UnsupportedError(f"linear attention with key heads of {k_dim} and value heads of {v_dim} is not "
+                               "supported (llama.cpp's qwen35 has one ssm.state_size for both)")
+    n_k, n_v = int(config.get("linear_num_key_heads") or 16), int(config.get("linear_num_value_heads") or 32)
+    if n_v % n_k:
+        raise ModelFormatError(f"linear_num_value_heads {n_v} is not a multiple of linear_num_key_heads {n_k}")
+    params = _rope_params(config)
+    head_dim = int(config.get("head_dim") or 256)
+    rotated = int(head_dim * float(params.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 0.25))
+    return {"recurrent": [kind == "linear_attention" for kind in kinds], "ssm_head_dim": k_dim, "ssm_k_heads": n_k,
+            "ssm_v_heads": n_v, "ssm_conv_kernel": int(config.get("linear_conv_kernel_dim") or 4), "n_rot": rotated,
+            "head_dim": head_dim, "qk_norm": True}
+
+
+def grouped_to_tiled(w: np.ndarray, n_k: int, head_dim: int, axis: int = 0) -> np.ndarray:
+    """Qwen3.5's value heads along `axis` (n_k groups of n_v / n_k heads of head_dim, each group reading one key
+    head: transformers' repeat_interleave) in llama.cpp's order, where value head h reads key head h % n_k."""
+    w = np.moveaxis(w, axis, 0)
+    tiled = w.reshape(n_k, -1, head_dim, *w.shape[1:]).swapaxes(0, 1).reshape(w.shape)
+    return np.moveaxis(tiled, 0, axis)
 
 
 def _swa_pattern(config: dict[str, Any], every: int) -> int | list[bool]:
@@ -374,6 +410,8 @@ def tensor_map(arch: str, hp: dict[str, Any]) -> list[tuple[str, str, str]]:
         out += [("output_norm" + s, p + "ln_f" + s, "") for s in wb]
     elif arch == "gemma4":
         out += _gemma4_map(hp)
+    elif arch == "qwen35":
+        out += _qwen35_map(hp)
     else:
         p = "model."
         out.append(("token_embd.weight", p + "embed_tokens.weight", ""))
@@ -443,9 +481,42 @@ def _gemma4_map(hp: dict[str, Any]) -> list[tuple[str, str, str]]:
     return out + [("output_norm.weight", p + "norm.weight", "")]
 
 
+def _qwen35_map(hp: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Qwen3.5's tensors as llama.cpp's convert_hf_to_gguf.py writes them: the norms that scale by 1 + w store 1 + w
+    (all but the linear attention's gated norm); the value heads of the linear attention in llama.cpp's order
+    (grouped_to_tiled: rows of z, of in_proj_qkv's values, of the convolution's value channels, of b, a, dt_bias and
+    A_log, columns of out_proj); A_log as ssm_a = -exp(A_log); the convolution's taps as a matrix."""
+    p = "model."
+    out = [("token_embd.weight", p + "embed_tokens.weight", "")]
+    for il in range(hp["n_layer"]):
+        b, h = f"blk.{il}.", f"{p}layers.{il}."
+        pairs = [("attn_norm.weight", "input_layernorm.weight", "norm1"),
+                 ("post_attention_norm.weight", "post_attention_layernorm.weight", "norm1"),
+                 ("ffn_gate.weight", "mlp.gate_proj.weight", ""), ("ffn_up.weight", "mlp.up_proj.weight", ""),
+                 ("ffn_down.weight", "mlp.down_proj.weight", "down")]
+        if hp["recurrent"][il]:
+            a = "linear_attn."
+            pairs += [("attn_qkv.weight", a + "in_proj_qkv.weight", "vheads_qkv"),
+                      ("attn_gate.weight", a + "in_proj_z.weight", "vheads"),
+                      ("ssm_beta.weight", a + "in_proj_b.weight", "vheads1"),
+                      ("ssm_alpha.weight", a + "in_proj_a.weight", "vheads1"),
+                      ("ssm_dt.bias", a + "dt_bias", "vheads1"), ("ssm_a", a + "A_log", "ssm_a"),
+                      ("ssm_conv1d.weight", a + "conv1d.weight", "conv1d"),
+                      ("ssm_norm.weight", a + "norm.weight", ""), ("ssm_out.weight", a + "out_proj.weight", "vcols")]
+        else:
+            pairs += [("attn_q.weight", "self_attn.q_proj.weight", ""),
+                      ("attn_k.weight", "self_attn.k_proj.weight", ""),
+                      ("attn_v.weight", "self_attn.v_proj.weight", ""),
+                      ("attn_output.weight", "self_attn.o_proj.weight", ""),
+                      ("attn_q_norm.weight", "self_attn.q_norm.weight", "norm1"),
+                      ("attn_k_norm.weight", "self_attn.k_norm.weight", "norm1")]
+        out += [(b + g, h + n, tr) for g, n, tr in pairs]
+    return out + [("output_norm.weight", p + "norm.weight", "norm1")]
+
+
 def _expert_map(b: str, h: str, n_expert: int, arch: str) -> list[tuple[str, str, str]]:
     """A layer's router and its experts' matrices, each stacked from n_expert HF tensors (HF name with {e});
-    gpt-oss' come stacked, gate and up interleaved, with biases (OAI_SHAPES' transforms)."""
+    gpt-oss' come stacked, gate and up interleaved, with biases (RESHAPED's transforms)."""
     if arch == "gpt-oss":
         m = h + "mlp."
         return [(b + "ffn_gate_inp.weight", m + "router.weight", ""), (b + "ffn_gate_inp.bias", m + "router.bias", ""),
@@ -531,7 +602,9 @@ def _arch_kv(arch: str, hp: dict[str, Any], name: str, outtype: Q) -> list[KV]:
     if arch == "gemma4":
         return _gemma4_kv(kv, hp)
     kv += [(f"{arch}.attention.layer_norm_rms_epsilon", hp["eps"], f32, None),
-           (f"{arch}.rope.dimension_count", head_dim, u32, None)]
+           (f"{arch}.rope.dimension_count", hp.get("n_rot", head_dim), u32, None)]
+    if arch == "qwen35":
+        kv += _qwen35_kv(hp)
     if arch in ("llama", "gpt-oss") and hp["sliding_window"]:  # Mistral, gpt-oss
         kv.append((f"{arch}.attention.sliding_window", hp["sliding_window"], u32, None))
     if arch == "gpt-oss" and hp["swa_pattern"] != 2:  # llama.cpp's default for gpt-oss: every other layer
@@ -555,6 +628,22 @@ def _arch_kv(arch: str, hp: dict[str, Any], name: str, outtype: Q) -> list[KV]:
         if hp["softcap"]:
             kv.append((f"{arch}.final_logit_softcapping", hp["softcap"], f32, None))
     return kv
+
+
+def _qwen35_kv(hp: dict[str, Any]) -> list[KV]:
+    """Qwen3.5's linear-attention keys as llama.cpp writes them; its RoPE's sections (transformers' default
+    mrope_section; text positions make them one)."""
+    u32, arr = GGUFValueType.UINT32, GGUFValueType.ARRAY
+    n_layer, flags = hp["n_layer"], hp["recurrent"]
+    every = next((n for n in range(1, n_layer + 1) if flags == [(il + 1) % n != 0 for il in range(n_layer)]), None)
+    layers = (("qwen35.full_attention_interval", every, u32, None) if every else
+              ("qwen35.attention.recurrent_layers", flags, arr, GGUFValueType.BOOL))
+    return [("qwen35.ssm.conv_kernel", hp["ssm_conv_kernel"], u32, None),
+            ("qwen35.ssm.state_size", hp["ssm_head_dim"], u32, None),
+            ("qwen35.ssm.group_count", hp["ssm_k_heads"], u32, None),
+            ("qwen35.ssm.time_step_rank", hp["ssm_v_heads"], u32, None),
+            ("qwen35.ssm.inner_size", hp["ssm_v_heads"] * hp["ssm_head_dim"], u32, None),
+            ("qwen35.rope.dimension_sections", [11, 11, 10, 0], arr, u32), layers]
 
 
 def _gemma4_kv(kv: list[KV], hp: dict[str, Any]) -> list[KV]:
@@ -651,8 +740,8 @@ def _plan_hf(folder: str, outtype: Q, out_path: str, dense_path: str | None) -> 
                 continue
             hname = _resolve(src, hname)
             shape = src.tensors[hname].shape
-            if transform in OAI_SHAPES:
-                shape = OAI_SHAPES[transform](shape)
+            if transform in RESHAPED:
+                shape = RESHAPED[transform](shape)
             if transform == "down" and transposed:
                 gname = gname.replace("ffn_down", "ffn_down_t")
                 shape = shape[::-1]
@@ -718,8 +807,25 @@ def _producer(src: SafetensorsSource, hname: str, transform: str, transposed: bo
             w = np.ascontiguousarray(w.transpose(0, 2, 1))
         elif transform in ("oai_gate_b", "oai_up_b"):
             w = np.ascontiguousarray(w[..., transform == "oai_up_b"::2])
+        elif transform.startswith(("vheads", "vcols", "ssm_a", "conv1d")):
+            w = _qwen35_value_heads(w, transform, hp)
         return encode(w, qtype)
     return produce
+
+
+def _qwen35_value_heads(w: np.ndarray, transform: str, hp: dict[str, Any]) -> np.ndarray:
+    """A Qwen3.5 linear-attention tensor with its value heads in llama.cpp's order (_qwen35_map's transforms)."""
+    n_k, d = hp["ssm_k_heads"], hp["ssm_head_dim"]
+    keys = 2 * n_k * d  # in_proj_qkv's and the convolution's q and k channels come first, unchanged
+    if transform == "conv1d":
+        w = w[:, 0, :]  # (channels, 1, taps) -> (channels, taps)
+    if transform in ("vheads_qkv", "conv1d"):
+        return np.concatenate([w[:keys], grouped_to_tiled(w[keys:], n_k, d)])
+    if transform == "vcols":
+        return grouped_to_tiled(w, n_k, d, axis=1)
+    if transform == "ssm_a":
+        return grouped_to_tiled(-np.exp(w.astype(np.float64)), n_k, 1).astype(np.float32)
+    return grouped_to_tiled(w, n_k, 1 if transform == "vheads1" else d)
 
 
 def _down_t_type(qtype: Q, n_embd: int, name: str, notes: list[str], down_type: str) -> Q:

@@ -164,6 +164,13 @@ CONFIG = Obj(tuple({
     "vocab_size_per_layer_input": SIZE,
     "use_double_wide_mlp": Bool(),
     "enable_moe_block": Bool(),
+    # Qwen3.5's linear attention (gated delta net)
+    "linear_conv_kernel_dim": Int(2, 16),
+    "linear_key_head_dim": Int(1, 512),
+    "linear_value_head_dim": Int(1, 512),
+    "linear_num_key_heads": SIZE,
+    "linear_num_value_heads": SIZE,
+    "full_attention_interval": Int(1, MAX_LAYERS),
 }.items()))
 
 

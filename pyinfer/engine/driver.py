@@ -4,6 +4,7 @@ per generated token. Sampling and detokenizing stay in Python; nothing per-op is
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 import weakref
@@ -50,27 +51,49 @@ AUTO_MARGIN = 1 << 30  # --vram-budget auto: the GPU's free memory less this (ot
 # a budget of 0 puts nothing on the GPU: the figures are not used then
 _CPU_ONLY = MachineProfile("cpu only", 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0)
 _PLANS: dict[tuple, Plan] = {}
+# a model with recurrent layers keeps their states as they stood at the end of its last this many prompts: a
+# recurrent state cannot step back, so a chat turn or a cached prompt that shares only part of the sequence restarts
+# from the latest of these within the shared part (llama.cpp's server keeps such context checkpoints too)
+STATE_CHECKPOINTS = 4
 
 
 class KVCache:
     """Per layer K and V: (n_ctx, n_head_kv, head_dim) each (that layer's sizes), in one context; a layer that
-    shares another's KV (Gemma 4) holds that layer's tensors."""
+    shares another's KV (Gemma 4) holds that layer's tensors. A linear-attention layer (Qwen3.5) has none but two
+    F32 states of a fixed size: its convolution's last inputs `conv` (K-1, channels) and its delta rule's matrices
+    `ssm` (H_v, D, D); the others hold None there."""
 
     def __init__(self, cfg, n_ctx: int, kv_type: int):
-        own = [il for il in range(cfg.n_layer) if cfg.kv_layer(il) == il]
+        own = [il for il in range(cfg.n_layer) if cfg.kv_layer(il) == il and not cfg.recurrent(il)]
         sizes = {il: ggml.row_size(kv_type, cfg.layer_head_dim(il)) * cfg.layer_n_head_kv(il) * n_ctx for il in own}
-        self.ctx = ggml.Context(sum(2 * (size + 4096) for size in sizes.values()) + (1 << 16))
-        self.k, self.v = [], []
+        recurrent = [il for il in range(cfg.n_layer) if cfg.recurrent(il)]
+        conv_shape = (cfg.ssm_conv_kernel - 1, cfg.ssm_conv_channels)
+        ssm_shape = (cfg.ssm_n_v_heads, cfg.ssm_head_dim, cfg.ssm_head_dim)
+        state_bytes = 4 * (math.prod(conv_shape) + math.prod(ssm_shape)) if recurrent else 0
+        self.ctx = ggml.Context(sum(2 * (size + 4096) for size in sizes.values())
+                                + len(recurrent) * (state_bytes + 8192) + (1 << 16))
+        self.k, self.v, self.conv, self.ssm = [], [], [], []
         for il in range(cfg.n_layer):
             if il in sizes:
                 shape = (n_ctx, cfg.layer_n_head_kv(il), cfg.layer_head_dim(il))
                 self.k.append(self.ctx.new_tensor(kv_type, shape))
                 self.v.append(self.ctx.new_tensor(kv_type, shape))
+            elif cfg.recurrent(il):
+                self.k.append(None)
+                self.v.append(None)
             else:
                 self.k.append(self.k[cfg.kv_layer(il)])
                 self.v.append(self.v[cfg.kv_layer(il)])
+            recurrent_layer = cfg.recurrent(il)
+            self.conv.append(self.ctx.new_tensor(ggml.F32, conv_shape) if recurrent_layer else None)
+            self.ssm.append(self.ctx.new_tensor(ggml.F32, ssm_shape) if recurrent_layer else None)
         self.n_ctx = n_ctx
-        self.nbytes = 2 * sum(sizes.values())
+        self.nbytes = 2 * sum(sizes.values()) + len(recurrent) * state_bytes
+
+    @property
+    def states(self) -> list[ggml.Tensor]:
+        """The recurrent layers' state tensors (none without linear attention)."""
+        return [t for pair in zip(self.conv, self.ssm, strict=True) for t in pair if t is not None]
 
 
 @dataclass
@@ -243,7 +266,11 @@ class Model:
                 t = self.weights_ctx.new_tensor(info.type, tuple(reversed(info.ne)))
             except InvalidArgumentError as exc:  # a type the engine lacks
                 raise UnsupportedError(f"{self.file.path}: tensor {name}: {exc}") from None
-            t.set_data(info.data)
+            if name.endswith("ssm_conv1d.weight") and info.type != ggml.F32:  # the convolution takes F32 taps
+                t = self.weights_ctx.new_tensor(ggml.F32, tuple(reversed(info.ne)))
+                t.set_data(self.file.dequantize(name).astype(np.float32))
+            else:
+                t.set_data(info.data)
             t.name = name
             self.weights[name] = t
         if cfg.expert_bias:  # gpt-oss: each layer's expert biases in the one tensor moe_ffn takes
@@ -284,6 +311,7 @@ class Model:
         self.expert_cache = ExpertCache(self) if expert_cache and cfg.is_moe and self.hot_rows else None
         self.step_stats: list[dict] = []  # per decode step when timed: wall, CPU/GPU busy and overlap (ms)
         self.tokens: list[int] = []  # the sequence in the KV cache
+        self._checkpoints: list[tuple[int, list[np.ndarray]]] = []  # (n_past, each state's bytes then): see truncate
         self.timings = Timings(load_ms=1e3 * (time.perf_counter() - t0))
         if self.sparse_spec is not None:
             self.timings.extra.update(ffn_rows_active=0, ffn_rows_total=0, predictor_ms=self._predictor_ms())
@@ -493,8 +521,15 @@ class Model:
             self.tokens.extend(int(t) for t in chunk)
             if n_out:
                 outs.append(logits)
+        if len(tokens) > 1 and self.kv_cache.states:
+            self._checkpoint()
         out = np.concatenate(outs) if all_logits else outs[-1][-1]
         return out
+
+    def _checkpoint(self) -> None:
+        """Keeps the recurrent states as they stand now (after n_past tokens), the latest STATE_CHECKPOINTS."""
+        self._checkpoints = [c for c in self._checkpoints if c[0] != self.n_past][-(STATE_CHECKPOINTS - 1):]
+        self._checkpoints.append((self.n_past, [t.raw().copy() for t in self.kv_cache.states]))
 
     @property
     def n_past(self) -> int:
@@ -508,23 +543,33 @@ class Model:
         return g is not None and g.graph.replayed
 
     def reset(self) -> None:
-        """Forgets the sequence (the KV cache is overwritten from position 0)."""
+        """Forgets the sequence (the KV cache is overwritten from position 0, recurrent states start from zeros)."""
         self.tokens.clear()
+        self._checkpoints.clear()
 
     def truncate(self, n_keep: int) -> None:
-        """Keeps the first n_keep tokens of the sequence (later positions are overwritten when reused)."""
-        del self.tokens[max(0, n_keep):]
+        """Keeps the first n_keep tokens of the sequence (later positions are overwritten when reused). Recurrent
+        states cannot step back: a model with them keeps fewer, as many as its latest checkpoint within n_keep holds
+        (none without one), and restores the states of that point."""
+        n_keep = max(0, n_keep)
+        if self.kv_cache.states and n_keep < self.n_past:
+            self._checkpoints = [c for c in self._checkpoints if c[0] <= n_keep]
+            n_keep = self._checkpoints[-1][0] if self._checkpoints else 0
+            for t, data in zip(self.kv_cache.states, self._checkpoints[-1][1] if n_keep else [], strict=False):
+                t.write(data)
+        del self.tokens[n_keep:]
 
     def reuse_prefix(self, tokens) -> int:
-        """Keeps the longest prefix of `tokens` that the KV cache already holds, but never all of them (the
-        last token must be evaluated for its logits); returns its length. Evaluate tokens[returned:] next."""
+        """Keeps the longest prefix of `tokens` that the KV cache already holds (for recurrent layers: up to their
+        latest checkpoint within it), but never all of them (the last token must be evaluated for its logits);
+        returns its length. Evaluate tokens[returned:] next."""
         common = 0
         for cached, wanted in zip(self.tokens, tokens[:-1], strict=False):
             if cached != wanted:
                 break
             common += 1
         self.truncate(common)
-        return common
+        return self.n_past
 
     def ffn_activations(self, tokens) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Logits (n, n_vocab) of a fresh sequence (at most one batch) and, per layer il, the FFN input

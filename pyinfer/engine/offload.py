@@ -74,9 +74,10 @@ def fuse_qkv(model, il: int) -> bool:
 def _attention_to_device(model, il: int) -> None:
     fuse_qkv(model, il)
     _to_device(model, _layer_parts(il, ATTENTION_PARTS) + _layer_parts(il, ("fc1", "fc2", "ffn_gate_inp"))
-               + ["rope_freqs.weight"])
-    for cache in (model.kv_cache.k[il], model.kv_cache.v[il]):
-        if not cache.on_device:  # a shared KV cache (Gemma 4) moves with the first of its layers
+               + ["rope_freqs.weight", f"blk.{il}.ssm_a"])
+    kv = model.kv_cache
+    for cache in (kv.k[il], kv.v[il], kv.conv[il], kv.ssm[il]):  # a linear-attention layer's states, none of K, V
+        if cache is not None and not cache.on_device:  # a shared KV cache (Gemma 4) moves with its first layer
             cache.to_device()
     spec = model.sparse_spec
     if spec is not None:

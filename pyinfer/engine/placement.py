@@ -362,7 +362,9 @@ INPUT_FFN_MATRICES = ("ffn_gate_t", "ffn_up_t", "ffn_down_t")
 EXPERT_MATRICES = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")  # a mixture's experts, one matrix each a slice
 QKV_PARTS = ("attn_q", "attn_k", "attn_v")  # on the GPU one matrix where they share a type (offload.fuse_qkv)
 ATTENTION_PARTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "attn_q_norm", "attn_k_norm",
-                   "post_attention_norm", "post_ffw_norm", "attn_qkv", "attn_norm_2", "attn_sinks")
+                   "post_attention_norm", "post_ffw_norm", "attn_qkv", "attn_norm_2", "attn_sinks",
+                   # Qwen3.5's linear attention (its ssm_a, named without a suffix, is a few bytes)
+                   "attn_gate", "ssm_conv1d", "ssm_dt", "ssm_beta", "ssm_alpha", "ssm_norm", "ssm_out")
 STREAM_MIN_TOKENS = 32  # batches of at least this many tokens run there (llama.cpp's threshold too)
 # a batch under a VRAM budget returns the logits of at most this many tokens (a prompt needs its last token's;
 # perplexity, all of them, gets them this many at a time): 512 rows of a 152k vocabulary had taken 311 MB of the
@@ -498,7 +500,10 @@ def _expert_costs(file, n_ctx: int, kv_bytes_per_value: int, n_batch: int) -> Mo
 
 
 def kv_bytes(cfg, il: int, n_ctx: int, kv_bytes_per_value: int) -> int:
-    """Layer il's K and V at the context size; none for a layer that reads another's (Gemma 4's shared KV)."""
+    """Layer il's K and V at the context size; none for a layer that reads another's (Gemma 4's shared KV); a
+    linear-attention layer's F32 states, whatever the context (Qwen3.5)."""
+    if cfg.recurrent(il):
+        return 4 * ((cfg.ssm_conv_kernel - 1) * cfg.ssm_conv_channels + cfg.ssm_n_v_heads * cfg.ssm_head_dim ** 2)
     if cfg.kv_layer(il) != il:
         return 0
     return 2 * n_ctx * cfg.layer_n_head_kv(il) * cfg.layer_head_dim(il) * kv_bytes_per_value

@@ -84,6 +84,8 @@ def expected_tensor_shapes(cfg: ModelConfig, ffn_layout: str) -> dict[str, tuple
             f, e = cfg.n_ff_exp, cfg.n_expert
             layer |= {"ffn_gate_inp.bias": (e,), "ffn_gate_exps.bias": (f, e), "ffn_up_exps.bias": (f, e),
                       "ffn_down_exps.bias": (d, e)}
+        if cfg.arch == "qwen35":
+            layer = _qwen35_layer(cfg, il, layer)
         if cfg.is_moe:
             shapes |= {b + k: v for k, v in layer.items()}
             continue
@@ -97,6 +99,24 @@ def expected_tensor_shapes(cfg: ModelConfig, ffn_layout: str) -> dict[str, tuple
                 layer["ffn_gate.bias"] = (n_ff,)
         shapes |= {b + k: v for k, v in layer.items()}
     return shapes
+
+
+def _qwen35_layer(cfg: ModelConfig, il: int, layer: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Layer il's tensors as llama.cpp's qwen35 stores them: a full-attention layer's q with its output gate (twice
+    as wide) and its per-head q and k norms; a linear-attention layer's, in the place of attention's, its projections
+    (q, k and v in attn_qkv, the output gate z in attn_gate, the write strength's and decay's inputs in ssm_beta and
+    ssm_alpha), its convolution's taps, decay parameters, output norm and projection."""
+    d, hd = cfg.n_embd, cfg.head_dim
+    if not cfg.recurrent(il):
+        return layer | {"attn_q.weight": (d, 2 * cfg.n_head * hd), "attn_q_norm.weight": (hd,),
+                        "attn_k_norm.weight": (hd,)}
+    attention = ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm")
+    layer = {name: ne for name, ne in layer.items() if name.rsplit(".", 1)[0] not in attention}
+    v_dim, n_v = cfg.ssm_n_v_heads * cfg.ssm_head_dim, cfg.ssm_n_v_heads
+    return layer | {"attn_qkv.weight": (d, cfg.ssm_conv_channels), "attn_gate.weight": (d, v_dim),
+                    "ssm_conv1d.weight": (cfg.ssm_conv_kernel, cfg.ssm_conv_channels), "ssm_dt.bias": (n_v,),
+                    "ssm_a": (n_v,), "ssm_beta.weight": (d, n_v), "ssm_alpha.weight": (d, n_v),
+                    "ssm_norm.weight": (cfg.ssm_head_dim,), "ssm_out.weight": (v_dim, d)}
 
 
 class GGUFFile:

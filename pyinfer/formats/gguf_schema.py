@@ -271,6 +271,16 @@ ARCH_KEYS: dict[str, Kind] = {
     "expert_weights_scale": Float(lo=0.0),
     "expert_gating_func": Int(0, 16),
     "expert_shared_count": Int(0, 4096),
+    # linear attention (Qwen3.5's gated delta net), llama.cpp's ssm.* keys: the convolution's taps, the value
+    # width H_v * D, the head size D (keys' and values'), H_v (time_step_rank) and H_k (group_count)
+    "ssm.conv_kernel": Int(2, 16),
+    "ssm.inner_size": SIZE,
+    "ssm.state_size": Int(1, 512),
+    "ssm.time_step_rank": SIZE,
+    "ssm.group_count": SIZE,
+    "full_attention_interval": Int(1, MAX_LAYERS),  # every n-th layer full attention, the rest linear
+    "attention.recurrent_layers": Array(Bool(), max_len=MAX_LAYERS),  # or one flag per layer, true = linear
+    "rope.dimension_sections": Array(Int(0, MAX_SIZE), max_len=4),  # multi-section RoPE: text uses one position
 }
 
 # arrays whose length must equal another array's (the token array is the vocabulary)

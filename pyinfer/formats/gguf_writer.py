@@ -73,10 +73,11 @@ def encode(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
 
 def pick_type(name: str, shape: tuple[int, ...], outtype: GGMLQuantizationType,
               notes: list[str]) -> GGMLQuantizationType:
-    """llama.cpp's rule: 1-D tensors, biases, learned positions and a mixture's routers stay F32 (a rounded router
-    can choose other experts); rows not a whole number of blocks -> F16."""
+    """llama.cpp's rule: 1-D tensors, biases, learned positions, a mixture's routers (a rounded router can choose
+    other experts) and a convolution's taps (Qwen3.5's, which its op takes in F32) stay F32; rows not a whole number
+    of blocks -> F16."""
     if (len(shape) == 1 or name.endswith(".bias") or name.startswith("position_embd")
-            or name.endswith("ffn_gate_inp.weight")):
+            or name.endswith(("ffn_gate_inp.weight", "ssm_conv1d.weight"))):
         return Q.F32
     block = GGML_QUANT_SIZES[outtype][0]
     if shape[-1] % block:

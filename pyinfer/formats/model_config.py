@@ -9,7 +9,8 @@ from typing import Any
 from pyinfer.errors import ModelFormatError, UnsupportedError
 from pyinfer.formats import gguf_schema
 
-SUPPORTED_ARCHS = ("falcon", "gemma3", "gemma4", "gpt-oss", "llama", "olmoe", "opt", "qwen2", "qwen3", "qwen3moe")
+SUPPORTED_ARCHS = ("falcon", "gemma3", "gemma4", "gpt-oss", "llama", "olmoe", "opt", "qwen2", "qwen3", "qwen35",
+                   "qwen3moe")
 FFN_KINDS = ("swiglu", "reglu", "drelu", "relu", "geglu", "gelu", "gelu_erf", "swiglu_oai")
 UNGATED_KINDS = ("relu", "gelu", "gelu_erf")  # act(up), no gate: OPT, Falcon
 
@@ -19,6 +20,7 @@ _ARCH_TRAITS: dict[str, tuple[str, str | None, str, int]] = {
     "qwen2": ("rms", "neox", "swiglu", 0),
     "qwen3": ("rms", "neox", "swiglu", 0),
     "qwen3moe": ("rms", "neox", "swiglu", 0),
+    "qwen35": ("rms", "neox", "swiglu", 0),
     "olmoe": ("rms", "neox", "swiglu", 0),
     "gpt-oss": ("rms", "neox", "swiglu_oai", 0),
     "gemma3": ("rms", "neox", "geglu", 0),
@@ -114,11 +116,25 @@ class ModelConfig:
     n_kv_shared: int = 0
     v_from_k: bool = False
     n_embd_per_layer: int = 0
+    recurrent_layers: tuple[bool, ...] = ()
+    ssm_conv_kernel: int = 0
+    ssm_head_dim: int = 0
+    ssm_n_k_heads: int = 0
+    ssm_n_v_heads: int = 0
 
     @property
     def ffn_norm_name(self) -> str:
         """The FFN input's norm (gpt-oss' files call it post_attention_norm)."""
-        return "post_attention_norm" if self.arch == "gpt-oss" else "ffn_norm"
+        return "post_attention_norm" if self.arch in ("gpt-oss", "qwen35") else "ffn_norm"
+
+    def recurrent(self, il: int) -> bool:
+        """Whether layer il is linear attention (a recurrent state, no KV cache)."""
+        return bool(self.recurrent_layers) and self.recurrent_layers[il]
+
+    @property
+    def ssm_conv_channels(self) -> int:
+        """The convolved channels of a linear-attention layer: its queries, keys and values."""
+        return (2 * self.ssm_n_k_heads + self.ssm_n_v_heads) * self.ssm_head_dim
 
     @property
     def is_moe(self) -> bool:
@@ -287,6 +303,7 @@ class ModelConfig:
             final_logit_softcap=float(key("final_logit_softcapping", 0.0)),
             **_experts(key, arch),
             **(_gemma4(key, per_layer, n_layer, names) if arch == "gemma4" else {}),
+            **(_qwen35(key, n_layer) if arch == "qwen35" else {}),
         )
         cfg._check()
         return cfg
@@ -322,6 +339,9 @@ class ModelConfig:
             raise UnsupportedError(f"ffn kind {self.ffn_kind!r} does not fit architecture {self.arch}")
         if self.norm_eps <= 0:
             raise ModelFormatError(f"bad norm epsilon {self.norm_eps}")
+        if self.recurrent_layers and self.ssm_n_v_heads % self.ssm_n_k_heads:
+            raise ModelFormatError(f"{self.arch}.ssm.time_step_rank {self.ssm_n_v_heads} (value heads) is not a "
+                                   f"multiple of {self.arch}.ssm.group_count {self.ssm_n_k_heads} (key heads)")
         if self.arch in MOE_ARCHS and not self.is_moe:
             raise ModelFormatError(f"{self.arch}.expert_count is missing: {self.arch} is a mixture of experts")
         if self.is_moe and not 0 < self.n_expert_used <= self.n_expert:
@@ -375,6 +395,23 @@ def _gemma4(key, per_layer, n_layer: int, names: set[str] | None) -> dict[str, A
             "n_head_kv_layers": per_layer("attention.head_count_kv")[1],
             "n_ff_layers": per_layer("feed_forward_length")[1], "n_kv_shared": shared, "v_from_k": v_from_k,
             "n_embd_per_layer": int(key("embedding_length_per_layer_input", 0))}
+
+
+def _qwen35(key, n_layer: int) -> dict[str, Any]:
+    """Qwen3.5's linear-attention fields, read as llama.cpp's qwen35 reads them: the recurrent layers from
+    attention.recurrent_layers or, without it, all but every full_attention_interval-th; the ssm.* sizes."""
+    flags = key("attention.recurrent_layers", None)
+    if flags is None:
+        every = int(key("full_attention_interval", 4))
+        flags = [(il + 1) % every != 0 for il in range(n_layer)]
+    elif len(flags) != n_layer:
+        raise ModelFormatError(f"qwen35.attention.recurrent_layers has {len(flags)} flags for {n_layer} layers")
+    head, n_v = int(key("ssm.state_size")), int(key("ssm.time_step_rank"))
+    if int(key("ssm.inner_size")) != head * n_v:
+        raise ModelFormatError(f"qwen35.ssm.inner_size {key('ssm.inner_size')} is not ssm.state_size {head} times "
+                               f"ssm.time_step_rank {n_v}")
+    return {"recurrent_layers": tuple(bool(f) for f in flags), "ssm_conv_kernel": int(key("ssm.conv_kernel")),
+            "ssm_head_dim": head, "ssm_n_k_heads": int(key("ssm.group_count")), "ssm_n_v_heads": n_v}
 
 
 def _swa_layers(pattern: int | list[bool], n_layer: int, name: str) -> tuple[bool, ...]:

@@ -1,0 +1,111 @@
+"""Qwen3.5's text model: tiny random qwen3_5_text checkpoints (tests/hf_tiny.py QWEN35_VARIANTS), the converter's
+names and keys against llama.cpp's (gguf-py's tables), the recurrent states' checkpoints that let a chat reuse its
+cached prefix, refusals. Logits, greedy decoding, batches, 2000 tokens through the cache and the states, and
+llama.cpp's layout of the file against transformers in float64 are test_engine.py's tests, which take this variant
+too."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import MODEL_ARCH, get_tensor_name_map
+from gguf.constants import Keys
+from hf_tiny import N_VOCAB
+
+import pyinfer.converters.convert_hf_to_powergguf as conv
+from pyinfer.engine.driver import STATE_CHECKPOINTS, Model
+from pyinfer.engine.sampling import SamplerParams
+from pyinfer.errors import ModelFormatError, UnsupportedError
+from pyinfer.formats.gguf_file import GGUFFile
+from pyinfer.formats.model_config import ModelConfig
+
+RNG = np.random.default_rng(5)
+PROMPT = RNG.integers(0, N_VOCAB, 20).tolist()
+
+
+def test_the_variant_exercises_the_features(tiny):
+    cfg = GGUFFile(tiny("qwen35")[1]).config
+    assert cfg.recurrent_layers == (True, True, True, False, True)
+    assert (cfg.ssm_n_k_heads, cfg.ssm_n_v_heads, cfg.ssm_head_dim, cfg.ssm_conv_kernel) == (2, 4, 16, 4)
+    assert cfg.n_rot == 4 and cfg.head_dim == 16  # a quarter of each head rotated
+
+
+def test_names_and_keys_are_llama_cpps(tiny):
+    """Every tensor of the dense file is the name gguf-py's map (llama.cpp's convert_hf_to_gguf.py) gives its HF
+    tensor (dt_bias is written as dt_proj.bias there); every qwen35 key is one of gguf-py's."""
+    oracle, _, dense = tiny("qwen35")
+    g = GGUFFile(dense)
+    names = get_tensor_name_map(MODEL_ARCH.QWEN35, g.config.n_layer)
+    hp = conv._hparams(conv.read_json(f"{oracle.folder}/config.json", conv.CONFIG), "qwen35")
+    for ours, hf_name, _ in conv.tensor_map("qwen35", hp):
+        hf_name = hf_name.replace("dt_bias", "dt_proj.bias")
+        theirs = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        assert theirs == ours, (hf_name, theirs, ours)
+    assert set(g.tensors) == {t for t, *_ in conv.tensor_map("qwen35", hp)}
+    known = {v.replace("{arch}", "qwen35") for group in (Keys.LLM, Keys.Attention, Keys.Rope, Keys.SSM)
+             for v in vars(group).values() if isinstance(v, str) and v.startswith("{arch}.")}
+    assert {k for k in g.metadata if k.startswith("qwen35.")} <= known
+
+
+def test_cached_prefix_restarts_from_a_state_checkpoint(tiny):
+    """A recurrent state cannot step back: a prompt sharing only part of the cached sequence restarts from the
+    latest checkpoint within the shared part (the end of an earlier prompt), or from nothing, and then computes the
+    logits of a fresh run."""
+    _, power, _ = tiny("qwen35")
+    fresh = Model(power, n_ctx=128, kv_type="f32")
+    model = Model(power, n_ctx=128, kv_type="f32")
+    said = list(model.generate_tokens(PROMPT, 6, SamplerParams(temperature=0), stop_at_eos=False))
+    assert model.n_past == len(PROMPT) + 5  # the last token sampled is not evaluated
+    follow = RNG.integers(0, N_VOCAB, 7).tolist()
+    for shared, kept in [(len(PROMPT) + 5, len(PROMPT) + 5),  # the whole cache: nothing restored
+                         (len(PROMPT) + 3, len(PROMPT)),  # within the answer: back to the prompt's end
+                         (len(PROMPT), len(PROMPT)), (len(PROMPT) - 1, 0)]:  # before the only checkpoint: none
+        model.reset()
+        list(model.generate_tokens(PROMPT, 6, SamplerParams(temperature=0), stop_at_eos=False))
+        wanted = (PROMPT + said)[:shared] + follow
+        assert model.reuse_prefix(wanted) == kept
+        got = model.eval(wanted[kept:])
+        np.testing.assert_allclose(got, fresh.logits(wanted)[-1], rtol=0, atol=1e-5 * np.abs(got).max())
+
+
+def test_checkpoints_are_the_latest_prompts(tiny):
+    _, power, _ = tiny("qwen35")
+    model = Model(power, n_ctx=128, kv_type="f32")
+    for _ in range(STATE_CHECKPOINTS + 2):
+        model.eval(PROMPT[:3])
+    model.truncate(4)  # between checkpoints at 3 and 6: the earlier ones are gone, this one is kept
+    assert model.n_past == 0
+    for _ in range(STATE_CHECKPOINTS + 2):
+        model.eval(PROMPT[:3])
+    model.truncate(3 * STATE_CHECKPOINTS + 4)
+    assert model.n_past == 3 * STATE_CHECKPOINTS + 3
+
+
+def test_chat_with_cache_equals_a_fresh_run(tiny):
+    """Two turns through the chat completion API, the second reusing the cached first: the same answers as a
+    model that processes each conversation from scratch."""
+    _, power, _ = tiny("qwen35")
+    cached, fresh = Model(power, n_ctx=256, kv_type="f32"), Model(power, n_ctx=256, kv_type="f32")
+    messages = [{"role": "user", "content": "The quick brown fox"}]
+    for turn in range(2):
+        args = {"temperature": 0, "max_tokens": 8}
+        got = cached.create_chat_completion(messages, **args)["choices"][0]["message"]["content"]
+        fresh.reset()
+        want = fresh.create_chat_completion(messages, cache_prompt=False, **args)["choices"][0]["message"]["content"]
+        assert got == want, turn
+        messages += [{"role": "assistant", "content": got}, {"role": "user", "content": "judge my vow"}]
+
+
+def test_refusals(tiny):
+    meta = dict(GGUFFile(tiny("qwen35")[1]).metadata)
+    with pytest.raises(ModelFormatError, match="inner_size"):
+        ModelConfig.from_metadata({**meta, "qwen35.ssm.inner_size": 60})
+    with pytest.raises(ModelFormatError, match="time_step_rank 4 .* not a multiple of qwen35.ssm.group_count 3"):
+        ModelConfig.from_metadata({**meta, "qwen35.ssm.group_count": 3})
+    with pytest.raises(ModelFormatError, match="recurrent_layers has 2 flags"):
+        ModelConfig.from_metadata({**meta, "qwen35.attention.recurrent_layers": [True, False]})
+    base = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "vocab_size": 300, "rms_norm_eps": 1e-6, "max_position_embeddings": 64}
+    with pytest.raises(UnsupportedError, match="key heads of 16 and value heads of 32"):
+        conv._hparams({**base, "linear_key_head_dim": 16, "linear_value_head_dim": 32}, "qwen35")
+    with pytest.raises(ModelFormatError, match="layer_types"):
+        conv._hparams({**base, "layer_types": ["linear_attention"]}, "qwen35")
