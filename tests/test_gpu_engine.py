@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hf_tiny import GEMMA4_VARIANTS, N_VOCAB, VARIANTS, build
+from hf_tiny import GEMMA4_VARIANTS, N_VOCAB, QWEN35_VARIANTS, VARIANTS, build
 
 import pyinfer.converters.convert_hf_to_powergguf as conv
 from pyinfer.engine.driver import Model
@@ -83,6 +83,30 @@ def test_gemma4_on_gpu_matches_cpu(converted, variant, ngl):
     batch_err = rel_err(gpu_model.logits(TOKENS), cpu_model.logits(TOKENS))
     assert step_err < 1e-4, (variant, ngl, step_err)
     assert batch_err < 3e-2, (variant, ngl, batch_err)
+
+
+@pytest.mark.parametrize("variant", sorted(QWEN35_VARIANTS))
+@pytest.mark.parametrize("ngl", [2, 99])
+def test_qwen35_on_gpu_matches_cpu(converted, variant, ngl):
+    """Qwen3.5's linear attention on the GPU (its states in device memory), whole and in part (-ngl 2: a full-attention
+    layer and a recurrent one), against the CPU engine: decode steps, a prompt batch, and a cached prefix restarted
+    from a state checkpoint written back into device memory."""
+    path = converted(variant)
+    cpu_model = Model(path, n_ctx=64, kv_type="f32")
+    gpu_model = Model(path, n_ctx=64, kv_type="f32", n_gpu_layers=ngl)
+    assert any(t.on_device for t in gpu_model.kv_cache.states)
+    step_err = rel_err([gpu_model.eval([t]) for t in TOKENS[:6]], np.array([cpu_model.eval([t]) for t in TOKENS[:6]]))
+    batch_err = rel_err(gpu_model.logits(TOKENS), cpu_model.logits(TOKENS))
+    assert step_err < 1e-4, (variant, ngl, step_err)
+    assert batch_err < 3e-2, (variant, ngl, batch_err)
+    gpu_model.reset()
+    gpu_model.eval(TOKENS[:10])  # a checkpoint at 10
+    gpu_model.eval(TOKENS[10:15])  # and at 15
+    gpu_model.eval([TOKENS[15]])
+    wanted = TOKENS[:12] + TOKENS[:4]
+    assert gpu_model.reuse_prefix(wanted) == 10
+    got = gpu_model.eval(wanted[10:])
+    assert rel_err(got, cpu_model.logits(wanted)[-1]) < 3e-2
 
 
 def decode_fused_nodes(model: Model) -> int:

@@ -148,14 +148,16 @@ moe_whole() {  # [NAME] [ROUNDS]: $W/NAME.gguf (default moe12) whole on the GPU,
     done | tee "$OUT/${1:-moe12}-whole.md"
 }
 
-moe_sanitize() {  # the MoE and attention kernels' tests under compute-sanitizer memcheck and racecheck
-    local tool args
+sanitize() {  # LOG "PYTEST ARGS"...: those tests under compute-sanitizer memcheck and racecheck, summed up in $OUT/LOG
+    # (the MoE and attention kernels': sanitize moe-sanitizer.log "tests/test_moe_ops.py -k cuda" \
+    # "tests/test_cuda_ops.py -k attention"; the recurrent ones': "tests/test_recurrent_ops.py -k cuda")
+    local log=$1 tool args; shift
     for tool in memcheck racecheck; do
-        for args in "tests/test_moe_ops.py -k cuda" "tests/test_cuda_ops.py -k attention"; do
+        for args in "$@"; do
             echo "$tool $args: $(compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q \
                 -p no:cacheprovider $args 2>&1 | grep -E 'passed|failed|ERROR SUMMARY|RACECHECK SUMMARY' | tr '\n' ' ')"
         done
-    done | tee "$OUT/moe-sanitizer.log"
+    done | tee "$OUT/$log"
 }
 
 wait_for() {  # FILE [SECONDS]: until FILE exists, at most SECONDS (default 420)
@@ -166,7 +168,7 @@ wait_for() {  # FILE [SECONDS]: until FILE exists, at most SECONDS (default 420)
 
 tests() {  # the GPU tests, log in $OUT
     python3 -m pytest -q -s -p no:cacheprovider tests/test_hybrid.py tests/test_gpu_engine.py tests/test_cuda_ops.py \
-        tests/test_input_sparsity.py tests/test_moe_ops.py tests/test_moe_split.py \
+        tests/test_input_sparsity.py tests/test_moe_ops.py tests/test_moe_split.py tests/test_recurrent_ops.py \
         tests/test_split.py "$@" 2>&1 | tee "$OUT/tests.log" | tail -40
 }
 
