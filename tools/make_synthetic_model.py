@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pyinfer.converters.synthetic import MOE_SHAPES, SHAPES, TYPES, make_llama, make_moe
+from pyinfer.converters.synthetic import MOE_SHAPES, QWEN35_SHAPES, SHAPES, TYPES, make_llama, make_moe, make_qwen35
 from pyinfer.sparsity.synthetic_predictors import add_predictors
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="make_synthetic_model", description=__doc__.split("\n\n")[0])
-    p.add_argument("shape", nargs="?", choices=sorted([*SHAPES, *MOE_SHAPES]), help="random model of this shape")
+    p.add_argument("shape", nargs="?", choices=sorted([*SHAPES, *MOE_SHAPES, *QWEN35_SHAPES]),
+                   help="random model of this shape")
     p.add_argument("--from", dest="src", help="add synthetic predictors to this PowerGGUF instead")
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--type", default="q4_0", choices=sorted(TYPES), help="weight type of a random model")
@@ -45,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.shape in MOE_SHAPES:
         make_moe(a.output, a.shape, TYPES[a.type], seed=a.seed, n_layer=a.layers, share_weights=a.share_weights,
                  router_skew=a.router_skew, expert_type=TYPES[a.expert_type] if a.expert_type else None)
+    elif a.shape in QWEN35_SHAPES:
+        make_qwen35(a.output, a.shape, TYPES[a.type], seed=a.seed, n_layer=a.layers, share_weights=a.share_weights)
     elif a.src:
         add_predictors(a.src, a.output, rank=a.rank or 64, threshold=a.threshold, **common)
     else:

@@ -39,6 +39,13 @@ MOE_SHAPES = {
     "tiny-moe": ("qwen3moe", 256, 3, 4, 2, 64, 512, 32, 4, 128),  # tests
     "tiny-oss": ("gpt-oss", 256, 2, 4, 2, 64, 512, 8, 2, 128),  # tests
 }
+# Qwen3.5 (llama.cpp's qwen35): name -> (n_embd, n_layer, n_ff, n_head, n_head_kv, head_dim, n_vocab, tied,
+# linear attention's key heads, value heads, head size); every fourth layer full attention
+QWEN35_SHAPES = {
+    "qwen3.5-0.8b": (1024, 24, 3584, 8, 2, 256, 248320, True, 16, 16, 128),
+    "qwen3.5-9b": (4096, 32, 12288, 16, 4, 256, 248320, False, 16, 32, 128),
+    "tiny-qwen35": (128, 4, 256, 4, 2, 32, 512, True, 2, 4, 32),  # tests
+}
 TYPES = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0,
          "mxfp4": Q.MXFP4}
 MXFP4_LEVEL_RMS = 5.852  # of MXFP4's 16 levels (0, 1, 2, 3, 4, 6, 8, 12 and their negatives): sqrt(34.25)
@@ -190,39 +197,50 @@ def make_llama(path: str, shape: str, qtype: Q, *, seed: int = 0, density: float
                *sparsity_kv("relu" if ffn_kind in GATED_RELU else "threshold", n_layer, float(freqs.mean()),
                             rank, 0.0)]
 
-    drawn: dict[tuple, np.ndarray] = {}
-
-    def mat(name: str, rows: int, k: int, std: float) -> OutTensor:
-        seed_i = int(rng.integers(2**63))
-        key = (name.split(".", 2)[-1], rows, k)
-
-        def produce() -> np.ndarray:
-            if not share_weights or not name.startswith("blk."):
-                return random_weight(np.random.default_rng(seed_i), qtype, (rows, k), std)
-            if key not in drawn:
-                drawn[key] = random_weight(np.random.default_rng(seed_i), qtype, (rows, k), std)
-            return drawn[key]
-
-        return OutTensor(name, (rows, k), qtype, produce)
+    mat = _matrix_maker(rng, qtype, share_weights)
 
     def ones(name: str) -> OutTensor:
         return OutTensor(name, (d,), Q.F32, lambda: np.ones(d, np.float32))
 
-    tensors = [mat("token_embd.weight", n_vocab, d, 1.0), ones("output_norm.weight"),
-               mat("output.weight", n_vocab, d, d**-0.5)]
+    tensors = [mat("token_embd.weight", (n_vocab, d), 1.0), ones("output_norm.weight"),
+               mat("output.weight", (n_vocab, d), d**-0.5)]
     for il in range(n_layer):
         b = f"blk.{il}."
-        tensors += [ones(b + "attn_norm.weight"), mat(b + "attn_q.weight", d, d, d**-0.5),
-                    mat(b + "attn_k.weight", kv_dim, d, d**-0.5), mat(b + "attn_v.weight", kv_dim, d, d**-0.5),
-                    mat(b + "attn_output.weight", d, d, d**-0.5), ones(b + "ffn_norm.weight"),
-                    mat(b + "ffn_up.weight", n_ff, d, d**-0.5), mat(b + "ffn_gate.weight", n_ff, d, d**-0.5)]
+        tensors += [ones(b + "attn_norm.weight"), mat(b + "attn_q.weight", (d, d), d**-0.5),
+                    mat(b + "attn_k.weight", (kv_dim, d), d**-0.5), mat(b + "attn_v.weight", (kv_dim, d), d**-0.5),
+                    mat(b + "attn_output.weight", (d, d), d**-0.5), ones(b + "ffn_norm.weight"),
+                    mat(b + "ffn_up.weight", (n_ff, d), d**-0.5), mat(b + "ffn_gate.weight", (n_ff, d), d**-0.5)]
         if dense:
-            tensors.append(mat(b + "ffn_down.weight", d, n_ff, n_ff**-0.5))
+            tensors.append(mat(b + "ffn_down.weight", (d, n_ff), n_ff**-0.5))
         else:
-            tensors.append(mat(b + "ffn_down_t.weight", n_ff, d, n_ff**-0.5))
+            tensors.append(mat(b + "ffn_down_t.weight", (n_ff, d), n_ff**-0.5))
         if not dense and predictors:
             tensors += predictor_tensors(il, *predictor(rng, d, rank, freqs), freqs)
     write_atomically([OutFile(path, "llama", kv, tensors)])
+
+
+def _matrix_maker(rng: np.random.Generator, qtype: Q, share_weights: bool):
+    """mat(name, shape, std, type_=qtype) -> an OutTensor of random values of about std (random_weight; the last
+    axis the rows' length), seeded from rng when made; with share_weights every layer's tensor of one name and shape
+    holds the values drawn for the first (see make_llama)."""
+    drawn: dict[tuple, np.ndarray] = {}
+
+    def mat(name: str, shape: tuple[int, ...], std: float, type_: Q = qtype) -> OutTensor:
+        seed_i = int(rng.integers(2**63))
+        key = (name.split(".", 2)[-1], shape)
+        rows, k = math.prod(shape[:-1]), shape[-1]
+
+        def produce() -> np.ndarray:
+            if share_weights and name.startswith("blk.") and key in drawn:
+                return drawn[key]
+            values = random_weight(np.random.default_rng(seed_i), type_, (rows, k), std)
+            if share_weights and name.startswith("blk."):
+                drawn[key] = values
+            return values
+
+        return OutTensor(name, shape, type_, produce)
+
+    return mat
 
 
 # Random queries and keys attend about evenly, so attention adds the mean of every earlier token's values, a
@@ -262,22 +280,7 @@ def make_moe(path: str, shape: str, qtype: Q, *, seed: int = 0, n_layer: int | N
     if oss:
         kv.append((f"{arch}.attention.sliding_window", 128, u32, None))
     expert_type = expert_type or qtype
-    drawn: dict[tuple, np.ndarray] = {}
-
-    def mat(name: str, shape: tuple[int, ...], std: float, type_: Q = qtype) -> OutTensor:
-        seed_i = int(rng.integers(2**63))
-        key = (name.split(".", 2)[-1], shape)
-        rows, k = math.prod(shape[:-1]), shape[-1]
-
-        def produce() -> np.ndarray:
-            if share_weights and name.startswith("blk.") and key in drawn:
-                return drawn[key]
-            values = random_weight(np.random.default_rng(seed_i), type_, (rows, k), std)
-            if share_weights and name.startswith("blk."):
-                drawn[key] = values
-            return values
-
-        return OutTensor(name, shape, type_, produce)
+    mat = _matrix_maker(rng, qtype, share_weights)
 
     def ones(name: str, n: int = d) -> OutTensor:
         return OutTensor(name, (n,), Q.F32, lambda: np.ones(n, np.float32))
@@ -313,3 +316,62 @@ def make_moe(path: str, shape: str, qtype: Q, *, seed: int = 0, n_layer: int | N
         if arch == "qwen3moe":
             tensors += [ones(b + "attn_q_norm.weight", head_dim), ones(b + "attn_k_norm.weight", head_dim)]
     write_atomically([OutFile(path, arch, kv, tensors)])
+
+
+def make_qwen35(path: str, shape: str, qtype: Q, *, seed: int = 0, n_layer: int | None = None,
+                share_weights: bool = False) -> None:
+    """A random Qwen3.5 of a real model's shape (QWEN35_SHAPES) as llama.cpp stores one: a file both engines run.
+    Its linear attention's decays and write strengths are drawn in the ranges a trained model's take (ssm_a in
+    [-4, -1], dt_bias 0), so the recurrent states stay bounded over long sequences. n_layer and share_weights as
+    make_llama's (n_layer keeps every fourth layer full attention)."""
+    d, shape_layers, n_ff, n_head, n_kv, head_dim, n_vocab, tied, n_k, n_v, ssm_head = QWEN35_SHAPES[shape]
+    n_layer = n_layer or shape_layers
+    rng = np.random.default_rng(seed)
+    channels, v_dim = (2 * n_k + n_v) * ssm_head, n_v * ssm_head
+    u32, f32 = V.UINT32, V.FLOAT32
+    kv = [("general.name", f"synthetic {shape} (random weights)", V.STRING, None),
+          ("general.file_type", file_type(qtype), u32, None),
+          ("qwen35.vocab_size", n_vocab, u32, None), ("qwen35.context_length", 262144, u32, None),
+          ("qwen35.embedding_length", d, u32, None), ("qwen35.block_count", n_layer, u32, None),
+          ("qwen35.feed_forward_length", n_ff, u32, None), ("qwen35.attention.head_count", n_head, u32, None),
+          ("qwen35.attention.head_count_kv", n_kv, u32, None), ("qwen35.attention.key_length", head_dim, u32, None),
+          ("qwen35.attention.value_length", head_dim, u32, None),
+          ("qwen35.attention.layer_norm_rms_epsilon", 1e-6, f32, None),
+          ("qwen35.rope.dimension_count", head_dim // 4, u32, None), ("qwen35.rope.freq_base", 1e7, f32, None),
+          ("qwen35.rope.dimension_sections", [11, 11, 10, 0], V.ARRAY, u32),
+          ("qwen35.full_attention_interval", 4, u32, None), ("qwen35.ssm.conv_kernel", 4, u32, None),
+          ("qwen35.ssm.state_size", ssm_head, u32, None), ("qwen35.ssm.group_count", n_k, u32, None),
+          ("qwen35.ssm.time_step_rank", n_v, u32, None), ("qwen35.ssm.inner_size", v_dim, u32, None),
+          *_vocab_kv(n_vocab), ("pyinfer.synthetic", True, V.BOOL, None)]
+    mat = _matrix_maker(rng, qtype, share_weights)
+
+    def vector(name: str, n: int, lo: float, hi: float) -> OutTensor:
+        r = np.random.default_rng(int(rng.integers(2**63)))
+        return OutTensor(name, (n,), Q.F32, lambda: r.uniform(lo, hi, n).astype(np.float32))
+
+    tensors = [mat("token_embd.weight", (n_vocab, d), 1.0), vector("output_norm.weight", d, 1.0, 1.0)]
+    if not tied:
+        tensors.append(mat("output.weight", (n_vocab, d), d**-0.5))
+    for il in range(n_layer):
+        b = f"blk.{il}."
+        tensors += [vector(b + "attn_norm.weight", d, 1.0, 1.0),
+                    vector(b + "post_attention_norm.weight", d, 1.0, 1.0),
+                    mat(b + "ffn_gate.weight", (n_ff, d), d**-0.5), mat(b + "ffn_up.weight", (n_ff, d), d**-0.5),
+                    mat(b + "ffn_down.weight", (d, n_ff), n_ff**-0.5)]
+        if (il + 1) % 4:
+            tensors += [mat(b + "attn_qkv.weight", (channels, d), d**-0.5),
+                        mat(b + "attn_gate.weight", (v_dim, d), d**-0.5),
+                        mat(b + "ssm_beta.weight", (n_v, d), d**-0.5), mat(b + "ssm_alpha.weight", (n_v, d), d**-0.5),
+                        mat(b + "ssm_conv1d.weight", (channels, 4), 0.5, Q.F32),
+                        vector(b + "ssm_dt.bias", n_v, 0.0, 0.0),
+                        vector(b + "ssm_a", n_v, -4.0, -1.0), vector(b + "ssm_norm.weight", ssm_head, 1.0, 1.0),
+                        mat(b + "ssm_out.weight", (d, v_dim), v_dim**-0.5 * ATTN_OUT_SCALE)]
+        else:
+            q_dim = n_head * head_dim
+            tensors += [mat(b + "attn_q.weight", (2 * q_dim, d), d**-0.5),
+                        mat(b + "attn_k.weight", (n_kv * head_dim, d), d**-0.5),
+                        mat(b + "attn_v.weight", (n_kv * head_dim, d), d**-0.5),
+                        mat(b + "attn_output.weight", (d, q_dim), q_dim**-0.5 * ATTN_OUT_SCALE),
+                        vector(b + "attn_q_norm.weight", head_dim, 1.0, 1.0),
+                        vector(b + "attn_k_norm.weight", head_dim, 1.0, 1.0)]
+    write_atomically([OutFile(path, "qwen35", kv, tensors)])

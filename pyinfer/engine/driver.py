@@ -527,9 +527,15 @@ class Model:
         return out
 
     def _checkpoint(self) -> None:
-        """Keeps the recurrent states as they stand now (after n_past tokens), the latest STATE_CHECKPOINTS."""
-        self._checkpoints = [c for c in self._checkpoints if c[0] != self.n_past][-(STATE_CHECKPOINTS - 1):]
-        self._checkpoints.append((self.n_past, [t.raw().copy() for t in self.kv_cache.states]))
+        """Keeps the recurrent states as they stand now (after n_past tokens), the latest STATE_CHECKPOINTS; the
+        arrays of one let go are reused (fresh ones cost page faults: 6 % of a 0.8B model's 512-token prompt)."""
+        kept = [c for c in self._checkpoints if c[0] != self.n_past]
+        n_old = max(0, len(kept) - (STATE_CHECKPOINTS - 1))
+        dropped = [c for c in self._checkpoints if c[0] == self.n_past] + kept[:n_old]
+        copies = dropped[0][1] if dropped else [np.empty(t.nbytes, np.uint8) for t in self.kv_cache.states]
+        for t, copy in zip(self.kv_cache.states, copies, strict=True):
+            t.read_into(copy)
+        self._checkpoints = [*kept[n_old:], (self.n_past, copies)]
 
     @property
     def n_past(self) -> int:

@@ -138,6 +138,12 @@ class Tensor:
             return out
         return np.frombuffer(ffi.buffer(data, self.nbytes), dtype=np.uint8)
 
+    def read_into(self, out: np.ndarray) -> None:
+        """Copies the tensor's bytes (a contiguous tensor's, wherever it lives) into out, an array of as many."""
+        if out.nbytes != self.nbytes or not out.flags.c_contiguous:
+            raise InvalidArgumentError(f"read_into takes a contiguous array of {self.nbytes} bytes")
+        check(lib.ggml_tensor_read(self.ptr, ffi.from_buffer(out), 0, self.nbytes))
+
     def numpy(self) -> np.ndarray:
         """F32/F16/I32/I8 data in numpy order: a writable view in host memory (strided for a strided
         ggml view), a copy from a device."""

@@ -7,32 +7,39 @@
 static int32_t first_position(const struct ggml_tensor *pos) { return *(const int32_t *)pos->data; }
 
 // ---------------------------------------------------------------------------------------------------
-// SSM_CONV: y[c, t] = sum_j w[j, c] * xx[c, t + j], xx = the state's K-1 rows then x's n rows; each thread
-// owns a range of channels, so it can overwrite their state once its outputs are made
+// SSM_CONV: y[c, t] = sum_j w[j, c] * xx[c, t + j], xx = the state's K-1 rows then x's n rows. Each thread owns a
+// range of channels and walks the tokens in order, reading rows of x and writing rows of y across its range;
+// its channels' state rows are overwritten once its outputs are made
 // ---------------------------------------------------------------------------------------------------
+
+// row r of xx (C values): a state row (NULL for a fresh sequence's zeros) or a row of x
+static const float *window_row(int64_t r, int64_t K, const float *state, bool fresh, const struct ggml_tensor *x) {
+    if (r < K - 1) return fresh ? NULL : state + r * x->ne[0];
+    return (const float *)((const char *)x->data + (r - (K - 1)) * x->nb[1]);
+}
 
 int ggml_cpu_op_ssm_conv(const struct ggml_compute_params *p, struct ggml_tensor *dst) {
     struct ggml_tensor *state = dst->src[0];
     const struct ggml_tensor *x = dst->src[1], *w = dst->src[2];
     const int64_t C = x->ne[0], n = x->ne[1], K = w->ne[0];
     const bool fresh = first_position(dst->src[3]) == 0;
-    float *s = state->data;                  // (K-1, C)
-    const float *taps = w->data;             // (C, K)
+    float *s = state->data;      // (K-1, C)
+    const float *taps = w->data; // (C, K)
     int64_t c0, c1;
     ggml_thread_range(C, p->ith, p->nth, &c0, &c1);
-    for (int64_t c = c0; c < c1; c++) {
-        float window[16]; // the K-1 inputs before token t, oldest first (K <= 16 checked below)
-        for (int64_t j = 0; j < K - 1; j++) window[j] = fresh ? 0.0f : s[j * C + c];
-        const float *tc = taps + c * K;
-        for (int64_t t = 0; t < n; t++) {
-            const float xt = ((const float *)((const char *)x->data + t * x->nb[1]))[c];
-            float acc = tc[K - 1] * xt;
-            for (int64_t j = 0; j < K - 1; j++) acc += tc[j] * window[j];
-            ((float *)((char *)dst->data + t * dst->nb[1]))[c] = acc;
-            memmove(window, window + 1, (size_t)(K - 2) * sizeof(float));
-            window[K - 2] = xt;
+    for (int64_t t = 0; t < n; t++) {
+        float *y = (float *)((char *)dst->data + t * dst->nb[1]);
+        for (int64_t c = c0; c < c1; c++) y[c] = 0.0f;
+        for (int64_t j = 0; j < K; j++) {
+            const float *row = window_row(t + j, K, s, fresh, x);
+            if (!row) continue;
+            for (int64_t c = c0; c < c1; c++) y[c] += taps[c * K + j] * row[c];
         }
-        for (int64_t j = 0; j < K - 1; j++) s[j * C + c] = window[j];
+    }
+    // the new state: xx's last K-1 rows; row j comes from xx row n + j > j, not yet overwritten in this order
+    for (int64_t j = 0; j < K - 1; j++) {
+        const float *row = window_row(n + j, K, s, fresh, x);
+        for (int64_t c = c0; c < c1; c++) s[j * C + c] = row ? row[c] : 0.0f;
     }
     return GGML_STATUS_OK;
 }
@@ -43,16 +50,51 @@ int ggml_cpu_op_ssm_conv(const struct ggml_compute_params *p, struct ggml_tensor
 // a range of (head, column) rows and keeps its row in a local buffer across the tokens
 // ---------------------------------------------------------------------------------------------------
 
-static inline float dot(const float *restrict a, const float *restrict b, int64_t n) {
-    float acc[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) acc[l] += a[i + l] * b[i + l];
-    float sum = 0.0f;
-    for (; i < n; i++) sum += a[i] * b[i];
-    for (int l = 0; l < 8; l++) sum += acc[l];
-    return sum;
+// one token on one row s (D_k values): s = decay s; s += k beta (v - s.k); returns s.q
+static float row_step(float *restrict s, const float *restrict k, const float *restrict q, int64_t dk, float decay,
+                      float v, float beta) {
+    float sk = 0.0f;
+    for (int64_t i = 0; i < dk; i++) {
+        s[i] *= decay;
+        sk += s[i] * k[i];
+    }
+    const float delta = beta * (v - sk);
+    float sq = 0.0f;
+    for (int64_t i = 0; i < dk; i++) {
+        s[i] += delta * k[i];
+        sq += s[i] * q[i];
+    }
+    return sq;
 }
+
+#if defined(__x86_64__)
+#include "exp_avx2.h"
+
+__attribute__((target("avx2,fma"))) static inline float hsum_avx2(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+
+// row_step eight values at a time (dk a multiple of 8): a prompt's tokens each take every row twice through L1
+__attribute__((target("avx2,fma"))) static float row_step_avx2(float *s, const float *k, const float *q, int64_t dk,
+                                                                float decay, float v, float beta) {
+    const __m256 dec = _mm256_set1_ps(decay);
+    __m256 sk = _mm256_setzero_ps(), sq = _mm256_setzero_ps();
+    for (int64_t i = 0; i < dk; i += 8) {
+        const __m256 si = _mm256_mul_ps(_mm256_loadu_ps(s + i), dec);
+        _mm256_storeu_ps(s + i, si);
+        sk = _mm256_fmadd_ps(si, _mm256_loadu_ps(k + i), sk);
+    }
+    const __m256 delta = _mm256_set1_ps(beta * (v - hsum_avx2(sk)));
+    for (int64_t i = 0; i < dk; i += 8) {
+        const __m256 si = _mm256_fmadd_ps(delta, _mm256_loadu_ps(k + i), _mm256_loadu_ps(s + i));
+        _mm256_storeu_ps(s + i, si);
+        sq = _mm256_fmadd_ps(si, _mm256_loadu_ps(q + i), sq);
+    }
+    return hsum_avx2(sq);
+}
+#endif
 
 int ggml_cpu_op_delta_net(const struct ggml_compute_params *p, struct ggml_tensor *dst) {
     struct ggml_tensor *state = dst->src[0];
@@ -64,6 +106,10 @@ int ggml_cpu_op_delta_net(const struct ggml_compute_params *p, struct ggml_tenso
     float row[512];
     if (dk > (int64_t)(sizeof row / sizeof *row))
         return ggml_set_error(GGML_STATUS_UNSUPPORTED, "delta_net: key heads of %lld values (at most 512)", (long long)dk);
+    float (*step)(float *, const float *, const float *, int64_t, float, float, float) = row_step;
+#if defined(__x86_64__)
+    if (dk % 8 == 0 && ggml_cpu_has_avx2_fma()) step = row_step_avx2;
+#endif
     int64_t r0, r1;
     ggml_thread_range(H * dv, p->ith, p->nth, &r0, &r1);
     for (int64_t r = r0; r < r1; r++) {
@@ -76,11 +122,8 @@ int ggml_cpu_op_delta_net(const struct ggml_compute_params *p, struct ggml_tenso
             const float *qt = (const float *)((const char *)q->data + t * q->nb[2] + hq * q->nb[1]);
             const float vt = ((const float *)((const char *)v->data + t * v->nb[2] + h * v->nb[1]))[j];
             const float decay = expf(((const float *)g->data)[t * H + h]);
-            const float b = ((const float *)beta->data)[t * H + h];
-            for (int64_t i = 0; i < dk; i++) row[i] *= decay;
-            const float delta = b * (vt - dot(row, kt, dk));
-            for (int64_t i = 0; i < dk; i++) row[i] += delta * kt[i];
-            ((float *)((char *)dst->data + t * dst->nb[2] + h * dst->nb[1]))[j] = scale * dot(row, qt, dk);
+            const float read = step(row, kt, qt, dk, decay, vt, ((const float *)beta->data)[t * H + h]);
+            ((float *)((char *)dst->data + t * dst->nb[2] + h * dst->nb[1]))[j] = scale * read;
         }
         memcpy(s, row, (size_t)dk * sizeof(float));
     }
