@@ -288,11 +288,14 @@ def ssm_conv(state, x, w, fresh: bool) -> tuple[np.ndarray, np.ndarray]:
     return y, xx[-(k - 1):]
 
 
-def delta_net(state, q, k, v, g, beta, scale: float, fresh: bool) -> tuple[np.ndarray, np.ndarray]:
+def delta_net(state, q, k, v, g, beta, scale: float, fresh: bool, l2_eps: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """state (H, D_v, D_k) (each head's S transposed), q and k (n, H_k, D_k), v (n, H, D_v), g and beta (n, H);
-    value head h reads key head h % H_k -> (out (n, H, D_v), the new state)."""
+    value head h reads key head h % H_k; l2_eps > 0: q and k L2-normed per head first -> (out (n, H, D_v), the new
+    state)."""
     s = np.zeros_like(_f64(state)) if fresh else _f64(state).copy()
     q, k, v, g, beta = (_f64(a) for a in (q, k, v, g, beta))
+    if l2_eps > 0:
+        q, k = (a / np.sqrt((a * a).sum(axis=-1, keepdims=True) + l2_eps) for a in (q, k))
     n, h = v.shape[:2]
     hk = k.shape[1]
     out = np.empty_like(v)

@@ -41,7 +41,7 @@ def run_pieces(backend: str, bounds: list[int], state: ggml.Tensor, build, first
 
 
 @SETTINGS
-@given(data=st.data(), channels=st.integers(1, 70), taps=st.integers(2, 6), n=st.integers(1, 9),
+@given(data=st.data(), channels=st.integers(1, 70), taps=st.integers(2, 16), n=st.integers(1, 40),
        fresh=st.booleans(), seed=st.integers(0, 2**31))
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_ssm_conv(backend, data, channels, taps, n, fresh, seed):
@@ -66,15 +66,17 @@ def test_ssm_conv(backend, data, channels, taps, n, fresh, seed):
 
 @SETTINGS
 @given(data=st.data(), dk=st.sampled_from([1, 8, 32, 128, 129]), dv=st.sampled_from([1, 16, 128]),
-       hk=st.integers(1, 3), group=st.integers(1, 3), n=st.integers(1, 12), fresh=st.booleans(),
-       strided=st.booleans(), seed=st.integers(0, 2**31))
+       hk=st.integers(1, 3), group=st.integers(1, 3), n=st.integers(1, 20), fresh=st.booleans(),
+       strided=st.booleans(), normed=st.booleans(), seed=st.integers(0, 2**31))
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_delta_net(backend, data, dk, dv, hk, group, n, fresh, strided, seed):
+def test_delta_net(backend, data, dk, dv, hk, group, n, fresh, strided, normed, seed):
+    """q and k of unit length, or of any length and normed by the op (l2_eps > 0, as the model runs it)."""
     rng = np.random.default_rng(seed)
     h = hk * group
-    unit = lambda a: a / np.linalg.norm(a, axis=-1, keepdims=True)  # noqa: E731 (the model's l2-normed q and k)
-    q = unit(rng.standard_normal((n, hk, dk))).astype(np.float32)
-    k = unit(rng.standard_normal((n, hk, dk))).astype(np.float32)
+    unit = (lambda a: a) if normed else (lambda a: a / np.linalg.norm(a, axis=-1, keepdims=True))  # noqa: E731
+    l2_eps = 1e-6 if normed else 0.0
+    q = unit(rng.standard_normal((n, hk, dk)) * 3).astype(np.float32)
+    k = unit(rng.standard_normal((n, hk, dk)) * 3).astype(np.float32)
     v = rng.standard_normal((n, h, dv)).astype(np.float32)
     g = -rng.uniform(0.0, 2.0, (n, h)).astype(np.float32)  # log decays: -A softplus(a) <= 0
     beta = rng.uniform(0.0, 1.0, (n, h)).astype(np.float32)
@@ -93,11 +95,11 @@ def test_delta_net(backend, data, dk, dv, hk, group, n, fresh, strided, seed):
 
     def build(ctx, t0, t1, pos):
         return ctx.delta_net(state, heads(ctx, q, t0, t1), heads(ctx, k, t0, t1), ctx.tensor_from_numpy(v[t0:t1]),
-                             ctx.tensor_from_numpy(g[t0:t1]), ctx.tensor_from_numpy(beta[t0:t1]), pos, scale)
+                             ctx.tensor_from_numpy(g[t0:t1]), ctx.tensor_from_numpy(beta[t0:t1]), pos, scale, l2_eps)
 
     bounds = pieces(data.draw, n)
     got = np.concatenate([o.reshape(-1, h, dv) for o in run_pieces(backend, bounds, state, build, 0 if fresh else 3)])
-    want, want_state = ref.delta_net(before, q, k, v, g, beta, scale, fresh)
+    want, want_state = ref.delta_net(before, q, k, v, g, beta, scale, fresh, l2_eps)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(want).max()))
     np.testing.assert_allclose(state.numpy().reshape(want_state.shape), want_state, rtol=1e-4,
                                atol=1e-4 * max(1.0, np.abs(want_state).max()))

@@ -105,7 +105,7 @@ moe_table_bg() {  # [NAME...] (default moe12 moe12s): issue 28's rows in the bac
     rm -rf "$W/out"
     setsid bash -c "W=$W; . tools/gpu_session.sh; OUT=$W/out; mkdir -p \$OUT; wait_for $W/llama.done 500 || exit 1
         for name in ${*:-moe12 moe12s}; do moe_rows \$name; done
-        [ -e $W/moe12.gguf ] && moe_whole moe12 2 > /dev/null; touch \$OUT/ALL.done" > "$W/table.log" 2>&1 < /dev/null &
+        [ -e $W/moe12.gguf ] && whole moe12 2 > /dev/null; touch \$OUT/ALL.done" > "$W/table.log" 2>&1 < /dev/null &
 }
 
 moe_model() {  # NAME: the shape, type, layers, maker flags and label of a table file
@@ -140,12 +140,20 @@ moe_rows() {  # NAME: one file's rows (bench_hybrid), its profiled copy where th
         --label "SYNTHETIC $label" --json "$OUT/$name.json" 2> "$OUT/$name.log" | tee "$OUT/$name.md"
 }
 
-moe_whole() {  # [NAME] [ROUNDS]: $W/NAME.gguf (default moe12) whole on the GPU, ours and llama.cpp alternating
-    local f=$W/${1:-moe12}.gguf lb=$W/llama-src/build/bin/llama-bench a="-p 512 -n 64 -r 2"
-    for r in $(seq "${2:-2}"); do
-        python3 -m pyinfer bench -m "$f" -ngl 99 $a 2>&1 | grep -E "pp512|tg64|rror" | sed "s|^|ours round $r |"
-        "$lb" -m "$f" -ngl 99 $a 2>&1 | grep -E "pp512|tg64|rror" | sed "s|^|llama.cpp round $r |"
-    done | tee "$OUT/${1:-moe12}-whole.md"
+whole() {  # NAME [ROUNDS] [BENCH ARGS...]: $W/NAME.gguf whole on the GPU, ours and llama.cpp alternating (default
+    # -p 512 -n 64 -r 2), in $OUT/NAME-whole.md (the MoE table's: whole moe12)
+    local name=$1 rounds=${2:-2} lb=$W/llama-src/build/bin/llama-bench; shift; shift
+    local a="${*:--p 512 -n 64 -r 2}"
+    for r in $(seq "$rounds"); do
+        python3 -m pyinfer bench -m "$W/$name.gguf" -ngl 99 $a 2>&1 | grep -E "\| (pp|tg)[0-9]|rror" | sed "s|^|ours round $r |"
+        "$lb" -m "$W/$name.gguf" -ngl 99 $a 2>&1 | grep -E "\| +(pp|tg)[0-9]|rror" | sed "s|^|llama.cpp round $r |"
+    done | tee "$OUT/$name-whole.md"
+}
+
+synthetic_bg() {  # NAME SHAPE TYPE LAYERS: a random model of make_synthetic_model's SHAPE (one file both engines run:
+    # the Qwen3.5 and MoE shapes) as $W/NAME.gguf in the background, $W/NAME.done at the end
+    setsid bash -c "python3 -m tools.make_synthetic_model $2 --type $3 --layers $4 --share-weights -o $W/$1.gguf &&
+        touch $W/$1.done" > "$W/$1.log" 2>&1 < /dev/null &
 }
 
 sanitize() {  # LOG "PYTEST ARGS"...: those tests under compute-sanitizer memcheck and racecheck, summed up in $OUT/LOG

@@ -728,7 +728,7 @@ struct ggml_tensor *ggml_ssm_conv(struct ggml_context *ctx, struct ggml_tensor *
 
 struct ggml_tensor *ggml_delta_net(struct ggml_context *ctx, struct ggml_tensor *state, struct ggml_tensor *q,
                                    struct ggml_tensor *k, struct ggml_tensor *v, struct ggml_tensor *g,
-                                   struct ggml_tensor *beta, struct ggml_tensor *pos, float scale) {
+                                   struct ggml_tensor *beta, struct ggml_tensor *pos, float scale, float l2_eps) {
     CHECK_ARG(state && q && k && v && g && beta && pos, "null tensor");
     CHECK_ARG(is_state(state), "delta_net: the state must be a contiguous F32 leaf");
     CHECK_ARG(q->type == GGML_TYPE_F32 && k->type == GGML_TYPE_F32 && v->type == GGML_TYPE_F32,
@@ -743,12 +743,14 @@ struct ggml_tensor *ggml_delta_net(struct ggml_context *ctx, struct ggml_tensor 
     CHECK_ARG(state->ne[0] == dk && state->ne[1] == dv && state->ne[2] == h && state->ne[3] == 1,
               "delta_net: the state must be [%lld, %lld, %lld]", (long long)dk, (long long)dv, (long long)h);
     CHECK_ARG(is_positions(pos, n), "delta_net needs I32 positions, one per token");
-    CHECK_ARG(isfinite(scale), "delta_net: scale must be finite");
+    CHECK_ARG(isfinite(scale) && isfinite(l2_eps) && l2_eps >= 0.0f, "delta_net: scale and l2_eps must be finite, "
+              "l2_eps >= 0");
     struct ggml_tensor *t = op_new(ctx, GGML_OP_DELTA_NET, GGML_TYPE_F32, 3, (int64_t[]){dv, h, n}, state, q, k, v);
     if (!t) return NULL;
     t->src[4] = g;
     t->src[5] = beta;
     t->src[6] = pos;
     ggml_set_op_param_f32(t, 0, scale);
+    ggml_set_op_param_f32(t, 1, l2_eps);
     return t;
 }

@@ -1,7 +1,7 @@
 """Qwen3.5 graph (the text model), as transformers' qwen3_5_text and llama.cpp's qwen35 compute it: three of every
 four layers are linear attention, a gated delta net (models.common's norms and SwiGLU FFN around it):
 - q, k and v come out of one projection through a causal convolution over the tokens (ssm_conv; its last inputs
-  carried between graphs in a state), then silu; q and k are L2-normed per head;
+  carried between graphs in a state), then silu; q and k are L2-normed per head (inside delta_net);
 - the gated delta rule keeps a D x D matrix per value head (delta_net, its state carried likewise): each token
   decays it by exp(g), g = ssm_a * softplus(alpha + dt_bias) (ssm_a = -exp(A_log)), writes v with strength
   sigmoid(beta) and reads it with q; value head h reads key head h % H_k (llama.cpp's files reorder the value heads
@@ -59,13 +59,6 @@ def gated_attention(b, il: int, h: ggml.Tensor, inputs: GraphInputs) -> ggml.Ten
     return b.linear(ctx.mul(a, gate), p + "attn_output")
 
 
-def l2_normed(ctx: ggml.Context, t: ggml.Tensor, scale: float) -> ggml.Tensor:
-    """scale * t / sqrt(sum t^2 + L2_EPS) per head (the last axis, D values): an RMS norm of epsilon L2_EPS / D is
-    sqrt(D) times that."""
-    d = t.shape[-1]
-    return ctx.scale(ctx.rms_norm(ctx.cpy(t, ggml.F32), L2_EPS / d), scale / math.sqrt(d))
-
-
 def linear_attention(b, il: int, h: ggml.Tensor, inputs: GraphInputs) -> ggml.Tensor:
     """The gated delta net of layer il: (n_tokens, n_embd) -> (n_tokens, n_embd), its states carried in
     b.kv_cache.conv[il] and b.kv_cache.ssm[il]."""
@@ -78,12 +71,11 @@ def linear_attention(b, il: int, h: ggml.Tensor, inputs: GraphInputs) -> ggml.Te
     def heads(first: int, count: int) -> ggml.Tensor:  # (n, count, d) of the channels from head `first`
         return ctx.view(mixed, (n, count, d), (4 * channels, 4 * d, 4), offset=4 * d * first)
 
-    q = l2_normed(ctx, heads(0, hk), 1.0)
-    k = l2_normed(ctx, heads(hk, hk), 1.0)
     beta = ctx.sigmoid(b.linear(h, p + "ssm_beta"))  # (n, hv)
     decay = ctx.softplus(ctx.add(b.linear(h, p + "ssm_alpha"), b.get(p + "ssm_dt.bias")))
     g = ctx.mul(decay, b.get(p + "ssm_a"))  # (n, hv) log decays, <= 0
-    core = ctx.delta_net(b.kv_cache.ssm[il], q, k, heads(2 * hk, hv), g, beta, inputs.pos, 1.0 / math.sqrt(d))
+    core = ctx.delta_net(b.kv_cache.ssm[il], heads(0, hk), heads(hk, hk), heads(2 * hk, hv), g, beta, inputs.pos,
+                         1.0 / math.sqrt(d), L2_EPS)  # q and k L2-normed in the op
     z = ctx.silu(ctx.reshape(b.linear(h, p + "attn_gate"), (n, hv, d)))
     out = ctx.mul(b.norm(core, p + "ssm_norm"), z)  # (n, hv, d)
     return b.linear(ctx.reshape(out, (n, hv * d)), p + "ssm_out")

@@ -313,10 +313,12 @@ class Context:
         return self._t(lib.ggml_ssm_conv(self.ptr, state.ptr, x.ptr, w.ptr, pos.ptr))
 
     def delta_net(self, state: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, pos: Tensor,
-                  scale: float) -> Tensor:
+                  scale: float, l2_eps: float = 0.0) -> Tensor:
         """The gated delta rule over n tokens: q, k (n, H_k, D_k), v (n, H, D_v), g and beta (n, H); state (H, D_v,
-        D_k), overwritten (zeros taken for it when pos[0] == 0) -> (n, H, D_v); see ggml_delta_net."""
-        return self._t(lib.ggml_delta_net(self.ptr, state.ptr, q.ptr, k.ptr, v.ptr, g.ptr, beta.ptr, pos.ptr, scale))
+        D_k), overwritten (zeros taken for it when pos[0] == 0) -> (n, H, D_v); l2_eps > 0: q and k L2-normed per
+        head first; see ggml_delta_net."""
+        return self._t(lib.ggml_delta_net(self.ptr, state.ptr, q.ptr, k.ptr, v.ptr, g.ptr, beta.ptr, pos.ptr, scale,
+                                          l2_eps))
 
     def mul_mat_rows(self, w: Tensor, x: Tensor, sel: Tensor | None = None, begin: int = 0, end: int = -1):
         return self._t(lib.ggml_mul_mat_rows(self.ptr, w.ptr, x.ptr, sel.ptr if sel else ffi.NULL, begin, end))

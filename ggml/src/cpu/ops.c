@@ -12,6 +12,7 @@ size_t ggml_cpu_op_wsize(const struct ggml_tensor *node, int n_threads) {
     case GGML_OP_AXPY_ROWS: return ggml_cpu_axpy_rows_wsize(node, n_threads);
     case GGML_OP_SPARSE_FFN: return ggml_cpu_sparse_ffn_wsize(node, n_threads);
     case GGML_OP_MOE_FFN: return ggml_cpu_moe_ffn_wsize(node, n_threads);
+    case GGML_OP_DELTA_NET: return ggml_cpu_delta_net_wsize(node, n_threads);
     default: return 0;
     }
 }

@@ -73,6 +73,7 @@ size_t ggml_cpu_attention_wsize(const struct ggml_tensor *dst, int n_threads);
 // --- ops_recurrent.c ---
 int ggml_cpu_op_ssm_conv(const struct ggml_compute_params *p, struct ggml_tensor *dst);
 int ggml_cpu_op_delta_net(const struct ggml_compute_params *p, struct ggml_tensor *dst);
+size_t ggml_cpu_delta_net_wsize(const struct ggml_tensor *dst, int n_threads);
 
 // --- ops_sparse.c ---
 int ggml_cpu_op_mul_mat_rows(const struct ggml_compute_params *p, struct ggml_tensor *dst);

@@ -47,8 +47,16 @@ int ggml_cpu_op_ssm_conv(const struct ggml_compute_params *p, struct ggml_tensor
 // ---------------------------------------------------------------------------------------------------
 // DELTA_NET: per value head h and column j of its state S (a row of the transposed state, over D_k), per token:
 // s = exp(g) s; s += k beta (v[j] - s.k); out[j] = scale s.q. The columns are independent, so each thread owns
-// a range of (head, column) rows and keeps its row in a local buffer across the tokens
+// a range of (head, column) rows and keeps its row in a local buffer across the tokens. With l2_eps > 0 q and k
+// are normed: every thread first finds the norms of all of them (a 64th of its rows' work), then scales its copy of
+// each head's q and k as it reads them
 // ---------------------------------------------------------------------------------------------------
+
+size_t ggml_cpu_delta_net_wsize(const struct ggml_tensor *dst, int n_threads) {
+    const struct ggml_tensor *k = dst->src[2];
+    // per thread: the inverse norms of q and k (n, H_k, 2), and one token's normed q and k (2 D_k)
+    return (size_t)n_threads * ggml_cpu_align_up((size_t)(2 * k->ne[2] * k->ne[1] + 2 * k->ne[0]) * sizeof(float));
+}
 
 // one token on one row s (D_k values): s = decay s; s += k beta (v - s.k); returns s.q
 static float row_step(float *restrict s, const float *restrict k, const float *restrict q, int64_t dk, float decay,
@@ -101,8 +109,19 @@ int ggml_cpu_op_delta_net(const struct ggml_compute_params *p, struct ggml_tenso
     const struct ggml_tensor *q = dst->src[1], *k = dst->src[2], *v = dst->src[3], *g = dst->src[4],
                              *beta = dst->src[5];
     const int64_t dk = k->ne[0], hk = k->ne[1], dv = v->ne[0], H = v->ne[1], n = v->ne[2];
-    const float scale = ggml_op_param_f32(dst, 0);
+    const float scale = ggml_op_param_f32(dst, 0), l2_eps = ggml_op_param_f32(dst, 1);
     const bool fresh = first_position(dst->src[6]) == 0;
+    float *inv_norms = ggml_cpu_thread_scratch(p, ggml_cpu_delta_net_wsize(dst, 1)); // (n, H_k, 2): q's, k's
+    float *kq = inv_norms + 2 * n * hk; // (2 D_k): this token's k and q, normed
+    if (l2_eps > 0.0f)
+        for (int64_t i = 0; i < n * hk; i++)
+            for (int which = 0; which < 2; which++) {
+                const struct ggml_tensor *t = which ? k : q;
+                const float *x = (const float *)((const char *)t->data + (i / hk) * t->nb[2] + (i % hk) * t->nb[1]);
+                float sum = 0.0f;
+                for (int64_t d = 0; d < dk; d++) sum += x[d] * x[d];
+                inv_norms[2 * i + which] = 1.0f / sqrtf(sum + l2_eps);
+            }
     float row[512];
     if (dk > (int64_t)(sizeof row / sizeof *row))
         return ggml_set_error(GGML_STATUS_UNSUPPORTED, "delta_net: key heads of %lld values (at most 512)", (long long)dk);
@@ -120,6 +139,15 @@ int ggml_cpu_op_delta_net(const struct ggml_compute_params *p, struct ggml_tenso
         for (int64_t t = 0; t < n; t++) {
             const float *kt = (const float *)((const char *)k->data + t * k->nb[2] + hq * k->nb[1]);
             const float *qt = (const float *)((const char *)q->data + t * q->nb[2] + hq * q->nb[1]);
+            if (l2_eps > 0.0f) {
+                const float kn = inv_norms[2 * (t * hk + hq) + 1], qn = inv_norms[2 * (t * hk + hq)];
+                for (int64_t d = 0; d < dk; d++) {
+                    kq[d] = kt[d] * kn;
+                    kq[dk + d] = qt[d] * qn;
+                }
+                kt = kq;
+                qt = kq + dk;
+            }
             const float vt = ((const float *)((const char *)v->data + t * v->nb[2] + h * v->nb[1]))[j];
             const float decay = expf(((const float *)g->data)[t * H + h]);
             const float read = step(row, kt, qt, dk, decay, vt, ((const float *)beta->data)[t * H + h]);
