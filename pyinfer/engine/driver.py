@@ -191,17 +191,8 @@ class _StepGraph:
         self._tokens, self._pos = tokens.numpy(), pos.numpy()
         self._pos_ids = pos_ids.numpy() if pos_ids is not None else None
         self.shape = (n_out, cfg.n_vocab)
-        # host outputs are read through views made once; device outputs are copied after each compute, one row (a
-        # decoded token's) through pinned memory (a copy to fresh pageable pages took 170 us of a 248k vocabulary)
+        # host outputs are read through views made once; device outputs are copied after each compute
         self._logits = None if self.logits.on_device else self.logits.numpy().reshape(self.shape)
-        self._pinned = None
-        if self.logits.on_device and n_out == 1:
-            self._pinned = np.empty(self.shape, np.float32)
-            buffer = ggml.ffi.from_buffer(self._pinned)
-            if lib.ggml_cuda_host_register(buffer, self._pinned.nbytes) == lib.GGML_STATUS_OK:
-                self._unpin = weakref.finalize(self, lib.ggml_cuda_host_unregister, buffer)
-            else:  # still correct, only slower
-                lib.ggml_clear_error()
         self.pos_offset = cfg.pos_offset
 
     @property
@@ -215,9 +206,6 @@ class _StepGraph:
             self._pos_ids[:] = self._pos + self.pos_offset
         self.graph.compute(pool)
         # the caller owns the result: host views are copied, device reads are fresh arrays already
-        if self._pinned is not None:
-            self.logits.read_into(self._pinned)
-            return self._pinned.copy()
         return self.logits.numpy().reshape(self.shape) if self._logits is None else self._logits.copy()
 
     def active_rows(self) -> int:
