@@ -273,8 +273,9 @@ size_t ggml_cuda_allocated(void);
 // a prompt's graph buffers may come and go between two readings of ggml_cuda_allocated
 size_t ggml_cuda_peak_reset(void);
 size_t ggml_cuda_allocated_peak(void);
-// pins host memory (a model file's mapping, read only) so copies from it run at full speed, asynchronously
-int ggml_cuda_host_register(void *ptr, size_t size);
+// pins host memory so copies from it (read_only: a model file's mapping) or also into it run at full speed,
+// asynchronously
+int ggml_cuda_host_register(void *ptr, size_t size, bool read_only);
 void ggml_cuda_host_unregister(void *ptr);
 // the device's free and total bytes (cudaMemGetInfo; 0 and 0 without a GPU)
 int ggml_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);

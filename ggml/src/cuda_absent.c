@@ -14,8 +14,8 @@ size_t ggml_cuda_allocated(void) { return 0; }
 size_t ggml_cuda_peak_reset(void) { return 0; }
 size_t ggml_cuda_allocated_peak(void) { return 0; }
 
-int ggml_cuda_host_register(void *ptr, size_t size) {
-    (void)ptr, (void)size;
+int ggml_cuda_host_register(void *ptr, size_t size, bool read_only) {
+    (void)ptr, (void)size, (void)read_only;
     return cuda_absent();
 }
 

@@ -144,10 +144,11 @@ extern "C" size_t ggml_cuda_allocated_peak(void) {
     return n;
 }
 
-extern "C" int ggml_cuda_host_register(void *ptr, size_t size) {
+extern "C" int ggml_cuda_host_register(void *ptr, size_t size, bool read_only) {
     int st = ggml_cuda_init();
     if (st) return st;
-    return cuda_status(cudaHostRegister(ptr, size, cudaHostRegisterReadOnly), "host register");
+    return cuda_status(cudaHostRegister(ptr, size, read_only ? cudaHostRegisterReadOnly : cudaHostRegisterDefault),
+                       "host register");
 }
 
 extern "C" void ggml_cuda_host_unregister(void *ptr) {
