@@ -99,11 +99,11 @@ def assert_dot_close(got, want, bound, type_):
 @SETTINGS
 @given(rows=st.integers(1, 9), cols=st.integers(1, 700), seed=st.integers(0, 2**31),
        op=st.sampled_from(["add", "mul", "add_b", "mul_b", "scale", "silu", "gelu", "gelu_erf", "relu", "tanh",
-                           "abs", "sigmoid", "softplus", "view_add"]))
+                           "abs", "sigmoid", "softplus", "view_add", "mul_per_row"]))
 def test_elementwise(rows, cols, seed, op):
     rng = np.random.default_rng(seed)
     a = (rng.standard_normal((rows, cols)) * 3).astype(np.float32)
-    b = rng.standard_normal((1 if op.endswith("_b") else rows, cols)).astype(np.float32)
+    b = rng.standard_normal((1 if op.endswith("_b") else rows, 1 if op == "mul_per_row" else cols)).astype(np.float32)
 
     def build(ctx):
         ta, tb = tensor(ctx, a), tensor(ctx, b)
@@ -121,7 +121,8 @@ def test_elementwise(rows, cols, seed, op):
 
     (got,), (cpu,) = both(build)
     want = {"add": lambda: ref.add(a, b), "mul": lambda: ref.mul(a, b), "add_b": lambda: ref.add(a, b),
-            "mul_b": lambda: ref.mul(a, b), "scale": lambda: ref.scale(a, -1.75), "silu": lambda: ref.silu(a),
+            "mul_b": lambda: ref.mul(a, b), "mul_per_row": lambda: ref.mul(a, b),
+            "scale": lambda: ref.scale(a, -1.75), "silu": lambda: ref.silu(a),
             "gelu": lambda: ref.gelu(a), "gelu_erf": lambda: ref.gelu_erf(a), "relu": lambda: ref.relu(a),
             "tanh": lambda: ref.tanh(a), "abs": lambda: ref.abs(a), "sigmoid": lambda: ref.sigmoid(a),
             "softplus": lambda: ref.softplus(a),

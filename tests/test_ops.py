@@ -244,10 +244,12 @@ def float_arrays(draw, shape):
 
 @SETTINGS
 @given(data=st.data(), shape=st.tuples(st.integers(1, 4), st.integers(1, 5), st.integers(1, 70)),
-       broadcast=st.booleans(), op=st.sampled_from(["add", "mul"]), threads=st.integers(1, 3))
+       broadcast=st.sampled_from(["none", "row", "per_row"]), op=st.sampled_from(["add", "mul"]),
+       threads=st.integers(1, 3))
 def test_binary_ops(data, shape, broadcast, op, threads):
+    """Same shapes, one row for all, or one value for each row."""
     a = data.draw(float_arrays(shape))
-    b = data.draw(float_arrays((1, 1, shape[2]) if broadcast else shape))
+    b = data.draw(float_arrays({"none": shape, "row": (1, 1, shape[2]), "per_row": (*shape[:2], 1)}[broadcast]))
     ctx = ggml.Context(8 << 20)
     (y,) = compute(ctx, [getattr(ctx, op)(tensor(ctx, a), tensor(ctx, b))], threads, ndim=3)
     with np.errstate(over="ignore", invalid="ignore"):

@@ -49,8 +49,8 @@ enum ggml_op {
     GGML_OP_VIEW,         // a window on another tensor's data (reshape, slices)
     GGML_OP_CPY,          // copy/convert to dst type
     GGML_OP_GET_ROWS,     // rows of src0 picked by I32 ids in src1
-    GGML_OP_ADD,          // src0 + src1, src1 broadcast over rows
-    GGML_OP_MUL,          // src0 * src1, src1 broadcast over rows
+    GGML_OP_ADD,          // src0 + src1, src1 one row broadcast over rows, or one value per row
+    GGML_OP_MUL,          // src0 * src1, src1 one row broadcast over rows, or one value per row
     GGML_OP_SCALE,        // src0 * s
     GGML_OP_SILU,
     GGML_OP_GELU,         // tanh approximation, as llama.cpp

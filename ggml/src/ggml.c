@@ -396,7 +396,9 @@ static struct ggml_tensor *binary_op(struct ggml_context *ctx, enum ggml_op op, 
     CHECK_ARG(a->type == GGML_TYPE_F32 && b->type == GGML_TYPE_F32, "%s takes F32 tensors",
               op == GGML_OP_ADD ? "add" : "mul");
     bool rows = b->ne[0] == a->ne[0] && b->ne[1] == 1 && b->ne[2] == 1 && b->ne[3] == 1;
-    CHECK_ARG(same_shape(a, b) || rows, "shapes [%lld,%lld,%lld] and [%lld,%lld,%lld] do not broadcast",
+    // one value per row of a (a gate per token: Qwen3.5-MoE's shared expert), contiguous
+    bool per_row = b->ne[0] == 1 && ggml_nrows(b) == ggml_nrows(a) && ggml_is_contiguous(b);
+    CHECK_ARG(same_shape(a, b) || rows || per_row, "shapes [%lld,%lld,%lld] and [%lld,%lld,%lld] do not broadcast",
               (long long)a->ne[0], (long long)a->ne[1], (long long)a->ne[2], (long long)b->ne[0],
               (long long)b->ne[1], (long long)b->ne[2]);
     return op_like(ctx, op, a, b);

@@ -96,15 +96,19 @@ int ggml_cpu_op_binary(const struct ggml_compute_params *p, struct ggml_tensor *
     if (a->type != GGML_TYPE_F32 || b->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32)
         return ggml_set_error(GGML_STATUS_UNSUPPORTED, "add/mul take F32 tensors");
     const int64_t n0 = a->ne[0], nrows = ggml_nrows(a);
-    const bool broadcast = ggml_nrows(b) == 1;
+    const bool broadcast = ggml_nrows(b) == 1 && b->ne[0] == n0, per_row = b->ne[0] != n0; // ggml_add/mul's cases
     const bool is_add = dst->op == GGML_OP_ADD;
     int64_t r0, r1;
     ggml_thread_range(nrows, p->ith, p->nth, &r0, &r1);
     for (int64_t r = r0; r < r1; r++) {
         const float *x = (const float *)ggml_cpu_row_ptr(a, r);                                      // (n0)
-        const float *y = (const float *)(broadcast ? (const char *)b->data : ggml_cpu_row_ptr(b, r)); // (n0)
+        const float *y = (const float *)(broadcast ? (const char *)b->data : ggml_cpu_row_ptr(b, r)); // (n0) or (1)
         float *z = (float *)ggml_cpu_row_ptr(dst, r);                                                // (n0)
-        if (is_add)
+        if (per_row && is_add)
+            for (int64_t i = 0; i < n0; i++) z[i] = x[i] + y[0];
+        else if (per_row)
+            for (int64_t i = 0; i < n0; i++) z[i] = x[i] * y[0];
+        else if (is_add)
             for (int64_t i = 0; i < n0; i++) z[i] = x[i] + y[i];
         else
             for (int64_t i = 0; i < n0; i++) z[i] = x[i] * y[i];

@@ -122,7 +122,8 @@ __global__ void binary_kernel(cuda_view a, int pre, cuda_view b, cuda_view dst, 
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = e / n0, i = e % n0;
         const T x = preop(pre, ((const T *)cuda_row(a, r))[i]);
-        const T y = ((const T *)(broadcast ? b.data : cuda_row(b, r)))[i];
+        // b: one row for all (broadcast), a row each, or one value each (per_row: V = 1)
+        const T y = ((const T *)(broadcast ? b.data : cuda_row(b, r)))[b.ne[0] == 1 ? 0 : i];
         ((T *)cuda_row(dst, r))[i] = binop(x, y, is_add);
     }
 }
@@ -132,8 +133,8 @@ int cuda_binary(const struct ggml_tensor *a, int pre, const struct ggml_tensor *
     if (a->type != GGML_TYPE_F32 || b->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32)
         return ggml_set_error(GGML_STATUS_UNSUPPORTED, "add/mul take F32 tensors");
     const int64_t nrows = ggml_nrows(a);
-    const bool broadcast = ggml_nrows(b) == 1;
-    if (rows_of_chunks(a) && rows_of_chunks(b) && rows_of_chunks(dst))
+    const bool broadcast = ggml_nrows(b) == 1 && b->ne[0] == a->ne[0];
+    if (rows_of_chunks(a) && rows_of_chunks(b) && rows_of_chunks(dst)) // never one value a row: ne[0] % 4 != 0
         binary_kernel<4><<<grid_for(a->ne[0] / 4 * nrows), CUDA_BLOCK, 0, st>>>(
             cuda_view_of(a), pre, cuda_view_of(b), cuda_view_of(dst), broadcast, add, nrows);
     else
