@@ -89,6 +89,10 @@ GEMMA4_VARIANTS = {
 # quarter of each head
 QWEN35_VARIANTS = {
     "qwen35": ("qwen3_5", {"layer_types": ["linear_attention"] * 3 + ["full_attention", "linear_attention"]}),
+    # the mixture: 4 experts, 2 a token, and the shared expert every token takes, gated
+    "qwen35moe": ("qwen3_5_moe", {"layer_types": ["linear_attention"] * 3 + ["full_attention", "linear_attention"],
+                                  "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
+                                  "shared_expert_intermediate_size": 64}),
 }
 # mixtures of experts: no neurons to reorder or predict
 MOE_VARIANTS = ("qwen3moe", "mixtral", "olmoe", "qwen3moe_top1", "gpt_oss")
@@ -158,12 +162,13 @@ def _config(arch: str, extra: dict):
                                   num_key_value_heads=2, head_dim=16, vocab_size=N_VOCAB,
                                   vocab_size_per_layer_input=N_VOCAB, max_position_embeddings=4096,
                                   rms_norm_eps=1e-6, tie_word_embeddings=False, attn_implementation="eager", **extra)
-    if arch == "qwen3_5":
-        return T.Qwen3_5TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=5, num_attention_heads=4,
-                                   num_key_value_heads=2, head_dim=16, vocab_size=N_VOCAB, max_position_embeddings=4096,
-                                   linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
-                                   linear_num_key_heads=2, linear_num_value_heads=4, rms_norm_eps=1e-6,
-                                   tie_word_embeddings=False, attn_implementation="eager", **extra)
+    if arch in ("qwen3_5", "qwen3_5_moe"):
+        sizes = ({"intermediate_size": 128} if arch == "qwen3_5" else {"experts_implementation": "eager"})
+        return (T.Qwen3_5TextConfig if arch == "qwen3_5" else T.Qwen3_5MoeTextConfig)(
+            hidden_size=64, num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            vocab_size=N_VOCAB, max_position_embeddings=4096, linear_conv_kernel_dim=4, linear_key_head_dim=16,
+            linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, rms_norm_eps=1e-6,
+            tie_word_embeddings=False, attn_implementation="eager", **sizes, **extra)
     if arch == "gemma3":
         return T.Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
                                   num_key_value_heads=2, head_dim=16, vocab_size=N_VOCAB, max_position_embeddings=4096,
@@ -240,7 +245,7 @@ def _rotary_f64(model: torch.nn.Module) -> None:
 
     def forward(x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None):
         params = cfg.rope_parameters[layer_type] if layer_type else cfg.rope_parameters  # Gemma 3: per kind
-        if cfg.model_type == "qwen3_5_text":  # its sections see one text position; cos and sin of the rotated part
+        if cfg.model_type.startswith("qwen3_5"):  # its sections see one text position; cos, sin of the rotated part
             rotated = int(params["partial_rotary_factor"] * head_dim)
             inv = params["rope_theta"] ** (-torch.arange(0, rotated, 2, dtype=torch.float64) / rotated)
             positions = position_ids[0] if position_ids.ndim == 3 else position_ids
@@ -267,7 +272,7 @@ def build(variant: str, folder: str, seed: int = 0, dtype: torch.dtype = torch.f
            "mistral": T.MistralForCausalLM, "qwen3moe": T.Qwen3MoeForCausalLM, "mixtral": T.MixtralForCausalLM,
            "olmoe": T.OlmoeForCausalLM, "gpt_oss": T.GptOssForCausalLM,
            "gemma3": T.Gemma3ForCausalLM, "gemma4": T.Gemma4ForCausalLM, "falcon": T.FalconForCausalLM,
-           "qwen3_5": T.Qwen3_5ForCausalLM,
+           "qwen3_5": T.Qwen3_5ForCausalLM, "qwen3_5_moe": T.Qwen3_5MoeForCausalLM,
            "opt": T.OPTForCausalLM}[arch]
     torch.manual_seed(seed)
     model = cls(cfg).eval()

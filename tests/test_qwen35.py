@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from gguf import MODEL_ARCH, get_tensor_name_map
 from gguf.constants import Keys
-from hf_tiny import N_VOCAB
+from hf_tiny import N_VOCAB, QWEN35_VARIANTS
 
 import pyinfer.converters.convert_hf_to_powergguf as conv
 from pyinfer.engine.driver import STATE_CHECKPOINTS, Model
@@ -22,35 +22,42 @@ RNG = np.random.default_rng(5)
 PROMPT = RNG.integers(0, N_VOCAB, 20).tolist()
 
 
-def test_the_variant_exercises_the_features(tiny):
-    cfg = GGUFFile(tiny("qwen35")[1]).config
+@pytest.mark.parametrize("variant", sorted(QWEN35_VARIANTS))
+def test_the_variants_exercise_the_features(tiny, variant):
+    cfg = GGUFFile(tiny(variant)[1]).config
     assert cfg.recurrent_layers == (True, True, True, False, True)
     assert (cfg.ssm_n_k_heads, cfg.ssm_n_v_heads, cfg.ssm_head_dim, cfg.ssm_conv_kernel) == (2, 4, 16, 4)
     assert cfg.n_rot == 4 and cfg.head_dim == 16  # a quarter of each head rotated
+    if variant == "qwen35moe":
+        assert (cfg.n_expert, cfg.n_expert_used, cfg.n_ff_exp, cfg.n_ff_shexp, cfg.expert_norm) == (4, 2, 48, 64, True)
 
 
-def test_names_and_keys_are_llama_cpps(tiny):
+@pytest.mark.parametrize("variant", sorted(QWEN35_VARIANTS))
+def test_names_and_keys_are_llama_cpps(tiny, variant):
     """Every tensor of the dense file is the name gguf-py's map (llama.cpp's convert_hf_to_gguf.py) gives its HF
-    tensor (dt_bias is written as dt_proj.bias there); every qwen35 key is one of gguf-py's."""
-    oracle, _, dense = tiny("qwen35")
+    tensor (dt_bias is written as dt_proj.bias there; the experts are stacked as every mixture's); every key of the
+    architecture is one of gguf-py's."""
+    oracle, _, dense = tiny(variant)
     g = GGUFFile(dense)
-    names = get_tensor_name_map(MODEL_ARCH.QWEN35, g.config.n_layer)
-    hp = conv._hparams(conv.read_json(f"{oracle.folder}/config.json", conv.CONFIG), "qwen35")
-    for ours, hf_name, _ in conv.tensor_map("qwen35", hp):
-        hf_name = hf_name.replace("dt_bias", "dt_proj.bias")
+    arch = g.config.arch
+    names = get_tensor_name_map(MODEL_ARCH.QWEN35MOE if arch == "qwen35moe" else MODEL_ARCH.QWEN35, g.config.n_layer)
+    hp = conv._hparams(conv.read_json(f"{oracle.folder}/config.json", conv.CONFIG), arch)
+    for ours, hf_name, _ in conv.tensor_map(arch, hp):
+        hf_name = hf_name.replace("dt_bias", "dt_proj.bias").replace("experts.{e}.", "experts.")
         theirs = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         assert theirs == ours, (hf_name, theirs, ours)
-    assert set(g.tensors) == {t for t, *_ in conv.tensor_map("qwen35", hp)}
-    known = {v.replace("{arch}", "qwen35") for group in (Keys.LLM, Keys.Attention, Keys.Rope, Keys.SSM)
+    assert set(g.tensors) == {t for t, *_ in conv.tensor_map(arch, hp)}
+    known = {v.replace("{arch}", arch) for group in (Keys.LLM, Keys.Attention, Keys.Rope, Keys.SSM)
              for v in vars(group).values() if isinstance(v, str) and v.startswith("{arch}.")}
-    assert {k for k in g.metadata if k.startswith("qwen35.")} <= known
+    assert {k for k in g.metadata if k.startswith(arch + ".")} <= known
 
 
-def test_cached_prefix_restarts_from_a_state_checkpoint(tiny):
+@pytest.mark.parametrize("variant", sorted(QWEN35_VARIANTS))
+def test_cached_prefix_restarts_from_a_state_checkpoint(tiny, variant):
     """A recurrent state cannot step back: a prompt sharing only part of the cached sequence restarts from the
     latest checkpoint within the shared part (the end of an earlier prompt), or from nothing, and then computes the
     logits of a fresh run."""
-    _, power, _ = tiny("qwen35")
+    _, power, _ = tiny(variant)
     fresh = Model(power, n_ctx=128, kv_type="f32")
     model = Model(power, n_ctx=128, kv_type="f32")
     said = list(model.generate_tokens(PROMPT, 6, SamplerParams(temperature=0), stop_at_eos=False))

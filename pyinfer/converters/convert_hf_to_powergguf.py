@@ -53,13 +53,14 @@ HF_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForC
             "MistralForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3", "FalconForCausalLM": "falcon",
             "OPTForCausalLM": "opt", "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe",
             "OlmoeForCausalLM": "olmoe", "GptOssForCausalLM": "gpt-oss", "Gemma4ForCausalLM": "gemma4",
-            "Qwen3_5ForCausalLM": "qwen35"}
-MOE_HF = {"MixtralForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "GptOssForCausalLM"}
+            "Qwen3_5ForCausalLM": "qwen35", "Qwen3_5MoeForCausalLM": "qwen35moe"}
+MOE_HF = {"MixtralForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "GptOssForCausalLM", "Qwen3_5MoeForCausalLM"}
 # the shapes of HF tensors whose transform reshapes them: gpt-oss' experts (gate and up interleaved in one
 # (n_expert, d, 2 n_ff) tensor, x @ W; down (n_expert, n_ff, d)); Qwen3.5's convolution (channels, 1, taps)
 RESHAPED = {"oai_gate": lambda s: (s[0], s[2] // 2, s[1]), "oai_up": lambda s: (s[0], s[2] // 2, s[1]),
             "oai_down": lambda s: (s[0], s[2], s[1]), "oai_gate_b": lambda s: (s[0], s[1] // 2),
-            "oai_up_b": lambda s: (s[0], s[1] // 2), "conv1d": lambda s: (s[0], s[2])}
+            "oai_up_b": lambda s: (s[0], s[1] // 2), "conv1d": lambda s: (s[0], s[2]),
+            "row": lambda s: (s[-1],)}  # Qwen3.5-MoE's shared expert gate (1, d)
 # Falcon's "gelu" is exact (nn.GELU) in transformers; llama.cpp's files run it in the tanh form ("gelu")
 FALCON_ACTS = {"gelu": "gelu_erf", "gelu_pytorch_tanh": "gelu", "gelu_new": "gelu", "relu": "relu"}
 LLAMA_ACTS = {"silu": "swiglu", "relu": "reglu", "drelu": "drelu", "gelu_pytorch_tanh": "geglu", "gelu_new": "geglu"}
@@ -158,8 +159,17 @@ def _hparams(config: dict[str, Any], arch: str) -> dict[str, Any]:
         return _falcon(config)
     if arch == "gemma4":
         return _gemma4(config)
-    if arch == "qwen35":
-        return {**_hparams(config, "qwen3"), **_qwen35(config)}
+    if arch in ("qwen35", "qwen35moe"):
+        # Qwen3's layer sizes (a mixture's dense width is its shared expert's, as llama.cpp's default), then the
+        # linear attention's and the experts'
+        dense = {k: v for k, v in config.items() if k not in ("num_experts", "shared_expert_intermediate_size")}
+        if arch == "qwen35moe":
+            dense["intermediate_size"] = _need(config, "shared_expert_intermediate_size")
+        hp = {**_hparams(dense, "qwen3"), **_qwen35(config)}
+        if arch == "qwen35moe":
+            hp |= {**_experts(dense | {"num_experts": config.get("num_experts")}, arch), "expert_norm": True,
+                   "n_ff_shexp": int(config["shared_expert_intermediate_size"])}
+        return hp
     if config.get("use_sliding_window"):
         raise UnsupportedError("sliding-window attention (use_sliding_window) is not supported")
     if config.get("attn_logit_softcapping") is not None:
@@ -410,7 +420,7 @@ def tensor_map(arch: str, hp: dict[str, Any]) -> list[tuple[str, str, str]]:
         out += [("output_norm" + s, p + "ln_f" + s, "") for s in wb]
     elif arch == "gemma4":
         out += _gemma4_map(hp)
-    elif arch == "qwen35":
+    elif arch in ("qwen35", "qwen35moe"):
         out += _qwen35_map(hp)
     else:
         p = "model."
@@ -491,9 +501,17 @@ def _qwen35_map(hp: dict[str, Any]) -> list[tuple[str, str, str]]:
     for il in range(hp["n_layer"]):
         b, h = f"blk.{il}.", f"{p}layers.{il}."
         pairs = [("attn_norm.weight", "input_layernorm.weight", "norm1"),
-                 ("post_attention_norm.weight", "post_attention_layernorm.weight", "norm1"),
-                 ("ffn_gate.weight", "mlp.gate_proj.weight", ""), ("ffn_up.weight", "mlp.up_proj.weight", ""),
-                 ("ffn_down.weight", "mlp.down_proj.weight", "down")]
+                 ("post_attention_norm.weight", "post_attention_layernorm.weight", "norm1")]
+        if "n_expert" in hp:  # the router, the experts (stacked as Qwen3-MoE's), the gated shared expert
+            m = "mlp."
+            out += _expert_map(b, h, hp["n_expert"], "qwen35moe")
+            pairs += [("ffn_gate_inp_shexp.weight", m + "shared_expert_gate.weight", "row"),
+                      ("ffn_gate_shexp.weight", m + "shared_expert.gate_proj.weight", ""),
+                      ("ffn_up_shexp.weight", m + "shared_expert.up_proj.weight", ""),
+                      ("ffn_down_shexp.weight", m + "shared_expert.down_proj.weight", "")]
+        else:
+            pairs += [("ffn_gate.weight", "mlp.gate_proj.weight", ""), ("ffn_up.weight", "mlp.up_proj.weight", ""),
+                      ("ffn_down.weight", "mlp.down_proj.weight", "down")]
         if hp["recurrent"][il]:
             a = "linear_attn."
             pairs += [("attn_qkv.weight", a + "in_proj_qkv.weight", "vheads_qkv"),
@@ -603,8 +621,8 @@ def _arch_kv(arch: str, hp: dict[str, Any], name: str, outtype: Q) -> list[KV]:
         return _gemma4_kv(kv, hp)
     kv += [(f"{arch}.attention.layer_norm_rms_epsilon", hp["eps"], f32, None),
            (f"{arch}.rope.dimension_count", hp.get("n_rot", head_dim), u32, None)]
-    if arch == "qwen35":
-        kv += _qwen35_kv(hp)
+    if arch in ("qwen35", "qwen35moe"):
+        kv += _qwen35_kv(arch, hp)
     if arch in ("llama", "gpt-oss") and hp["sliding_window"]:  # Mistral, gpt-oss
         kv.append((f"{arch}.attention.sliding_window", hp["sliding_window"], u32, None))
     if arch == "gpt-oss" and hp["swa_pattern"] != 2:  # llama.cpp's default for gpt-oss: every other layer
@@ -630,20 +648,21 @@ def _arch_kv(arch: str, hp: dict[str, Any], name: str, outtype: Q) -> list[KV]:
     return kv
 
 
-def _qwen35_kv(hp: dict[str, Any]) -> list[KV]:
+def _qwen35_kv(arch: str, hp: dict[str, Any]) -> list[KV]:
     """Qwen3.5's linear-attention keys as llama.cpp writes them; its RoPE's sections (transformers' default
     mrope_section; text positions make them one)."""
     u32, arr = GGUFValueType.UINT32, GGUFValueType.ARRAY
     n_layer, flags = hp["n_layer"], hp["recurrent"]
     every = next((n for n in range(1, n_layer + 1) if flags == [(il + 1) % n != 0 for il in range(n_layer)]), None)
-    layers = (("qwen35.full_attention_interval", every, u32, None) if every else
-              ("qwen35.attention.recurrent_layers", flags, arr, GGUFValueType.BOOL))
-    return [("qwen35.ssm.conv_kernel", hp["ssm_conv_kernel"], u32, None),
-            ("qwen35.ssm.state_size", hp["ssm_head_dim"], u32, None),
-            ("qwen35.ssm.group_count", hp["ssm_k_heads"], u32, None),
-            ("qwen35.ssm.time_step_rank", hp["ssm_v_heads"], u32, None),
-            ("qwen35.ssm.inner_size", hp["ssm_v_heads"] * hp["ssm_head_dim"], u32, None),
-            ("qwen35.rope.dimension_sections", [11, 11, 10, 0], arr, u32), layers]
+    layers = ((f"{arch}.full_attention_interval", every, u32, None) if every else
+              (f"{arch}.attention.recurrent_layers", flags, arr, GGUFValueType.BOOL))
+    shared = [(f"{arch}.expert_shared_feed_forward_length", hp["n_ff_shexp"], u32, None)] if "n_ff_shexp" in hp else []
+    return [(f"{arch}.ssm.conv_kernel", hp["ssm_conv_kernel"], u32, None),
+            (f"{arch}.ssm.state_size", hp["ssm_head_dim"], u32, None),
+            (f"{arch}.ssm.group_count", hp["ssm_k_heads"], u32, None),
+            (f"{arch}.ssm.time_step_rank", hp["ssm_v_heads"], u32, None),
+            (f"{arch}.ssm.inner_size", hp["ssm_v_heads"] * hp["ssm_head_dim"], u32, None),
+            (f"{arch}.rope.dimension_sections", [11, 11, 10, 0], arr, u32), layers, *shared]
 
 
 def _gemma4_kv(kv: list[KV], hp: dict[str, Any]) -> list[KV]:
@@ -807,6 +826,8 @@ def _producer(src: SafetensorsSource, hname: str, transform: str, transposed: bo
             w = np.ascontiguousarray(w.transpose(0, 2, 1))
         elif transform in ("oai_gate_b", "oai_up_b"):
             w = np.ascontiguousarray(w[..., transform == "oai_up_b"::2])
+        elif transform == "row":
+            w = w.reshape(-1)
         elif transform.startswith(("vheads", "vcols", "ssm_a", "conv1d")):
             w = _qwen35_value_heads(w, transform, hp)
         return encode(w, qtype)

@@ -363,8 +363,10 @@ EXPERT_MATRICES = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")  # a mixture
 QKV_PARTS = ("attn_q", "attn_k", "attn_v")  # on the GPU one matrix where they share a type (offload.fuse_qkv)
 ATTENTION_PARTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "attn_q_norm", "attn_k_norm",
                    "post_attention_norm", "post_ffw_norm", "attn_qkv", "attn_norm_2", "attn_sinks",
-                   # Qwen3.5's linear attention (its ssm_a, named without a suffix, is a few bytes)
-                   "attn_gate", "ssm_conv1d", "ssm_dt", "ssm_beta", "ssm_alpha", "ssm_norm", "ssm_out")
+                   # Qwen3.5's linear attention (its ssm_a, named without a suffix, is a few bytes); a mixture's shared
+                   # expert goes with the attention (every token reads it)
+                   "attn_gate", "ssm_conv1d", "ssm_dt", "ssm_beta", "ssm_alpha", "ssm_norm", "ssm_out",
+                   "ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
 STREAM_MIN_TOKENS = 32  # batches of at least this many tokens run there (llama.cpp's threshold too)
 # a batch under a VRAM budget returns the logits of at most this many tokens (a prompt needs its last token's;
 # perplexity, all of them, gets them this many at a time): 512 rows of a 152k vocabulary had taken 311 MB of the

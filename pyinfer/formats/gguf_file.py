@@ -84,7 +84,7 @@ def expected_tensor_shapes(cfg: ModelConfig, ffn_layout: str) -> dict[str, tuple
             f, e = cfg.n_ff_exp, cfg.n_expert
             layer |= {"ffn_gate_inp.bias": (e,), "ffn_gate_exps.bias": (f, e), "ffn_up_exps.bias": (f, e),
                       "ffn_down_exps.bias": (d, e)}
-        if cfg.arch == "qwen35":
+        if cfg.arch in ("qwen35", "qwen35moe"):
             layer = _qwen35_layer(cfg, il, layer)
         if cfg.is_moe:
             shapes |= {b + k: v for k, v in layer.items()}
@@ -105,8 +105,11 @@ def _qwen35_layer(cfg: ModelConfig, il: int, layer: dict[str, tuple[int, ...]]) 
     """Layer il's tensors as llama.cpp's qwen35 stores them: a full-attention layer's q with its output gate (twice
     as wide) and its per-head q and k norms; a linear-attention layer's, in the place of attention's, its projections
     (q, k and v in attn_qkv, the output gate z in attn_gate, the write strength's and decay's inputs in ssm_beta and
-    ssm_alpha), its convolution's taps, decay parameters, output norm and projection."""
-    d, hd = cfg.n_embd, cfg.head_dim
+    ssm_alpha), its convolution's taps, decay parameters, output norm and projection; a mixture's shared expert."""
+    d, hd, f = cfg.n_embd, cfg.head_dim, cfg.n_ff_shexp
+    if f:  # the mixture's shared expert and its gate
+        layer = layer | {"ffn_gate_inp_shexp.weight": (d,), "ffn_gate_shexp.weight": (d, f),
+                         "ffn_up_shexp.weight": (d, f), "ffn_down_shexp.weight": (f, d)}
     if not cfg.recurrent(il):
         return layer | {"attn_q.weight": (d, 2 * cfg.n_head * hd), "attn_q_norm.weight": (hd,),
                         "attn_k_norm.weight": (hd,)}

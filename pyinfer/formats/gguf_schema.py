@@ -271,6 +271,7 @@ ARCH_KEYS: dict[str, Kind] = {
     "expert_weights_scale": Float(lo=0.0),
     "expert_gating_func": Int(0, 16),
     "expert_shared_count": Int(0, 4096),
+    "expert_shared_feed_forward_length": SIZE,  # the shared expert's neurons (Qwen3.5-MoE)
     # linear attention (Qwen3.5's gated delta net), llama.cpp's ssm.* keys: the convolution's taps, the value
     # width H_v * D, the head size D (keys' and values'), H_v (time_step_rank) and H_k (group_count)
     "ssm.conv_kernel": Int(2, 16),

@@ -10,7 +10,7 @@ from pyinfer.errors import ModelFormatError, UnsupportedError
 from pyinfer.formats import gguf_schema
 
 SUPPORTED_ARCHS = ("falcon", "gemma3", "gemma4", "gpt-oss", "llama", "olmoe", "opt", "qwen2", "qwen3", "qwen35",
-                   "qwen3moe")
+                   "qwen35moe", "qwen3moe")
 FFN_KINDS = ("swiglu", "reglu", "drelu", "relu", "geglu", "gelu", "gelu_erf", "swiglu_oai")
 UNGATED_KINDS = ("relu", "gelu", "gelu_erf")  # act(up), no gate: OPT, Falcon
 
@@ -21,6 +21,7 @@ _ARCH_TRAITS: dict[str, tuple[str, str | None, str, int]] = {
     "qwen3": ("rms", "neox", "swiglu", 0),
     "qwen3moe": ("rms", "neox", "swiglu", 0),
     "qwen35": ("rms", "neox", "swiglu", 0),
+    "qwen35moe": ("rms", "neox", "swiglu", 0),
     "olmoe": ("rms", "neox", "swiglu", 0),
     "gpt-oss": ("rms", "neox", "swiglu_oai", 0),
     "gemma3": ("rms", "neox", "geglu", 0),
@@ -121,11 +122,12 @@ class ModelConfig:
     ssm_head_dim: int = 0
     ssm_n_k_heads: int = 0
     ssm_n_v_heads: int = 0
+    n_ff_shexp: int = 0
 
     @property
     def ffn_norm_name(self) -> str:
         """The FFN input's norm (gpt-oss' files call it post_attention_norm)."""
-        return "post_attention_norm" if self.arch in ("gpt-oss", "qwen35") else "ffn_norm"
+        return "post_attention_norm" if self.arch in ("gpt-oss", "qwen35", "qwen35moe") else "ffn_norm"
 
     def recurrent(self, il: int) -> bool:
         """Whether layer il is linear attention (a recurrent state, no KV cache)."""
@@ -303,7 +305,7 @@ class ModelConfig:
             final_logit_softcap=float(key("final_logit_softcapping", 0.0)),
             **_experts(key, arch),
             **(_gemma4(key, per_layer, n_layer, names) if arch == "gemma4" else {}),
-            **(_qwen35(key, n_layer) if arch == "qwen35" else {}),
+            **(_qwen35(key, n_layer, arch) if arch in ("qwen35", "qwen35moe") else {}),
         )
         cfg._check()
         return cfg
@@ -353,7 +355,8 @@ class ModelConfig:
             raise UnsupportedError(f"ffn kind {self.ffn_kind!r} does not fit architecture {self.arch}")
 
 
-MOE_ARCHS = ("qwen3moe", "olmoe", "gpt-oss")  # always mixtures; llama is one when its file has experts (Mixtral)
+# always mixtures; llama is one when its file has experts (Mixtral)
+MOE_ARCHS = ("qwen3moe", "olmoe", "gpt-oss", "qwen35moe")
 SWA_PATTERNS = {"gemma3": 6, "gpt-oss": 2}  # llama.cpp's sliding-window patterns for files without the key
 
 
@@ -397,21 +400,24 @@ def _gemma4(key, per_layer, n_layer: int, names: set[str] | None) -> dict[str, A
             "n_embd_per_layer": int(key("embedding_length_per_layer_input", 0))}
 
 
-def _qwen35(key, n_layer: int) -> dict[str, Any]:
-    """Qwen3.5's linear-attention fields, read as llama.cpp's qwen35 reads them: the recurrent layers from
-    attention.recurrent_layers or, without it, all but every full_attention_interval-th; the ssm.* sizes."""
+def _qwen35(key, n_layer: int, arch: str) -> dict[str, Any]:
+    """Qwen3.5's linear-attention fields, read as llama.cpp's qwen35 and qwen35moe read them: the recurrent layers
+    from attention.recurrent_layers or, without it, all but every full_attention_interval-th; the ssm.* sizes; the
+    mixture's shared expert (its width feed_forward_length where the file does not say)."""
     flags = key("attention.recurrent_layers", None)
     if flags is None:
         every = int(key("full_attention_interval", 4))
         flags = [(il + 1) % every != 0 for il in range(n_layer)]
     elif len(flags) != n_layer:
-        raise ModelFormatError(f"qwen35.attention.recurrent_layers has {len(flags)} flags for {n_layer} layers")
+        raise ModelFormatError(f"{arch}.attention.recurrent_layers has {len(flags)} flags for {n_layer} layers")
     head, n_v = int(key("ssm.state_size")), int(key("ssm.time_step_rank"))
     if int(key("ssm.inner_size")) != head * n_v:
-        raise ModelFormatError(f"qwen35.ssm.inner_size {key('ssm.inner_size')} is not ssm.state_size {head} times "
+        raise ModelFormatError(f"{arch}.ssm.inner_size {key('ssm.inner_size')} is not ssm.state_size {head} times "
                                f"ssm.time_step_rank {n_v}")
+    shared = int(key("expert_shared_feed_forward_length", key("feed_forward_length", 0))) if arch == "qwen35moe" else 0
     return {"recurrent_layers": tuple(bool(f) for f in flags), "ssm_conv_kernel": int(key("ssm.conv_kernel")),
-            "ssm_head_dim": head, "ssm_n_k_heads": int(key("ssm.group_count")), "ssm_n_v_heads": n_v}
+            "ssm_head_dim": head, "ssm_n_k_heads": int(key("ssm.group_count")), "ssm_n_v_heads": n_v,
+            "n_ff_shexp": shared}
 
 
 def _swa_layers(pattern: int | list[bool], n_layer: int, name: str) -> tuple[bool, ...]:

@@ -10,7 +10,7 @@ BUILDERS = {"falcon": falcon.build, "gemma3": gemma3.build, "gemma4": gemma4.bui
             "llama": llama.build,
             "olmoe": llama.build,
             "opt": opt.build, "qwen2": llama.build, "qwen3": llama.build, "qwen35": qwen35.build,
-            "qwen3moe": llama.build}
+            "qwen35moe": qwen35.build, "qwen3moe": llama.build}
 
 
 def builder_for(arch: str):
