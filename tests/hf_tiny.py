@@ -93,6 +93,9 @@ QWEN35_VARIANTS = {
     "qwen35moe": ("qwen3_5_moe", {"layer_types": ["linear_attention"] * 3 + ["full_attention", "linear_attention"],
                                   "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
                                   "shared_expert_intermediate_size": 64}),
+    # the dense model as its repositories hold it: the text model of a Qwen3_5ForConditionalGeneration (a vision
+    # tower beside it, which the converter leaves)
+    "qwen35_mm": ("qwen3_5_mm", {"layer_types": ["linear_attention"] * 3 + ["full_attention", "linear_attention"]}),
 }
 # mixtures of experts: no neurons to reorder or predict
 MOE_VARIANTS = ("qwen3moe", "mixtral", "olmoe", "qwen3moe_top1", "gpt_oss")
@@ -162,6 +165,11 @@ def _config(arch: str, extra: dict):
                                   num_key_value_heads=2, head_dim=16, vocab_size=N_VOCAB,
                                   vocab_size_per_layer_input=N_VOCAB, max_position_embeddings=4096,
                                   rms_norm_eps=1e-6, tie_word_embeddings=False, attn_implementation="eager", **extra)
+    if arch == "qwen3_5_mm":
+        vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+                  "patch_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 16}
+        return T.Qwen3_5Config(text_config=_config("qwen3_5", extra).to_dict(), vision_config=vision,
+                               tie_word_embeddings=False)
     if arch in ("qwen3_5", "qwen3_5_moe"):
         sizes = ({"intermediate_size": 128} if arch == "qwen3_5" else {"experts_implementation": "eager"})
         return (T.Qwen3_5TextConfig if arch == "qwen3_5" else T.Qwen3_5MoeTextConfig)(
@@ -225,10 +233,12 @@ def _rmsnorm_f64(model: torch.nn.Module) -> None:
 
 def _rotary_f64(model: torch.nn.Module) -> None:
     """Compute HF's rope angles in float64 (transformers computes them in float32)."""
-    rot = getattr(getattr(model, "model", None) or model.transformer, "rotary_emb", None)
+    base = getattr(model, "model", None) or model.transformer
+    base = getattr(base, "language_model", base)  # a multimodal model's text model
+    rot = getattr(base, "rotary_emb", None)
     if rot is None:
         return
-    cfg = model.config
+    cfg = getattr(model.config, "text_config", None) or model.config
     # Gemma 4's kinds of layer differ in head size (inv_freq takes each kind's)
     gemma4 = cfg.model_type == "gemma4_text"
     head_dim = None if gemma4 else getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -273,6 +283,7 @@ def build(variant: str, folder: str, seed: int = 0, dtype: torch.dtype = torch.f
            "olmoe": T.OlmoeForCausalLM, "gpt_oss": T.GptOssForCausalLM,
            "gemma3": T.Gemma3ForCausalLM, "gemma4": T.Gemma4ForCausalLM, "falcon": T.FalconForCausalLM,
            "qwen3_5": T.Qwen3_5ForCausalLM, "qwen3_5_moe": T.Qwen3_5MoeForCausalLM,
+           "qwen3_5_mm": T.Qwen3_5ForConditionalGeneration,
            "opt": T.OPTForCausalLM}[arch]
     torch.manual_seed(seed)
     model = cls(cfg).eval()

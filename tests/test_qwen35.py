@@ -41,7 +41,7 @@ def test_names_and_keys_are_llama_cpps(tiny, variant):
     g = GGUFFile(dense)
     arch = g.config.arch
     names = get_tensor_name_map(MODEL_ARCH.QWEN35MOE if arch == "qwen35moe" else MODEL_ARCH.QWEN35, g.config.n_layer)
-    hp = conv._hparams(conv.read_json(f"{oracle.folder}/config.json", conv.CONFIG), arch)
+    hp = conv._hparams(conv.read_config(oracle.folder), arch)
     for ours, hf_name, _ in conv.tensor_map(arch, hp):
         hf_name = hf_name.replace("dt_bias", "dt_proj.bias").replace("experts.{e}.", "experts.")
         theirs = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))

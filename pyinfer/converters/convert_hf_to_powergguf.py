@@ -53,8 +53,13 @@ HF_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForC
             "MistralForCausalLM": "llama", "Gemma3ForCausalLM": "gemma3", "FalconForCausalLM": "falcon",
             "OPTForCausalLM": "opt", "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe",
             "OlmoeForCausalLM": "olmoe", "GptOssForCausalLM": "gpt-oss", "Gemma4ForCausalLM": "gemma4",
-            "Qwen3_5ForCausalLM": "qwen35", "Qwen3_5MoeForCausalLM": "qwen35moe"}
-MOE_HF = {"MixtralForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "GptOssForCausalLM", "Qwen3_5MoeForCausalLM"}
+            "Qwen3_5ForCausalLM": "qwen35", "Qwen3_5MoeForCausalLM": "qwen35moe",
+            "Qwen3_5ForConditionalGeneration": "qwen35", "Qwen3_5MoeForConditionalGeneration": "qwen35moe"}
+# checkpoints of a multimodal model (what Qwen3.5's repositories hold): its text model is converted, read from
+# config.json's text_config and the tensors under model.language_model (the vision tower and MTP layers are left)
+MULTIMODAL_HF = {"Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"}
+MOE_HF = {"MixtralForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "GptOssForCausalLM", "Qwen3_5MoeForCausalLM",
+          "Qwen3_5MoeForConditionalGeneration"}
 # the shapes of HF tensors whose transform reshapes them: gpt-oss' experts (gate and up interleaved in one
 # (n_expert, d, 2 n_ff) tensor, x @ W; down (n_expert, n_ff, d)); Qwen3.5's convolution (channels, 1, taps)
 RESHAPED = {"oai_gate": lambda s: (s[0], s[2] // 2, s[1]), "oai_up": lambda s: (s[0], s[2] // 2, s[1]),
@@ -554,9 +559,12 @@ def _expert_map(b: str, h: str, n_expert: int, arch: str) -> list[tuple[str, str
 
 
 def _resolve(src: SafetensorsSource, hf_name: str) -> str:
-    """The stored name of `hf_name`, which some checkpoints keep without the 'model.' prefix."""
-    if hf_name not in src.tensors and hf_name.startswith("model.") and hf_name[6:] in src.tensors:
-        hf_name = hf_name[6:]
+    """The stored name of `hf_name`, which some checkpoints keep without the 'model.' prefix, and a multimodal one's
+    text model under 'model.language_model.'."""
+    if hf_name not in src.tensors and hf_name.startswith("model."):
+        for stored in (hf_name[6:], "model.language_model." + hf_name[6:]):
+            if stored in src.tensors:
+                return src.require(stored).name
     src.require(hf_name)
     return hf_name
 
@@ -718,14 +726,25 @@ def _check_plan(arch: str, kv: list[KV], tensors: list[OutTensor], layout: str, 
 # plans
 
 
-def _plan_hf(folder: str, outtype: Q, out_path: str, dense_path: str | None) -> tuple[list[OutFile], list[str]]:
-    """Outputs for a HF checkpoint folder."""
+def read_config(folder: str) -> dict[str, Any]:
+    """config.json of a checkpoint of an architecture the converter knows (a multimodal one's text_config, the
+    architectures and tied embeddings its top level says)."""
     config = read_json(os.path.join(folder, "config.json"), CONFIG)
     if config is None:
         raise ModelFormatError(f"{folder}: missing config.json")
     archs = config.get("architectures") or [None]
     if archs[0] not in HF_ARCHS:
         raise UnsupportedError(f"unsupported architecture {archs[0]!r}; supported: {', '.join(HF_ARCHS)}")
+    if archs[0] in MULTIMODAL_HF:
+        text = config.get("text_config") or {}
+        config = {"tie_word_embeddings": config.get("tie_word_embeddings", False), **text}
+    return config | {"architectures": archs}
+
+
+def _plan_hf(folder: str, outtype: Q, out_path: str, dense_path: str | None) -> tuple[list[OutFile], list[str]]:
+    """Outputs for a HF checkpoint folder."""
+    config = read_config(folder)
+    archs = config["architectures"]
     arch = HF_ARCHS[archs[0]]
     windowed = ("MistralForCausalLM", "Gemma3ForCausalLM", "Gemma4ForCausalLM", "GptOssForCausalLM")
     if archs[0] not in windowed:  # Qwen2 carries one unused
@@ -791,7 +810,8 @@ def _check_checkpoint(src: SafetensorsSource, arch: str, hp: dict[str, Any]) -> 
         raise UnsupportedError("this gpt-oss checkpoint keeps its experts as MXFP4 blocks (*_blocks, *_scales), which "
                                "the converter does not read: run its GGUF (llama.cpp's convert_hf_to_gguf.py writes "
                                "one), or convert a dequantized checkpoint")
-    names = [n.removeprefix("model.").removeprefix("decoder.").removeprefix("transformer.") for n in src.tensors]
+    names = [n.removeprefix("model.").removeprefix("language_model.").removeprefix("decoder.")
+             .removeprefix("transformer.") for n in src.tensors]
     gguf_schema.check_layer_names(hp["n_layer"], names, "config.json num_hidden_layers",
                                   prefix="h." if arch == "falcon" else "layers.")
     emb = src.require(_resolve(src, tensor_map(arch, hp)[0][1]))

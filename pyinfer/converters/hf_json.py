@@ -99,8 +99,8 @@ _ROPE_KEYS = (("rope_type", Str(32)), ("type", Str(32)), ("factor", Float(positi
 # Gemma 3 keeps one set per kind of layer
 ROPE = Obj((*_ROPE_KEYS, ("sliding_attention", Obj(_ROPE_KEYS)), ("full_attention", Obj(_ROPE_KEYS))))
 
-# config.json: every key the converter reads
-CONFIG = Obj(tuple({
+# config.json: every key the converter reads (a multimodal checkpoint's text model has them in text_config)
+_CONFIG_KEYS = {
     "architectures": Array(Str(100)),
     "hidden_size": SIZE,
     "intermediate_size": SIZE,
@@ -171,7 +171,8 @@ CONFIG = Obj(tuple({
     "linear_num_key_heads": SIZE,
     "linear_num_value_heads": SIZE,
     "full_attention_interval": Int(1, MAX_LAYERS),
-}.items()))
+}
+CONFIG = Obj(tuple({**_CONFIG_KEYS, "text_config": Obj(tuple(_CONFIG_KEYS.items()))}.items()))
 
 
 TOKEN_TEXT = Str(MAX_TOKEN_CHARS)
