@@ -116,3 +116,26 @@ def test_refusals(tiny):
         conv._hparams({**base, "linear_key_head_dim": 16, "linear_value_head_dim": 32}, "qwen35")
     with pytest.raises(ModelFormatError, match="layer_types"):
         conv._hparams({**base, "layer_types": ["linear_attention"]}, "qwen35")
+
+
+def test_the_ffns_take_training_free_sparsity(tiny, tmp_path):
+    """`pyinfer sparsify --method input`'s thresholds on a Qwen3.5 file: with thresholds of 0 the sparse FFNs read
+    every channel and neuron and equal the dense model; calibrated for 40 % of the FFN bytes, they read fewer."""
+    from pyinfer.sparsity import input_sparsity
+
+    _, power, _ = tiny("qwen35")
+    dense = Model(power, n_ctx=64, kv_type="f32")
+    cfg = dense.config
+    tokens = PROMPT[:12]
+    want = dense.logits(tokens)
+    zero = [input_sparsity.LayerCalibration(0.0, 0.0, 1.0, np.ones(cfg.n_ff), np.ones(cfg.n_ff))] * cfg.n_layer
+    input_sparsity.write(power, str(tmp_path / "zero.gguf"), zero, 0.0, "none")
+    sparse = Model(str(tmp_path / "zero.gguf"), n_ctx=64, kv_type="f32")
+    assert sparse.sparse_spec is not None and sparse.sparse_spec.kind == "input"
+    np.testing.assert_allclose(sparse.logits(tokens), want, rtol=0, atol=1e-4 * np.abs(want).max())
+    _, acts = dense.ffn_activations(RNG.integers(0, N_VOCAB, 48).tolist())
+    layers = [(acts[f"ffn_inp.{il}"], acts[f"ffn_act.{il}"]) for il in range(cfg.n_layer)]
+    input_sparsity.write(power, str(tmp_path / "40.gguf"), input_sparsity.calibrate(layers, 0.4), 0.4, "random")
+    model = Model(str(tmp_path / "40.gguf"), n_ctx=64, kv_type="f32")
+    model.logits(tokens)
+    assert model.timings.extra["ffn_rows_active"] < 0.8 * model.timings.extra["ffn_rows_total"]
