@@ -52,7 +52,7 @@ def budgets(path: str, n_ctx: int, n_batch: int, sparse: bool) -> list[int]:
 
 
 @pytest.mark.parametrize("variant", ["llama_relu", "llama_silu", "qwen2", "gemma3", "llama3_rope", "falcon_relu",
-                                     "opt"])
+                                     "opt", "qwen35"])
 @pytest.mark.parametrize("sparse", [False, True])
 def test_budgets_from_minimum_to_everything_equal_the_cpu(tiny_files, variant, sparse):
     path = tiny_files(variant, sparse)
