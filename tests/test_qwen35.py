@@ -139,3 +139,46 @@ def test_the_ffns_take_training_free_sparsity(tiny, tmp_path):
     model = Model(str(tmp_path / "40.gguf"), n_ctx=64, kv_type="f32")
     model.logits(tokens)
     assert model.timings.extra["ffn_rows_active"] < 0.8 * model.timings.extra["ffn_rows_total"]
+
+
+def rewritten(src: GGUFFile, path: str, change) -> str:
+    """src's metadata and tensors written to path, each tensor through change(info) -> (name, type, bytes)."""
+    from gguf import GGMLQuantizationType as Q
+
+    from pyinfer.formats.gguf_writer import OutFile, OutTensor, write_atomically
+
+    tensors = []
+    for info in src.tensors.values():
+        name, qtype, data = change(info)
+        tensors.append(OutTensor(name, tuple(reversed(info.ne)), Q(qtype), lambda d=data: d))
+    kv = [kv for kv in src.typed_metadata() if kv[0] not in ("general.architecture", "general.alignment")]
+    write_atomically([OutFile(path, src.config.arch, kv, tensors)])
+    return path
+
+
+def test_convolution_taps_of_another_float_type_are_read_as_f32(tiny, tmp_path):
+    """A file whose ssm_conv1d is F16 (as a converter that rounds every matrix would write it) runs: the taps are
+    widened to F32 at load, which the op takes, and the logits are the F32 file's within F16's rounding."""
+    from gguf import GGMLQuantizationType as Q
+
+    _, _, dense = tiny("qwen35")
+    src = GGUFFile(dense)
+
+    def f16_taps(info):
+        if info.name.endswith("ssm_conv1d.weight"):
+            return info.name, Q.F16, src.dequantize(info.name).astype(np.float16)
+        return info.name, info.type, info.data
+
+    path = rewritten(src, str(tmp_path / "f16-taps.gguf"), f16_taps)
+    assert GGUFFile(path).tensors["blk.0.ssm_conv1d.weight"].type == Q.F16
+    want = Model(dense, n_ctx=64, kv_type="f32").logits(PROMPT)
+    got = Model(path, n_ctx=64, kv_type="f32").logits(PROMPT)
+    np.testing.assert_allclose(got, want, rtol=0, atol=5e-3 * np.abs(want).max())
+
+
+def test_fused_gate_and_up_experts_are_refused_by_name(tiny, tmp_path):
+    src = GGUFFile(tiny("qwen35moe")[2])
+    path = rewritten(src, str(tmp_path / "fused.gguf"),
+                     lambda info: (info.name.replace("ffn_gate_exps", "ffn_gate_up_exps"), info.type, info.data))
+    with pytest.raises(UnsupportedError, match=r"\(ffn_gate_up_exps\) are not supported"):
+        GGUFFile(path)

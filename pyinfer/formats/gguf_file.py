@@ -179,6 +179,9 @@ class GGUFFile:
             if scale is not None and (scale.type != 0 or scale.ne != (1,)):
                 raise ModelFormatError(f"{self.path}: blk.{il}.layer_output_scale must be F32 [1], not type "
                                        f"{scale.type} {list(scale.ne)}")
+        if "blk.0.ffn_gate_up_exps.weight" in self.tensors:  # newer llama.cpp converters can write them as one
+            raise UnsupportedError(f"{self.path}: the experts' gate and up in one tensor (ffn_gate_up_exps) are not "
+                                   "supported: convert the model with pyinfer's converter")
         for name, ne in expected_tensor_shapes(self.config, self.ffn_layout).items():
             info = self.tensors.get(name)
             if info is None:
