@@ -141,17 +141,24 @@ def test_the_ffns_take_training_free_sparsity(tiny, tmp_path):
     assert model.timings.extra["ffn_rows_active"] < 0.8 * model.timings.extra["ffn_rows_total"]
 
 
-def rewritten(src: GGUFFile, path: str, change) -> str:
-    """src's metadata and tensors written to path, each tensor through change(info) -> (name, type, bytes)."""
+def rewritten(src: GGUFFile, path: str, change=None, extra=(), keys=None) -> str:
+    """src's metadata (keys: some values replaced or added) and tensors written to path, each tensor through
+    change(info) -> (name, type, bytes), then the extra (name, type, ne, bytes) ones."""
     from gguf import GGMLQuantizationType as Q
+    from gguf import GGUFValueType as V
 
     from pyinfer.formats.gguf_writer import OutFile, OutTensor, write_atomically
 
     tensors = []
     for info in src.tensors.values():
-        name, qtype, data = change(info)
+        name, qtype, data = change(info) if change else (info.name, info.type, info.data)
         tensors.append(OutTensor(name, tuple(reversed(info.ne)), Q(qtype), lambda d=data: d))
-    kv = [kv for kv in src.typed_metadata() if kv[0] not in ("general.architecture", "general.alignment")]
+    for name, qtype, ne, data in extra:
+        tensors.append(OutTensor(name, tuple(reversed(ne)), Q(qtype), lambda d=data: d))
+    keys = keys or {}
+    kv = [(k, keys.pop(k), *rest) if k in keys else (k, v, *rest) for k, v, *rest in src.typed_metadata()
+          if k not in ("general.architecture", "general.alignment")]
+    kv += [(k, v, V.UINT32, None) for k, v in keys.items()]
     write_atomically([OutFile(path, src.config.arch, kv, tensors)])
     return path
 
@@ -182,3 +189,25 @@ def test_fused_gate_and_up_experts_are_refused_by_name(tiny, tmp_path):
                      lambda info: (info.name.replace("ffn_gate_exps", "ffn_gate_up_exps"), info.type, info.data))
     with pytest.raises(UnsupportedError, match=r"\(ffn_gate_up_exps\) are not supported"):
         GGUFFile(path)
+
+
+def test_multi_token_prediction_blocks_are_skipped(tiny, tmp_path):
+    """A file as llama.cpp's converter writes Qwen3.5 with its MTP block: one more block (a full-attention layer and
+    the nextn tensors) counted in block_count and named by nextn_predict_layers; the forward pass skips it, so the
+    logits are those of the file without it."""
+    _, _, dense = tiny("qwen35")
+    src = GGUFFile(dense)
+    n = src.config.n_layer
+    mtp = [(name.replace("blk.3.", f"blk.{n}."), info.type, info.ne, info.data)
+           for name, info in src.tensors.items() if name.startswith("blk.3.")]
+    d = src.config.n_embd
+    mtp.append((f"blk.{n}.nextn.eh_proj.weight", 0, (2 * d, d), np.ones((d, 2 * d), np.float32)))
+    path = rewritten(src, str(tmp_path / "mtp.gguf"), extra=mtp,
+                     keys={"qwen35.block_count": n + 1, "qwen35.nextn_predict_layers": 1})
+    cfg = GGUFFile(path).config
+    assert cfg.n_layer == n and len(cfg.recurrent_layers) == n
+    want = Model(dense, n_ctx=64, kv_type="f32").logits(PROMPT)
+    np.testing.assert_array_equal(Model(path, n_ctx=64, kv_type="f32").logits(PROMPT), want)
+    meta = dict(GGUFFile(path).metadata)
+    with pytest.raises(UnsupportedError, match="blocks alone"):
+        ModelConfig.from_metadata({**meta, "qwen35.nextn_predict_layers": n + 1})

@@ -280,6 +280,7 @@ ARCH_KEYS: dict[str, Kind] = {
     "ssm.time_step_rank": SIZE,
     "ssm.group_count": SIZE,
     "full_attention_interval": Int(1, MAX_LAYERS),  # every n-th layer full attention, the rest linear
+    "nextn_predict_layers": Int(0, MAX_LAYERS),  # multi-token-prediction blocks after the model's (skipped)
     "attention.recurrent_layers": Array(Bool(), max_len=MAX_LAYERS),  # or one flag per layer, true = linear
     "rope.dimension_sections": Array(Int(0, MAX_SIZE), max_len=4),  # multi-section RoPE: text uses one position
 }

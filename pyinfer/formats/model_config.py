@@ -213,9 +213,18 @@ class ModelConfig:
                 raise ModelFormatError(f"GGUF metadata lacks required key {full}")
             return default
 
-        n_layer = key("block_count")
+        n_blocks = key("block_count")
         if tensor_names is not None:  # before anything is sized from it
-            gguf_schema.check_layer_names(n_layer, tensor_names, f"{arch}.block_count")
+            gguf_schema.check_layer_names(n_blocks, tensor_names, f"{arch}.block_count")
+        # llama.cpp's Qwen3.5 files may end with multi-token-prediction blocks, which a forward pass skips (as
+        # llama.cpp's does)
+        n_mtp = int(key("nextn_predict_layers", 0))
+        if n_mtp >= n_blocks:
+            raise UnsupportedError(f"{arch}.nextn_predict_layers {n_mtp} of {arch}.block_count {n_blocks}: a file of "
+                                   "multi-token-prediction blocks alone has no model to run")
+        if n_mtp and arch not in ("qwen35", "qwen35moe"):
+            raise UnsupportedError(f"{arch}.nextn_predict_layers: multi-token-prediction blocks are not supported")
+        n_layer = n_blocks - n_mtp
         n_embd = int(key("embedding_length"))
         n_head = int(key("attention.head_count"))
         if f"{arch}.attention.key_length" not in meta and n_embd % n_head:
@@ -305,7 +314,7 @@ class ModelConfig:
             final_logit_softcap=float(key("final_logit_softcapping", 0.0)),
             **_experts(key, arch),
             **(_gemma4(key, per_layer, n_layer, names) if arch == "gemma4" else {}),
-            **(_qwen35(key, n_layer, arch) if arch in ("qwen35", "qwen35moe") else {}),
+            **(_qwen35(key, n_layer, n_blocks, arch) if arch in ("qwen35", "qwen35moe") else {}),
         )
         cfg._check()
         return cfg
@@ -400,16 +409,18 @@ def _gemma4(key, per_layer, n_layer: int, names: set[str] | None) -> dict[str, A
             "n_embd_per_layer": int(key("embedding_length_per_layer_input", 0))}
 
 
-def _qwen35(key, n_layer: int, arch: str) -> dict[str, Any]:
+def _qwen35(key, n_layer: int, n_blocks: int, arch: str) -> dict[str, Any]:
     """Qwen3.5's linear-attention fields, read as llama.cpp's qwen35 and qwen35moe read them: the recurrent layers
-    from attention.recurrent_layers or, without it, all but every full_attention_interval-th; the ssm.* sizes; the
-    mixture's shared expert (its width feed_forward_length where the file does not say)."""
+    from attention.recurrent_layers (a flag per block, the multi-token-prediction ones included) or, without it, all
+    but every full_attention_interval-th; the ssm.* sizes; the mixture's shared expert (its width
+    feed_forward_length where the file does not say)."""
     flags = key("attention.recurrent_layers", None)
     if flags is None:
         every = int(key("full_attention_interval", 4))
         flags = [(il + 1) % every != 0 for il in range(n_layer)]
-    elif len(flags) != n_layer:
-        raise ModelFormatError(f"{arch}.attention.recurrent_layers has {len(flags)} flags for {n_layer} layers")
+    elif len(flags) != n_blocks:
+        raise ModelFormatError(f"{arch}.attention.recurrent_layers has {len(flags)} flags for {n_blocks} blocks")
+    flags = flags[:n_layer]
     head, n_v = int(key("ssm.state_size")), int(key("ssm.time_step_rank"))
     if int(key("ssm.inner_size")) != head * n_v:
         raise ModelFormatError(f"{arch}.ssm.inner_size {key('ssm.inner_size')} is not ssm.state_size {head} times "
