@@ -70,13 +70,14 @@ def test_synthetic_gpt_oss_runs_as_the_numpy_reference(tmp_path, experts, n_laye
     assert np.abs(got - want).max() < tol * np.abs(want).max()
 
 
-def test_synthetic_qwen35_runs_a_long_stream_in_bounds(tmp_path):
-    """A random Qwen3.5 (llama.cpp's layout, every fourth layer full attention) loads and runs 600 tokens with its
-    recurrent states bounded (finite logits of a steady size), a prompt in batches as in one."""
+@pytest.mark.parametrize("shape", ["tiny-qwen35", "tiny-qwen35moe"])
+def test_synthetic_qwen35_runs_a_long_stream_in_bounds(tmp_path, shape):
+    """A random Qwen3.5, dense or a mixture (llama.cpp's layout, every fourth layer full attention), loads and runs 600
+    tokens with its recurrent states bounded (finite logits of a steady size), a prompt in batches as in one."""
     from pyinfer.engine.driver import Model
 
     path = str(tmp_path / "q35.gguf")
-    synthetic.make_qwen35(path, "tiny-qwen35", synthetic.Q.Q8_0, n_layer=8, share_weights=True)
+    synthetic.make_qwen35(path, shape, synthetic.Q.Q8_0, n_layer=8, share_weights=True)
     model = Model(path, n_ctx=1024, n_batch=128)
     assert model.config.recurrent_layers == (True, True, True, False) * 2
     tokens = np.random.default_rng(2).integers(300, 512, 600).tolist()
@@ -84,4 +85,5 @@ def test_synthetic_qwen35_runs_a_long_stream_in_bounds(tmp_path):
     assert np.isfinite(logits).all() and np.abs(logits[-50:]).max() < 10 * np.abs(logits[:50]).max()
     model.reset()
     model.eval(tokens[:300])
-    np.testing.assert_allclose(model.eval(tokens[300:]), logits[-1], rtol=0, atol=1e-5 * np.abs(logits).max())
+    # batches of other sizes sum in other orders (a mixture's experts: GEMM tiles or dot products): 1e-5 apart
+    np.testing.assert_allclose(model.eval(tokens[300:]), logits[-1], rtol=0, atol=1e-4 * np.abs(logits).max())

@@ -45,7 +45,12 @@ QWEN35_SHAPES = {
     "qwen3.5-0.8b": (1024, 24, 3584, 8, 2, 256, 248320, True, 16, 16, 128),
     "qwen3.5-9b": (4096, 32, 12288, 16, 4, 256, 248320, False, 16, 32, 128),
     "tiny-qwen35": (128, 4, 256, 4, 2, 32, 512, True, 2, 4, 32),  # tests
+    # mixtures (qwen35moe): n_ff is the shared expert's, QWEN35_EXPERTS the routed ones'
+    "qwen3.5-35b-a3b": (2048, 40, 512, 16, 2, 256, 248320, False, 16, 32, 128),
+    "tiny-qwen35moe": (128, 4, 64, 4, 2, 32, 512, True, 2, 4, 32),  # tests
 }
+# name -> (n_expert, n_expert_used, the routed experts' neurons)
+QWEN35_EXPERTS = {"qwen3.5-35b-a3b": (256, 8, 512), "tiny-qwen35moe": (8, 2, 64)}
 TYPES = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0,
          "mxfp4": Q.MXFP4}
 MXFP4_LEVEL_RMS = 5.852  # of MXFP4's 16 levels (0, 1, 2, 3, 4, 6, 8, 12 and their negatives): sqrt(34.25)
@@ -323,26 +328,33 @@ def make_qwen35(path: str, shape: str, qtype: Q, *, seed: int = 0, n_layer: int 
     """A random Qwen3.5 of a real model's shape (QWEN35_SHAPES) as llama.cpp stores one: a file both engines run.
     Its linear attention's decays and write strengths are drawn in the ranges a trained model's take (ssm_a in
     [-4, -1], dt_bias 0), so the recurrent states stay bounded over long sequences. n_layer and share_weights as
-    make_llama's (n_layer keeps every fourth layer full attention)."""
+    make_llama's (n_layer keeps every fourth layer full attention). A mixture's shape (QWEN35_EXPERTS) has a random
+    router (tokens go to the experts about evenly) and a shared expert with its gate."""
     d, shape_layers, n_ff, n_head, n_kv, head_dim, n_vocab, tied, n_k, n_v, ssm_head = QWEN35_SHAPES[shape]
+    arch = "qwen35moe" if shape in QWEN35_EXPERTS else "qwen35"
     n_layer = n_layer or shape_layers
     rng = np.random.default_rng(seed)
     channels, v_dim = (2 * n_k + n_v) * ssm_head, n_v * ssm_head
     u32, f32 = V.UINT32, V.FLOAT32
     kv = [("general.name", f"synthetic {shape} (random weights)", V.STRING, None),
           ("general.file_type", file_type(qtype), u32, None),
-          ("qwen35.vocab_size", n_vocab, u32, None), ("qwen35.context_length", 262144, u32, None),
-          ("qwen35.embedding_length", d, u32, None), ("qwen35.block_count", n_layer, u32, None),
-          ("qwen35.feed_forward_length", n_ff, u32, None), ("qwen35.attention.head_count", n_head, u32, None),
-          ("qwen35.attention.head_count_kv", n_kv, u32, None), ("qwen35.attention.key_length", head_dim, u32, None),
-          ("qwen35.attention.value_length", head_dim, u32, None),
-          ("qwen35.attention.layer_norm_rms_epsilon", 1e-6, f32, None),
-          ("qwen35.rope.dimension_count", head_dim // 4, u32, None), ("qwen35.rope.freq_base", 1e7, f32, None),
-          ("qwen35.rope.dimension_sections", [11, 11, 10, 0], V.ARRAY, u32),
-          ("qwen35.full_attention_interval", 4, u32, None), ("qwen35.ssm.conv_kernel", 4, u32, None),
-          ("qwen35.ssm.state_size", ssm_head, u32, None), ("qwen35.ssm.group_count", n_k, u32, None),
-          ("qwen35.ssm.time_step_rank", n_v, u32, None), ("qwen35.ssm.inner_size", v_dim, u32, None),
+          (f"{arch}.vocab_size", n_vocab, u32, None), (f"{arch}.context_length", 262144, u32, None),
+          (f"{arch}.embedding_length", d, u32, None), (f"{arch}.block_count", n_layer, u32, None),
+          (f"{arch}.feed_forward_length", n_ff, u32, None), (f"{arch}.attention.head_count", n_head, u32, None),
+          (f"{arch}.attention.head_count_kv", n_kv, u32, None), (f"{arch}.attention.key_length", head_dim, u32, None),
+          (f"{arch}.attention.value_length", head_dim, u32, None),
+          (f"{arch}.attention.layer_norm_rms_epsilon", 1e-6, f32, None),
+          (f"{arch}.rope.dimension_count", head_dim // 4, u32, None), (f"{arch}.rope.freq_base", 1e7, f32, None),
+          (f"{arch}.rope.dimension_sections", [11, 11, 10, 0], V.ARRAY, u32),
+          (f"{arch}.full_attention_interval", 4, u32, None), (f"{arch}.ssm.conv_kernel", 4, u32, None),
+          (f"{arch}.ssm.state_size", ssm_head, u32, None), (f"{arch}.ssm.group_count", n_k, u32, None),
+          (f"{arch}.ssm.time_step_rank", n_v, u32, None), (f"{arch}.ssm.inner_size", v_dim, u32, None),
           *_vocab_kv(n_vocab), ("pyinfer.synthetic", True, V.BOOL, None)]
+    n_expert, n_used, n_ff_exp = QWEN35_EXPERTS.get(shape, (0, 0, 0))
+    if n_expert:
+        kv += [(f"{arch}.expert_count", n_expert, u32, None), (f"{arch}.expert_used_count", n_used, u32, None),
+               (f"{arch}.expert_feed_forward_length", n_ff_exp, u32, None),
+               (f"{arch}.expert_shared_feed_forward_length", n_ff, u32, None)]
     mat = _matrix_maker(rng, qtype, share_weights)
 
     def vector(name: str, n: int, lo: float, hi: float) -> OutTensor:
@@ -355,9 +367,17 @@ def make_qwen35(path: str, shape: str, qtype: Q, *, seed: int = 0, n_layer: int 
     for il in range(n_layer):
         b = f"blk.{il}."
         tensors += [vector(b + "attn_norm.weight", d, 1.0, 1.0),
-                    vector(b + "post_attention_norm.weight", d, 1.0, 1.0),
-                    mat(b + "ffn_gate.weight", (n_ff, d), d**-0.5), mat(b + "ffn_up.weight", (n_ff, d), d**-0.5),
-                    mat(b + "ffn_down.weight", (d, n_ff), n_ff**-0.5)]
+                    vector(b + "post_attention_norm.weight", d, 1.0, 1.0)]
+        ffn = "_shexp" if n_expert else ""  # a mixture's dense FFN is its shared expert
+        tensors += [mat(b + f"ffn_gate{ffn}.weight", (n_ff, d), d**-0.5),
+                    mat(b + f"ffn_up{ffn}.weight", (n_ff, d), d**-0.5),
+                    mat(b + f"ffn_down{ffn}.weight", (d, n_ff), n_ff**-0.5)]
+        if n_expert:
+            tensors += [mat(b + "ffn_gate_inp.weight", (n_expert, d), d**-0.5, Q.F32),
+                        vector(b + "ffn_gate_inp_shexp.weight", d, -0.01, 0.01),
+                        mat(b + "ffn_gate_exps.weight", (n_expert, n_ff_exp, d), d**-0.5),
+                        mat(b + "ffn_up_exps.weight", (n_expert, n_ff_exp, d), d**-0.5),
+                        mat(b + "ffn_down_exps.weight", (n_expert, d, n_ff_exp), n_ff_exp**-0.5)]
         if (il + 1) % 4:
             tensors += [mat(b + "attn_qkv.weight", (channels, d), d**-0.5),
                         mat(b + "attn_gate.weight", (v_dim, d), d**-0.5),
@@ -374,4 +394,4 @@ def make_qwen35(path: str, shape: str, qtype: Q, *, seed: int = 0, n_layer: int 
                         mat(b + "attn_output.weight", (d, q_dim), q_dim**-0.5 * ATTN_OUT_SCALE),
                         vector(b + "attn_q_norm.weight", head_dim, 1.0, 1.0),
                         vector(b + "attn_k_norm.weight", head_dim, 1.0, 1.0)]
-    write_atomically([OutFile(path, "qwen35", kv, tensors)])
+    write_atomically([OutFile(path, arch, kv, tensors)])
