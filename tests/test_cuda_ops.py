@@ -733,3 +733,19 @@ def test_fused_intermediates_take_no_memory():
 
     assert graph_bytes(False) <= 2 * act_bytes + (1 << 20)  # xt and the mask
     assert graph_bytes(True) >= 2 * act_bytes  # unfused: |x| and the mask, both outputs, held to the end
+
+
+def test_a_refused_host_registration_leaves_no_error_behind():
+    """Registering memory twice is refused (small host arrays share pages, so host_array meets it) and the refusal
+    stays with the caller: the next kernel launch must not report it as its own failure."""
+    buffer = np.zeros(1 << 16, np.uint8)
+    ptr = ffi.from_buffer(buffer)
+    assert lib.ggml_cuda_host_register(ptr, buffer.nbytes, False) == lib.GGML_STATUS_OK
+    try:
+        assert lib.ggml_cuda_host_register(ptr, buffer.nbytes, False) != lib.GGML_STATUS_OK
+        lib.ggml_clear_error()
+        a = np.arange(8, dtype=np.float32)
+        (got,) = run(lambda ctx: [ctx.sigmoid(tensor(ctx, a))], "cuda")
+        np.testing.assert_allclose(got.reshape(-1), ref.sigmoid(a), rtol=1e-6)
+    finally:
+        lib.ggml_cuda_host_unregister(ptr)

@@ -46,6 +46,8 @@ def test_names_and_keys_are_llama_cpps(tiny, variant):
         hf_name = hf_name.replace("dt_bias", "dt_proj.bias").replace("experts.{e}.", "experts.")
         theirs = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         assert theirs == ours, (hf_name, theirs, ours)
+    sections = conv._rope_params(conv.read_config(oracle.folder)).get("mrope_section") or [11, 11, 10]
+    assert g.metadata[f"{arch}.rope.dimension_sections"] == [*sections, 0][:4]
     assert set(g.tensors) == {t for t, *_ in conv.tensor_map(arch, hp)}
     known = {v.replace("{arch}", arch) for group in (Keys.LLM, Keys.Attention, Keys.Rope, Keys.SSM)
              for v in vars(group).values() if isinstance(v, str) and v.startswith("{arch}.")}
@@ -116,6 +118,43 @@ def test_refusals(tiny):
         conv._hparams({**base, "linear_key_head_dim": 16, "linear_value_head_dim": 32}, "qwen35")
     with pytest.raises(ModelFormatError, match="layer_types"):
         conv._hparams({**base, "layer_types": ["linear_attention"]}, "qwen35")
+    moe = dict(GGUFFile(tiny("qwen35moe")[1]).metadata)
+    assert ModelConfig.from_metadata({**moe, "qwen35moe.expert_shared_count": 1}).n_ff_shexp == 64
+    with pytest.raises(UnsupportedError, match="expert_shared_count 2"):
+        ModelConfig.from_metadata({**moe, "qwen35moe.expert_shared_count": 2})
+
+
+def test_multimodal_config_is_read_as_its_text_model(tmp_path):
+    """A Qwen3_5ForConditionalGeneration's text_config, with the head tied as the top level says (transformers'
+    rule); without a text_config, one line naming it."""
+    import json
+
+    text = {"hidden_size": 64, "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"architectures": ["Qwen3_5ForConditionalGeneration"], "tie_word_embeddings": True, "text_config": text}))
+    config = conv.read_config(str(tmp_path))
+    assert config["hidden_size"] == 64 and config["tie_word_embeddings"] is True
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"]}))
+    with pytest.raises(ModelFormatError, match="lacks text_config"):
+        conv.read_config(str(tmp_path))
+
+
+def test_a_convolution_of_another_shape_is_one_line(tiny, tmp_path):
+    """A checkpoint whose conv1d is not (channels, 1, taps): the converter says so, naming the tensor."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    oracle, _, _ = tiny("qwen35")
+    folder = tmp_path / "hf"
+    shutil.copytree(oracle.folder, folder)
+    (path,) = folder.glob("*.safetensors")
+    tensors = load_file(str(path))
+    name = "model.layers.0.linear_attn.conv1d.weight"
+    tensors[name] = tensors[name][:, 0, :]
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    with pytest.raises(ModelFormatError, match=r"conv1d.weight has shape \[128, 4\], expected"):
+        conv.convert(str(folder), str(tmp_path / "m.gguf"))
 
 
 def test_the_ffns_take_training_free_sparsity(tiny, tmp_path):
@@ -211,3 +250,53 @@ def test_multi_token_prediction_blocks_are_skipped(tiny, tmp_path):
     meta = dict(GGUFFile(path).metadata)
     with pytest.raises(UnsupportedError, match="blocks alone"):
         ModelConfig.from_metadata({**meta, "qwen35.nextn_predict_layers": n + 1})
+
+
+def test_an_interrupted_eval_leaves_states_and_tokens_together(tiny, monkeypatch):
+    """An error or Ctrl-C after a batch has moved the recurrent states but before its tokens are counted rewinds both
+    to the latest checkpoint: the next eval computes what a fresh model does (the states had kept the lost batch)."""
+    from pyinfer.engine import driver
+
+    _, power, _ = tiny("qwen35")
+    fresh = Model(power, n_ctx=64, kv_type="f32")
+    model = Model(power, n_ctx=64, kv_type="f32")
+    model.eval(PROMPT[:10])  # a checkpoint at 10
+    model.eval(PROMPT[10:12])  # and at 12
+    run = driver._StepGraph.run
+
+    def interrupted(self, pool, tokens, n_past):
+        run(self, pool, tokens, n_past)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(driver._StepGraph, "run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        model.eval([PROMPT[12]])
+    monkeypatch.undo()
+    assert model.n_past == 12
+    got = model.eval(PROMPT[12:])
+    np.testing.assert_allclose(got, fresh.logits(PROMPT)[-1], rtol=0, atol=1e-5 * np.abs(got).max())
+
+
+def test_a_failed_checkpoint_copy_leaves_no_mixed_checkpoint(tiny, monkeypatch):
+    """The fifth prompt's checkpoint reuses the arrays of the first; a copy that fails halfway must not leave the first
+    in the list with the fifth's bytes in part of it."""
+    from pyinfer.native import ggml
+
+    _, power, _ = tiny("qwen35")
+    model = Model(power, n_ctx=64, kv_type="f32")
+    for _ in range(STATE_CHECKPOINTS):
+        model.eval(PROMPT[:3])  # checkpoints at 3, 6, 9, 12
+    read_into, calls = ggml.Tensor.read_into, []
+
+    def failing(self, out):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("copy failed")
+        read_into(self, out)
+
+    monkeypatch.setattr(ggml.Tensor, "read_into", failing)
+    with pytest.raises(RuntimeError):
+        model.eval(PROMPT[:3])
+    monkeypatch.undo()
+    model.truncate(4)  # the checkpoint at 3 went with its arrays: none within 4 tokens is left
+    assert model.n_past == 0

@@ -228,7 +228,9 @@ def _qwen35(config: dict[str, Any]) -> dict[str, Any]:
     params = _rope_params(config)
     head_dim = int(config.get("head_dim") or 256)
     rotated = int(head_dim * float(params.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 0.25))
-    return {"recurrent": [kind == "linear_attention" for kind in kinds], "ssm_head_dim": k_dim, "ssm_k_heads": n_k,
+    sections = [int(x) for x in params.get("mrope_section") or (11, 11, 10)]  # transformers' default
+    return {"rope_sections": (sections + [0] * 4)[:4],
+            "recurrent": [kind == "linear_attention" for kind in kinds], "ssm_head_dim": k_dim, "ssm_k_heads": n_k,
             "ssm_v_heads": n_v, "ssm_conv_kernel": int(config.get("linear_conv_kernel_dim") or 4), "n_rot": rotated,
             "head_dim": head_dim, "qk_norm": True}
 
@@ -657,8 +659,8 @@ def _arch_kv(arch: str, hp: dict[str, Any], name: str, outtype: Q) -> list[KV]:
 
 
 def _qwen35_kv(arch: str, hp: dict[str, Any]) -> list[KV]:
-    """Qwen3.5's linear-attention keys as llama.cpp writes them; its RoPE's sections (transformers' default
-    mrope_section; text positions make them one)."""
+    """Qwen3.5's linear-attention keys as llama.cpp writes them; its RoPE's sections (config.json's mrope_section,
+    padded to four; text positions make them one)."""
     u32, arr = GGUFValueType.UINT32, GGUFValueType.ARRAY
     n_layer, flags = hp["n_layer"], hp["recurrent"]
     every = next((n for n in range(1, n_layer + 1) if flags == [(il + 1) % n != 0 for il in range(n_layer)]), None)
@@ -670,7 +672,7 @@ def _qwen35_kv(arch: str, hp: dict[str, Any]) -> list[KV]:
             (f"{arch}.ssm.group_count", hp["ssm_k_heads"], u32, None),
             (f"{arch}.ssm.time_step_rank", hp["ssm_v_heads"], u32, None),
             (f"{arch}.ssm.inner_size", hp["ssm_v_heads"] * hp["ssm_head_dim"], u32, None),
-            (f"{arch}.rope.dimension_sections", [11, 11, 10, 0], arr, u32), layers, *shared]
+            (f"{arch}.rope.dimension_sections", hp["rope_sections"], arr, u32), layers, *shared]
 
 
 def _gemma4_kv(kv: list[KV], hp: dict[str, Any]) -> list[KV]:
@@ -736,8 +738,11 @@ def read_config(folder: str) -> dict[str, Any]:
     if archs[0] not in HF_ARCHS:
         raise UnsupportedError(f"unsupported architecture {archs[0]!r}; supported: {', '.join(HF_ARCHS)}")
     if archs[0] in MULTIMODAL_HF:
-        text = config.get("text_config") or {}
-        config = {"tie_word_embeddings": config.get("tie_word_embeddings", False), **text}
+        text = config.get("text_config")
+        if not text:
+            raise ModelFormatError(f"{folder}: config.json of a {archs[0]} lacks text_config (its text model's)")
+        # transformers ties the head by the top level's flag
+        config = {**text, "tie_word_embeddings": config.get("tie_word_embeddings", text.get("tie_word_embeddings"))}
     return config | {"architectures": archs}
 
 
@@ -778,6 +783,8 @@ def _plan_hf(folder: str, outtype: Q, out_path: str, dense_path: str | None) -> 
                 continue
             hname = _resolve(src, hname)
             shape = src.tensors[hname].shape
+            if transform in ("conv1d", "row") and (len(shape) != (3 if transform == "conv1d" else 2) or shape[-2] != 1):
+                raise ModelFormatError(f"{hname} has shape {list(shape)}, expected [n, 1, taps] or [1, n]")
             if transform in RESHAPED:
                 shape = RESHAPED[transform](shape)
             if transform == "down" and transposed:

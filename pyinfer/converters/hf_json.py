@@ -95,7 +95,8 @@ _ROPE_KEYS = (("rope_type", Str(32)), ("type", Str(32)), ("factor", Float(positi
               ("high_freq_factor", Float(positive=True)), ("original_max_position_embeddings", SIZE),
               ("attention_factor", Float(positive=True)), ("beta_fast", Float(positive=True)),
               ("beta_slow", Float(positive=True)), ("mscale", Float()), ("mscale_all_dim", Float()),
-              ("truncate", Bool()), ("partial_rotary_factor", Float(0.0, 1.0)))
+              ("truncate", Bool()), ("partial_rotary_factor", Float(0.0, 1.0)),
+              ("mrope_section", Array(Int(0, MAX_SIZE), max_len=4)))
 # Gemma 3 keeps one set per kind of layer
 ROPE = Obj((*_ROPE_KEYS, ("sliding_attention", Obj(_ROPE_KEYS)), ("full_attention", Obj(_ROPE_KEYS))))
 

@@ -283,15 +283,12 @@ class Model:
         self.weights_ctx = ggml.Context(1024 * (len(self.file.tensors) + 12 * cfg.n_layer + 16), no_alloc=True)
         self.weights: dict[str, ggml.Tensor] = {}
         for name, info in self.file.tensors.items():
+            widen = name.endswith("ssm_conv1d.weight") and info.type != ggml.F32  # the convolution takes F32 taps
             try:
-                t = self.weights_ctx.new_tensor(info.type, tuple(reversed(info.ne)))
+                t = self.weights_ctx.new_tensor(ggml.F32 if widen else info.type, tuple(reversed(info.ne)))
             except InvalidArgumentError as exc:  # a type the engine lacks
                 raise UnsupportedError(f"{self.file.path}: tensor {name}: {exc}") from None
-            if name.endswith("ssm_conv1d.weight") and info.type != ggml.F32:  # the convolution takes F32 taps
-                t = self.weights_ctx.new_tensor(ggml.F32, tuple(reversed(info.ne)))
-                t.set_data(self.file.dequantize(name).astype(np.float32))
-            else:
-                t.set_data(info.data)
+            t.set_data(self.file.dequantize(name).astype(np.float32) if widen else info.data)
             t.name = name
             self.weights[name] = t
         if cfg.expert_bias:  # gpt-oss: each layer's expert biases in the one tensor moe_ffn takes
@@ -517,6 +514,19 @@ class Model:
         if self.n_past + len(tokens) > self.n_ctx:
             raise ContextFullError(
                 f"context full: {self.n_past} + {len(tokens)} tokens exceed the context size {self.n_ctx} (-c)")
+        try:
+            outs = self._eval_chunks(tokens, all_logits)
+        except BaseException:  # an error or Ctrl-C: a chunk may have moved the recurrent states past self.tokens
+            if self.kv_cache.states:
+                del self.tokens[self._restore_states(self.n_past):]
+            raise
+        if len(tokens) > 1 and self.kv_cache.states:
+            self._checkpoint()
+        out = np.concatenate(outs) if all_logits else outs[-1][-1]
+        return out
+
+    def _eval_chunks(self, tokens: np.ndarray, all_logits: bool) -> list[np.ndarray]:
+        """eval's batches, each appended to self.tokens once computed: the logits of each that has some."""
         outs = []
         # a budgeted model's reserve holds the logits of logit_rows tokens: all of them come that many at a time
         step = logit_rows(self.n_batch) if all_logits and self.vram_budget is not None else self.n_batch
@@ -542,10 +552,7 @@ class Model:
             self.tokens.extend(int(t) for t in chunk)
             if n_out:
                 outs.append(logits)
-        if len(tokens) > 1 and self.kv_cache.states:
-            self._checkpoint()
-        out = np.concatenate(outs) if all_logits else outs[-1][-1]
-        return out
+        return outs
 
     def _checkpoint(self) -> None:
         """Keeps the recurrent states as they stand now (after n_past tokens), the latest STATE_CHECKPOINTS; the
@@ -553,11 +560,23 @@ class Model:
         kept = [c for c in self._checkpoints if c[0] != self.n_past]
         n_old = max(0, len(kept) - (STATE_CHECKPOINTS - 1))
         dropped = [c for c in self._checkpoints if c[0] == self.n_past] + kept[:n_old]
+        self._checkpoints = kept[n_old:]  # before its arrays are overwritten: a failed copy leaves no mixed one
         copies = dropped[0][1] if dropped else [host_array(t.nbytes, np.uint8, t.on_device)
                                                  for t in self.kv_cache.states]
         for t, copy in zip(self.kv_cache.states, copies, strict=True):
             t.read_into(copy)
-        self._checkpoints = [*kept[n_old:], (self.n_past, copies)]
+        self._checkpoints.append((self.n_past, copies))
+
+    def _restore_states(self, n_keep: int) -> int:
+        """The recurrent states as the latest checkpoint within the first n_keep tokens left them (later ones are let
+        go); returns its position, 0 without one (the next eval then starts from position 0, and zeros)."""
+        self._checkpoints = [c for c in self._checkpoints if c[0] <= n_keep]
+        if not self._checkpoints:
+            return 0
+        n, copies = self._checkpoints[-1]
+        for t, data in zip(self.kv_cache.states, copies, strict=True):
+            t.write(data)
+        return n
 
     @property
     def n_past(self) -> int:
@@ -581,10 +600,7 @@ class Model:
         (none without one), and restores the states of that point."""
         n_keep = max(0, n_keep)
         if self.kv_cache.states and n_keep < self.n_past:
-            self._checkpoints = [c for c in self._checkpoints if c[0] <= n_keep]
-            n_keep = self._checkpoints[-1][0] if self._checkpoints else 0
-            for t, data in zip(self.kv_cache.states, self._checkpoints[-1][1] if n_keep else [], strict=False):
-                t.write(data)
+            n_keep = self._restore_states(n_keep)
         del self.tokens[n_keep:]
 
     def reuse_prefix(self, tokens) -> int:

@@ -380,8 +380,9 @@ def _experts(key, arch: str) -> dict[str, Any]:
                                "softmax)")
     if key("expert_weights_scale", 0.0) not in (0.0, 1.0):
         raise UnsupportedError(f"{arch}.expert_weights_scale {key('expert_weights_scale')} is not supported")
-    if key("expert_shared_count", 0):
-        raise UnsupportedError(f"{arch}.expert_shared_count: shared experts are not supported")
+    if key("expert_shared_count", 0) > (1 if arch == "qwen35moe" else 0):  # Qwen3.5-MoE's one, gated
+        raise UnsupportedError(f"{arch}.expert_shared_count {key('expert_shared_count')}: shared experts are not "
+                               "supported" + (" (but Qwen3.5-MoE's one)" if arch == "qwen35moe" else ""))
     return {"n_expert": n_expert, "n_expert_used": int(key("expert_used_count", 0)),
             "n_ff_exp": int(key("expert_feed_forward_length", key("feed_forward_length"))),
             # gpt-oss: the softmax of the k chosen logits (llama.cpp's SOFTMAX_WEIGHT), which is normalising

@@ -122,9 +122,7 @@ int ggml_cpu_op_delta_net(const struct ggml_compute_params *p, struct ggml_tenso
                 for (int64_t d = 0; d < dk; d++) sum += x[d] * x[d];
                 inv_norms[2 * i + which] = 1.0f / sqrtf(sum + l2_eps);
             }
-    float row[512];
-    if (dk > (int64_t)(sizeof row / sizeof *row))
-        return ggml_set_error(GGML_STATUS_UNSUPPORTED, "delta_net: key heads of %lld values (at most 512)", (long long)dk);
+    float row[512]; // D_k <= 512 (ggml_delta_net checks)
     float (*step)(float *, const float *, const float *, int64_t, float, float, float) = row_step;
 #if defined(__x86_64__)
     if (dk % 8 == 0 && ggml_cpu_has_avx2_fma()) step = row_step_avx2;

@@ -147,8 +147,11 @@ extern "C" size_t ggml_cuda_allocated_peak(void) {
 extern "C" int ggml_cuda_host_register(void *ptr, size_t size, bool read_only) {
     int st = ggml_cuda_init();
     if (st) return st;
-    return cuda_status(cudaHostRegister(ptr, size, read_only ? cudaHostRegisterReadOnly : cudaHostRegisterDefault),
-                       "host register");
+    const cudaError_t err = cudaHostRegister(ptr, size, read_only ? cudaHostRegisterReadOnly : cudaHostRegisterDefault);
+    // a refusal (memory already registered: small arrays share pages) is the caller's to handle, not the next
+    // launch's error
+    if (err != cudaSuccess) cudaGetLastError();
+    return cuda_status(err, "host register");
 }
 
 extern "C" void ggml_cuda_host_unregister(void *ptr) {

@@ -205,13 +205,7 @@ template <int NPL> static void delta_net_rows(struct ggml_tensor *dst, cudaStrea
 }
 
 int cuda_op_delta_net(struct ggml_tensor *dst, cudaStream_t st) {
-    const struct ggml_tensor *q = dst->src[1], *k = dst->src[2], *v = dst->src[3];
-    const int64_t dk = k->ne[0];
-    if (dk > DN_MAX_PER_LANE * 32)
-        return ggml_set_error(GGML_STATUS_UNSUPPORTED, "delta_net on CUDA: key heads of %lld values (at most %d)",
-                              (long long)dk, DN_MAX_PER_LANE * 32);
-    if (q->nb[0] != sizeof(float) || k->nb[0] != sizeof(float) || v->nb[0] != sizeof(float))
-        return ggml_set_error(GGML_STATUS_UNSUPPORTED, "delta_net on CUDA: q, k and v rows must be contiguous");
+    const int64_t dk = dst->src[2]->ne[0]; // <= 512 = DN_MAX_PER_LANE * 32 (ggml_delta_net checks)
     // the fewest registers per lane that hold a row (D_k = 128, the models': 4)
     if (dk <= 32) delta_net_rows<1>(dst, st);
     else if (dk <= 64) delta_net_rows<2>(dst, st);
