@@ -156,6 +156,23 @@ synthetic_bg() {  # NAME SHAPE TYPE LAYERS: a random model of make_synthetic_mod
         touch $W/$1.done" > "$W/$1.log" 2>&1 < /dev/null &
 }
 
+qwen35_rows() {  # NAME SHAPE [TYPE] [LAYERS]: Qwen3.5's rows (docs/BENCHMARKS.md, "Qwen3.5"): a synthetic file of
+    # SHAPE (qwen3.5-9b, qwen3.5-35b-a3b; default q4_0, 8 layers) whole on the GPU (`whole`), then under a third and two
+    # thirds of its bytes (bench_hybrid; a dense shape as its PowerGGUF, the plain neuron split) in $OUT/NAME-hybrid.md
+    local name=$1 shape=$2 ours=$W/$1.gguf
+    python3 -m tools.make_synthetic_model "$shape" --type "${3:-q4_0}" --layers "${4:-8}" --share-weights \
+        -o "$W/$name.gguf" 2>&1 | tail -1
+    if [[ $shape != *-a3b ]]; then
+        ours=$W/$name-power.gguf
+        python3 -m pyinfer.converters.convert_hf_to_powergguf "$W/$name.gguf" -o "$ours" --down-type same | tail -1
+    fi
+    wait_for "$W/llama.done" 500 || return 1
+    whole "$name" 2 -p 512 -n 128 -r 2
+    python3 -m tools.bench_hybrid --ours "$ours" --dense "$W/$name.gguf" --budgets 0.333,0.667 \
+        --llama-bench "$W/llama-src/build/bin/llama-bench" --machine h100 --pp 512 --tg 64 --rounds 1 --reps 2 \
+        --label "SYNTHETIC $shape ${3:-q4_0}, ${4:-8} layers" 2> "$OUT/$name-hybrid.log" | tee "$OUT/$name-hybrid.md"
+}
+
 sanitize() {  # LOG "PYTEST ARGS"...: those tests under compute-sanitizer memcheck and racecheck, summed up in $OUT/LOG
     # (the MoE and attention kernels': sanitize moe-sanitizer.log "tests/test_moe_ops.py -k cuda" \
     # "tests/test_cuda_ops.py -k attention"; the recurrent ones': "tests/test_recurrent_ops.py -k cuda")
