@@ -48,25 +48,25 @@ int ggml_cpu_op_ssm_conv(const struct ggml_compute_params *p, struct ggml_tensor
 // DELTA_NET: per value head h and column j of its state S (a row of the transposed state, over D_k), per token:
 // s = exp(g) s; s += k beta (v[j] - s.k); out[j] = scale s.q. The columns are independent, so each thread owns
 // a range of (head, column) rows and keeps its row in a local buffer across the tokens. With l2_eps > 0 q and k
-// are normed: every thread first finds the norms of all of them (a 64th of its rows' work), then scales its copy of
-// each head's q and k as it reads them
+// are normed: every thread first finds the norms of all of them (a 64th of its rows' work), which scale the dots
 // ---------------------------------------------------------------------------------------------------
 
 size_t ggml_cpu_delta_net_wsize(const struct ggml_tensor *dst, int n_threads) {
     const struct ggml_tensor *k = dst->src[2];
-    // per thread: the inverse norms of q and k (n, H_k, 2), and one token's normed q and k (2 D_k)
-    return (size_t)n_threads * ggml_cpu_align_up((size_t)(2 * k->ne[2] * k->ne[1] + 2 * k->ne[0]) * sizeof(float));
+    // per thread: the inverse norms of q and k (n, H_k, 2)
+    return (size_t)n_threads * ggml_cpu_align_up((size_t)(2 * k->ne[2] * k->ne[1]) * sizeof(float));
 }
 
-// one token on one row s (D_k values): s = decay s; s += k beta (v - s.k); returns s.q
+// one token on one row s (D_k values), k taken as k_scale k (its L2 norm's inverse, or 1): s = decay s;
+// s += k beta (v - s.k); returns s.q (the caller scales it by q's norm)
 static float row_step(float *restrict s, const float *restrict k, const float *restrict q, int64_t dk, float decay,
-                      float v, float beta) {
+                      float v, float beta, float k_scale) {
     float sk = 0.0f;
     for (int64_t i = 0; i < dk; i++) {
         s[i] *= decay;
         sk += s[i] * k[i];
     }
-    const float delta = beta * (v - sk);
+    const float delta = beta * (v - k_scale * sk) * k_scale;
     float sq = 0.0f;
     for (int64_t i = 0; i < dk; i++) {
         s[i] += delta * k[i];
@@ -86,7 +86,7 @@ __attribute__((target("avx2,fma"))) static inline float hsum_avx2(__m256 v) {
 
 // row_step eight values at a time (dk a multiple of 8): a prompt's tokens each take every row twice through L1
 __attribute__((target("avx2,fma"))) static float row_step_avx2(float *s, const float *k, const float *q, int64_t dk,
-                                                                float decay, float v, float beta) {
+                                                                float decay, float v, float beta, float k_scale) {
     const __m256 dec = _mm256_set1_ps(decay);
     __m256 sk = _mm256_setzero_ps(), sq = _mm256_setzero_ps();
     for (int64_t i = 0; i < dk; i += 8) {
@@ -94,7 +94,7 @@ __attribute__((target("avx2,fma"))) static float row_step_avx2(float *s, const f
         _mm256_storeu_ps(s + i, si);
         sk = _mm256_fmadd_ps(si, _mm256_loadu_ps(k + i), sk);
     }
-    const __m256 delta = _mm256_set1_ps(beta * (v - hsum_avx2(sk)));
+    const __m256 delta = _mm256_set1_ps(beta * (v - k_scale * hsum_avx2(sk)) * k_scale);
     for (int64_t i = 0; i < dk; i += 8) {
         const __m256 si = _mm256_fmadd_ps(delta, _mm256_loadu_ps(k + i), _mm256_loadu_ps(s + i));
         _mm256_storeu_ps(s + i, si);
@@ -112,7 +112,6 @@ int ggml_cpu_op_delta_net(const struct ggml_compute_params *p, struct ggml_tenso
     const float scale = ggml_op_param_f32(dst, 0), l2_eps = ggml_op_param_f32(dst, 1);
     const bool fresh = first_position(dst->src[6]) == 0;
     float *inv_norms = ggml_cpu_thread_scratch(p, ggml_cpu_delta_net_wsize(dst, 1)); // (n, H_k, 2): q's, k's
-    float *kq = inv_norms + 2 * n * hk; // (2 D_k): this token's k and q, normed
     if (l2_eps > 0.0f)
         for (int64_t i = 0; i < n * hk; i++)
             for (int which = 0; which < 2; which++) {
@@ -123,7 +122,7 @@ int ggml_cpu_op_delta_net(const struct ggml_compute_params *p, struct ggml_tenso
                 inv_norms[2 * i + which] = 1.0f / sqrtf(sum + l2_eps);
             }
     float row[512]; // D_k <= 512 (ggml_delta_net checks)
-    float (*step)(float *, const float *, const float *, int64_t, float, float, float) = row_step;
+    float (*step)(float *, const float *, const float *, int64_t, float, float, float, float) = row_step;
 #if defined(__x86_64__)
     if (dk % 8 == 0 && ggml_cpu_has_avx2_fma()) step = row_step_avx2;
 #endif
@@ -137,19 +136,12 @@ int ggml_cpu_op_delta_net(const struct ggml_compute_params *p, struct ggml_tenso
         for (int64_t t = 0; t < n; t++) {
             const float *kt = (const float *)((const char *)k->data + t * k->nb[2] + hq * k->nb[1]);
             const float *qt = (const float *)((const char *)q->data + t * q->nb[2] + hq * q->nb[1]);
-            if (l2_eps > 0.0f) {
-                const float kn = inv_norms[2 * (t * hk + hq) + 1], qn = inv_norms[2 * (t * hk + hq)];
-                for (int64_t d = 0; d < dk; d++) {
-                    kq[d] = kt[d] * kn;
-                    kq[dk + d] = qt[d] * qn;
-                }
-                kt = kq;
-                qt = kq + dk;
-            }
+            const float *norms = inv_norms + 2 * (t * hk + hq); // q's, k's
+            const float q_scale = l2_eps > 0.0f ? norms[0] : 1.0f, k_scale = l2_eps > 0.0f ? norms[1] : 1.0f;
             const float vt = ((const float *)((const char *)v->data + t * v->nb[2] + h * v->nb[1]))[j];
             const float decay = expf(((const float *)g->data)[t * H + h]);
-            const float read = step(row, kt, qt, dk, decay, vt, ((const float *)beta->data)[t * H + h]);
-            ((float *)((char *)dst->data + t * dst->nb[2] + h * dst->nb[1]))[j] = scale * read;
+            const float read = step(row, kt, qt, dk, decay, vt, ((const float *)beta->data)[t * H + h], k_scale);
+            ((float *)((char *)dst->data + t * dst->nb[2] + h * dst->nb[1]))[j] = scale * q_scale * read;
         }
         memcpy(s, row, (size_t)dk * sizeof(float));
     }
