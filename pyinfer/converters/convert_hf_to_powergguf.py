@@ -167,13 +167,13 @@ def _hparams(config: dict[str, Any], arch: str) -> dict[str, Any]:
     if arch in ("qwen35", "qwen35moe"):
         # Qwen3's layer sizes (a mixture's dense width is its shared expert's, as llama.cpp's default), then the
         # linear attention's and the experts'
-        dense = {k: v for k, v in config.items() if k not in ("num_experts", "shared_expert_intermediate_size")}
-        if arch == "qwen35moe":
-            dense["intermediate_size"] = _need(config, "shared_expert_intermediate_size")
+        shared = config.get("shared_expert_intermediate_size")
+        routed = {k: v for k, v in config.items() if k != "shared_expert_intermediate_size"}
+        dense = {**routed, "num_experts": None, "intermediate_size": shared or config.get("intermediate_size")}
         hp = {**_hparams(dense, "qwen3"), **_qwen35(config)}
         if arch == "qwen35moe":
-            hp |= {**_experts(dense | {"num_experts": config.get("num_experts")}, arch), "expert_norm": True,
-                   "n_ff_shexp": int(config["shared_expert_intermediate_size"])}
+            hp |= {**_experts(routed, arch), "expert_norm": True,
+                   "n_ff_shexp": int(_need(config, "shared_expert_intermediate_size"))}
         return hp
     if config.get("use_sliding_window"):
         raise UnsupportedError("sliding-window attention (use_sliding_window) is not supported")

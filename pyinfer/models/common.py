@@ -161,7 +161,8 @@ def ffn_block(b: Builder, il: int, h: ggml.Tensor) -> ggml.Tensor:
     """Dense FFN: (n_tokens, n_embd) -> (n_tokens, n_embd); PowerGGUF's down_t is summed row by row; a
     mixture of experts' routed FFNs (models.moe)."""
     if b.cfg.is_moe:
-        return moe.moe_ffn_block(b, il, h)
+        y = moe.moe_ffn_block(b, il, h)
+        return add_shared_expert(b, il, h, y) if b.has(f"blk.{il}.ffn_up_shexp") else y
     if b.sparse is not None:
         from pyinfer.models import sparse_ffn  # imports this module
 
@@ -182,6 +183,15 @@ def ffn_block(b: Builder, il: int, h: ggml.Tensor) -> ggml.Tensor:
         y = b.matmul(b.w(down), act)
     bias = b.get(down + ".bias")
     return b.ctx.add(y, bias) if bias is not None else y
+
+
+def add_shared_expert(b: Builder, il: int, h: ggml.Tensor, y: ggml.Tensor) -> ggml.Tensor:
+    """y plus layer il's shared expert (Qwen3.5-MoE: every token's), its output gated by sigmoid(w . h), one value a
+    token: (n_tokens, n_embd) -> (n_tokens, n_embd)."""
+    ctx, p = b.ctx, f"blk.{il}."
+    gate_w = b.w(p + "ffn_gate_inp_shexp")
+    gate = ctx.sigmoid(b.matmul(ctx.reshape(gate_w, (1, gate_w.ne[0])), h))  # (n, 1)
+    return ctx.add(y, ctx.mul(b.linear(ffn_activation(b, il, h, "_shexp"), p + "ffn_down_shexp"), gate))
 
 
 def split_dense_ffn(b: Builder, il: int, h: ggml.Tensor) -> ggml.Tensor:

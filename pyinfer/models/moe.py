@@ -55,11 +55,6 @@ def moe_ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
             parts = [ctx.moe_ffn(*mats, h, ids, logits, slots, cfg.ffn_kind, cfg.expert_norm, biases)]
         for part in parts:
             y = part if y is None else ctx.add(y, part)
-    if b.has(p + "ffn_up_shexp"):  # Qwen3.5-MoE's shared expert, every token's, gated by sigmoid(w . x)
-        act = ctx.mul(ctx.silu(b.linear(h, p + "ffn_gate_shexp")), b.linear(h, p + "ffn_up_shexp"))
-        gate_w = b.w(p + "ffn_gate_inp_shexp")
-        gate = ctx.sigmoid(b.matmul(ctx.reshape(gate_w, (1, gate_w.ne[0])), h))  # (n, 1): a value per token
-        y = ctx.add(y, ctx.mul(b.linear(act, p + "ffn_down_shexp"), gate))
     return y
 
 
