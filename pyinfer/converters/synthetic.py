@@ -224,6 +224,24 @@ def make_llama(path: str, shape: str, qtype: Q, *, seed: int = 0, density: float
     write_atomically([OutFile(path, "llama", kv, tensors)])
 
 
+def _model_kv(arch: str, shape: str, qtype: Q, n_ctx: int, sizes: tuple[int, ...], n_rot: int,
+              rope_base: float) -> list:
+    """The keys every synthetic file of an llama.cpp architecture has: its name and type, sizes (n_embd, n_layer,
+    n_ff, n_head, n_head_kv, head_dim, n_vocab), RMS epsilon, RoPE, the byte-level vocabulary, the synthetic flag."""
+    d, n_layer, n_ff, n_head, n_kv, head_dim, n_vocab = sizes
+    u32, f32 = V.UINT32, V.FLOAT32
+    return [("general.name", f"synthetic {shape} (random weights)", V.STRING, None),
+            ("general.file_type", file_type(qtype), u32, None),
+            (f"{arch}.vocab_size", n_vocab, u32, None), (f"{arch}.context_length", n_ctx, u32, None),
+            (f"{arch}.embedding_length", d, u32, None), (f"{arch}.block_count", n_layer, u32, None),
+            (f"{arch}.feed_forward_length", n_ff, u32, None), (f"{arch}.attention.head_count", n_head, u32, None),
+            (f"{arch}.attention.head_count_kv", n_kv, u32, None), (f"{arch}.attention.key_length", head_dim, u32, None),
+            (f"{arch}.attention.value_length", head_dim, u32, None),
+            (f"{arch}.attention.layer_norm_rms_epsilon", 1e-6, f32, None),
+            (f"{arch}.rope.dimension_count", n_rot, u32, None), (f"{arch}.rope.freq_base", rope_base, f32, None),
+            *_vocab_kv(n_vocab), ("pyinfer.synthetic", True, V.BOOL, None)]
+
+
 def _matrix_maker(rng: np.random.Generator, qtype: Q, share_weights: bool):
     """mat(name, shape, std, type_=qtype) -> an OutTensor of random values of about std (random_weight; the last
     axis the rows' length), seeded from rng when made; with share_weights every layer's tensor of one name and shape
@@ -267,20 +285,10 @@ def make_moe(path: str, shape: str, qtype: Q, *, seed: int = 0, n_layer: int | N
     n_layer = n_layer or shape_layers
     q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
     rng = np.random.default_rng(seed)
-    u32, f32 = V.UINT32, V.FLOAT32
-    kv = [("general.name", f"synthetic {shape} (random weights)", V.STRING, None),
-          ("general.file_type", file_type(qtype), u32, None),
-          (f"{arch}.vocab_size", n_vocab, u32, None), (f"{arch}.context_length", 4096, u32, None),
-          (f"{arch}.embedding_length", d, u32, None), (f"{arch}.block_count", n_layer, u32, None),
-          (f"{arch}.feed_forward_length", n_ff, u32, None), (f"{arch}.attention.head_count", n_head, u32, None),
-          (f"{arch}.attention.head_count_kv", n_head_kv, u32, None),
-          (f"{arch}.attention.key_length", head_dim, u32, None),
-          (f"{arch}.attention.value_length", head_dim, u32, None),
-          (f"{arch}.attention.layer_norm_rms_epsilon", 1e-6, f32, None),
-          (f"{arch}.rope.dimension_count", head_dim, u32, None), (f"{arch}.rope.freq_base", 1e6, f32, None),
+    u32 = V.UINT32
+    kv = [*_model_kv(arch, shape, qtype, 4096, (d, n_layer, n_ff, n_head, n_head_kv, head_dim, n_vocab), head_dim, 1e6),
           (f"{arch}.expert_count", n_expert, u32, None), (f"{arch}.expert_used_count", n_used, u32, None),
-          (f"{arch}.expert_feed_forward_length", n_ff, u32, None), *_vocab_kv(n_vocab),
-          ("pyinfer.synthetic", True, V.BOOL, None)]
+          (f"{arch}.expert_feed_forward_length", n_ff, u32, None)]
     oss = arch == "gpt-oss"
     if oss:
         kv.append((f"{arch}.attention.sliding_window", 128, u32, None))
@@ -335,21 +343,13 @@ def make_qwen35(path: str, shape: str, qtype: Q, *, seed: int = 0, n_layer: int 
     n_layer = n_layer or shape_layers
     rng = np.random.default_rng(seed)
     channels, v_dim = (2 * n_k + n_v) * ssm_head, n_v * ssm_head
-    u32, f32 = V.UINT32, V.FLOAT32
-    kv = [("general.name", f"synthetic {shape} (random weights)", V.STRING, None),
-          ("general.file_type", file_type(qtype), u32, None),
-          (f"{arch}.vocab_size", n_vocab, u32, None), (f"{arch}.context_length", 262144, u32, None),
-          (f"{arch}.embedding_length", d, u32, None), (f"{arch}.block_count", n_layer, u32, None),
-          (f"{arch}.feed_forward_length", n_ff, u32, None), (f"{arch}.attention.head_count", n_head, u32, None),
-          (f"{arch}.attention.head_count_kv", n_kv, u32, None), (f"{arch}.attention.key_length", head_dim, u32, None),
-          (f"{arch}.attention.value_length", head_dim, u32, None),
-          (f"{arch}.attention.layer_norm_rms_epsilon", 1e-6, f32, None),
-          (f"{arch}.rope.dimension_count", head_dim // 4, u32, None), (f"{arch}.rope.freq_base", 1e7, f32, None),
+    u32 = V.UINT32
+    sizes = (d, n_layer, n_ff, n_head, n_kv, head_dim, n_vocab)
+    kv = [*_model_kv(arch, shape, qtype, 262144, sizes, head_dim // 4, 1e7),
           (f"{arch}.rope.dimension_sections", [11, 11, 10, 0], V.ARRAY, u32),
           (f"{arch}.full_attention_interval", 4, u32, None), (f"{arch}.ssm.conv_kernel", 4, u32, None),
           (f"{arch}.ssm.state_size", ssm_head, u32, None), (f"{arch}.ssm.group_count", n_k, u32, None),
-          (f"{arch}.ssm.time_step_rank", n_v, u32, None), (f"{arch}.ssm.inner_size", v_dim, u32, None),
-          *_vocab_kv(n_vocab), ("pyinfer.synthetic", True, V.BOOL, None)]
+          (f"{arch}.ssm.time_step_rank", n_v, u32, None), (f"{arch}.ssm.inner_size", v_dim, u32, None)]
     n_expert, n_used, n_ff_exp = QWEN35_EXPERTS.get(shape, (0, 0, 0))
     if n_expert:
         kv += [(f"{arch}.expert_count", n_expert, u32, None), (f"{arch}.expert_used_count", n_used, u32, None),

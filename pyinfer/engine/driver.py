@@ -94,15 +94,11 @@ class KVCache:
                 shape = (n_ctx, cfg.layer_n_head_kv(il), cfg.layer_head_dim(il))
                 self.k.append(self.ctx.new_tensor(kv_type, shape))
                 self.v.append(self.ctx.new_tensor(kv_type, shape))
-            elif cfg.recurrent(il):
-                self.k.append(None)
-                self.v.append(None)
-            else:
-                self.k.append(self.k[cfg.kv_layer(il)])
-                self.v.append(self.v[cfg.kv_layer(il)])
-            recurrent_layer = cfg.recurrent(il)
-            self.conv.append(self.ctx.new_tensor(ggml.F32, conv_shape) if recurrent_layer else None)
-            self.ssm.append(self.ctx.new_tensor(ggml.F32, ssm_shape) if recurrent_layer else None)
+            else:  # a recurrent layer's none, or the layer's whose KV this one shares
+                self.k.append(None if il in recurrent else self.k[cfg.kv_layer(il)])
+                self.v.append(None if il in recurrent else self.v[cfg.kv_layer(il)])
+            self.conv.append(self.ctx.new_tensor(ggml.F32, conv_shape) if il in recurrent else None)
+            self.ssm.append(self.ctx.new_tensor(ggml.F32, ssm_shape) if il in recurrent else None)
         self.n_ctx = n_ctx
         self.nbytes = 2 * sum(sizes.values()) + len(recurrent) * state_bytes
 
