@@ -83,6 +83,16 @@ GEMMA4_VARIANTS = {
     "gemma4_k_eq_v": ("gemma4", {**_GEMMA4, "attention_k_eq_v": True, "final_logit_softcapping": 30.0,
                                  "rope_parameters": {**_GEMMA4_ROPE,
                                                      "full_attention": {"rope_type": "default", "rope_theta": 1e4}}}),
+    # the 26B-A4B's: every layer's dense FFN beside 4 experts of 48 neurons, 2 a token (the loop over experts: the
+    # grouped GEMM takes no float64)
+    "gemma4_moe": ("gemma4", {**_GEMMA4, "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
+                              "moe_intermediate_size": 48, "experts_implementation": "eager",
+                              "hidden_size_per_layer_input": 0}),
+    # the mixture as its repositories hold it: the text model of a Gemma4ForConditionalGeneration (a vision tower
+    # beside it, which the converter leaves)
+    "gemma4_mm": ("gemma4_mm", {**_GEMMA4, "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
+                                "moe_intermediate_size": 48, "experts_implementation": "eager",
+                                "hidden_size_per_layer_input": 0}),
 }
 # Qwen3.5's text model (tests/test_qwen35.py): layers 0-2 and 4 linear attention (a gated delta net: 2 key heads,
 # 4 value heads, so that the value heads' order matters), layer 3 full attention with its output gate, RoPE on a
@@ -165,6 +175,11 @@ def _config(arch: str, extra: dict):
                                   num_key_value_heads=2, head_dim=16, vocab_size=N_VOCAB,
                                   vocab_size_per_layer_input=N_VOCAB, max_position_embeddings=4096,
                                   rms_norm_eps=1e-6, tie_word_embeddings=False, attn_implementation="eager", **extra)
+    if arch == "gemma4_mm":
+        vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                  "num_key_value_heads": 2, "head_dim": 16, "patch_size": 4}
+        return T.Gemma4Config(text_config=_config("gemma4", extra).to_dict(), vision_config=vision,
+                              tie_word_embeddings=False, attn_implementation="eager", experts_implementation="eager")
     if arch == "qwen3_5_mm":
         vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
                   "patch_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 16}
@@ -283,7 +298,7 @@ def build(variant: str, folder: str, seed: int = 0, dtype: torch.dtype = torch.f
            "olmoe": T.OlmoeForCausalLM, "gpt_oss": T.GptOssForCausalLM,
            "gemma3": T.Gemma3ForCausalLM, "gemma4": T.Gemma4ForCausalLM, "falcon": T.FalconForCausalLM,
            "qwen3_5": T.Qwen3_5ForCausalLM, "qwen3_5_moe": T.Qwen3_5MoeForCausalLM,
-           "qwen3_5_mm": T.Qwen3_5ForConditionalGeneration,
+           "qwen3_5_mm": T.Qwen3_5ForConditionalGeneration, "gemma4_mm": T.Gemma4ForConditionalGeneration,
            "opt": T.OPTForCausalLM}[arch]
     torch.manual_seed(seed)
     model = cls(cfg).eval()

@@ -38,20 +38,38 @@ def test_variants_exercise_the_features(tiny):
     assert [ple.layer_n_ff(il) for il in range(5)] == [128, 128, 128, 256, 256]  # double-wide on the shared layers
     assert cfgs["gemma4_k_eq_v"].v_from_k and not cfgs["gemma4"].v_from_k
     assert cfgs["gemma4"].final_logit_softcap == 0.0 and not cfgs["gemma4"].tied_embeddings
+    for variant in ("gemma4_moe", "gemma4_mm"):  # the 26B-A4B's experts, beside a dense FFN of 128
+        cfg = cfgs[variant]
+        assert (cfg.n_expert, cfg.n_expert_used, cfg.n_ff_exp, cfg.expert_norm, cfg.n_ff) == (4, 2, 48, True, 128)
+
+
+# what llama.cpp's Gemma4Model.modify_tensors names itself, past gguf-py's map
+RENAMED = {"router.scale": "ffn_gate_inp.scale", "router.per_expert_scale": "ffn_down_exps.scale"}
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_names_and_keys_are_llama_cpps(tiny, variant):
     """Every tensor of the dense file is the name gguf-py's map (llama.cpp's convert_hf_to_gguf.py) gives its HF
-    tensor, rope_freqs (llama.cpp's proportional-RoPE factors) aside; every gemma4 key is one of gguf-py's."""
+    tensor, rope_freqs (llama.cpp's proportional-RoPE factors) aside, and the experts' gate and up one tensor as
+    llama.cpp writes them (the PowerGGUF holds the two halves); every gemma4 key is one of gguf-py's."""
+    from pyinfer.formats.gguf_reader import open_gguf
+
     oracle, _, dense = tiny(variant)
     g = GGUFFile(dense)
     names = get_tensor_name_map(MODEL_ARCH.GEMMA4, g.config.n_layer)
-    hp = conv._hparams(conv.read_json(f"{oracle.folder}/config.json", conv.CONFIG), "gemma4")
-    for ours, hf_name, _ in conv.tensor_map("gemma4", hp):
-        theirs = names.get_name(hf_name.removesuffix(".weight"))
-        assert theirs is not None and f"{theirs}.weight" == ours, (hf_name, theirs, ours)
+    hp = conv._hparams(conv.read_config(oracle.folder), "gemma4")
+    for ours, hf_name, transform in conv.tensor_map("gemma4", hp):
+        short = hf_name.split(".", 3)[-1]  # past model.layers.N.
+        theirs = (f"blk.{hf_name.split('.')[2]}.{RENAMED[short]}" if short in RENAMED else
+                  names.get_name(hf_name.removesuffix(".weight")) + ".weight")
+        if transform in ("gate_half", "up_half"):
+            assert theirs.endswith(".ffn_gate_up_exps.weight") and ours == theirs.replace("gate_up", transform[:-5])
+            continue
+        assert theirs == ours, (hf_name, theirs, ours)
     assert set(g.tensors) - {t for t, *_ in conv.tensor_map("gemma4", hp)} == {"rope_freqs.weight"}
+    written = {t.name for t in open_gguf(dense)[1].tensors}
+    assert ("blk.0.ffn_gate_up_exps.weight" in written) == g.config.is_moe
+    assert "blk.0.ffn_gate_exps.weight" not in written
     factors = np.frombuffer(g.tensors["rope_freqs.weight"].data, np.float32)
     if variant == "gemma4_k_eq_v":  # default RoPE on the global layers: every pair rotated
         assert (factors == 1.0).all()
@@ -67,8 +85,7 @@ def test_refusals():
     unsupported, not as malformed metadata."""
     base = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
             "vocab_size": 300}
-    for extra, words in [({"enable_moe_block": True}, "mixture-of-experts"),
-                         ({"use_bidirectional_attention": "all"}, "bidirectional"),
+    for extra, words in [({"use_bidirectional_attention": "all"}, "bidirectional"),
                          ({"rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 2.0}}}, "yarn")]:
         with pytest.raises(UnsupportedError, match=words):
             conv._hparams({**base, **extra}, "gemma4")

@@ -59,9 +59,9 @@ def act64(kind: str, g: np.ndarray, u: np.ndarray) -> np.ndarray:
     return 0.5 * g * (1.0 + np.tanh(0.7978845608028654 * (g + 0.044715 * g**3))) * u
 
 
-def moe_reference(x, ids, logits, slots, gate, up, down, kind, norm, gate_type, down_type, biases=None):
-    """(m, d) float64: each token's experts held here (slots[e] >= 0), weighted by the logits' softmax; biases
-    (n_expert, 2 n_ff + d) by expert."""
+def moe_reference(x, ids, logits, slots, gate, up, down, kind, norm, gate_type, down_type, biases=None, scales=None):
+    """(m, d) float64: each token's experts held here (slots[e] >= 0), weighted by the logits' softmax (times the
+    expert's scale); biases (n_expert, 2 n_ff + d) and scales (n_expert,) by expert."""
     n_ff = gate.shape[1]
     m, k = ids.shape
     y = np.zeros((m, x.shape[1]))
@@ -76,12 +76,12 @@ def moe_reference(x, ids, logits, slots, gate, up, down, kind, norm, gate_type, 
             e = slots[ids[j, s]] if slots is not None else ids[j, s]
             if e < 0:
                 continue
-            w = np.exp(chosen[s] - top) / z
+            w = np.exp(chosen[s] - top) / z * (scales[ids[j, s]] if scales is not None else 1.0)
             b = biases[ids[j, s]] if biases is not None else np.zeros(2 * n_ff + x.shape[1])
             a = act64(kind, gate[e] @ xs[j] + b[:n_ff], up[e] @ xs[j] + b[n_ff:2 * n_ff])
             a_seen = as_kernel_sees(a.astype(np.float32)[None], down_type)[0]
             y[j] += w * (down[e] @ a_seen + b[2 * n_ff:])
-            bound[j] += w * (np.abs(down[e]) @ np.abs(a) + np.abs(b[2 * n_ff:]))
+            bound[j] += abs(w) * (np.abs(down[e]) @ np.abs(a) + np.abs(b[2 * n_ff:]))
     return y, bound
 
 
@@ -137,15 +137,15 @@ def moe_case(draw, types=ggml.WEIGHT_TYPES, max_blocks=2):
     routing = draw(st.sampled_from(["random", "one expert", "ties"]))
     held = draw(st.sampled_from(["all", "some", "none"]))
     return gate_type, down_type, d, n_ff, n_expert, k, m, routing, held, draw(st.booleans()), draw(
-        st.sampled_from(["swiglu", "geglu", "swiglu_oai"])), draw(st.booleans()), draw(st.integers(1, 3)), draw(
-        st.integers(0, 2**31))
+        st.sampled_from(["swiglu", "geglu", "swiglu_oai"])), draw(st.booleans()), draw(st.booleans()), draw(
+        st.integers(1, 3)), draw(st.integers(0, 2**31))
 
 
 @pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=needs_gpu)])
 @given(case=moe_case())
 @SETTINGS
 def test_moe_ffn_matches_float64(backend, case):
-    gate_type, down_type, d, n_ff, n_expert, k, m, routing, held, norm, kind, biased, n_threads, seed = case
+    gate_type, down_type, d, n_ff, n_expert, k, m, routing, held, norm, kind, biased, scaled, n_threads, seed = case
     rng = np.random.default_rng(seed)
     logits = rng.normal(size=(m, n_expert)).astype(np.float32)
     if routing == "ties":
@@ -170,12 +170,14 @@ def test_moe_ffn_matches_float64(backend, case):
         gate_t, up_t, down_t = (ctx.reshape(t, (n_local, *reversed(t.ne[:2]))) for t in (gate_t, up_t, down_t))
     # gpt-oss' experts carry biases (by expert, whichever matrix holds it); its gate values run past the clamp
     biases = rng.normal(size=(n_expert, 2 * n_ff + d)).astype(np.float32) * 2.0 if biased else None
+    # Gemma 4's per-expert scales (by expert), of either sign
+    scales = rng.normal(size=n_expert).astype(np.float32) if scaled else None
     out = ctx.moe_ffn(gate_t, up_t, down_t, tensor(ctx, x), ctx.tensor_from_numpy(ids), tensor(ctx, logits),
                       ctx.tensor_from_numpy(slots) if slots is not None else None, kind, norm,
-                      tensor(ctx, biases) if biased else None)
+                      tensor(ctx, biases) if biased else None, tensor(ctx, scales) if scaled else None)
     (got,) = compute(ctx, [out], n_threads) if backend == "cpu" else compute_on_gpu(ctx, [out])
     want, bound = moe_reference(x, ids, logits, slots, gate64, up64, down64, kind, norm, gate_type, down_type,
-                                biases)
+                                biases, scales)
     # the GPU quantizes activations for every quantized type to Q8_1 and keeps x in F32 for float weights (the CPU
     # converts both to the type's vec_dot_type, which the reference follows)
     tols = {ggml.F32: 1e-5, ggml.F16: 2e-3, ggml.BF16: 1e-2}
@@ -236,6 +238,8 @@ def test_moe_ffn_rejects_bad_shapes_and_ids():
         ctx.moe_ffn(g, g, down, x, ids, logits, None, "relu", True)
     with pytest.raises(InvalidArgumentError, match="ids must be"):  # ids of more than two dimensions
         ctx.moe_ffn(g, g, down, x, ctx.new_tensor(ggml.I32, (2, 2, 2)), logits, None, "swiglu", True)
+    with pytest.raises(InvalidArgumentError, match="scales must be"):  # one scale short
+        ctx.moe_ffn(g, g, down, x, ids, logits, None, "swiglu", True, scales=ctx.new_tensor(ggml.F32, (n_expert - 1,)))
     out = ctx.moe_ffn(g, g, down, x, ids, logits, None, "swiglu", True)
     graph = ggml.Graph(ctx, [out]).plan()
     with pytest.raises(InvalidArgumentError, match="expert id 9"):

@@ -54,6 +54,22 @@ def test_expert_splits_equal_the_whole_model(tiny_files, host_only, variant, gpu
     _same(split, whole, TOKENS[:20])  # (a batch of 32 would stream host weights to a GPU)
 
 
+def test_gemma4_experts_split_beside_its_dense_ffn(tiny_files, host_only):
+    """Gemma 4's 26B-A4B layers (5 here): the dense FFN and the router's scale go with the attention, the experts
+    split, each side with its own copy of every expert's scale; decode, a batch and greedy decoding as the whole
+    model's."""
+    path = tiny_files("gemma4_moe", False)
+    whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2)
+    split = Model(path, n_ctx=64, kv_type="f32", n_threads=2, plan=split_plan((1, 3, 0, 4, 2)))
+    assert split.hot_rows == {0: 1, 1: 3, 4: 2}
+    file = GGUFFile(path)
+    for il in split.hot_rows:
+        want = np.frombuffer(file.tensors[f"blk.{il}.ffn_down_exps.scale"].data, np.float32)
+        for side in ("gpu", "cpu"):
+            np.testing.assert_array_equal(split.weights[f"blk.{il}.ffn_down_exps.scale.{side}"].numpy(), want)
+    _same(split, whole, TOKENS[:20])
+
+
 def test_experts_are_the_solver_units(tiny_files):
     """A layer's costs count experts (the most often routed first), and a budget between none and all of them
     places whole experts."""
@@ -70,14 +86,16 @@ def test_experts_are_the_solver_units(tiny_files):
 
 
 @needs_gpu
-@pytest.mark.parametrize("variant", ["qwen3moe", "mixtral", "olmoe", "gpt_oss"])
+@pytest.mark.parametrize("variant", ["qwen3moe", "mixtral", "olmoe", "gpt_oss", "gemma4_moe"])
 def test_on_the_gpu_whole_split_and_by_budget(tiny_files, variant):
     """A batch's GEMMs take F32 weights as TF32 on the GPU (the router excepted): 3e-2 as test_hybrid's."""
     path = tiny_files(variant, False)
+    n_layer = GGUFFile(path).config.n_layer
     whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2, n_batch=32)
     _same(Model(path, n_ctx=64, kv_type="f32", n_batch=32, n_gpu_layers=99), whole, batch_tol=3e-2)
     _same(Model(path, n_ctx=64, kv_type="f32", n_batch=32, n_gpu_layers=99, n_cpu_moe=1), whole, batch_tol=3e-2)
-    _same(Model(path, n_ctx=64, kv_type="f32", n_batch=32, plan=split_plan((1, 3))), whole, batch_tol=3e-2)
+    _same(Model(path, n_ctx=64, kv_type="f32", n_batch=32, plan=split_plan(((1, 3) * n_layer)[:n_layer])), whole,
+          batch_tol=3e-2)
     costs = model_costs(GGUFFile(path), 64, 4, False, 32)
     full = costs.reserve_bytes + costs.head_bytes + sum(
         la.attn_bytes + la.kv_bytes + la.n_ff * la.neuron_bytes for la in costs.layers)

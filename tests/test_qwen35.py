@@ -222,12 +222,56 @@ def test_convolution_taps_of_another_float_type_are_read_as_f32(tiny, tmp_path):
     np.testing.assert_allclose(got, want, rtol=0, atol=5e-3 * np.abs(want).max())
 
 
-def test_fused_gate_and_up_experts_are_refused_by_name(tiny, tmp_path):
-    src = GGUFFile(tiny("qwen35moe")[2])
-    path = rewritten(src, str(tmp_path / "fused.gguf"),
-                     lambda info: (info.name.replace("ffn_gate_exps", "ffn_gate_up_exps"), info.type, info.data))
-    with pytest.raises(UnsupportedError, match=r"\(ffn_gate_up_exps\) are not supported"):
-        GGUFFile(path)
+def fused_gate_up(src: GGUFFile, path: str, odd: bool = False) -> str:
+    """src with each layer's ffn_gate_exps and ffn_up_exps as one ffn_gate_up_exps, as llama.cpp writes them with
+    --fuse-gate-up-exps (and Gemma 4's always): expert by expert, its gate rows, then its up rows. odd: the first
+    layer's fused tensor one row short (malformed)."""
+    from gguf import GGMLQuantizationType as Q
+
+    from pyinfer.formats.gguf_writer import OutFile, OutTensor, write_atomically
+
+    tensors = []
+    for info in src.tensors.values():
+        if info.name.endswith("ffn_up_exps.weight"):
+            continue
+        shape, data = tuple(reversed(info.ne)), info.data
+        if info.name.endswith("ffn_gate_exps.weight"):
+            up = src.tensors[info.name.replace("gate", "up")]
+            n_expert = info.ne[2]
+            data = np.concatenate([info.data.reshape(n_expert, 1, -1), up.data.reshape(n_expert, 1, -1)], axis=1)
+            shape = (n_expert, 2 * info.ne[1], info.ne[0])
+            if odd and info.name.startswith("blk.0."):
+                row = info.data.nbytes // (n_expert * info.ne[1])
+                data, shape = data.reshape(n_expert, -1)[:, row:], (n_expert, 2 * info.ne[1] - 1, info.ne[0])
+            tensors.append(OutTensor(info.name.replace("gate_exps", "gate_up_exps"), shape, Q(info.type),
+                                     lambda d=np.ascontiguousarray(data).reshape(-1): d))
+            continue
+        tensors.append(OutTensor(info.name, shape, Q(info.type), lambda d=data: d))
+    kv = [(k, v, *rest) for k, v, *rest in src.typed_metadata() if k not in ("general.architecture",
+                                                                              "general.alignment")]
+    write_atomically([OutFile(path, src.config.arch, kv, tensors)])
+    return path
+
+
+def test_fused_gate_and_up_experts_run_as_the_two(tiny, tmp_path):
+    """A file whose experts' gate and up are one tensor a layer (ffn_gate_up_exps) opens as the two it was made of,
+    byte for byte, and computes the same logits; a fused tensor of an odd row count is a one-line error."""
+    from pyinfer.errors import ModelFormatError
+
+    split = tiny("qwen35moe")[2]
+    path = fused_gate_up(GGUFFile(split), str(tmp_path / "fused.gguf"))
+    a, b = GGUFFile(split), GGUFFile(path)
+    assert "blk.0.ffn_gate_up_exps.weight" not in b.tensors
+    for il in range(a.config.n_layer):
+        for half in ("gate", "up"):
+            name = f"blk.{il}.ffn_{half}_exps.weight"
+            assert b.tensors[name].ne == a.tensors[name].ne
+            np.testing.assert_array_equal(b.tensors[name].data, a.tensors[name].data)
+    want = Model(split, n_ctx=64, kv_type="f32").logits(PROMPT)
+    np.testing.assert_array_equal(Model(path, n_ctx=64, kv_type="f32").logits(PROMPT), want)
+    odd = fused_gate_up(a, str(tmp_path / "odd.gguf"), odd=True)
+    with pytest.raises(ModelFormatError, match=r"ffn_gate_up_exps.weight has shape \[64, 95, 4\]"):
+        GGUFFile(odd)
 
 
 def test_multi_token_prediction_blocks_are_skipped(tiny, tmp_path):

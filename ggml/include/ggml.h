@@ -13,7 +13,7 @@ extern "C" {
 
 // CFFI-BEGIN
 #define GGML_MAX_DIMS 4
-#define GGML_MAX_SRC 8
+#define GGML_MAX_SRC 9
 #define GGML_MAX_OP_PARAMS 8
 #define GGML_TOP_K_MAX 64 // experts a token may be routed to
 
@@ -228,7 +228,8 @@ struct ggml_tensor *ggml_top_k(struct ggml_context *ctx, struct ggml_tensor *a, 
 // weight_e = exp(logit_e) / Z, Z summed over the k chosen experts (norm: the weights of the k add up to 1,
 // Mixtral and Qwen3-MoE) or over all experts (OLMoE). kind: SWIGLU, GEGLU or SWIGLU_OAI. biases: NULL or F32
 // [2 n_ff + d, n_expert], by expert (not by matrix): gate's, up's and down's (added before the weighting; gpt-oss).
-struct ggml_tensor *ggml_moe_ffn(struct ggml_context *ctx, struct ggml_tensor *gate, struct ggml_tensor *up, struct ggml_tensor *down, struct ggml_tensor *x, struct ggml_tensor *ids, struct ggml_tensor *logits, struct ggml_tensor *slots, struct ggml_tensor *biases, enum ggml_ffn_kind kind, bool norm);
+// scales: NULL or F32 [n_expert]: expert e's weight times scales[e] (Gemma 4's per-expert scale).
+struct ggml_tensor *ggml_moe_ffn(struct ggml_context *ctx, struct ggml_tensor *gate, struct ggml_tensor *up, struct ggml_tensor *down, struct ggml_tensor *x, struct ggml_tensor *ids, struct ggml_tensor *logits, struct ggml_tensor *slots, struct ggml_tensor *biases, struct ggml_tensor *scales, enum ggml_ffn_kind kind, bool norm);
 
 // linear attention (Qwen3.5's gated delta net). Both ops carry a sequence between graphs in a state leaf that they
 // read and overwrite in place, so they run where it lives (as kv_store). The state stands after pos[0] tokens of

@@ -668,7 +668,7 @@ static const char *check_experts(const struct ggml_tensor *w, int64_t cols, int6
 struct ggml_tensor *ggml_moe_ffn(struct ggml_context *ctx, struct ggml_tensor *gate, struct ggml_tensor *up,
                                  struct ggml_tensor *down, struct ggml_tensor *x, struct ggml_tensor *ids,
                                  struct ggml_tensor *logits, struct ggml_tensor *slots, struct ggml_tensor *biases,
-                                 enum ggml_ffn_kind kind, bool norm) {
+                                 struct ggml_tensor *scales, enum ggml_ffn_kind kind, bool norm) {
     CHECK_ARG(gate && up && down && x && ids && logits, "null tensor");
     CHECK_ARG(kind == GGML_FFN_SWIGLU || kind == GGML_FFN_GEGLU || kind == GGML_FFN_SWIGLU_OAI,
               "moe_ffn: FFN kind %d is not gated by silu or gelu", (int)kind);
@@ -695,12 +695,16 @@ struct ggml_tensor *ggml_moe_ffn(struct ggml_context *ctx, struct ggml_tensor *g
     if (biases)
         CHECK_ARG(biases->type == GGML_TYPE_F32 && ggml_is_contiguous(biases) && biases->ne[0] == 2 * n_ff + d &&
                   ggml_nelements(biases) == biases->ne[0] * n_expert, "moe_ffn: biases must be F32 [2 n_ff + d, n_expert]");
+    if (scales)
+        CHECK_ARG(scales->type == GGML_TYPE_F32 && ggml_is_contiguous(scales) && ggml_nelements(scales) == n_expert,
+                  "moe_ffn: scales must be F32 [n_expert]");
     struct ggml_tensor *t = op_new(ctx, GGML_OP_MOE_FFN, GGML_TYPE_F32, 2, (int64_t[]){d, m}, gate, up, down, x);
     if (!t) return NULL;
     t->src[4] = ids;
     t->src[5] = logits;
     t->src[6] = slots;
     t->src[7] = biases;
+    t->src[8] = scales;
     t->op_params[0] = (int32_t)kind;
     t->op_params[1] = norm;
     return t;

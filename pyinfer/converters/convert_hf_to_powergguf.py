@@ -54,17 +54,20 @@ HF_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForC
             "OPTForCausalLM": "opt", "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe",
             "OlmoeForCausalLM": "olmoe", "GptOssForCausalLM": "gpt-oss", "Gemma4ForCausalLM": "gemma4",
             "Qwen3_5ForCausalLM": "qwen35", "Qwen3_5MoeForCausalLM": "qwen35moe",
-            "Qwen3_5ForConditionalGeneration": "qwen35", "Qwen3_5MoeForConditionalGeneration": "qwen35moe"}
-# checkpoints of a multimodal model (what Qwen3.5's repositories hold): its text model is converted, read from
-# config.json's text_config and the tensors under model.language_model (the vision tower and MTP layers are left)
-MULTIMODAL_HF = {"Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"}
-MOE_HF = {"MixtralForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "GptOssForCausalLM", "Qwen3_5MoeForCausalLM",
-          "Qwen3_5MoeForConditionalGeneration"}
+            "Qwen3_5ForConditionalGeneration": "qwen35", "Qwen3_5MoeForConditionalGeneration": "qwen35moe",
+            "Gemma4ForConditionalGeneration": "gemma4"}
+# checkpoints of a multimodal model (what Qwen3.5's and Gemma 4's repositories hold): its text model is converted,
+# read from config.json's text_config and the tensors under model.language_model (the vision and audio towers and
+# MTP layers are left)
+MULTIMODAL_HF = {"Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+                 "Gemma4ForConditionalGeneration"}
 # the shapes of HF tensors whose transform reshapes them: gpt-oss' experts (gate and up interleaved in one
-# (n_expert, d, 2 n_ff) tensor, x @ W; down (n_expert, n_ff, d)); Qwen3.5's convolution (channels, 1, taps)
+# (n_expert, d, 2 n_ff) tensor, x @ W; down (n_expert, n_ff, d)); Gemma 4's (gate then up in one (n_expert, 2 n_ff,
+# d) tensor); Qwen3.5's convolution (channels, 1, taps)
 RESHAPED = {"oai_gate": lambda s: (s[0], s[2] // 2, s[1]), "oai_up": lambda s: (s[0], s[2] // 2, s[1]),
             "oai_down": lambda s: (s[0], s[2], s[1]), "oai_gate_b": lambda s: (s[0], s[1] // 2),
             "oai_up_b": lambda s: (s[0], s[1] // 2), "conv1d": lambda s: (s[0], s[2]),
+            "gate_half": lambda s: (s[0], s[1] // 2, s[2]), "up_half": lambda s: (s[0], s[1] // 2, s[2]),
             "row": lambda s: (s[-1],)}  # Qwen3.5-MoE's shared expert gate (1, d)
 # Falcon's "gelu" is exact (nn.GELU) in transformers; llama.cpp's files run it in the tanh form ("gelu")
 FALCON_ACTS = {"gelu": "gelu_erf", "gelu_pytorch_tanh": "gelu", "gelu_new": "gelu", "relu": "relu"}
@@ -327,8 +330,7 @@ def _gemma4(config: dict[str, Any]) -> dict[str, Any]:
     """Gemma 4's text model (transformers' gemma4_text, defaults as its Gemma4TextConfig has them) in llama.cpp's
     gemma4 terms: the windowed and the global layers' head sizes, KV heads and RoPE, the shared KV layers, the
     per-layer embeddings, the double-wide FFN of the shared layers, the final softcap."""
-    for key, what in (("enable_moe_block", "mixture-of-experts layers (enable_moe_block)"),
-                      ("use_bidirectional_attention", "bidirectional attention (use_bidirectional_attention)"),
+    for key, what in (("use_bidirectional_attention", "bidirectional attention (use_bidirectional_attention)"),
                       ("attention_bias", "attention biases (attention_bias)")):
         if config.get(key):
             raise UnsupportedError(f"Gemma 4 with {what} is not supported")
@@ -376,7 +378,11 @@ def _gemma4(config: dict[str, Any]) -> dict[str, Any]:
     # head) and leaves the rest: llama.cpp's rope_freqs divides the others' frequencies by 1e30
     rotated = int(float(glob_rope.get("partial_rotary_factor", 1.0)) * hd // 2) if kind == "proportional" else hd // 2
     factor = float(glob_rope.get("factor") or 1.0) if kind == "proportional" else 1.0
-    return {"n_embd": int(_need(config, "hidden_size")), "n_ff": n_ff, "n_layer": n_layer, "n_head": n_head,
+    # the 26B-A4B: every layer's experts beside its dense FFN, the router normalising its top k (llama.cpp's keys)
+    experts = {"n_expert": int(_need(config, "num_experts")), "n_expert_used": int(_need(config, "top_k_experts")),
+               "n_ff_exp": int(_need(config, "moe_intermediate_size"))} if config.get("enable_moe_block") else {}
+    return experts | {
+            "n_embd": int(_need(config, "hidden_size")), "n_ff": n_ff, "n_layer": n_layer, "n_head": n_head,
             "n_head_kv": kv_heads, "head_dim": hd, "head_dim_swa": head_swa,
             "n_ctx": int(config.get("max_position_embeddings") or 131072), "n_vocab": n_vocab,
             "eps": float(config.get("rms_norm_eps") or 1e-6), "tied": bool(config.get("tie_word_embeddings", True)),
@@ -493,8 +499,19 @@ def _gemma4_map(hp: dict[str, Any]) -> list[tuple[str, str, str]]:
             pairs += [("inp_gate", "per_layer_input_gate"), ("proj", "per_layer_projection"),
                       ("post_norm", "post_per_layer_input_norm")]
         out += [(b + g + ".weight", h + n + ".weight", "") for g, n in pairs]
-        out += [(b + "ffn_down.weight", h + "mlp.down_proj.weight", "down"),
+        # (a mixture's file keeps llama.cpp's layout, its dense FFN's down untransposed too)
+        out += [(b + "ffn_down.weight", h + "mlp.down_proj.weight", "" if "n_expert" in hp else "down"),
                 (b + "layer_output_scale.weight", h + "layer_scalar", "")]
+        if "n_expert" in hp:  # the 26B-A4B's router, experts (gate and up as one: GATE_UP's halves) and norms
+            out += [(b + "ffn_gate_inp.weight", h + "router.proj.weight", ""),
+                    (b + "ffn_gate_inp.scale", h + "router.scale", ""),
+                    (b + "ffn_down_exps.scale", h + "router.per_expert_scale", ""),
+                    (b + "ffn_gate_exps.weight", h + "experts.gate_up_proj", "gate_half"),
+                    (b + "ffn_up_exps.weight", h + "experts.gate_up_proj", "up_half"),
+                    (b + "ffn_down_exps.weight", h + "experts.down_proj", ""),
+                    (b + "pre_ffw_norm_2.weight", h + "pre_feedforward_layernorm_2.weight", ""),
+                    (b + "post_ffw_norm_1.weight", h + "post_feedforward_layernorm_1.weight", ""),
+                    (b + "post_ffw_norm_2.weight", h + "post_feedforward_layernorm_2.weight", "")]
     return out + [("output_norm.weight", p + "norm.weight", "")]
 
 
@@ -699,6 +716,10 @@ def _gemma4_kv(kv: list[KV], hp: dict[str, Any]) -> list[KV]:
            ("gemma4.embedding_length_per_layer_input", hp["n_embd_per_layer"], u32, None)]
     if hp["softcap"]:
         kv.append(("gemma4.final_logit_softcapping", hp["softcap"], f32, None))
+    if "n_expert" in hp:
+        kv += [("gemma4.expert_count", hp["n_expert"], u32, None),
+               ("gemma4.expert_used_count", hp["n_expert_used"], u32, None),
+               ("gemma4.expert_feed_forward_length", hp["n_ff_exp"], u32, None)]
     return kv
 
 
@@ -718,7 +739,13 @@ def _check_plan(arch: str, kv: list[KV], tensors: list[OutTensor], layout: str, 
         cfg = ModelConfig.from_metadata(meta, [t.name for t in tensors])
     except (ModelFormatError, UnsupportedError) as exc:
         raise type(exc)(f"{what}: {exc}") from None
-    planned = {t.name: tuple(reversed(t.shape)) for t in tensors}
+    planned = {}
+    for t in tensors:
+        ne = tuple(reversed(t.shape))
+        if t.name.endswith("ffn_gate_up_exps.weight"):  # read as the two it holds (gguf_file.split_gate_up)
+            planned |= {t.name.replace("gate_up", half): (ne[0], ne[1] // 2, *ne[2:]) for half in ("gate", "up")}
+        else:
+            planned[t.name] = ne
     for name, ne in expected_tensor_shapes(cfg, layout).items():
         if planned.get(name) != ne:
             raise ModelFormatError(f"{what}: {name} has shape {list(planned.get(name, ()))}, expected {list(ne)}")
@@ -751,7 +778,8 @@ def _plan_hf(folder: str, outtype: Q, out_path: str, dense_path: str | None) -> 
     config = read_config(folder)
     archs = config["architectures"]
     arch = HF_ARCHS[archs[0]]
-    windowed = ("MistralForCausalLM", "Gemma3ForCausalLM", "Gemma4ForCausalLM", "GptOssForCausalLM")
+    windowed = ("MistralForCausalLM", "Gemma3ForCausalLM", "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration",
+                "GptOssForCausalLM")
     if archs[0] not in windowed:  # Qwen2 carries one unused
         config = {k: v for k, v in config.items() if k != "sliding_window"}
     if dense_path is not None and arch == "opt":
@@ -772,6 +800,10 @@ def _plan_hf(folder: str, outtype: Q, out_path: str, dense_path: str | None) -> 
             factors = hp["rope_freqs"]
             tensors.append(OutTensor("rope_freqs.weight", factors.shape, Q.F32, lambda: encode(factors, Q.F32)))
         for gname, hname, transform in tensor_map(arch, hp):
+            if transform in ("gate_half", "up_half") and not transposed:  # llama.cpp's file: the two as one
+                if transform == "up_half":
+                    continue
+                gname, transform = gname.replace("ffn_gate_exps", "ffn_gate_up_exps"), ""
             if transform.startswith("experts:"):
                 hnames = [_resolve(src, hname.format(e=e)) for e in range(int(transform[8:]))]
                 shapes = {src.tensors[n].shape for n in hnames}
@@ -851,6 +883,8 @@ def _producer(src: SafetensorsSource, hname: str, transform: str, transposed: bo
             w = np.ascontiguousarray(w[..., transform == "oai_up"::2].transpose(0, 2, 1))
         elif transform == "oai_down":
             w = np.ascontiguousarray(w.transpose(0, 2, 1))
+        elif transform in ("gate_half", "up_half"):  # (n_expert, 2 n_ff, d): gate's rows, then up's
+            w = np.ascontiguousarray(np.split(w, 2, axis=1)[transform == "up_half"])
         elif transform in ("oai_gate_b", "oai_up_b"):
             w = np.ascontiguousarray(w[..., transform == "oai_up_b"::2])
         elif transform == "row":
@@ -912,17 +946,19 @@ def _plan_gguf(path: str, out_path: str, dense_path: str | None,
         return lambda: encode(g.dequantize(name).T, qtype)
 
     power, dense = [], []
+    layout = "down" if g.config.is_moe else "down_t"  # experts (and Gemma 4's FFN beside them) stay as llama.cpp's
     for info in g.tensors.values():
         shape = tuple(reversed(info.ne))
         dense.append(OutTensor(info.name, shape, Q(info.type), raw(info.name)))
-        if re.fullmatch(r"blk\.\d+\.ffn_down\.weight", info.name):
+        if layout == "down":
+            power.append(OutTensor(info.name, shape, Q(info.type), raw(info.name)))
+        elif re.fullmatch(r"blk\.\d+\.ffn_down\.weight", info.name):
             name = info.name.replace("ffn_down", "ffn_down_t")
             qtype = _down_t_type(Q(info.type), g.config.n_embd, name, notes, down_type)
             power.append(OutTensor(name, shape[::-1], qtype, down_t(info.name, qtype)))
         else:
             name = info.name.replace("ffn_down.", "ffn_down_t.")
             power.append(OutTensor(name, shape, Q(info.type), raw(info.name)))
-    layout = "down" if g.config.is_moe else "down_t"  # experts stay as llama.cpp stores them
     kv = copied + _pyinfer_kv(g.config.ffn_kind, layout)
     _check_plan(g.config.arch, kv, power, layout, path)
     outputs = [OutFile(out_path, g.config.arch, kv, power)]

@@ -14,13 +14,15 @@ from pyinfer.engine.placement import (
     EXPERT_MATRICES,
     FFN_MATRICES,
     INPUT_FFN_MATRICES,
+    MOE_COMMON_PARTS,
+    PART_SUFFIXES,
     QKV_PARTS,
     Plan,
     expert_order,
     fusable_qkv,
 )
 from pyinfer.errors import UnsupportedError
-from pyinfer.models.moe import BIASES
+from pyinfer.models.moe import BY_EXPERT
 from pyinfer.native import ggml
 
 
@@ -37,7 +39,7 @@ def _to_device(model, names) -> None:
 
 
 def _layer_parts(il: int, parts) -> list[str]:
-    return [f"blk.{il}.{part}.{suffix}" for part in parts for suffix in ("weight", "bias")]
+    return [f"blk.{il}.{part}{suffix}" for part in parts for suffix in PART_SUFFIXES]
 
 
 def _head_to_device(model) -> None:
@@ -73,7 +75,8 @@ def fuse_qkv(model, il: int) -> bool:
 
 def _attention_to_device(model, il: int) -> None:
     fuse_qkv(model, il)
-    _to_device(model, _layer_parts(il, ATTENTION_PARTS) + _layer_parts(il, ("fc1", "fc2", "ffn_gate_inp"))
+    common = MOE_COMMON_PARTS if model.config.is_moe else ()  # a mixture's router (and Gemma 4's dense FFN)
+    _to_device(model, _layer_parts(il, (*ATTENTION_PARTS, "fc1", "fc2", *common))
                + ["rope_freqs.weight", f"blk.{il}.ssm_a"])
     kv = model.kv_cache
     for cache in (kv.k[il], kv.v[il], kv.conv[il], kv.ssm[il]):  # a linear-attention layer's states, none of K, V
@@ -89,7 +92,7 @@ def _attention_to_device(model, il: int) -> None:
 def _ffn_parts(model, il: int) -> list[str]:
     """The FFN tensors layer il's graph reads (a file of input sparsity leaves its row-major gate and up unread)."""
     if model.config.is_moe:  # gpt-oss' biases as moe_ffn reads them (the file's three stay in host memory)
-        return [f"blk.{il}.{m}.weight" for m in EXPERT_MATRICES] + [f"blk.{il}.{BIASES}"]
+        return [f"blk.{il}.{m}.weight" for m in EXPERT_MATRICES] + [f"blk.{il}.{name}" for name in BY_EXPERT]
     return _layer_parts(il, INPUT_FFN_MATRICES if model.reads_channel_major else FFN_MATRICES)
 
 
@@ -115,15 +118,17 @@ def _split_experts(model, il: int, k: int) -> None:
         t.set_data(slots)
         t.name = f"blk.{il}.ffn_exps_slots{side}"
         model.weights[t.name] = t
-    biases = model.weights.get(f"blk.{il}.{BIASES}")
-    if biases is not None:  # by expert: each side its own copy of all of them
+    for name in BY_EXPERT:  # indexed by expert: each side its own copy of all of them
+        whole = model.weights.get(f"blk.{il}.{name}")
+        if whole is None:
+            continue
         for side in (".gpu", ".cpu"):
-            t = model.weights_ctx.new_tensor(ggml.F32, tuple(reversed(biases.ne[:2])))
-            t.set_data(biases.numpy())
-            t.name = f"blk.{il}.{BIASES}{side}"
+            t = model.weights_ctx.new_tensor(ggml.F32, whole.shape)
+            t.set_data(whole.numpy())
+            t.name = f"blk.{il}.{name}{side}"
             model.weights[t.name] = t
     _to_device(model, [f"blk.{il}.{name}.gpu.weight" for name in EXPERT_MATRICES]
-               + [f"blk.{il}.ffn_exps_slots.gpu", f"blk.{il}.{BIASES}.gpu"])
+               + [f"blk.{il}.ffn_exps_slots.gpu"] + [f"blk.{il}.{name}.gpu" for name in BY_EXPERT])
 
 
 def offload_layers(model, n_gpu_layers: int, n_cpu_moe: int = 0) -> int:

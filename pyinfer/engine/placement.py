@@ -367,6 +367,11 @@ ATTENTION_PARTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ff
                    # expert goes with the attention (every token reads it)
                    "attn_gate", "ssm_conv1d", "ssm_dt", "ssm_beta", "ssm_alpha", "ssm_norm", "ssm_out",
                    "ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
+# what a mixture's layer reads beside its experts, placed with its attention: the router (Gemma 4's with a scale
+# vector), Gemma 4's dense FFN and the norms around its two halves
+MOE_COMMON_PARTS = ("ffn_gate_inp", "ffn_gate", "ffn_up", "ffn_down", "pre_ffw_norm_2", "post_ffw_norm_1",
+                    "post_ffw_norm_2")
+PART_SUFFIXES = (".weight", ".bias", ".scale")
 STREAM_MIN_TOKENS = 32  # batches of at least this many tokens run there (llama.cpp's threshold too)
 # a batch under a VRAM budget returns the logits of at most this many tokens (a prompt needs its last token's;
 # perplexity, all of them, gets them this many at a time): 512 rows of a 152k vocabulary had taken 311 MB of the
@@ -482,9 +487,11 @@ def _expert_costs(file, n_ctx: int, kv_bytes_per_value: int, n_batch: int) -> Mo
     layers = []
     for il in range(cfg.n_layer):
         p = f"blk.{il}."
-        # with the attention: the router, and the experts' biases (gpt-oss), which each side holds whole
-        attn = sum(nbytes(p + part + suffix) for part in (*ATTENTION_PARTS, "ffn_gate_inp")
-                   for suffix in (".weight", ".bias")) + sum(nbytes(p + m + ".bias") for m in EXPERT_MATRICES)
+        # with the attention: the router (and Gemma 4's dense FFN), and the experts' biases (gpt-oss) and scales
+        # (Gemma 4), which each side holds whole
+        attn = sum(nbytes(p + part + suffix) for part in (*ATTENTION_PARTS, *MOE_COMMON_PARTS)
+                   for suffix in PART_SUFFIXES) + sum(nbytes(p + m + suffix) for m in EXPERT_MATRICES
+                                                      for suffix in PART_SUFFIXES[1:])
         expert = math.ceil(sum(nbytes(p + f"ffn_{m}_exps.weight") for m in ("gate", "up", "down")) / cfg.n_expert)
         freq = (np.full(cfg.n_expert, cfg.n_expert_used / cfg.n_expert) if file.expert_freq is None
                 else np.sort(file.expert_freq[il])[::-1])  # expert_order's order
@@ -493,7 +500,8 @@ def _expert_costs(file, n_ctx: int, kv_bytes_per_value: int, n_batch: int) -> Mo
                                  sparse=True, group_rows=1, experts=True))
     head = (nbytes("output.weight") or nbytes("token_embd.weight")) + nbytes("output_norm.weight")
     # a prompt batch streams a layer's host experts to the GPU, a chunk of stream_experts at a time
-    largest = max(max(nbytes(f"blk.{il}.{part}.weight") for part in ATTENTION_PARTS) for il in range(cfg.n_layer))
+    largest = max(max(nbytes(f"blk.{il}.{part}.weight") for part in (*ATTENTION_PARTS, *MOE_COMMON_PARTS))
+                  for il in range(cfg.n_layer))
     expert = max(layer.neuron_bytes for layer in layers)
     largest = max(largest, stream_experts(expert) * expert)
     scratch = moe_scratch_bytes(cfg, n_batch)

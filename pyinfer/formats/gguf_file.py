@@ -86,6 +86,11 @@ def expected_tensor_shapes(cfg: ModelConfig, ffn_layout: str) -> dict[str, tuple
                       "ffn_down_exps.bias": (d, e)}
         if cfg.arch in ("qwen35", "qwen35moe"):
             layer = _qwen35_layer(cfg, il, layer)
+        if cfg.arch == "gemma4" and cfg.is_moe:  # the 26B-A4B: its dense FFN beside the experts, each normed apart
+            e = cfg.n_expert
+            layer |= {"ffn_gate.weight": (d, n_ff), "ffn_up.weight": (d, n_ff), "ffn_down.weight": (n_ff, d),
+                      "pre_ffw_norm_2.weight": (d,), "post_ffw_norm_1.weight": (d,), "post_ffw_norm_2.weight": (d,),
+                      "ffn_gate_inp.scale": (d,), "ffn_down_exps.scale": (e,)}
         if cfg.is_moe:
             shapes |= {b + k: v for k, v in layer.items()}
             continue
@@ -163,10 +168,18 @@ class GGUFFile:
         return np.asarray(freq, np.float64).reshape(self.config.n_layer, self.config.n_expert)
 
     def _read_tensors(self, header: GGUFHeader) -> dict[str, TensorInfo]:
-        """Tensor infos with their bytes; the reader has checked that each lies in the file, in order."""
+        """Tensor infos with their bytes; the reader has checked that each lies in the file, in order. The experts'
+        gate and up in one tensor (ffn_gate_up_exps, as llama.cpp writes Gemma 4's) become the two the engine
+        reads (split_gate_up)."""
         data = np.frombuffer(self._mmap, dtype=np.uint8)  # (file_size,) read-only
-        return {t.name: TensorInfo(t.name, t.type, t.ne, data[header.data_offset + t.offset:][:t.nbytes])
-                for t in header.tensors}
+        tensors = {t.name: TensorInfo(t.name, t.type, t.ne, data[header.data_offset + t.offset:][:t.nbytes])
+                   for t in header.tensors}
+        for name in [n for n in tensors if n.endswith(".ffn_gate_up_exps.weight")]:
+            for part in split_gate_up(tensors.pop(name), self.path):
+                if part.name in tensors:
+                    raise ModelFormatError(f"{self.path}: {part.name} is both a tensor and half of {name}")
+                tensors[part.name] = part
+        return tensors
 
     def _check_shapes(self) -> None:
         """Every tensor the model needs is present with the shape its config implies."""
@@ -179,9 +192,6 @@ class GGUFFile:
             if scale is not None and (scale.type != 0 or scale.ne != (1,)):
                 raise ModelFormatError(f"{self.path}: blk.{il}.layer_output_scale must be F32 [1], not type "
                                        f"{scale.type} {list(scale.ne)}")
-        if "blk.0.ffn_gate_up_exps.weight" in self.tensors:  # newer llama.cpp converters can write them as one
-            raise UnsupportedError(f"{self.path}: the experts' gate and up in one tensor (ffn_gate_up_exps) are not "
-                                   "supported: convert the model with pyinfer's converter")
         for name, ne in expected_tensor_shapes(self.config, self.ffn_layout).items():
             info = self.tensors.get(name)
             if info is None:
@@ -232,6 +242,21 @@ class GGUFFile:
         except NotImplementedError:
             raise UnsupportedError(f"{self.path}: cannot dequantize {qtype.name} tensor {name}") from None
         return np.asarray(values, dtype=np.float64).reshape(shape)
+
+
+def split_gate_up(fused: TensorInfo, path: str) -> tuple[TensorInfo, TensorInfo]:
+    """blk.N.ffn_gate_up_exps (d, 2 n_ff, n_expert in ggml order: each expert's gate rows, then its up rows) as
+    blk.N.ffn_gate_exps and ffn_up_exps, each (d, n_ff, n_expert). The halves interleave by expert in the file, so
+    each is copied out once, when the file is opened: the engine's expert kernels, placement and streaming read one
+    matrix an expert, contiguous."""
+    if len(fused.ne) != 3 or fused.ne[1] % 2:
+        raise ModelFormatError(f"{path}: tensor {fused.name} has shape {list(fused.ne)}, expected [d, 2 n_ff, "
+                               "n_expert]")
+    d, two_ff, n_expert = fused.ne
+    experts = fused.data.reshape(n_expert, 2, -1)  # (n_expert, gate or up, the half's bytes)
+    base = fused.name.removesuffix("ffn_gate_up_exps.weight")
+    return tuple(TensorInfo(f"{base}ffn_{half}_exps.weight", fused.type, (d, two_ff // 2, n_expert),
+                            np.ascontiguousarray(experts[:, i]).reshape(-1)) for i, half in enumerate(("gate", "up")))
 
 
 def _one_line(exc: BaseException) -> str:

@@ -52,9 +52,9 @@ class ModelConfig:
     rope_scale_swa: the windowed layers' RoPE
     base and linear scaling (Gemma 3's local layers are never scaled: llama.cpp's rope_freq_scale_train_swa).
     attn_scale: the softmax scale of q.k; embed_scale: token embeddings are multiplied by it (Gemma).
-    n_expert > 0: a mixture of experts (Mixtral as llama, qwen3moe, olmoe): every layer routes a token to
-    n_expert_used of n_expert FFNs of n_ff_exp neurons; expert_norm: the chosen experts' weights are the
-    router's softmax over them (they add up to 1), else over all experts (OLMoE).
+    n_expert > 0: a mixture of experts (Mixtral as llama, qwen3moe, olmoe; Gemma 4's 26B-A4B beside its dense
+    FFN): every layer routes a token to n_expert_used of n_expert FFNs of n_ff_exp neurons; expert_norm: the chosen
+    experts' weights are the router's softmax over them (they add up to 1), else over all experts (OLMoE).
     qk_norm_whole: the q and k norms span the whole projection, not each head (OLMoE).
     attn_sinks: every head's softmax counts a learned logit beside its keys' (gpt-oss, blk.N.attn_sinks);
     expert_bias: the router and the experts' matrices have biases (gpt-oss).
@@ -358,8 +358,8 @@ class ModelConfig:
         if self.is_moe and not 0 < self.n_expert_used <= self.n_expert:
             raise ModelFormatError(f"{self.arch}.expert_used_count {self.n_expert_used} is not in [1, "
                                    f"{self.arch}.expert_count {self.n_expert}]")
-        if self.is_moe and self.ffn_kind not in ("swiglu", "swiglu_oai"):
-            raise UnsupportedError(f"experts with ffn kind {self.ffn_kind!r} are not supported (only swiglu)")
+        if self.is_moe and self.ffn_kind not in ("swiglu", "swiglu_oai", "geglu"):
+            raise UnsupportedError(f"experts with ffn kind {self.ffn_kind!r} are not supported (only swiglu, geglu)")
         if (self.ffn_kind == "swiglu_oai") != (self.arch == "gpt-oss"):
             raise UnsupportedError(f"ffn kind {self.ffn_kind!r} does not fit architecture {self.arch}")
 
@@ -385,8 +385,9 @@ def _experts(key, arch: str) -> dict[str, Any]:
                                "supported" + (" (but Qwen3.5-MoE's one)" if arch == "qwen35moe" else ""))
     return {"n_expert": n_expert, "n_expert_used": int(key("expert_used_count", 0)),
             "n_ff_exp": int(key("expert_feed_forward_length", key("feed_forward_length"))),
-            # gpt-oss: the softmax of the k chosen logits (llama.cpp's SOFTMAX_WEIGHT), which is normalising
-            "expert_norm": arch == "gpt-oss" or bool(key("expert_weights_norm", arch != "olmoe")),
+            # gpt-oss: the softmax of the k chosen logits (llama.cpp's SOFTMAX_WEIGHT), which is normalising; Gemma
+            # 4's router normalises its top k whatever the file says (llama.cpp's gemma4)
+            "expert_norm": arch in ("gpt-oss", "gemma4") or bool(key("expert_weights_norm", arch != "olmoe")),
             "qk_norm_whole": arch == "olmoe"}
 
 

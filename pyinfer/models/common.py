@@ -171,6 +171,11 @@ def ffn_block(b: Builder, il: int, h: ggml.Tensor) -> ggml.Tensor:
         return streamed_ffn(b, il, h)
     if il in b.hot_rows:
         return split_dense_ffn(b, il, h)
+    return plain_ffn(b, il, h)
+
+
+def plain_ffn(b: Builder, il: int, h: ggml.Tensor) -> ggml.Tensor:
+    """Layer il's dense FFN, every neuron, wherever its weights are: (n_tokens, n_embd) -> (n_tokens, n_embd)."""
     act = ffn_activation(b, il, h)  # (n, n_ff)
     if b.capture is not None:
         b.capture[f"ffn_inp.{il}"] = h  # (n, n_embd)

@@ -9,14 +9,16 @@ gemma4_text and llama.cpp's gemma4 compute them:
 - the last layers may compute no K and V and attend over an earlier layer's (ModelConfig.kv_layer);
 - per-layer embeddings (E2B, E4B): a second table gives every token one small vector per layer, mixed with a
   projection of its embedding; each layer gates it by its output and adds it back (add_per_layer_input);
-- each layer's output may be scaled (blk.N.layer_output_scale), the logits softcapped (models.common).
+- each layer's output may be scaled (blk.N.layer_output_scale), the logits softcapped (models.common);
+- the 26B-A4B's layers run a dense FFN and a mixture of experts side by side (dense_and_experts).
 """
 
 from __future__ import annotations
 
 import math
 
-from pyinfer.models.common import GraphInputs, ffn_block, output_logits
+from pyinfer.models import moe
+from pyinfer.models.common import GraphInputs, ffn_block, output_logits, plain_ffn
 from pyinfer.native import ggml
 
 
@@ -29,7 +31,7 @@ def build(b, inputs: GraphInputs):
     for il in range(cfg.n_layer):
         h = attention(b, il, b.norm(x, f"blk.{il}.attn_norm"), inputs, caches)
         x = ctx.add(x, b.norm(h, f"blk.{il}.post_attention_norm"))  # residual
-        h = ffn_block(b, il, b.norm(x, f"blk.{il}.ffn_norm"))
+        h = dense_and_experts(b, il, x) if cfg.is_moe else ffn_block(b, il, b.norm(x, f"blk.{il}.ffn_norm"))
         x = ctx.add(x, b.norm(h, f"blk.{il}.post_ffw_norm"))  # residual
         if per_layer is not None:
             x = add_per_layer_input(b, il, x, per_layer)
@@ -65,6 +67,17 @@ def attention(b, il: int, h: ggml.Tensor, inputs: GraphInputs,
     k_cache, v_cache = caches[source]  # (n_ctx, n_kv, hd) each
     a = ctx.attention(q, k_cache, v_cache, inputs.pos, cfg.softmax_scale, cfg.layer_window(il))  # (n, n_head * hd)
     return b.linear(a, p + "attn_output")
+
+
+def dense_and_experts(b, il: int, x: ggml.Tensor) -> ggml.Tensor:
+    """The 26B-A4B's FFN of the residual x (n_tokens, n_embd): its dense FFN and its experts, each between norms of
+    its own, added. The router reads x RMS-normed without a weight, times a learned vector and 1/sqrt(n_embd); each
+    chosen expert's weight (softmax over the k chosen) is times its own scale (moe.SCALES)."""
+    cfg, ctx, p = b.cfg, b.ctx, f"blk.{il}."
+    dense = b.norm(plain_ffn(b, il, b.norm(x, p + "ffn_norm")), p + "post_ffw_norm_1")
+    router_in = ctx.mul(ctx.scale(ctx.rms_norm(x, cfg.norm_eps), cfg.n_embd ** -0.5), b.get(p + "ffn_gate_inp.scale"))
+    experts = moe.moe_ffn_block(b, il, b.norm(x, p + "pre_ffw_norm_2"), router_in)
+    return ctx.add(dense, b.norm(experts, p + "post_ffw_norm_2"))
 
 
 def per_layer_inputs(b, x: ggml.Tensor, inputs: GraphInputs) -> ggml.Tensor:

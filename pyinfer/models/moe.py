@@ -3,7 +3,7 @@ summed (ggml's top_k and moe_ffn). A layer whose experts are split between the d
 `blk.N.ffn_*_exps.gpu` and `.cpu`, each with the slot of every expert in it (`blk.N.ffn_exps_slots.gpu` and
 `.cpu`: its matrix there, or -1); both run at once, each over the experts it holds, and are added. gpt-oss' experts
 have biases, which the driver gathers per layer into one tensor by expert (`blk.N.ffn_exps_biases`, a copy of
-it on each side of a split, expert_biases)."""
+it on each side of a split, expert_biases); Gemma 4's a scale each (`blk.N.ffn_down_exps.scale`, copied likewise)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ SIDES = (".gpu", ".cpu")
 STREAM_EXPERTS = 16
 STREAM_CHUNK_BYTES = 64 << 20
 BIASES = "ffn_exps_biases"  # gpt-oss: a layer's expert biases as moe_ffn takes them (expert_biases)
+SCALES = "ffn_down_exps.scale"  # Gemma 4: each expert's weight multiplied by its own, as llama.cpp names them
+BY_EXPERT = (BIASES, SCALES)  # tensors indexed by expert, not by matrix: each side of a split holds all of them
 
 
 def stream_experts(expert_bytes: int) -> int:
@@ -31,12 +33,12 @@ def expert_biases(file, il: int) -> np.ndarray:
     return np.concatenate([np.frombuffer(p.data, np.float32).reshape(p.ne[1], p.ne[0]) for p in parts], axis=1)
 
 
-def moe_ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
-    """(n_tokens, n_embd) -> (n_tokens, n_embd)."""
+def moe_ffn_block(b, il: int, h: ggml.Tensor, router_in: ggml.Tensor | None = None) -> ggml.Tensor:
+    """(n_tokens, n_embd) -> (n_tokens, n_embd); the router reads router_in where given (Gemma 4's), else h."""
     cfg, ctx = b.cfg, b.ctx
     p = f"blk.{il}."
     # the router precise on both devices (no 8-bit activations, no TF32): a rounded logit can choose another expert
-    logits = ctx.mul_mat(b.w(p + "ffn_gate_inp"), h, True)  # (n, n_expert)
+    logits = ctx.mul_mat(b.w(p + "ffn_gate_inp"), h if router_in is None else router_in, True)  # (n, n_expert)
     router_bias = b.get(p + "ffn_gate_inp.bias")
     if router_bias is not None:  # gpt-oss
         logits = ctx.add(logits, router_bias)
@@ -48,18 +50,18 @@ def moe_ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
     for side in sides:
         mats = [b.w(p + f"ffn_{m}_exps" + side) for m in ("gate", "up", "down")]
         slots = b.get(p + "ffn_exps_slots" + side)
-        biases = b.get(p + BIASES + side)
+        biases, scales = (b.get(p + name + side) for name in BY_EXPERT)
         if b.stream and not mats[0].on_device:
-            parts = _streamed(b, mats, slots, biases, h, ids, logits)
+            parts = _streamed(b, mats, slots, biases, scales, h, ids, logits)
         else:
-            parts = [ctx.moe_ffn(*mats, h, ids, logits, slots, cfg.ffn_kind, cfg.expert_norm, biases)]
+            parts = [ctx.moe_ffn(*mats, h, ids, logits, slots, cfg.ffn_kind, cfg.expert_norm, biases, scales)]
         for part in parts:
             y = part if y is None else ctx.add(y, part)
     return y
 
 
-def _streamed(b, mats: list[ggml.Tensor], slots: ggml.Tensor | None, biases: ggml.Tensor | None, h, ids,
-              logits) -> list[ggml.Tensor]:
+def _streamed(b, mats: list[ggml.Tensor], slots: ggml.Tensor | None, biases: ggml.Tensor | None,
+              scales: ggml.Tensor | None, h, ids, logits) -> list[ggml.Tensor]:
     """A prompt batch's host experts on the GPU: each run of consecutive matrices this side holds (a profiled
     split leaves gaps where the GPU's experts sit), stream_experts at a time (each chunk's matrices copied in just
     before it runs, into memory the next chunk reuses), each chunk with the slots of its own experts."""
@@ -75,7 +77,7 @@ def _streamed(b, mats: list[ggml.Tensor], slots: ggml.Tensor | None, biases: ggm
             chunk.append(ctx.view(w, (c1 - c0, w.ne[1], w.ne[0]), (expert, expert // w.ne[1], 1), offset=c0 * expert))
         local = np.where((held >= c0) & (held < c1), held - c0, -1).astype(np.int32)
         parts.append(ctx.moe_ffn(*chunk, h, ids, logits, ctx.tensor_from_numpy(local), cfg.ffn_kind, cfg.expert_norm,
-                                 biases))
+                                 biases, scales))
     return parts
 
 

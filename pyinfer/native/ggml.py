@@ -342,17 +342,19 @@ class Context:
         return self._t(lib.ggml_top_k(self.ptr, a.ptr, k))
 
     def moe_ffn(self, gate: Tensor, up: Tensor, down: Tensor, x: Tensor, ids: Tensor, logits: Tensor,
-                slots: Tensor | None, kind: str, norm: bool, biases: Tensor | None = None) -> Tensor:
+                slots: Tensor | None, kind: str, norm: bool, biases: Tensor | None = None,
+                scales: Tensor | None = None) -> Tensor:
         """(m, d) -> (m, d): each token's routed experts (ids (m, k) of the router's logits (m, n_expert)),
         weighted by the logits' softmax over the k (norm) or over all experts, summed; gate and up
         (n_local, n_ff, d), down (n_local, d, n_ff); slots (n_expert,) I32: expert e's matrix here or -1
         (None: matrix e). kind "swiglu", "geglu" or "swiglu_oai". biases (n_expert, 2 n_ff + d) F32: each expert's
-        gate, up and down biases (gpt-oss)."""
+        gate, up and down biases (gpt-oss); scales (n_expert,) F32: each expert's weight multiplied by its own
+        (Gemma 4)."""
         if kind not in FFN_KINDS:
             raise InvalidArgumentError(f"unknown FFN kind {kind!r}; known: {', '.join(FFN_KINDS)}")
         return self._t(lib.ggml_moe_ffn(self.ptr, gate.ptr, up.ptr, down.ptr, x.ptr, ids.ptr, logits.ptr,
                                         slots.ptr if slots else ffi.NULL, biases.ptr if biases else ffi.NULL,
-                                        FFN_KINDS.index(kind), norm))
+                                        scales.ptr if scales else ffi.NULL, FFN_KINDS.index(kind), norm))
 
 
 class ThreadPool:

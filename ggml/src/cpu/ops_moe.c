@@ -97,6 +97,7 @@ static inline int32_t moe_slot(const struct ggml_tensor *slots, int32_t e) {
 // thread 0: the pairs (token j, its s-th expert) whose expert this op holds, counted by expert, with weights
 static void moe_sort_pairs(const struct ggml_tensor *dst, struct moe_pairs *mp) {
     const struct ggml_tensor *ids = dst->src[4], *logits = dst->src[5], *slots = dst->src[6];
+    const float *scales = dst->src[8] ? (const float *)dst->src[8]->data : NULL; // by expert
     const int64_t k = ids->ne[0], m = ids->ne[1], n_local = dst->src[0]->ne[2], n_expert = logits->ne[0];
     const bool norm = dst->op_params[1];
     int32_t *count = mp->first + 1; // counts per matrix, then running starts
@@ -128,7 +129,7 @@ static void moe_sort_pairs(const struct ggml_tensor *dst, struct moe_pairs *mp) 
             if (e < 0) continue;
             const int32_t at = next[e]++;
             mp->token[at] = (int32_t)j;
-            mp->weight[at] = expf(l[row[s]] - top) / z;
+            mp->weight[at] = expf(l[row[s]] - top) / z * (scales ? scales[row[s]] : 1.0f);
         }
     }
     // after filling, next[e] is where expert e's pairs end, i.e. where e + 1's start: shift by one

@@ -52,7 +52,8 @@ __global__ void __launch_bounds__(MOE_WARPS * 32) moe_up_kernel(moe_params p) {
     }
 }
 
-// a warp per token: its pairs' routing weights, the softmax of their logits over the k chosen (norm) or all experts
+// a warp per token: its pairs' routing weights, the softmax of their logits over the k chosen (norm) or all experts,
+// times the expert's scale where there are scales
 __global__ void moe_weights_kernel(moe_params p) {
     const int64_t j = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
@@ -73,7 +74,7 @@ __global__ void moe_weights_kernel(moe_params p) {
     z = warp_sum(z);
     for (int64_t s = lane; s < p.k; s += 32) {
         const int32_t e = ids[s];
-        p.wts[j * p.k + s] = e >= 0 && e < p.n_expert ? expf(l[e] - top) / z : 0.0f;
+        p.wts[j * p.k + s] = e >= 0 && e < p.n_expert ? expf(l[e] - top) / z * (p.scales ? p.scales[e] : 1.0f) : 0.0f;
     }
 }
 
@@ -251,6 +252,7 @@ static int moe_gemv(moe_params p, enum ggml_type gate_type, enum ggml_type down_
 int cuda_op_moe_ffn(struct ggml_tensor *dst, void *wdata, cudaStream_t st) {
     const struct ggml_tensor *gate = dst->src[0], *up = dst->src[1], *down = dst->src[2], *x = dst->src[3];
     const struct ggml_tensor *ids = dst->src[4], *logits = dst->src[5], *slots = dst->src[6], *biases = dst->src[7];
+    const struct ggml_tensor *scales = dst->src[8];
     if (!cuda_type_is_weight(gate->type) || !cuda_type_is_weight(down->type))
         return ggml_set_error(GGML_STATUS_UNSUPPORTED, "moe_ffn on the GPU cannot read %s experts",
                               ggml_type_name(cuda_type_is_weight(gate->type) ? down->type : gate->type));
@@ -273,6 +275,7 @@ int cuda_op_moe_ffn(struct ggml_tensor *dst, void *wdata, cudaStream_t st) {
     p.wts = (float *)(w + sc.wts);
     p.y = (float *)dst->data;
     p.biases = biases ? (const float *)biases->data : NULL;
+    p.scales = scales ? (const float *)scales->data : NULL;
     p.kind = dst->op_params[0];
     p.norm = dst->op_params[1] != 0;
     const int64_t pairs = p.k * p.m;

@@ -24,6 +24,7 @@ struct moe_params {
     float *wts;                      // [k m] each pair's routing weight
     float *y;                        // [d, m]
     const float *biases;             // [2 n_ff + d, n_expert] by expert (gate's, up's, down's), or NULL
+    const float *scales;             // [n_expert] each expert's weight multiplier, or NULL
     int kind;                        // enum ggml_ffn_kind: SWIGLU, GEGLU or SWIGLU_OAI
     bool norm;
 };
