@@ -243,8 +243,8 @@ def fused_gate_up(src: GGUFFile, path: str, odd: bool = False) -> str:
             if odd and info.name.startswith("blk.0."):
                 row = info.data.nbytes // (n_expert * info.ne[1])
                 data, shape = data.reshape(n_expert, -1)[:, row:], (n_expert, 2 * info.ne[1] - 1, info.ne[0])
-            tensors.append(OutTensor(info.name.replace("gate_exps", "gate_up_exps"), shape, Q(info.type),
-                                     lambda d=np.ascontiguousarray(data).reshape(-1): d))
+            name, data = info.name.replace("gate_exps", "gate_up_exps"), np.ascontiguousarray(data).reshape(-1)
+            tensors.append(OutTensor(name, shape, Q(info.type), lambda d=data: d))
             continue
         tensors.append(OutTensor(info.name, shape, Q(info.type), lambda d=data: d))
     kv = [(k, v, *rest) for k, v, *rest in src.typed_metadata() if k not in ("general.architecture",

@@ -87,3 +87,31 @@ def test_synthetic_qwen35_runs_a_long_stream_in_bounds(tmp_path, shape):
     model.eval(tokens[:300])
     # batches of other sizes sum in other orders (a mixture's experts: GEMM tiles or dot products): 1e-5 apart
     np.testing.assert_allclose(model.eval(tokens[300:]), logits[-1], rtol=0, atol=1e-4 * np.abs(logits).max())
+
+
+def test_synthetic_gemma4_mixture_loads_routes_evenly_and_batches_as_one(tmp_path):
+    """A random Gemma 4 mixture as llama.cpp's converter writes one (its experts' gate and up fused, per-expert scales,
+    windowed layers with values and global ones without): its config, tokens routed to most experts in every layer,
+    and a prompt in batches computing what one batch does."""
+    from pyinfer.engine.driver import Model
+    from pyinfer.formats.gguf_file import GGUFFile
+
+    path = str(tmp_path / "g4.gguf")
+    synthetic.make_gemma4(path, "tiny-gemma4moe", synthetic.Q.Q8_0)
+    g = GGUFFile(path)
+    cfg = g.config
+    assert (cfg.n_expert, cfg.n_expert_used, cfg.n_ff_exp, cfg.n_layer, cfg.final_logit_softcap) == (8, 2, 64, 6, 30.0)
+    assert [cfg.windowed(il) for il in range(6)] == [True] * 5 + [False] and cfg.v_from_k
+    assert (cfg.layer_head_dim(0), cfg.layer_head_dim(5), cfg.layer_n_head_kv(0), cfg.layer_n_head_kv(5)) == (32, 64, 2, 1)
+    assert g.tensors["blk.0.ffn_gate_exps.weight"].ne == (128, 64, 8)  # read as the two halves of the fused tensor
+    rng = np.random.default_rng(3)
+    freq = routing_freq(path, [rng.integers(300, 512, 64).astype(np.int32) for _ in range(4)], progress=False)
+    np.testing.assert_allclose(freq.sum(axis=1), 2.0)
+    assert ((freq > 0).sum(axis=1) >= 7).all()
+    model = Model(path, n_ctx=256, n_batch=32)
+    tokens = rng.integers(300, 512, 100).tolist()
+    whole = model.logits(tokens)
+    assert np.isfinite(whole).all()
+    model.reset()
+    model.eval(tokens[:50])
+    np.testing.assert_allclose(model.eval(tokens[50:]), whole[-1], rtol=0, atol=1e-4 * np.abs(whole).max())

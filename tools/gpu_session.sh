@@ -156,13 +156,15 @@ synthetic_bg() {  # NAME SHAPE TYPE LAYERS: a random model of make_synthetic_mod
         touch $W/$1.done" > "$W/$1.log" 2>&1 < /dev/null &
 }
 
-qwen35_rows() {  # NAME SHAPE [TYPE] [LAYERS]: Qwen3.5's rows (docs/BENCHMARKS.md, "Qwen3.5"): a synthetic file of
-    # SHAPE (qwen3.5-9b, qwen3.5-35b-a3b; default q4_0, 8 layers) whole on the GPU (`whole`), then under a third and two
-    # thirds of its bytes (bench_hybrid; a dense shape as its PowerGGUF, the plain neuron split) in $OUT/NAME-hybrid.md
+shape_rows() {  # NAME SHAPE [TYPE] [LAYERS]: a family's rows (docs/BENCHMARKS.md, "Qwen3.5", "Gemma 4"): a synthetic
+    # file of SHAPE (qwen3.5-9b, qwen3.5-35b-a3b, gemma4-26b-a4b; default q4_0, 8 layers) whole on the GPU (`whole`), then
+    # under a third and two thirds of its bytes (bench_hybrid; a dense shape as its PowerGGUF, the plain neuron split)
+    # in $OUT/NAME-hybrid.md; a file synthetic_bg is making (NAME.done to come) is waited for, not made again
     local name=$1 shape=$2 ours=$W/$1.gguf
-    python3 -m tools.make_synthetic_model "$shape" --type "${3:-q4_0}" --layers "${4:-8}" --share-weights \
-        -o "$W/$name.gguf" 2>&1 | tail -1
-    if [[ $shape != *-a3b ]]; then
+    if [ -e "$W/$name.log" ]; then wait_for "$W/$name.done" 500 || return 1; else
+        python3 -m tools.make_synthetic_model "$shape" --type "${3:-q4_0}" --layers "${4:-8}" --share-weights \
+            -o "$W/$name.gguf" 2>&1 | tail -1; fi
+    if [[ $shape != *-a3b && $shape != *-a4b ]]; then  # a dense shape
         ours=$W/$name-power.gguf
         python3 -m pyinfer.converters.convert_hf_to_powergguf "$W/$name.gguf" -o "$ours" --down-type same | tail -1
     fi

@@ -11,13 +11,23 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pyinfer.converters.synthetic import MOE_SHAPES, QWEN35_SHAPES, SHAPES, TYPES, make_llama, make_moe, make_qwen35
+from pyinfer.converters.synthetic import (
+    GEMMA4_SHAPES,
+    MOE_SHAPES,
+    QWEN35_SHAPES,
+    SHAPES,
+    TYPES,
+    make_gemma4,
+    make_llama,
+    make_moe,
+    make_qwen35,
+)
 from pyinfer.sparsity.synthetic_predictors import add_predictors
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="make_synthetic_model", description=__doc__.split("\n\n")[0])
-    p.add_argument("shape", nargs="?", choices=sorted([*SHAPES, *MOE_SHAPES, *QWEN35_SHAPES]),
+    p.add_argument("shape", nargs="?", choices=sorted([*SHAPES, *MOE_SHAPES, *QWEN35_SHAPES, *GEMMA4_SHAPES]),
                    help="random model of this shape")
     p.add_argument("--from", dest="src", help="add synthetic predictors to this PowerGGUF instead")
     p.add_argument("-o", "--output", required=True)
@@ -48,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
                  router_skew=a.router_skew, expert_type=TYPES[a.expert_type] if a.expert_type else None)
     elif a.shape in QWEN35_SHAPES:
         make_qwen35(a.output, a.shape, TYPES[a.type], seed=a.seed, n_layer=a.layers, share_weights=a.share_weights)
+    elif a.shape in GEMMA4_SHAPES:
+        make_gemma4(a.output, a.shape, TYPES[a.type], seed=a.seed, n_layer=a.layers, share_weights=a.share_weights)
     elif a.src:
         add_predictors(a.src, a.output, rank=a.rank or 64, threshold=a.threshold, **common)
     else:

@@ -51,6 +51,13 @@ QWEN35_SHAPES = {
 }
 # name -> (n_expert, n_expert_used, the routed experts' neurons)
 QWEN35_EXPERTS = {"qwen3.5-35b-a3b": (256, 8, 512), "tiny-qwen35moe": (8, 2, 64)}
+# Gemma 4's mixture (llama.cpp's gemma4): name -> (n_embd, n_layer, dense n_ff, n_head, windowed layers' KV heads and
+# head size, global layers' KV heads and head size, n_vocab, n_expert, n_used, the experts' neurons); the 26B-A4B's
+# sizes as we read its config (they give its 25.2B weights, 3.8B a token): five windowed layers to a global one
+GEMMA4_SHAPES = {
+    "gemma4-26b-a4b": (2816, 30, 2112, 16, 8, 256, 2, 512, 262144, 128, 8, 704),
+    "tiny-gemma4moe": (128, 6, 96, 4, 2, 32, 1, 64, 512, 8, 2, 64),  # tests
+}
 TYPES = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0,
          "mxfp4": Q.MXFP4}
 MXFP4_LEVEL_RMS = 5.852  # of MXFP4's 16 levels (0, 1, 2, 3, 4, 6, 8, 12 and their negatives): sqrt(34.25)
@@ -395,3 +402,60 @@ def make_qwen35(path: str, shape: str, qtype: Q, *, seed: int = 0, n_layer: int 
                         vector(b + "attn_q_norm.weight", head_dim, 1.0, 1.0),
                         vector(b + "attn_k_norm.weight", head_dim, 1.0, 1.0)]
     write_atomically([OutFile(path, arch, kv, tensors)])
+
+
+def make_gemma4(path: str, shape: str, qtype: Q, *, seed: int = 0, n_layer: int | None = None,
+                share_weights: bool = False) -> None:
+    """A random Gemma 4 mixture of a real model's shape (GEMMA4_SHAPES) as llama.cpp's converter writes one: every
+    layer's dense FFN beside its experts (gate and up in one ffn_gate_up_exps tensor), the router's scale vector and
+    per-expert scales, windowed layers of one head size and global ones of another whose values are their keys'
+    projection (no attn_v), proportional RoPE on a quarter of the global heads, tied embeddings, the final softcap.
+    The router is random, so tokens go to the experts about evenly. n_layer and share_weights as make_llama's."""
+    d, shape_layers, n_ff, n_head, kv_swa, hd_swa, kv_full, hd_full, n_vocab, n_expert, n_used, n_ff_exp = (
+        GEMMA4_SHAPES[shape])
+    n_layer = n_layer or shape_layers
+    windowed = [il % 6 != 5 for il in range(n_layer)]
+    rng = np.random.default_rng(seed)
+    u32, f32, arr = V.UINT32, V.FLOAT32, V.ARRAY
+    sizes = (d, n_layer, n_ff, n_head, kv_swa, hd_full, n_vocab)
+    kv = [(k, [kv_swa if w else kv_full for w in windowed], arr, u32) if k == "gemma4.attention.head_count_kv"
+          else (k, v, t, e) for k, v, t, e in _model_kv("gemma4", shape, qtype, 262144, sizes, hd_full, 1e6)]
+    kv += [("gemma4.attention.key_length_swa", hd_swa, u32, None), ("gemma4.attention.value_length_swa", hd_swa, u32,
+                                                                    None),
+           ("gemma4.rope.dimension_count_swa", hd_swa, u32, None), ("gemma4.rope.freq_base_swa", 1e4, f32, None),
+           ("gemma4.attention.sliding_window", 1024, u32, None),
+           ("gemma4.attention.sliding_window_pattern", windowed, arr, V.BOOL),
+           ("gemma4.attention.shared_kv_layers", 0, u32, None),
+           ("gemma4.embedding_length_per_layer_input", 0, u32, None),
+           ("gemma4.final_logit_softcapping", 30.0, f32, None), ("gemma4.expert_count", n_expert, u32, None),
+           ("gemma4.expert_used_count", n_used, u32, None),
+           ("gemma4.expert_feed_forward_length", n_ff_exp, u32, None)]
+    mat = _matrix_maker(rng, qtype, share_weights)
+
+    def vector(name: str, n: int, lo: float, hi: float) -> OutTensor:
+        r = np.random.default_rng(int(rng.integers(2**63)))
+        return OutTensor(name, (n,), Q.F32, lambda: r.uniform(lo, hi, n).astype(np.float32))
+
+    rotated = hd_full // 8  # a quarter of the global head's pairs
+    factors = np.array([1.0] * rotated + [1e30] * (hd_full // 2 - rotated), np.float32)
+    tensors = [mat("token_embd.weight", (n_vocab, d), 1.0), vector("output_norm.weight", d, 1.0, 1.0),
+               OutTensor("rope_freqs.weight", factors.shape, Q.F32, lambda: factors)]
+    for il in range(n_layer):
+        b = f"blk.{il}."
+        n_kv, hd = (kv_swa, hd_swa) if windowed[il] else (kv_full, hd_full)
+        q_dim = n_head * hd
+        tensors += [vector(b + name, d, 1.0, 1.0) for name in (
+            "attn_norm.weight", "post_attention_norm.weight", "ffn_norm.weight", "post_ffw_norm.weight",
+            "pre_ffw_norm_2.weight", "post_ffw_norm_1.weight", "post_ffw_norm_2.weight", "ffn_gate_inp.scale")]
+        tensors += [mat(b + "attn_q.weight", (q_dim, d), d**-0.5), mat(b + "attn_k.weight", (n_kv * hd, d), d**-0.5),
+                    vector(b + "attn_q_norm.weight", hd, 1.0, 1.0), vector(b + "attn_k_norm.weight", hd, 1.0, 1.0),
+                    mat(b + "attn_output.weight", (d, q_dim), q_dim**-0.5 * ATTN_OUT_SCALE),
+                    mat(b + "ffn_gate.weight", (n_ff, d), d**-0.5), mat(b + "ffn_up.weight", (n_ff, d), d**-0.5),
+                    mat(b + "ffn_down.weight", (d, n_ff), n_ff**-0.5),
+                    mat(b + "ffn_gate_inp.weight", (n_expert, d), 1.0, Q.F32),
+                    mat(b + "ffn_gate_up_exps.weight", (n_expert, 2 * n_ff_exp, d), d**-0.5),
+                    mat(b + "ffn_down_exps.weight", (n_expert, d, n_ff_exp), n_ff_exp**-0.5),
+                    vector(b + "ffn_down_exps.scale", n_expert, 0.5, 1.5)]
+        if windowed[il]:
+            tensors.append(mat(b + "attn_v.weight", (n_kv * hd, d), d**-0.5))
+    write_atomically([OutFile(path, "gemma4", kv, tensors)])
