@@ -102,7 +102,8 @@ def test_synthetic_gemma4_mixture_loads_routes_evenly_and_batches_as_one(tmp_pat
     cfg = g.config
     assert (cfg.n_expert, cfg.n_expert_used, cfg.n_ff_exp, cfg.n_layer, cfg.final_logit_softcap) == (8, 2, 64, 6, 30.0)
     assert [cfg.windowed(il) for il in range(6)] == [True] * 5 + [False] and cfg.v_from_k
-    assert (cfg.layer_head_dim(0), cfg.layer_head_dim(5), cfg.layer_n_head_kv(0), cfg.layer_n_head_kv(5)) == (32, 64, 2, 1)
+    sizes = (cfg.layer_head_dim(0), cfg.layer_head_dim(5), cfg.layer_n_head_kv(0), cfg.layer_n_head_kv(5))
+    assert sizes == (32, 64, 2, 1)
     assert g.tensors["blk.0.ffn_gate_exps.weight"].ne == (128, 64, 8)  # read as the two halves of the fused tensor
     rng = np.random.default_rng(3)
     freq = routing_freq(path, [rng.integers(300, 512, 64).astype(np.int32) for _ in range(4)], progress=False)
