@@ -220,7 +220,7 @@ def test_soft_max(rows, cols, use_pos, seed):
 
 @SETTINGS
 @given(cache_type=st.sampled_from([ggml.F32, ggml.F16]), n_kv=st.integers(1, 3), group=st.integers(1, 3),
-       hd=st.sampled_from([8, 40, 64, 128, 256]), n_ctx=st.integers(1, 700),
+       hd=st.sampled_from([8, 40, 64, 128, 256, 264, 512]), n_ctx=st.integers(1, 700),
        n_tokens=st.sampled_from([1, 2, 3, 4, 16, 33, 70]), seed=st.integers(0, 2**31), rope_k=st.booleans(),
        window=st.sampled_from([0, 1, 5, 64, 512]), with_sinks=st.booleans())
 def test_kv_store_and_attention(cache_type, n_kv, group, hd, n_ctx, n_tokens, seed, rope_k, window, with_sinks):

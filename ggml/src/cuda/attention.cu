@@ -6,7 +6,7 @@
 #include "common.cuh"
 
 #define ATT_WARPS 16
-#define ATT_MAX_DPL 8 // head dims per lane: head_dim <= 256
+#define ATT_MAX_DPL 16 // head dims per lane: head_dim <= 512 (Gemma 4's global layers); heads of up to 256 take 8
 
 // ---------------------------------------------------------------------------------------------------
 // KV_STORE: cache[:, h, pos[t]] = src[:, h, t]; a position outside [0, n_ctx) is skipped
@@ -47,19 +47,19 @@ static __device__ __forceinline__ float cache_at(const char *row, int d) {
     return F16 ? __half2float(((const __half *)row)[d]) : ((const float *)row)[d];
 }
 
-template <bool F16>
+template <bool F16, int DPL>
 __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cuda_view q, cuda_view k, cuda_view v,
                                                                   const char *pos, int64_t pos_nb0, const float *sinks,
                                                                   cuda_view dst, float scale, int window) {
     __shared__ float sh_m[ATT_WARPS], sh_l[ATT_WARPS];
-    __shared__ float sh_acc[ATT_WARPS][ATT_MAX_DPL * 32];
+    __shared__ float sh_acc[ATT_WARPS][DPL * 32];
     const int hd = (int)q.ne[0], h = blockIdx.x, lane = threadIdx.x % 32, w = threadIdx.x / 32;
     const int64_t t = blockIdx.y;
     const int64_t g = h / (q.ne[1] / k.ne[1]); // kv head of this query head
     const float *qrow = (const float *)(q.data + h * q.nb[1] + t * q.nb[2]); // (hd)
-    float qr[ATT_MAX_DPL], acc[ATT_MAX_DPL];
+    float qr[DPL], acc[DPL];
 #pragma unroll
-    for (int i = 0; i < ATT_MAX_DPL; i++) {
+    for (int i = 0; i < DPL; i++) {
         const int d = lane + 32 * i;
         qr[i] = d < hd ? qrow[d] * scale : 0.0f; // scale folded into q
         acc[i] = 0.0f;
@@ -74,9 +74,9 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cuda_view q, 
         const int64_t s2 = two ? s + ATT_WARPS : s;
         const char *kr = kbase + s * k.nb[2], *vr = vbase + s * v.nb[2];
         const char *kr2 = kbase + s2 * k.nb[2], *vr2 = vbase + s2 * v.nb[2];
-        float part = 0.0f, part2 = 0.0f, vv[ATT_MAX_DPL], vv2[ATT_MAX_DPL];
+        float part = 0.0f, part2 = 0.0f, vv[DPL], vv2[DPL];
 #pragma unroll
-        for (int i = 0; i < ATT_MAX_DPL; i++) {
+        for (int i = 0; i < DPL; i++) {
             const int d = lane + 32 * i;
             vv[i] = d < hd ? cache_at<F16>(vr, d) : 0.0f;
             vv2[i] = d < hd ? cache_at<F16>(vr2, d) : 0.0f;
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cuda_view q, 
         const float c = expf(mx - mnew), p = expf(score - mnew), p2 = two ? expf(score2 - mnew) : 0.0f;
         sum = sum * c + p + p2;
 #pragma unroll
-        for (int i = 0; i < ATT_MAX_DPL; i++) acc[i] = acc[i] * c + p * vv[i] + p2 * vv2[i];
+        for (int i = 0; i < DPL; i++) acc[i] = acc[i] * c + p * vv[i] + p2 * vv2[i];
         mx = mnew;
     }
     if (lane == 0) {
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(cuda_view q, 
         sh_l[w] = sum;
     }
 #pragma unroll
-    for (int i = 0; i < ATT_MAX_DPL; i++) sh_acc[w][lane + 32 * i] = acc[i];
+    for (int i = 0; i < DPL; i++) sh_acc[w][lane + 32 * i] = acc[i];
     __syncthreads();
     float m_all = sinks ? sinks[h] : -INFINITY; // a sink counts in the softmax's sum, adds no value
     for (int j = 0; j < ATT_WARPS; j++) m_all = fmaxf(m_all, sh_m[j]);
@@ -128,13 +128,11 @@ int cuda_op_attention(struct ggml_tensor *dst, cudaStream_t st) {
     const float scale = ggml_op_param_f32(dst, 0);
     const int window = dst->op_params[1];
     const float *sinks = dst->src[4] ? (const float *)dst->src[4]->data : nullptr;
-    if (k->type == GGML_TYPE_F16)
-        attention_kernel<true><<<grid, ATT_WARPS * 32, 0, st>>>(cuda_view_of(q), cuda_view_of(k), cuda_view_of(v),
-                                                                (const char *)pos->data, (int64_t)pos->nb[0], sinks,
-                                                                cuda_view_of(dst), scale, window);
-    else
-        attention_kernel<false><<<grid, ATT_WARPS * 32, 0, st>>>(cuda_view_of(q), cuda_view_of(k), cuda_view_of(v),
-                                                                 (const char *)pos->data, (int64_t)pos->nb[0], sinks,
-                                                                 cuda_view_of(dst), scale, window);
+    const bool f16 = k->type == GGML_TYPE_F16, wide = q->ne[0] > 8 * 32;
+    void (*kernel)(cuda_view, cuda_view, cuda_view, const char *, int64_t, const float *, cuda_view, float, int) =
+        f16 ? (wide ? attention_kernel<true, ATT_MAX_DPL> : attention_kernel<true, 8>)
+            : (wide ? attention_kernel<false, ATT_MAX_DPL> : attention_kernel<false, 8>);
+    kernel<<<grid, ATT_WARPS * 32, 0, st>>>(cuda_view_of(q), cuda_view_of(k), cuda_view_of(v), (const char *)pos->data,
+                                           (int64_t)pos->nb[0], sinks, cuda_view_of(dst), scale, window);
     return cuda_launch_status("attention");
 }
