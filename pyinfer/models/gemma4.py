@@ -74,10 +74,12 @@ def dense_and_experts(b, il: int, x: ggml.Tensor) -> ggml.Tensor:
     its own, added. The router reads x RMS-normed without a weight, times a learned vector and 1/sqrt(n_embd); each
     chosen expert's weight (softmax over the k chosen) is times its own scale (moe.SCALES)."""
     cfg, ctx, p = b.cfg, b.ctx, f"blk.{il}."
-    dense = b.norm(plain_ffn(b, il, b.norm(x, p + "ffn_norm")), p + "post_ffw_norm_1")
     router_in = ctx.mul(ctx.scale(ctx.rms_norm(x, cfg.norm_eps), cfg.n_embd ** -0.5), b.get(p + "ffn_gate_inp.scale"))
-    experts = moe.moe_ffn_block(b, il, b.norm(x, p + "pre_ffw_norm_2"), router_in)
-    return ctx.add(dense, b.norm(experts, p + "post_ffw_norm_2"))
+    experts = b.norm(moe.moe_ffn_block(b, il, b.norm(x, p + "pre_ffw_norm_2"), router_in), p + "post_ffw_norm_2")
+    dense = b.norm(plain_ffn(b, il, b.norm(x, p + "ffn_norm")), p + "post_ffw_norm_1")
+    # the experts first in the graph: the router's choice reaches the CPU's experts before the GPU runs the dense FFN,
+    # which it then runs beside them
+    return ctx.add(experts, dense)
 
 
 def per_layer_inputs(b, x: ggml.Tensor, inputs: GraphInputs) -> ggml.Tensor:
