@@ -151,7 +151,8 @@ whole() {  # NAME [ROUNDS] [BENCH ARGS...]: $W/NAME.gguf whole on the GPU, ours 
 }
 
 synthetic_bg() {  # NAME SHAPE TYPE LAYERS: a random model of make_synthetic_model's SHAPE (one file both engines run:
-    # the Qwen3.5 and MoE shapes) as $W/NAME.gguf in the background, $W/NAME.done at the end
+    # the Qwen3.5, Gemma 4 and MoE shapes) as $W/NAME.gguf in the background, $W/NAME.done at the end; after `build` on
+    # a fresh machine (the maker imports the engine: started beside the build, it had failed)
     setsid bash -c "python3 -m tools.make_synthetic_model $2 --type $3 --layers $4 --share-weights -o $W/$1.gguf &&
         touch $W/$1.done" > "$W/$1.log" 2>&1 < /dev/null &
 }
