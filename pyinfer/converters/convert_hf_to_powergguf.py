@@ -474,6 +474,18 @@ def tensor_map(arch: str, hp: dict[str, Any]) -> list[tuple[str, str, str]]:
         out.append(("output.weight", "lm_head.weight", ""))
     return out
 
+# a Gemma 4 mixture's layer beside its dense FFN (GGUF name, HF name after model.layers.N., transform): llama.cpp's
+# names (its converter renames the router's two scales itself); gate and up come as one tensor, GATE_UP's halves
+GEMMA4_EXPERTS = [("ffn_gate_inp.weight", "router.proj.weight", ""), ("ffn_gate_inp.scale", "router.scale", ""),
+                  ("ffn_down_exps.scale", "router.per_expert_scale", ""),
+                  ("ffn_gate_exps.weight", "experts.gate_up_proj", "gate_half"),
+                  ("ffn_up_exps.weight", "experts.gate_up_proj", "up_half"),
+                  ("ffn_down_exps.weight", "experts.down_proj", ""),
+                  *((f"{g}.weight", f"{n}.weight", "") for g, n in (
+                      ("pre_ffw_norm_2", "pre_feedforward_layernorm_2"),
+                      ("post_ffw_norm_1", "post_feedforward_layernorm_1"),
+                      ("post_ffw_norm_2", "post_feedforward_layernorm_2")))]
+
 
 def _gemma4_map(hp: dict[str, Any]) -> list[tuple[str, str, str]]:
     """Gemma 4's tensors as llama.cpp names them; its norms scale by w (not Gemma 3's 1 + w): stored as they are.
@@ -502,17 +514,10 @@ def _gemma4_map(hp: dict[str, Any]) -> list[tuple[str, str, str]]:
         # (a mixture's file keeps llama.cpp's layout, its dense FFN's down untransposed too)
         out += [(b + "ffn_down.weight", h + "mlp.down_proj.weight", "" if "n_expert" in hp else "down"),
                 (b + "layer_output_scale.weight", h + "layer_scalar", "")]
-        if "n_expert" in hp:  # the 26B-A4B's router, experts (gate and up as one: GATE_UP's halves) and norms
-            out += [(b + "ffn_gate_inp.weight", h + "router.proj.weight", ""),
-                    (b + "ffn_gate_inp.scale", h + "router.scale", ""),
-                    (b + "ffn_down_exps.scale", h + "router.per_expert_scale", ""),
-                    (b + "ffn_gate_exps.weight", h + "experts.gate_up_proj", "gate_half"),
-                    (b + "ffn_up_exps.weight", h + "experts.gate_up_proj", "up_half"),
-                    (b + "ffn_down_exps.weight", h + "experts.down_proj", ""),
-                    (b + "pre_ffw_norm_2.weight", h + "pre_feedforward_layernorm_2.weight", ""),
-                    (b + "post_ffw_norm_1.weight", h + "post_feedforward_layernorm_1.weight", ""),
-                    (b + "post_ffw_norm_2.weight", h + "post_feedforward_layernorm_2.weight", "")]
+        if "n_expert" in hp:  # the 26B-A4B's router, experts and norms
+            out += [(b + g, h + n, tr) for g, n, tr in GEMMA4_EXPERTS]
     return out + [("output_norm.weight", p + "norm.weight", "")]
+
 
 
 def _qwen35_map(hp: dict[str, Any]) -> list[tuple[str, str, str]]:
