@@ -273,6 +273,16 @@ def _matrix_maker(rng: np.random.Generator, qtype: Q, share_weights: bool):
     return mat
 
 
+def _vector_maker(rng: np.random.Generator):
+    """vector(name, n, lo, hi) -> an F32 OutTensor of n values uniform in [lo, hi], seeded from rng when made."""
+
+    def vector(name: str, n: int, lo: float, hi: float) -> OutTensor:
+        r = np.random.default_rng(int(rng.integers(2**63)))
+        return OutTensor(name, (n,), Q.F32, lambda: r.uniform(lo, hi, n).astype(np.float32))
+
+    return vector
+
+
 # Random queries and keys attend about evenly, so attention adds the mean of every earlier token's values, a
 # direction all tokens share; at full scale it grew layer after layer until a stream's tokens all routed alike (the
 # most routed 20 % of experts took 26 % of routings in layer 0, 49 % by layer 3). A fifth keeps each token's own.
@@ -362,11 +372,7 @@ def make_qwen35(path: str, shape: str, qtype: Q, *, seed: int = 0, n_layer: int 
         kv += [(f"{arch}.expert_count", n_expert, u32, None), (f"{arch}.expert_used_count", n_used, u32, None),
                (f"{arch}.expert_feed_forward_length", n_ff_exp, u32, None),
                (f"{arch}.expert_shared_feed_forward_length", n_ff, u32, None)]
-    mat = _matrix_maker(rng, qtype, share_weights)
-
-    def vector(name: str, n: int, lo: float, hi: float) -> OutTensor:
-        r = np.random.default_rng(int(rng.integers(2**63)))
-        return OutTensor(name, (n,), Q.F32, lambda: r.uniform(lo, hi, n).astype(np.float32))
+    mat, vector = _matrix_maker(rng, qtype, share_weights), _vector_maker(rng)
 
     tensors = [mat("token_embd.weight", (n_vocab, d), 1.0), vector("output_norm.weight", d, 1.0, 1.0)]
     if not tied:
@@ -430,11 +436,7 @@ def make_gemma4(path: str, shape: str, qtype: Q, *, seed: int = 0, n_layer: int 
            ("gemma4.final_logit_softcapping", 30.0, f32, None), ("gemma4.expert_count", n_expert, u32, None),
            ("gemma4.expert_used_count", n_used, u32, None),
            ("gemma4.expert_feed_forward_length", n_ff_exp, u32, None)]
-    mat = _matrix_maker(rng, qtype, share_weights)
-
-    def vector(name: str, n: int, lo: float, hi: float) -> OutTensor:
-        r = np.random.default_rng(int(rng.integers(2**63)))
-        return OutTensor(name, (n,), Q.F32, lambda: r.uniform(lo, hi, n).astype(np.float32))
+    mat, vector = _matrix_maker(rng, qtype, share_weights), _vector_maker(rng)
 
     rotated = hd_full // 8  # a quarter of the global head's pairs
     factors = np.array([1.0] * rotated + [1e30] * (hd_full // 2 - rotated), np.float32)
