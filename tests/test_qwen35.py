@@ -321,6 +321,31 @@ def test_an_interrupted_eval_leaves_states_and_tokens_together(tiny, monkeypatch
     np.testing.assert_allclose(got, fresh.logits(PROMPT)[-1], rtol=0, atol=1e-5 * np.abs(got).max())
 
 
+def test_an_eval_failing_before_it_runs_keeps_its_tokens(tiny, monkeypatch):
+    """An eval that fails before any batch ran (its graph could not be built) left the states where the tokens are:
+    nothing rewinds (it had gone back to the latest checkpoint, dropping the tokens decoded since)."""
+    from pyinfer.engine import driver
+    from pyinfer.errors import InvalidArgumentError
+
+    _, power, _ = tiny("qwen35")
+    fresh = Model(power, n_ctx=64, kv_type="f32")
+    model = Model(power, n_ctx=64, kv_type="f32")
+    model.eval(PROMPT[:10])  # a checkpoint at 10
+    for t in PROMPT[10:13]:  # three decoded tokens past it
+        model.eval([t])
+
+    def unbuildable(self, n_tokens, n_out, capture=False):
+        raise InvalidArgumentError("no graph")
+
+    monkeypatch.setattr(driver.Model, "_graph", unbuildable)
+    with pytest.raises(InvalidArgumentError):
+        model.eval([PROMPT[13]])
+    monkeypatch.undo()
+    assert model.n_past == 13
+    got = model.eval(PROMPT[13:])
+    np.testing.assert_allclose(got, fresh.logits(PROMPT)[-1], rtol=0, atol=1e-5 * np.abs(got).max())
+
+
 def test_a_failed_checkpoint_copy_leaves_no_mixed_checkpoint(tiny, monkeypatch):
     """The fifth prompt's checkpoint reuses the arrays of the first; a copy that fails halfway must not leave the first
     in the list with the fifth's bytes in part of it."""

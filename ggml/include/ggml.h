@@ -243,6 +243,8 @@ struct ggml_tensor *ggml_ssm_conv(struct ggml_context *ctx, struct ggml_tensor *
 // decay and the write strength). Value head h reads query and key head h % H_k (llama.cpp's tiled order).
 // l2_eps > 0: q and k are L2-normed per head first, x / sqrt(sum x^2 + l2_eps) (transformers' Qwen3.5).
 // Per token: S = exp(g) S; S += k (beta (v - S^T k))^T; out = scale S^T q. -> [D_v, H, n]
+// D_k <= GGML_DELTA_NET_MAX_DK (a row of S in a CUDA warp's registers, 16 a lane).
+#define GGML_DELTA_NET_MAX_DK 512
 struct ggml_tensor *ggml_delta_net(struct ggml_context *ctx, struct ggml_tensor *state, struct ggml_tensor *q, struct ggml_tensor *k, struct ggml_tensor *v, struct ggml_tensor *g, struct ggml_tensor *beta, struct ggml_tensor *pos, float scale, float l2_eps);
 
 // --- graphs: built from output tensors, planned once (buffers for intermediates), computed many times ---

@@ -743,7 +743,8 @@ struct ggml_tensor *ggml_delta_net(struct ggml_context *ctx, struct ggml_tensor 
     CHECK_ARG(q->ne[0] == dk && q->ne[1] == hk && q->ne[2] == n && k->ne[2] == n && q->ne[3] == 1 && k->ne[3] == 1 &&
               v->ne[3] == 1, "delta_net: q and k must be [D_k, H_k, n] with v [D_v, H, n]");
     CHECK_ARG(h % hk == 0, "delta_net: %lld value heads do not share %lld key heads evenly", (long long)h, (long long)hk);
-    CHECK_ARG(dk <= 512, "delta_net: key heads of %lld values (at most 512)", (long long)dk);
+    CHECK_ARG(dk <= GGML_DELTA_NET_MAX_DK, "delta_net: key heads of %lld values (at most %d)", (long long)dk,
+              GGML_DELTA_NET_MAX_DK);
     CHECK_ARG(g->type == GGML_TYPE_F32 && beta->type == GGML_TYPE_F32 && ggml_is_contiguous(g) &&
               ggml_is_contiguous(beta) && ggml_nelements(g) == h * n && ggml_nelements(beta) == h * n &&
               g->ne[0] == h && beta->ne[0] == h, "delta_net: g and beta must be contiguous F32 [H, n]");

@@ -194,8 +194,8 @@ static bool streams_in(const struct ggml_cgraph *g, const struct ggml_tensor *t,
     case GGML_OP_MUL_MAT:
     case GGML_OP_MUL_MAT_ROWS:
     case GGML_OP_AXPY_ROWS: return s == 0 && t->src[1]->ne[1] >= g->stream_min_cols;
-    case GGML_OP_MOE_FFN: // the expert matrices and their biases (a layer's chunks share one copy of those)
-        return (s < 3 || s == 7) && t->src[3]->ne[1] >= g->stream_min_cols;
+    case GGML_OP_MOE_FFN: // the expert matrices, their biases and scales (a layer's chunks share one copy of those)
+        return (s < 3 || s >= 7) && t->src[3]->ne[1] >= g->stream_min_cols;
     default: return false;
     }
 }

@@ -83,8 +83,7 @@ class KVCache:
         own = [il for il in range(cfg.n_layer) if cfg.kv_layer(il) == il and not cfg.recurrent(il)]
         sizes = {il: ggml.row_size(kv_type, cfg.layer_head_dim(il)) * cfg.layer_n_head_kv(il) * n_ctx for il in own}
         recurrent = [il for il in range(cfg.n_layer) if cfg.recurrent(il)]
-        conv_shape = (cfg.ssm_conv_kernel - 1, cfg.ssm_conv_channels)
-        ssm_shape = (cfg.ssm_n_v_heads, cfg.ssm_head_dim, cfg.ssm_head_dim)
+        conv_shape, ssm_shape = cfg.ssm_state_shapes
         state_bytes = 4 * (math.prod(conv_shape) + math.prod(ssm_shape)) if recurrent else 0
         self.ctx = ggml.Context(sum(2 * (size + 4096) for size in sizes.values())
                                 + len(recurrent) * (state_bytes + 8192) + (1 << 16))
@@ -510,12 +509,7 @@ class Model:
         if self.n_past + len(tokens) > self.n_ctx:
             raise ContextFullError(
                 f"context full: {self.n_past} + {len(tokens)} tokens exceed the context size {self.n_ctx} (-c)")
-        try:
-            outs = self._eval_chunks(tokens, all_logits)
-        except BaseException:  # an error or Ctrl-C: a chunk may have moved the recurrent states past self.tokens
-            if self.kv_cache.states:
-                del self.tokens[self._restore_states(self.n_past):]
-            raise
+        outs = self._eval_chunks(tokens, all_logits)
         if len(tokens) > 1 and self.kv_cache.states:
             self._checkpoint()
         out = np.concatenate(outs) if all_logits else outs[-1][-1]
@@ -531,9 +525,15 @@ class Model:
             last_chunk = start + step >= len(tokens)
             n_out = len(chunk) if all_logits else (1 if last_chunk else 0)
             graph = self._graph(len(chunk), max(n_out, 1))
-            logits = graph.run(self.pool, chunk, self.n_past)
-            if n_out:
-                _check_finite(logits, self.n_past + len(chunk) - n_out)
+            try:
+                logits = graph.run(self.pool, chunk, self.n_past)
+                if n_out:
+                    _check_finite(logits, self.n_past + len(chunk) - n_out)
+            except BaseException:  # an error or Ctrl-C once the chunk ran: the recurrent states may be past the tokens
+                if self.kv_cache.states:
+                    del self.tokens[self._restore_states(self.n_past):]
+                raise
+            self.tokens.extend(int(t) for t in chunk)
             if self.timed and len(chunk) == 1:
                 self.step_stats.append(graph.graph.stats())
             if graph.mask_tensors:
@@ -545,7 +545,6 @@ class Model:
                     self._count_routings(ids)
                 if self.expert_cache is not None:
                     self.expert_cache.observe(ids)
-            self.tokens.extend(int(t) for t in chunk)
             if n_out:
                 outs.append(logits)
         return outs

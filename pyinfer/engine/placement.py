@@ -513,7 +513,7 @@ def kv_bytes(cfg, il: int, n_ctx: int, kv_bytes_per_value: int) -> int:
     """Layer il's K and V at the context size; none for a layer that reads another's (Gemma 4's shared KV); a
     linear-attention layer's F32 states, whatever the context (Qwen3.5)."""
     if cfg.recurrent(il):
-        return 4 * ((cfg.ssm_conv_kernel - 1) * cfg.ssm_conv_channels + cfg.ssm_n_v_heads * cfg.ssm_head_dim ** 2)
+        return 4 * sum(math.prod(shape) for shape in cfg.ssm_state_shapes)
     if cfg.kv_layer(il) != il:
         return 0
     return 2 * n_ctx * cfg.layer_n_head_kv(il) * cfg.layer_head_dim(il) * kv_bytes_per_value

@@ -139,6 +139,13 @@ class ModelConfig:
         return (2 * self.ssm_n_k_heads + self.ssm_n_v_heads) * self.ssm_head_dim
 
     @property
+    def ssm_state_shapes(self) -> tuple[tuple[int, int], tuple[int, int, int]]:
+        """A linear-attention layer's two F32 states (numpy order): its convolution's last inputs (K-1, channels)
+        and its delta rule's matrices (H_v, D, D)."""
+        d = self.ssm_head_dim
+        return (self.ssm_conv_kernel - 1, self.ssm_conv_channels), (self.ssm_n_v_heads, d, d)
+
+    @property
     def is_moe(self) -> bool:
         return self.n_expert > 0
 

@@ -45,7 +45,7 @@ def gated_attention(b, il: int, h: ggml.Tensor, inputs: GraphInputs) -> ggml.Ten
     def half(second: bool) -> ggml.Tensor:
         return ctx.view(q_gate, (n, nh, hd), (8 * nh * hd, 8 * hd, 4), offset=4 * hd * second)
 
-    gate = ctx.sigmoid(ctx.reshape(ctx.cpy(half(True), ggml.F32), (n, nh * hd)))  # (n, nh * hd)
+    gate = ctx.reshape(ctx.sigmoid(half(True)), (n, nh * hd))  # (n, nh * hd): sigmoid reads the strided rows
 
     def rope(t: ggml.Tensor) -> ggml.Tensor:
         return ctx.rope(t, inputs.pos, cfg.n_rot, ggml.ROPE_NEOX, **cfg.rope_args(il))

@@ -52,9 +52,9 @@ int ggml_cpu_op_ssm_conv(const struct ggml_compute_params *p, struct ggml_tensor
 // ---------------------------------------------------------------------------------------------------
 
 size_t ggml_cpu_delta_net_wsize(const struct ggml_tensor *dst, int n_threads) {
-    const struct ggml_tensor *k = dst->src[2];
-    // per thread: the inverse norms of q and k (n, H_k, 2)
-    return (size_t)n_threads * ggml_cpu_align_up((size_t)(2 * k->ne[2] * k->ne[1]) * sizeof(float));
+    const struct ggml_tensor *k = dst->src[2], *v = dst->src[3];
+    // per thread: the inverse norms of q and k (n, H_k, 2), then the decays exp(g) (n, H)
+    return (size_t)n_threads * ggml_cpu_align_up((size_t)(k->ne[2] * (2 * k->ne[1] + v->ne[1])) * sizeof(float));
 }
 
 // one token on one row s (D_k values), k taken as k_scale k (its L2 norm's inverse, or 1): s = decay s;
@@ -112,6 +112,8 @@ int ggml_cpu_op_delta_net(const struct ggml_compute_params *p, struct ggml_tenso
     const float scale = ggml_op_param_f32(dst, 0), l2_eps = ggml_op_param_f32(dst, 1);
     const bool fresh = first_position(dst->src[6]) == 0;
     float *inv_norms = ggml_cpu_thread_scratch(p, ggml_cpu_delta_net_wsize(dst, 1)); // (n, H_k, 2): q's, k's
+    float *decays = inv_norms + 2 * n * hk; // (n, H): once a head and token, not once a row
+    for (int64_t i = 0; i < n * H; i++) decays[i] = expf(((const float *)g->data)[i]);
     if (l2_eps > 0.0f)
         for (int64_t i = 0; i < n * hk; i++)
             for (int which = 0; which < 2; which++) {
@@ -121,7 +123,7 @@ int ggml_cpu_op_delta_net(const struct ggml_compute_params *p, struct ggml_tenso
                 for (int64_t d = 0; d < dk; d++) sum += x[d] * x[d];
                 inv_norms[2 * i + which] = 1.0f / sqrtf(sum + l2_eps);
             }
-    float row[512]; // D_k <= 512 (ggml_delta_net checks)
+    float row[GGML_DELTA_NET_MAX_DK]; // (ggml_delta_net checks D_k)
     float (*step)(float *, const float *, const float *, int64_t, float, float, float, float) = row_step;
 #if defined(__x86_64__)
     if (dk % 8 == 0 && ggml_cpu_has_avx2_fma()) step = row_step_avx2;
@@ -139,8 +141,7 @@ int ggml_cpu_op_delta_net(const struct ggml_compute_params *p, struct ggml_tenso
             const float *norms = inv_norms + 2 * (t * hk + hq); // q's, k's
             const float q_scale = l2_eps > 0.0f ? norms[0] : 1.0f, k_scale = l2_eps > 0.0f ? norms[1] : 1.0f;
             const float vt = ((const float *)((const char *)v->data + t * v->nb[2] + h * v->nb[1]))[j];
-            const float decay = expf(((const float *)g->data)[t * H + h]);
-            const float read = step(row, kt, qt, dk, decay, vt, ((const float *)beta->data)[t * H + h], k_scale);
+            const float read = step(row, kt, qt, dk, decays[t * H + h], vt, ((const float *)beta->data)[t * H + h], k_scale);
             ((float *)((char *)dst->data + t * dst->nb[2] + h * dst->nb[1]))[j] = scale * q_scale * read;
         }
         memcpy(s, row, (size_t)dk * sizeof(float));

@@ -6,7 +6,8 @@
 #include "common.cuh"
 
 #define ATT_WARPS 16
-#define ATT_MAX_DPL 16 // head dims per lane: head_dim <= 512 (Gemma 4's global layers); heads of up to 256 take 8
+#define ATT_MAX_DPL 16 // head dims per lane: head_dim <= 512 (Gemma 4's global layers)
+#define ATT_NARROW_DPL 8 // heads of up to 256, the others': half the registers
 
 // ---------------------------------------------------------------------------------------------------
 // KV_STORE: cache[:, h, pos[t]] = src[:, h, t]; a position outside [0, n_ctx) is skipped
@@ -128,10 +129,10 @@ int cuda_op_attention(struct ggml_tensor *dst, cudaStream_t st) {
     const float scale = ggml_op_param_f32(dst, 0);
     const int window = dst->op_params[1];
     const float *sinks = dst->src[4] ? (const float *)dst->src[4]->data : nullptr;
-    const bool f16 = k->type == GGML_TYPE_F16, wide = q->ne[0] > 8 * 32;
+    const bool f16 = k->type == GGML_TYPE_F16, wide = q->ne[0] > ATT_NARROW_DPL * 32;
     void (*kernel)(cuda_view, cuda_view, cuda_view, const char *, int64_t, const float *, cuda_view, float, int) =
-        f16 ? (wide ? attention_kernel<true, ATT_MAX_DPL> : attention_kernel<true, 8>)
-            : (wide ? attention_kernel<false, ATT_MAX_DPL> : attention_kernel<false, 8>);
+        f16 ? (wide ? attention_kernel<true, ATT_MAX_DPL> : attention_kernel<true, ATT_NARROW_DPL>)
+            : (wide ? attention_kernel<false, ATT_MAX_DPL> : attention_kernel<false, ATT_NARROW_DPL>);
     kernel<<<grid, ATT_WARPS * 32, 0, st>>>(cuda_view_of(q), cuda_view_of(k), cuda_view_of(v), (const char *)pos->data,
                                            (int64_t)pos->nb[0], sinks, cuda_view_of(dst), scale, window);
     return cuda_launch_status("attention");

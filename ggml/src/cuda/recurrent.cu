@@ -10,7 +10,6 @@
 #define CONV_BLOCK 64      // a model's few thousand channels still spread over every SM
 #define CONV_TOKENS 16     // tokens a thread convolves: at least K - 1 (a prompt's chunks run side by side)
 #define DN_WARPS 4         // warps per block: neighbouring rows share a head, so its q and k rows hit in L1
-#define DN_MAX_PER_LANE 16 // D_k <= 512
 #define DN_AHEAD 4         // tokens whose inputs are in flight while one is computed (a step is shorter than a load)
 
 // ---------------------------------------------------------------------------------------------------
@@ -205,7 +204,8 @@ template <int NPL> static void delta_net_rows(struct ggml_tensor *dst, cudaStrea
 }
 
 int cuda_op_delta_net(struct ggml_tensor *dst, cudaStream_t st) {
-    const int64_t dk = dst->src[2]->ne[0]; // <= 512 = DN_MAX_PER_LANE * 32 (ggml_delta_net checks)
+    const int64_t dk = dst->src[2]->ne[0]; // <= GGML_DELTA_NET_MAX_DK (ggml_delta_net checks)
+    static_assert(GGML_DELTA_NET_MAX_DK == 16 * 32, "the widest launch holds 16 values a lane");
     // the fewest registers per lane that hold a row (D_k = 128, the models': 4)
     if (dk <= 32) delta_net_rows<1>(dst, st);
     else if (dk <= 64) delta_net_rows<2>(dst, st);
