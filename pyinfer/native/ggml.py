@@ -134,7 +134,7 @@ class Tensor:
             raise InvalidArgumentError("raw() needs a contiguous tensor")
         if self.on_device:
             out = np.empty(self.nbytes, dtype=np.uint8)
-            check(lib.ggml_tensor_read(self.ptr, ffi.from_buffer(out), 0, self.nbytes))
+            self.read_into(out)
             return out
         return np.frombuffer(ffi.buffer(data, self.nbytes), dtype=np.uint8)
 

@@ -1,5 +1,5 @@
 // exp_avx2.h: expf on eight floats at once (Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by a degree-7
-// polynomial, times 2^n; ~1 ulp), for attention's softmax and the sigmoid in silu and gelu.
+// polynomial, times 2^n; ~1 ulp), for attention's softmax and the sigmoid in silu and gelu; the sum of eight floats.
 #pragma once
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -20,6 +20,12 @@ __attribute__((target("avx2,fma"))) static inline __m256 ggml_exp_avx2(__m256 x)
     p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+__attribute__((target("avx2,fma"))) static inline float ggml_hsum_avx2(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
 }
 
 static inline bool ggml_cpu_has_avx2_fma(void) {

@@ -167,10 +167,7 @@ __attribute__((target("avx2,fma"))) static float attn_exp_avx2(float *y, int64_t
         _mm256_storeu_ps(y + i, v);
         acc = _mm256_add_ps(acc, v);
     }
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h) + attn_exp_scalar(y + i, n - i, mx);
+    return ggml_hsum_avx2(acc) + attn_exp_scalar(y + i, n - i, mx);
 }
 #endif
 

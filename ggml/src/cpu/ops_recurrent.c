@@ -78,12 +78,6 @@ static float row_step(float *restrict s, const float *restrict k, const float *r
 #if defined(__x86_64__)
 #include "exp_avx2.h"
 
-__attribute__((target("avx2,fma"))) static inline float hsum_avx2(__m256 v) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
-}
-
 // row_step eight values at a time (dk a multiple of 8): a prompt's tokens each take every row twice through L1
 __attribute__((target("avx2,fma"))) static float row_step_avx2(float *s, const float *k, const float *q, int64_t dk,
                                                                 float decay, float v, float beta, float k_scale) {
@@ -94,13 +88,13 @@ __attribute__((target("avx2,fma"))) static float row_step_avx2(float *s, const f
         _mm256_storeu_ps(s + i, si);
         sk = _mm256_fmadd_ps(si, _mm256_loadu_ps(k + i), sk);
     }
-    const __m256 delta = _mm256_set1_ps(beta * (v - k_scale * hsum_avx2(sk)) * k_scale);
+    const __m256 delta = _mm256_set1_ps(beta * (v - k_scale * ggml_hsum_avx2(sk)) * k_scale);
     for (int64_t i = 0; i < dk; i += 8) {
         const __m256 si = _mm256_fmadd_ps(delta, _mm256_loadu_ps(k + i), _mm256_loadu_ps(s + i));
         _mm256_storeu_ps(s + i, si);
         sq = _mm256_fmadd_ps(si, _mm256_loadu_ps(q + i), sq);
     }
-    return hsum_avx2(sq);
+    return ggml_hsum_avx2(sq);
 }
 #endif
 
