@@ -296,34 +296,12 @@ def test_multi_token_prediction_blocks_are_skipped(tiny, tmp_path):
         ModelConfig.from_metadata({**meta, "qwen35.nextn_predict_layers": n + 1})
 
 
-def test_an_interrupted_eval_leaves_states_and_tokens_together(tiny, monkeypatch):
+@pytest.mark.parametrize(("when", "n_past"), [("after the run", 12), ("before the run", 13)])
+def test_a_failed_eval_leaves_states_and_tokens_together(tiny, monkeypatch, when, n_past):
     """An error or Ctrl-C after a batch has moved the recurrent states but before its tokens are counted rewinds both
-    to the latest checkpoint: the next eval computes what a fresh model does (the states had kept the lost batch)."""
-    from pyinfer.engine import driver
-
-    _, power, _ = tiny("qwen35")
-    fresh = Model(power, n_ctx=64, kv_type="f32")
-    model = Model(power, n_ctx=64, kv_type="f32")
-    model.eval(PROMPT[:10])  # a checkpoint at 10
-    model.eval(PROMPT[10:12])  # and at 12
-    run = driver._StepGraph.run
-
-    def interrupted(self, pool, tokens, n_past):
-        run(self, pool, tokens, n_past)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(driver._StepGraph, "run", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        model.eval([PROMPT[12]])
-    monkeypatch.undo()
-    assert model.n_past == 12
-    got = model.eval(PROMPT[12:])
-    np.testing.assert_allclose(got, fresh.logits(PROMPT)[-1], rtol=0, atol=1e-5 * np.abs(got).max())
-
-
-def test_an_eval_failing_before_it_runs_keeps_its_tokens(tiny, monkeypatch):
-    """An eval that fails before any batch ran (its graph could not be built) left the states where the tokens are:
-    nothing rewinds (it had gone back to the latest checkpoint, dropping the tokens decoded since)."""
+    to the latest checkpoint (12 here: the states had kept the lost batch); an eval that fails before it runs (its
+    graph not built) moved nothing and keeps its 13 tokens (it had gone back to the checkpoint too). Either way the
+    next eval computes what a fresh model does."""
     from pyinfer.engine import driver
     from pyinfer.errors import InvalidArgumentError
 
@@ -331,18 +309,26 @@ def test_an_eval_failing_before_it_runs_keeps_its_tokens(tiny, monkeypatch):
     fresh = Model(power, n_ctx=64, kv_type="f32")
     model = Model(power, n_ctx=64, kv_type="f32")
     model.eval(PROMPT[:10])  # a checkpoint at 10
-    for t in PROMPT[10:13]:  # three decoded tokens past it
-        model.eval([t])
+    model.eval(PROMPT[10:12])  # and at 12
+    model.eval([PROMPT[12]])  # a decoded token past it
+    run = driver._StepGraph.run
+
+    def interrupted(self, pool, tokens, n_past):
+        run(self, pool, tokens, n_past)
+        raise KeyboardInterrupt
 
     def unbuildable(self, n_tokens, n_out, capture=False):
         raise InvalidArgumentError("no graph")
 
-    monkeypatch.setattr(driver.Model, "_graph", unbuildable)
-    with pytest.raises(InvalidArgumentError):
+    if when == "after the run":
+        monkeypatch.setattr(driver._StepGraph, "run", interrupted)
+    else:
+        monkeypatch.setattr(driver.Model, "_graph", unbuildable)
+    with pytest.raises((KeyboardInterrupt, InvalidArgumentError)):
         model.eval([PROMPT[13]])
     monkeypatch.undo()
-    assert model.n_past == 13
-    got = model.eval(PROMPT[13:])
+    assert model.n_past == n_past
+    got = model.eval(PROMPT[n_past:])
     np.testing.assert_allclose(got, fresh.logits(PROMPT)[-1], rtol=0, atol=1e-5 * np.abs(got).max())
 
 
