@@ -220,12 +220,14 @@ def test_soft_max(rows, cols, use_pos, seed):
 
 @SETTINGS
 @given(cache_type=st.sampled_from([ggml.F32, ggml.F16]), n_kv=st.integers(1, 3), group=st.integers(1, 3),
-       hd=st.sampled_from([8, 40, 64, 128, 256, 264, 512]), n_ctx=st.integers(1, 700),
-       n_tokens=st.sampled_from([1, 2, 3, 4, 16, 33, 70]), seed=st.integers(0, 2**31), rope_k=st.booleans(),
+       hd=st.sampled_from([8, 16, 32, 40, 64, 80, 96, 128, 256, 264, 512]),
+       n_ctx=st.one_of(st.integers(1, 700), st.integers(3000, 4500)),
+       n_tokens=st.sampled_from([1, 2, 3, 4, 8, 16, 33, 70, 130]), seed=st.integers(0, 2**31), rope_k=st.booleans(),
        window=st.sampled_from([0, 1, 5, 64, 512]), with_sinks=st.booleans())
 def test_kv_store_and_attention(cache_type, n_kv, group, hd, n_ctx, n_tokens, seed, rope_k, window, with_sinks):
     """With rope_k the new keys are rotated first: on CUDA rope writes them into the cache (one fused kernel);
-    window > 0: a sliding-window layer's attention; up to 70 tokens: a prompt batch."""
+    window > 0: a sliding-window layer's attention; 16 tokens or more: a prompt batch (over an F16 cache on tensor
+    cores, in tiles of 64 tokens); a cache of thousands of slots: a decode step's slots split over several blocks."""
     rng = np.random.default_rng(seed)
     n_tokens = min(n_tokens, n_ctx)
     n_head = n_kv * group
@@ -255,8 +257,10 @@ def test_kv_store_and_attention(cache_type, n_kv, group, hd, n_ctx, n_tokens, se
     kc[pos] = cast(ref.rope(knew, pos, hd, ggml.ROPE_NEOX, 10000.0).astype(np.float32) if rope_k else knew)
     vc[pos] = cast(vnew)
     want = ref.attention(q, kc, vc, pos, scale, window, sinks)
-    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-3, atol=1e-4)
-    np.testing.assert_allclose(got, cpu, rtol=1e-3, atol=1e-4)
+    # tensor cores take q and the probabilities as F16 (11 bits): an output's error grows to ~5e-4 of |v|
+    atol = 1e-3 if cache_type == ggml.F16 and n_tokens >= 16 else 1e-4
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-3, atol=atol)
+    np.testing.assert_allclose(got, cpu, rtol=1e-3, atol=atol)
 
 
 @SETTINGS

@@ -109,6 +109,25 @@ def test_qwen35_on_gpu_matches_cpu(converted, variant, ngl):
     assert rel_err(got, cpu_model.logits(wanted)[-1]) < 3e-2
 
 
+@pytest.mark.parametrize(("variant", "depth", "step_tol"),
+                         [("llama_silu", 600, 1e-3), ("mistral", 600, 1e-3), ("gemma4_ple", 100, 3e-2)])
+def test_default_f16_cache_long_prompt_and_deep_decode_match_cpu(converted, variant, depth, step_tol):
+    """The default F16 cache: a prompt batch's attention runs on tensor cores (64 tokens a tile; Mistral's sliding
+    window, Gemma 4's two head sizes and shared KV) and a decode step over a cache of 1024 slots splits them over
+    blocks, merged after (at depth 600 two splits, at 100 one); both against the CPU engine with the same cache.
+    (Gemma 4's tiny logits drift from the CPU's by 2.7e-2 over 600 tokens with an F32 cache already: the prompt's
+    GEMMs run F32 weights in TF32; its decode steps inherit the cache the prompt wrote.)"""
+    path = converted(variant)
+    tokens = np.random.default_rng(5).integers(0, N_VOCAB, depth + 4).tolist()
+    cpu_model, gpu_model = Model(path, n_ctx=1024), Model(path, n_ctx=1024, n_gpu_layers=99)
+    batch_err = rel_err(gpu_model.logits(tokens[:depth]), cpu_model.logits(tokens[:depth]))
+    steps = tokens[depth:]
+    step_err = rel_err([gpu_model.eval([t]) for t in steps], np.array([cpu_model.eval([t]) for t in steps]))
+    print(f"\n{variant}: prompt batch rel err {batch_err:.2e}, decode at {depth} rel err {step_err:.2e}")
+    assert batch_err < 3e-2, batch_err
+    assert step_err < step_tol, step_err
+
+
 def decode_fused_nodes(model: Model) -> int:
     """Nodes of the model's one-token decode graph that run inside a fused CUDA kernel."""
     return model._graphs[(1, 1, False)].graph.n_fused

@@ -150,11 +150,26 @@ whole() {  # NAME [ROUNDS] [BENCH ARGS...]: $W/NAME.gguf whole on the GPU, ours 
     done | tee "$OUT/$name-whole.md"
 }
 
-synthetic_bg() {  # NAME SHAPE TYPE LAYERS: a random model of make_synthetic_model's SHAPE (one file both engines run:
-    # the Qwen3.5, Gemma 4 and MoE shapes) as $W/NAME.gguf in the background, $W/NAME.done at the end; after `build` on
-    # a fresh machine (the maker imports the engine: started beside the build, it had failed)
-    setsid bash -c "python3 -m tools.make_synthetic_model $2 --type $3 --layers $4 --share-weights -o $W/$1.gguf &&
-        touch $W/$1.done" > "$W/$1.log" 2>&1 < /dev/null &
+synthetic_bg() {  # NAME SHAPE TYPE LAYERS [FLAGS...]: a random model of make_synthetic_model's SHAPE (one file both
+    # engines run: the Qwen3.5, Gemma 4 and MoE shapes; a llama shape with --dense) as $W/NAME.gguf in the background,
+    # $W/NAME.done at the end; after `build` on a fresh machine (the maker imports the engine: started beside the
+    # build, it had failed)
+    local name=$1 shape=$2 type=$3 layers=$4; shift 4
+    setsid bash -c "python3 -m tools.make_synthetic_model $shape --type $type --layers $layers --share-weights $* \
+        -o $W/$name.gguf && touch $W/$name.done" > "$W/$name.log" 2>&1 < /dev/null &
+}
+long_context() {  # NAME [ROUNDS]: issue 30's whole-GPU rows: pp512, pp4096, tg128 and tg128 at depth 4096, ours and
+    # llama.cpp (flash attention on, its best for these) alternating, in $OUT/NAME-long.md
+    local name=$1 rounds=${2:-2} lb=$W/llama-src/build/bin/llama-bench r a
+    wait_for "$W/$name.done" && wait_for "$lb" || return 1
+    for r in $(seq "$rounds"); do
+        for a in "-p 512,4096 -n 128" "-p 0 -n 128 -d 4096"; do
+            python3 -m pyinfer bench -m "$W/$name.gguf" -ngl 99 $a -r 4 2>&1 | grep -E "\| (pp|tg)[0-9]|rror" |
+                sed "s|^|ours round $r |"
+            "$lb" -m "$W/$name.gguf" -ngl 99 -fa 1 $a -r 4 2>&1 | grep -E "\| +(pp|tg)[0-9]|rror" |
+                sed "s|^|llama.cpp round $r |"
+        done
+    done | tee "$OUT/$name-long.md"
 }
 
 shape_rows() {  # NAME SHAPE [TYPE] [LAYERS]: a family's rows (docs/BENCHMARKS.md, "Qwen3.5", "Gemma 4"): a synthetic

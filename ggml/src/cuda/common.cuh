@@ -229,7 +229,11 @@ int cuda_rope_qkv_store(const struct ggml_tensor *rope_q, const struct ggml_tens
                         const struct ggml_tensor *store_k, const struct ggml_tensor *store_v, cudaStream_t st);
 int cuda_op_soft_max(struct ggml_tensor *dst, cudaStream_t st);
 int cuda_op_kv_store(struct ggml_tensor *dst, cudaStream_t st);
-int cuda_op_attention(struct ggml_tensor *dst, cudaStream_t st);
+int cuda_op_attention(struct ggml_tensor *dst, void *wdata, cudaStream_t st);
+size_t cuda_attention_wsize(const struct ggml_tensor *dst);
+// a prompt batch over an F16 cache on tensor cores (attention_mma.cu), where its shape allows
+bool cuda_attention_mma_takes(const struct ggml_tensor *dst);
+int cuda_attention_mma(struct ggml_tensor *dst, cudaStream_t st);
 int cuda_op_mul_mat(struct ggml_tensor *dst, void *wdata, cudaStream_t st);
 size_t cuda_mul_mat_wsize(const struct ggml_tensor *dst);
 size_t cuda_mul_mat_rows_wsize(const struct ggml_tensor *dst);

@@ -7,6 +7,7 @@ extern "C" size_t ggml_cuda_op_wsize(const struct ggml_tensor *node) {
     case GGML_OP_MUL_MAT_ROWS: return cuda_mul_mat_rows_wsize(node);
     case GGML_OP_AXPY_ROWS: return cuda_axpy_rows_wsize(node);
     case GGML_OP_MOE_FFN: return cuda_moe_ffn_wsize(node);
+    case GGML_OP_ATTENTION: return cuda_attention_wsize(node);
     default: return 0;
     }
 }
@@ -41,7 +42,7 @@ extern "C" int ggml_cuda_forward(struct ggml_tensor *node, void *wdata, void *st
     case GGML_OP_ROPE: return cuda_op_rope(node, st);
     case GGML_OP_SOFT_MAX: return cuda_op_soft_max(node, st);
     case GGML_OP_KV_STORE: return cuda_op_kv_store(node, st);
-    case GGML_OP_ATTENTION: return cuda_op_attention(node, st);
+    case GGML_OP_ATTENTION: return cuda_op_attention(node, wdata, st);
     case GGML_OP_MUL_MAT_ROWS: return cuda_op_mul_mat_rows(node, wdata, st);
     case GGML_OP_AXPY_ROWS: return cuda_op_axpy_rows(node, wdata, st);
     case GGML_OP_TOP_K: return cuda_op_top_k(node, st);
