@@ -5,18 +5,49 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gguf import GGUFReader
+from gguf import quants as gguf_quants
 
 from pyinfer.converters import synthetic
+from pyinfer.engine.driver import Model
 from pyinfer.native import ggml
 from pyinfer.sparsity.expert_profile import routing_freq, top_share
 
 
-@pytest.mark.parametrize("qtype", [synthetic.Q.Q4_0, synthetic.Q.Q8_0, synthetic.Q.F16, synthetic.Q.MXFP4])
+@pytest.mark.parametrize("qtype", [synthetic.Q.Q4_0, synthetic.Q.Q8_0, synthetic.Q.F16, synthetic.Q.MXFP4,
+                                   synthetic.Q.Q4_K, synthetic.Q.Q6_K])
 def test_random_matrices_have_zero_mean_and_the_asked_spread(qtype):
+    """(The K-quants, which the engine's quantizer writes, read back by gguf-py's dequantizer.)"""
     raw = synthetic.random_weight(np.random.default_rng(3), qtype, (256, 512), 0.05)
-    w = ggml.dequantize(int(qtype), np.ascontiguousarray(raw).view(np.uint8).reshape(-1), 256 * 512).astype(np.float64)
+    raw = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
+    if qtype in (synthetic.Q.Q4_K, synthetic.Q.Q6_K):
+        w = gguf_quants.dequantize(raw, qtype).astype(np.float64)
+    else:
+        w = ggml.dequantize(int(qtype), raw, 256 * 512).astype(np.float64)
     assert abs(w.mean()) < 0.01 * w.std()
     assert w.std() == pytest.approx(0.05, rel=0.05)
+
+
+def test_q4_k_m_mix_types_each_tensor_as_llama_quantize_and_runs(tmp_path):
+    """llama-quantize's Q4_K_M (llama_tensor_get_type): Q6_K for output.weight and for attn_v and ffn_down of layers
+    i < n/8, i >= 7n/8 and every third from n/8 + 2 (of 8 layers: 0, 3, 6, 7); Q4_K for the rest; file type 15; the
+    file runs as the float64 reference computes it."""
+    path = str(tmp_path / "q4km.gguf")
+    synthetic.make_llama(path, "small", synthetic.Q.Q4_K, n_layer=8, dense=True, share_weights=True, mix="q4_k_m")
+    reader = GGUFReader(path)
+    assert int(reader.fields["general.file_type"].parts[-1][0]) == 15
+    wide = {"output.weight"} | {f"blk.{il}.{m}.weight" for il in (0, 3, 6, 7) for m in ("attn_v", "ffn_down")}
+    for t in reader.tensors:
+        if t.tensor_type != synthetic.Q.F32:
+            assert t.tensor_type == (synthetic.Q.Q6_K if t.name in wide else synthetic.Q.Q4_K), t.name
+    from reference import reference_logits
+
+    from pyinfer.formats.gguf_file import GGUFFile
+
+    tokens = list(range(1, 17))
+    want = reference_logits(GGUFFile(path), tokens)
+    got = Model(path, n_ctx=64, kv_type="f32", n_threads=2).logits(tokens)
+    assert np.abs(got - want).max() < 1e-3 * np.abs(want).max()
 
 
 def test_synthetic_mixture_routes_tokens_to_many_experts_in_every_layer(tmp_path):

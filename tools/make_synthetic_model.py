@@ -5,14 +5,19 @@ weights built so that neuron i of every layer fires with a chosen frequency f_i 
     python -m tools.make_synthetic_model --from smollm2.gguf -o /tmp/smollm2-syn.gguf --density 0.5
     python -m tools.make_synthetic_model qwen3-30b-a3b --layers 8 -o /tmp/moe.gguf   (a mixture of experts: one
         file as llama.cpp stores it, which both engines run)
+    python -m tools.make_synthetic_model llama-13b --type q4_k_m --dense --layers 8 -o /tmp/q4km.gguf   (the
+        K-quant mix llama-quantize writes for Q4_K_M)
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
+from gguf import GGMLQuantizationType as Q
+
 from pyinfer.converters.synthetic import (
     GEMMA4_SHAPES,
+    MIXES,
     MOE_SHAPES,
     QWEN35_SHAPES,
     SHAPES,
@@ -31,7 +36,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="random model of this shape")
     p.add_argument("--from", dest="src", help="add synthetic predictors to this PowerGGUF instead")
     p.add_argument("-o", "--output", required=True)
-    p.add_argument("--type", default="q4_0", choices=sorted(TYPES), help="weight type of a random model")
+    p.add_argument("--type", default="q4_0", choices=sorted([*TYPES, *MIXES]),
+                   help="weight type of a random model, or a mix as llama-quantize writes one (q4_k_m: Q4_K, Q6_K "
+                        "for the output head and half of the layers' attn_v and ffn_down; llama shapes)")
     p.add_argument("--expert-type", choices=sorted(TYPES), help="a mixture's experts' type (default --type)")
     p.add_argument("--ffn-kind", default="swiglu", choices=("swiglu", "reglu", "drelu"))
     p.add_argument("--density", type=float, default=0.10, help="mean firing frequency")
@@ -52,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if (a.shape is None) == (a.src is None):
         p.error("give a shape or --from FILE")
+    if a.type in MIXES and a.shape not in SHAPES:
+        p.error(f"--type {a.type} makes llama shapes only ({', '.join(sorted(SHAPES))})")
     common = dict(seed=a.seed, density=a.density, hot_frac=a.hot_frac, hot_share=a.hot_share)
     if a.shape in MOE_SHAPES:
         make_moe(a.output, a.shape, TYPES[a.type], seed=a.seed, n_layer=a.layers, share_weights=a.share_weights,
@@ -63,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     elif a.src:
         add_predictors(a.src, a.output, rank=a.rank or 64, threshold=a.threshold, **common)
     else:
-        make_llama(a.output, a.shape, TYPES[a.type], rank=a.rank or 256, ffn_kind=a.ffn_kind, n_layer=a.layers,
+        make_llama(a.output, a.shape, TYPES.get(a.type, Q.Q4_K), rank=a.rank or 256, ffn_kind=a.ffn_kind,
+                   n_layer=a.layers, mix=a.type if a.type in MIXES else None,
                    dense=a.dense, share_weights=a.share_weights, predictors=not a.no_predictors, **common)
     print(f"wrote {a.output} (SYNTHETIC)", file=sys.stderr)
     return 0

@@ -18,6 +18,7 @@ import math
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType as V
+from gguf import LlamaFileType
 from scipy.special import ndtri
 
 from pyinfer.formats.gguf_writer import OutFile, OutTensor, file_type, write_atomically
@@ -60,6 +61,27 @@ GEMMA4_SHAPES = {
 }
 TYPES = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0,
          "mxfp4": Q.MXFP4}
+
+
+def _more_bits(il: int, n_layer: int) -> bool:
+    """llama-quantize's use_more_bits: the first and last eighth of the layers and every third between."""
+    return il < n_layer // 8 or il >= 7 * n_layer // 8 or (il - n_layer // 8) % 3 == 2
+
+
+def q4_k_m_type(name: str, n_layer: int) -> Q:
+    """The type llama-quantize gives a tensor of a Q4_K_M file of a llama-family model (llama_tensor_get_type):
+    Q6_K for the output head, and for attn_v and ffn_down in the layers of _more_bits; Q4_K for every other
+    matrix (the token embeddings included)."""
+    if name == "output.weight":
+        return Q.Q6_K
+    parts = name.split(".")
+    if parts[0] == "blk" and parts[2] in ("attn_v", "ffn_down") and _more_bits(int(parts[1]), n_layer):
+        return Q.Q6_K
+    return Q.Q4_K
+
+
+# a mix of types as llama-quantize writes one: name -> (the type of each tensor, the file type it declares)
+MIXES = {"q4_k_m": (q4_k_m_type, LlamaFileType.MOSTLY_Q4_K_M)}
 MXFP4_LEVEL_RMS = 5.852  # of MXFP4's 16 levels (0, 1, 2, 3, 4, 6, 8, 12 and their negatives): sqrt(34.25)
 RELU_VAR = 0.5 - 1.0 / (2.0 * math.pi)  # variance of relu(N(0, 1))
 GATED_RELU = ("reglu", "drelu", "relu")
@@ -132,7 +154,8 @@ def sparsity_kv(kind: str, n_layer: int, density: float, rank: int, threshold: f
 
 
 def random_weight(rng: np.random.Generator, qtype: Q, shape: tuple[int, int], std: float) -> np.ndarray:
-    """Bytes of a (rows, k) matrix of random values of about `std`; Q4_0/Q8_0/MXFP4 blocks drawn directly."""
+    """Bytes of a (rows, k) matrix of random values of about `std`; Q4_0/Q8_0/MXFP4 blocks drawn directly, the
+    other quantized types through the engine's quantizer."""
     rows, k = shape
     if qtype == Q.MXFP4:
         # any nibbles (the levels are symmetric about 0); the scale std / MXFP4_LEVEL_RMS is rarely a power of two,
@@ -180,21 +203,26 @@ def _vocab_kv(n_vocab: int) -> list:
 
 def make_llama(path: str, shape: str, qtype: Q, *, seed: int = 0, density: float = 0.10, hot_frac: float = 0.17,
                hot_share: float = 0.80, rank: int = 256, ffn_kind: str = "swiglu", n_layer: int | None = None,
-               dense: bool = False, share_weights: bool = False, predictors: bool = True) -> None:
+               dense: bool = False, share_weights: bool = False, predictors: bool = True,
+               mix: str | None = None) -> None:
     """A random LLaMA-shaped PowerGGUF with synthetic predictors, neurons hot-first; dense: a plain
     llama.cpp GGUF instead (ffn_down, no predictors, no pyinfer keys) that both engines run; predictors False:
     a PowerGGUF without them (what `pyinfer sparsify --method input` takes).
     n_layer overrides the shape's layer count (speed per layer is what such benchmarks compare).
     share_weights: every layer's matrices hold the same random values (drawn once: a large file is then as
-    fast to write as its disk allows; each layer is still its own bytes, read on its own)."""
+    fast to write as its disk allows; each layer is still its own bytes, read on its own).
+    mix: a name of MIXES: each matrix of the type that mix gives it (qtype unused), as llama-quantize writes
+    the files users download most."""
     d, shape_layers, n_ff, n_head, n_head_kv, n_vocab = SHAPES[shape]
     n_layer = n_layer or shape_layers
+    type_of, declared = (lambda name: MIXES[mix][0](name, n_layer), int(MIXES[mix][1])) if mix else \
+        (lambda name: qtype, file_type(qtype))
     head_dim, kv_dim = d // n_head, d // n_head * n_head_kv
     rng = np.random.default_rng(seed)
     freqs = power_law_freqs(n_ff, density, hot_frac, hot_share)
     u32, f32 = V.UINT32, V.FLOAT32
     kv = [("general.name", f"synthetic {shape} (random weights)", V.STRING, None),
-          ("general.file_type", file_type(qtype), u32, None),
+          ("general.file_type", declared, u32, None),
           ("llama.vocab_size", n_vocab, u32, None), ("llama.context_length", 4096, u32, None),
           ("llama.embedding_length", d, u32, None), ("llama.block_count", n_layer, u32, None),
           ("llama.feed_forward_length", n_ff, u32, None), ("llama.attention.head_count", n_head, u32, None),
@@ -209,7 +237,10 @@ def make_llama(path: str, shape: str, qtype: Q, *, seed: int = 0, density: float
                *sparsity_kv("relu" if ffn_kind in GATED_RELU else "threshold", n_layer, float(freqs.mean()),
                             rank, 0.0)]
 
-    mat = _matrix_maker(rng, qtype, share_weights)
+    any_type = _matrix_maker(rng, qtype, share_weights)
+
+    def mat(name: str, shape: tuple[int, ...], std: float) -> OutTensor:
+        return any_type(name, shape, std, type_of(name))
 
     def ones(name: str) -> OutTensor:
         return OutTensor(name, (d,), Q.F32, lambda: np.ones(d, np.float32))
@@ -257,7 +288,7 @@ def _matrix_maker(rng: np.random.Generator, qtype: Q, share_weights: bool):
 
     def mat(name: str, shape: tuple[int, ...], std: float, type_: Q = qtype) -> OutTensor:
         seed_i = int(rng.integers(2**63))
-        key = (name.split(".", 2)[-1], shape)
+        key = (name.split(".", 2)[-1], shape, type_)
         rows, k = math.prod(shape[:-1]), shape[-1]
 
         def produce() -> np.ndarray:

@@ -1,9 +1,13 @@
-// rope.cu: rotary embedding, normal (pairs 2i, 2i+1) and neox (pairs i, i + n_dims/2) modes; one thread
-// per pair, angles in double as the CPU kernel (positions reach thousands of radians), their sin and cos in
-// float, each frequency divided by its factor where the model has them (Llama 3's rope_freqs), YaRN's blend
-// (rope.h). Fused with a following kv_store, the rotated rows go straight into their cache slots.
+// rope.cu: rotary embedding, normal (pairs 2i, 2i+1) and neox (pairs i, i + n_dims/2) modes; a block per token
+// and ROPE_WARPS heads, a warp a head: the token's pairs' angles once a block, in double as the CPU kernel (positions
+// reach thousands of radians), their sin and cos in float, each frequency divided by its factor where the model has
+// them (Llama 3's rope_freqs), YaRN's blend (rope.h). Fused with a following kv_store, the rotated rows go straight
+// into their cache slots.
 #include "common.cuh"
 #include "../rope.h"
+
+#define ROPE_WARPS 8
+#define ROPE_MAX_HD 512 // heads of up to 512 values: 16 a lane
 
 // where rope writes: dst's rows, or (store) the slot of the row's head and token in the cache dst
 struct rope_out {
@@ -12,14 +16,6 @@ struct rope_out {
     const char *pos;         // store: the cache position of each token
     int64_t pos_nb0;
 };
-
-// row r of the output (NULL: a token whose cache position is outside the cache, skipped)
-static __device__ __forceinline__ char *rope_row(const rope_out &o, int64_t r, int64_t n_head, int64_t n_tok) {
-    if (!o.store) return cuda_row(o.dst, r);
-    const int64_t h = r % n_head, t = (r / n_head) % n_tok;
-    const int64_t p = *(const int32_t *)(o.pos + t * o.pos_nb0);
-    return p < 0 || p >= o.dst.ne[2] ? NULL : o.dst.data + h * o.dst.nb[1] + p * o.dst.nb[2];
-}
 
 static __device__ __forceinline__ void rope_put(const rope_out &o, char *row, int64_t j, float v) {
     if (o.f16)
@@ -41,51 +37,70 @@ struct rope_job {
     int64_t nrows;
 };
 
-static __device__ __forceinline__ void rope_rows(const rope_job &a, int64_t first, int64_t step) {
-    const int64_t hd = a.x.ne[0], half = a.n_dims / 2;
-    const int64_t per_row = half + (hd - a.n_dims); // pairs, then the values passed through
-    const int64_t n = per_row * a.nrows;
-    for (int64_t e = first; e < n; e += step) {
-        const int64_t r = e / per_row, i = e % per_row;
-        const float *src = (const float *)cuda_row(a.x, r); // (hd)
-        char *out = rope_row(a.o, r, a.x.ne[1], a.x.ne[2]);  // (hd)
-        if (!out) continue;
+// heads h0 .. h0 + ROPE_WARPS - 1 of token group g (token g % n_tok of batch g / n_tok): each warp's values loaded
+// first, the token's angles meanwhile, then rotated and stored (a thread a pair, angles and 64-bit row indices found
+// again for every head and pair, had run 9x below the HBM rate)
+static __device__ __forceinline__ void rope_heads(const rope_job &a, int64_t g, int64_t h0) {
+    constexpr int ITEMS = ROPE_MAX_HD / 32;
+    __shared__ float sh_c[ROPE_MAX_HD / 2], sh_s[ROPE_MAX_HD / 2];
+    const int64_t n_tok = a.x.ne[2], t = g % n_tok, b = g / n_tok, h = h0 + threadIdx.x / 32;
+    const int hd = (int)a.x.ne[0], half = a.n_dims / 2, per_row = half + hd - a.n_dims; // pairs, values passed
+    const int lane = threadIdx.x % 32;
+    const bool mine = h < a.x.ne[1];
+    const float *src = (const float *)(a.x.data + h * a.x.nb[1] + t * a.x.nb[2] + b * a.x.nb[3]); // (hd)
+    float x0[ITEMS], x1[ITEMS]; // item i = lane + 32 j: pair i's two values, or value n_dims + i - half
+#pragma unroll
+    for (int j = 0; j < ITEMS; j++) {
+        const int i = lane + 32 * j;
+        x0[j] = x1[j] = 0.0f;
+        if (!mine || i >= per_row) continue;
+        if (i < half) {
+            x0[j] = src[a.neox ? i : 2 * i];
+            x1[j] = src[a.neox ? i + half : 2 * i + 1];
+        } else {
+            x0[j] = src[a.n_dims + i - half];
+        }
+    }
+    const double pt = (double)*(const int32_t *)(a.pos + t * a.pos_nb0);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const double theta = pt * ggml_rope_pair_freq(i, a.n_dims, a.base, a.fscale, a.factors ? a.factors[i] : 1.0,
+                                                      a.ext, a.lo, a.hi);
+        // sin and cos in float of the angle's fraction of a turn (reduced in double); double sin and cos made the
+        // kernel twice as slow as a copy
+        const double turns = theta * (0.5 / M_PI);
+        float sn, cs;
+        sincospif(2.0f * (float)(turns - floor(turns)), &sn, &cs);
+        sh_c[i] = cs * (float)a.mscale;
+        sh_s[i] = sn * (float)a.mscale;
+    }
+    __syncthreads();
+    if (!mine) return;
+    char *out = a.o.dst.data + h * a.o.dst.nb[1] + t * a.o.dst.nb[2] + b * a.o.dst.nb[3]; // (hd)
+    if (a.o.store) { // the token's cache slot; a position outside the cache is skipped
+        const int64_t p = *(const int32_t *)(a.o.pos + t * a.o.pos_nb0);
+        if (p < 0 || p >= a.o.dst.ne[2]) return;
+        out = a.o.dst.data + h * a.o.dst.nb[1] + p * a.o.dst.nb[2];
+    }
+#pragma unroll
+    for (int j = 0; j < ITEMS; j++) {
+        const int i = lane + 32 * j;
+        if (i >= per_row) break;
         if (i >= half) {
-            const int64_t j = a.n_dims + (i - half);
-            rope_put(a.o, out, j, src[j]);
+            rope_put(a.o, out, a.n_dims + i - half, x0[j]);
             continue;
         }
-        const int64_t t = (r / a.x.ne[1]) % a.x.ne[2];
-        const double pt = (double)*(const int32_t *)(a.pos + t * a.pos_nb0);
-        const double theta = pt * ggml_rope_pair_freq((int)i, a.n_dims, a.base, a.fscale,
-                                                      a.factors ? a.factors[i] : 1.0, a.ext, a.lo, a.hi);
-        // sin and cos in float of the angle's fraction of a turn (reduced in double: positions reach thousands
-        // of radians); double sin and cos made this latency-bound kernel twice as slow as a copy
-        const double turns = theta * (0.5 / M_PI);
-        float s, c;
-        sincospif(2.0f * (float)(turns - floor(turns)), &s, &c);
-        s *= (float)a.mscale;
-        c *= (float)a.mscale;
-        const int64_t i0 = a.neox ? i : 2 * i, i1 = a.neox ? i + half : 2 * i + 1;
-        const float x0 = src[i0], x1 = src[i1];
-        rope_put(a.o, out, i0, x0 * c - x1 * s);
-        rope_put(a.o, out, i1, x0 * s + x1 * c);
+        const float c = sh_c[i], sn = sh_s[i];
+        rope_put(a.o, out, a.neox ? i : 2 * i, x0[j] * c - x1[j] * sn);
+        rope_put(a.o, out, a.neox ? i + half : 2 * i + 1, x0[j] * sn + x1[j] * c);
     }
 }
 
-__global__ void rope_kernel(rope_job a) {
-    rope_rows(a, blockIdx.x * (int64_t)blockDim.x + threadIdx.x, (int64_t)gridDim.x * blockDim.x);
-}
+__global__ void rope_kernel(rope_job a) { rope_heads(a, blockIdx.x, (int64_t)blockIdx.y * ROPE_WARPS); }
 
-// q rotated into its rows, k rotated and v copied into their cache slots, one job per blockIdx.y
+// q rotated into its rows, k rotated and v copied into their cache slots, one job per blockIdx.z
 __global__ void rope_qkv_kernel(rope_job q, rope_job k, rope_job v) {
-    const int64_t first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
-    if (blockIdx.y == 0)
-        rope_rows(q, first, step);
-    else if (blockIdx.y == 1)
-        rope_rows(k, first, step);
-    else
-        rope_rows(v, first, step);
+    const rope_job &a = blockIdx.z == 0 ? q : blockIdx.z == 1 ? k : v;
+    if (blockIdx.y * ROPE_WARPS < a.x.ne[1]) rope_heads(a, blockIdx.x, (int64_t)blockIdx.y * ROPE_WARPS);
 }
 
 static int rope_job_of(const struct ggml_tensor *rope, const rope_out &o, rope_job *a) {
@@ -94,6 +109,9 @@ static int rope_job_of(const struct ggml_tensor *rope, const rope_out &o, rope_j
     if (n_dims <= 0 || n_dims % 2 || n_dims > x->ne[0] || x->type != GGML_TYPE_F32)
         return ggml_set_error(GGML_STATUS_INVALID_ARG, "rope: bad n_dims %d for head size %lld", n_dims,
                               (long long)x->ne[0]);
+    if (x->ne[0] > ROPE_MAX_HD)
+        return ggml_set_error(GGML_STATUS_UNSUPPORTED, "rope on CUDA: head size %lld > %d", (long long)x->ne[0],
+                              ROPE_MAX_HD);
     *a = rope_job{cuda_view_of(x), (const char *)pos->data, (int64_t)pos->nb[0], o, n_dims, mode == GGML_ROPE_NEOX,
                   (double)ggml_op_param_f32(rope, 2), (double)ggml_op_param_f32(rope, 3),
                   (double)ggml_op_param_f32(rope, 4), (double)ggml_op_param_f32(rope, 5),
@@ -111,16 +129,17 @@ static int store_out(const struct ggml_tensor *store, rope_out *o) {
     return GGML_STATUS_OK;
 }
 
-static unsigned rope_blocks(const rope_job &a) {
-    const int64_t n = (a.n_dims / 2 + a.x.ne[0] - a.n_dims) * a.nrows, blocks = (n + CUDA_BLOCK - 1) / CUDA_BLOCK;
-    return (unsigned)(blocks < 65536 ? (blocks ? blocks : 1) : 65536);
+// a block a token and ROPE_WARPS heads (one at least: a grid is never empty)
+static dim3 rope_grid(const rope_job &a) {
+    const int64_t n = a.x.ne[2] * a.x.ne[3];
+    return dim3((unsigned)(n > 0 ? n : 1), (unsigned)((a.x.ne[1] + ROPE_WARPS - 1) / ROPE_WARPS));
 }
 
 static int rope_launch(const struct ggml_tensor *rope, const rope_out &o, cudaStream_t st) {
     rope_job a = {};
     int rc = rope_job_of(rope, o, &a);
     if (rc) return rc;
-    rope_kernel<<<rope_blocks(a), CUDA_BLOCK, 0, st>>>(a);
+    rope_kernel<<<rope_grid(a), ROPE_WARPS * 32, 0, st>>>(a);
     return cuda_launch_status("rope");
 }
 
@@ -145,9 +164,9 @@ int cuda_rope_qkv_store(const struct ggml_tensor *rope_q, const struct ggml_tens
     if (rc) return rc;
     const struct ggml_tensor *vx = store_v->src[1];
     v = rope_job{cuda_view_of(vx), ov.pos, ov.pos_nb0, ov, 0, false, 0, 0, 0, 0, 0, 0, NULL, ggml_nrows(vx)};
-    unsigned blocks = rope_blocks(q);
-    if (rope_blocks(k) > blocks) blocks = rope_blocks(k);
-    if (rope_blocks(v) > blocks) blocks = rope_blocks(v);
-    rope_qkv_kernel<<<dim3(blocks, 3), CUDA_BLOCK, 0, st>>>(q, k, v);
+    dim3 grid = rope_grid(q);
+    grid.y = std::max(grid.y, std::max(rope_grid(k).y, rope_grid(v).y));
+    grid.z = 3;
+    rope_qkv_kernel<<<grid, ROPE_WARPS * 32, 0, st>>>(q, k, v);
     return cuda_launch_status("rope q, k and v");
 }
