@@ -1,6 +1,7 @@
 // ops_attention.c: rope, soft_max, kv_store and attention over the KV cache.
 #include "exp_avx2.h"
 #include "ops_kernels.h"
+#include "../quants.h"
 #include "../rope.h"
 
 #include <math.h>
@@ -138,15 +139,27 @@ int ggml_cpu_op_kv_store(const struct ggml_compute_params *p, struct ggml_tensor
 // ---------------------------------------------------------------------------------------------------
 // ATTENTION: out[:, h, t] = softmax_s(scale * q[:, h, t] . k[:, g, s]) . v[:, g, s] over s in [0, pos[t]]
 // (in (pos[t] - window, pos[t]] for a sliding-window layer), g = h / (n_head / n_kv_head); with sinks, head h's
-// softmax counts exp(sinks[h]) beside its keys'. A work unit is one head and up to ATTN_TOKENS consecutive tokens: each key
-// and value row is converted to F32 once for all of them; scores go to a buffer, then one max, one
-// vectorised exp pass and one weighted sum of the value rows per query (no running rescale).
+// softmax counts exp(sinks[h]) beside its keys'. A work unit is one KV head and up to ATTN_ROWS query rows that
+// read it (some of its query heads, times consecutive tokens): each key and value row is read, and converted from
+// F16, once for all of them (a unit of one head had converted every row once per head of its group, and called
+// three functions per slot and head: a 2048-deep decode ran at 0.92x llama.cpp). Scores go to a buffer, then one
+// max, one vectorised exp pass and one weighted sum of the value rows per row (no running rescale).
 // ---------------------------------------------------------------------------------------------------
 
-#define ATTN_TOKENS 8
+#define ATTN_ROWS 16 // query rows of a work unit
+#define ATTN_PASS 8  // rows the AVX2 score kernel keeps in registers at once
 
 // y[i] = exp(y[i] - mx) for i < n; returns the sum
 typedef float (*attn_exp_fn)(float *y, int64_t n, float mx);
+// out[j * stride] = scale * (row . q[j]) for j < nq; row: hd values of the cache (F16 or F32)
+typedef void (*attn_dots_fn)(const void *row, bool f16, const float *const *q, int nq, int64_t hd, float scale,
+                             float *out, int64_t stride);
+// acc[j] += w[j] * row for j < nq
+typedef void (*attn_axpys_fn)(const void *row, bool f16, const float *w, float *const *acc, int nq, int64_t hd);
+
+static inline float attn_cache_value(const void *row, bool f16, int64_t d) {
+    return f16 ? ggml_fp16_to_fp32(((const uint16_t *)row)[d]) : ((const float *)row)[d];
+}
 
 static float attn_exp_scalar(float *y, int64_t n, float mx) {
     double sum = 0.0;
@@ -157,8 +170,26 @@ static float attn_exp_scalar(float *y, int64_t n, float mx) {
     return (float)sum;
 }
 
+static void attn_dots_scalar(const void *row, bool f16, const float *const *q, int nq, int64_t hd, float scale,
+                             float *out, int64_t stride) {
+    for (int j = 0; j < nq; j++) {
+        float sum = 0.0f;
+        for (int64_t d = 0; d < hd; d++) sum += attn_cache_value(row, f16, d) * q[j][d];
+        out[j * stride] = scale * sum;
+    }
+}
+
+static void attn_axpys_scalar(const void *row, bool f16, const float *w, float *const *acc, int nq, int64_t hd) {
+    for (int64_t d = 0; d < hd; d++) {
+        const float x = attn_cache_value(row, f16, d);
+        for (int j = 0; j < nq; j++) acc[j][d] += w[j] * x;
+    }
+}
+
 #if defined(__x86_64__)
-__attribute__((target("avx2,fma"))) static float attn_exp_avx2(float *y, int64_t n, float mx) {
+#define ATTN_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+ATTN_AVX2 static float attn_exp_avx2(float *y, int64_t n, float mx) {
     const __m256 vmx = _mm256_set1_ps(mx);
     __m256 acc = _mm256_setzero_ps();
     int64_t i = 0;
@@ -169,18 +200,71 @@ __attribute__((target("avx2,fma"))) static float attn_exp_avx2(float *y, int64_t
     }
     return ggml_hsum_avx2(acc) + attn_exp_scalar(y + i, n - i, mx);
 }
-#endif
 
-static attn_exp_fn attn_exp_pick(void) {
-#if defined(__x86_64__)
-    if (ggml_cpu_has_avx2_fma()) return attn_exp_avx2;
-#endif
-    return attn_exp_scalar;
+ATTN_AVX2 static inline __m256 attn_load8(const void *row, bool f16, int64_t d) {
+    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + d)))
+               : _mm256_loadu_ps((const float *)row + d);
 }
 
-// per thread: (ATTN_TOKENS, n_ctx) scores, (ATTN_TOKENS, hd) output accumulators, (hd) a K or V row in F32
+// n (a constant where inlined) rows' dots, their sums in n registers
+ATTN_AVX2 __attribute__((always_inline)) static inline void attn_dots_n(const void *row, bool f16, const float *const *q,
+                                                                        int n, int64_t hd, float scale, float *out,
+                                                                        int64_t stride) {
+    __m256 acc[ATTN_PASS];
+    for (int j = 0; j < n; j++) acc[j] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < hd; d += 8) {
+        const __m256 x = attn_load8(row, f16, d);
+        for (int j = 0; j < n; j++) acc[j] = _mm256_fmadd_ps(x, _mm256_loadu_ps(q[j] + d), acc[j]);
+    }
+    for (int j = 0; j < n; j++) out[j * stride] = scale * ggml_hsum_avx2(acc[j]);
+}
+
+// (hd a multiple of 8)
+ATTN_AVX2 static void attn_dots_avx2(const void *row, bool f16, const float *const *q, int nq, int64_t hd, float scale,
+                                     float *out, int64_t stride) {
+    for (int j0 = 0; j0 < nq; j0 += ATTN_PASS) {
+        const float *const *qj = q + j0;
+        float *o = out + j0 * stride;
+        switch (nq - j0 < ATTN_PASS ? nq - j0 : ATTN_PASS) {
+        case 1: attn_dots_n(row, f16, qj, 1, hd, scale, o, stride); break;
+        case 2: attn_dots_n(row, f16, qj, 2, hd, scale, o, stride); break;
+        case 3: attn_dots_n(row, f16, qj, 3, hd, scale, o, stride); break;
+        case 4: attn_dots_n(row, f16, qj, 4, hd, scale, o, stride); break;
+        case 5: attn_dots_n(row, f16, qj, 5, hd, scale, o, stride); break;
+        case 6: attn_dots_n(row, f16, qj, 6, hd, scale, o, stride); break;
+        case 7: attn_dots_n(row, f16, qj, 7, hd, scale, o, stride); break;
+        default: attn_dots_n(row, f16, qj, 8, hd, scale, o, stride); break;
+        }
+    }
+}
+
+ATTN_AVX2 static void attn_axpys_avx2(const void *row, bool f16, const float *w, float *const *acc, int nq, int64_t hd) {
+    for (int64_t d = 0; d < hd; d += 8) {
+        const __m256 x = attn_load8(row, f16, d);
+        for (int j = 0; j < nq; j++)
+            _mm256_storeu_ps(acc[j] + d, _mm256_fmadd_ps(_mm256_set1_ps(w[j]), x, _mm256_loadu_ps(acc[j] + d)));
+    }
+}
+#endif
+
+struct attn_kernels {
+    attn_exp_fn exp_sum;
+    attn_dots_fn dots;
+    attn_axpys_fn axpys;
+};
+
+static struct attn_kernels attn_kernels_pick(int64_t hd) {
+#if defined(__x86_64__)
+    if (ggml_cpu_has_avx2_fma() && __builtin_cpu_supports("f16c") && hd % 8 == 0)
+        return (struct attn_kernels){attn_exp_avx2, attn_dots_avx2, attn_axpys_avx2};
+    if (ggml_cpu_has_avx2_fma()) return (struct attn_kernels){attn_exp_avx2, attn_dots_scalar, attn_axpys_scalar};
+#endif
+    return (struct attn_kernels){attn_exp_scalar, attn_dots_scalar, attn_axpys_scalar};
+}
+
+// per thread: (ATTN_ROWS, n_ctx) scores, (ATTN_ROWS, hd) output accumulators
 static size_t attn_scratch_floats(int64_t hd, int64_t n_ctx) {
-    return (size_t)ATTN_TOKENS * (size_t)n_ctx + (size_t)ATTN_TOKENS * (size_t)hd + (size_t)hd;
+    return (size_t)ATTN_ROWS * (size_t)n_ctx + (size_t)ATTN_ROWS * (size_t)hd;
 }
 
 size_t ggml_cpu_attention_wsize(const struct ggml_tensor *dst, int n_threads) {
@@ -188,13 +272,24 @@ size_t ggml_cpu_attention_wsize(const struct ggml_tensor *dst, int n_threads) {
     return (size_t)n_threads * ggml_cpu_align_up(floats * sizeof(float));
 }
 
-// row s of cache c for KV head g as F32 (converted into buf unless the cache is F32)
-static const float *attn_cache_row(const struct ggml_tensor *c, ggml_to_float_fn to_float, int64_t g, int64_t s,
-                                   float *buf) {
-    const char *row = (const char *)c->data + g * (int64_t)c->nb[1] + s * (int64_t)c->nb[2];
-    if (c->type == GGML_TYPE_F32) return (const float *)row;
-    to_float(row, buf, c->ne[0]);
-    return buf;
+// how the rows split into units: heads of a KV head's group a unit (fewer where that leaves threads idle), tokens
+struct attn_units {
+    int64_t heads, tokens, n_head_chunks, n_token_chunks, count;
+};
+
+static struct attn_units attn_units_of(int64_t group, int64_t n_kv_head, int64_t n_tokens, int n_threads) {
+    struct attn_units u;
+    u.heads = group < ATTN_ROWS ? group : ATTN_ROWS;
+    u.tokens = ATTN_ROWS / u.heads < n_tokens ? ATTN_ROWS / u.heads : n_tokens;
+    u.n_token_chunks = (n_tokens + u.tokens - 1) / u.tokens;
+    const int64_t others = n_kv_head * u.n_token_chunks, wanted = (n_threads + others - 1) / others; // head chunks
+    if (wanted > 1) {
+        const int64_t heads = (group + wanted - 1) / wanted;
+        u.heads = heads < u.heads ? heads : u.heads;
+    }
+    u.n_head_chunks = (group + u.heads - 1) / u.heads;
+    u.count = others * u.n_head_chunks;
+    return u;
 }
 
 int ggml_cpu_op_attention(const struct ggml_compute_params *p, struct ggml_tensor *dst) {
@@ -204,57 +299,58 @@ int ggml_cpu_op_attention(const struct ggml_compute_params *p, struct ggml_tenso
     const int64_t window = dst->op_params[1];
     const int64_t hd = q->ne[0], n_head = q->ne[1], n_tokens = q->ne[2];
     const int64_t n_kv_head = k->ne[1], n_ctx = k->ne[2], group = n_head / n_kv_head;
-    const struct ggml_type_traits *tk = ggml_get_type_traits(k->type), *tv = ggml_get_type_traits(v->type);
-    const struct ggml_type_traits *tf = ggml_get_type_traits(GGML_TYPE_F32);
-    if ((k->type != GGML_TYPE_F32 && !tk->to_float) || (v->type != GGML_TYPE_F32 && !tv->to_float) ||
-        q->type != GGML_TYPE_F32)
+    if ((k->type != GGML_TYPE_F32 && k->type != GGML_TYPE_F16) || v->type != k->type || q->type != GGML_TYPE_F32)
         return ggml_set_error(GGML_STATUS_UNSUPPORTED, "attention: cache of %s/%s not readable",
                               ggml_type_name(k->type), ggml_type_name(v->type));
     int st = check_positions(pos, 0, n_ctx, "attention");
     if (st) return st;
-    const attn_exp_fn exp_sum = attn_exp_pick();
-    float *scores = ggml_cpu_thread_scratch(p, attn_scratch_floats(hd, n_ctx) * sizeof(float)); // (T, n_ctx)
-    float *acc = scores + ATTN_TOKENS * n_ctx;                                                  // (T, hd)
-    float *row = acc + ATTN_TOKENS * hd;                                                        // (hd)
-    const int64_t n_chunks = (n_tokens + ATTN_TOKENS - 1) / ATTN_TOKENS;
+    const bool f16 = k->type == GGML_TYPE_F16;
+    const struct attn_kernels kern = attn_kernels_pick(hd);
+    const struct attn_units units = attn_units_of(group, n_kv_head, n_tokens, p->nth);
+    float *scores = ggml_cpu_thread_scratch(p, attn_scratch_floats(hd, n_ctx) * sizeof(float)); // (rows, n_ctx)
+    float *acc = scores + ATTN_ROWS * n_ctx;                                                    // (rows, hd)
     // units dealt round robin: with causal masks later tokens cost more, so contiguous ranges would not balance
-    for (int64_t u = p->ith; u < n_head * n_chunks; u += p->nth) {
-        const int64_t h = u % n_head, t0 = u / n_head * ATTN_TOKENS, g = h / group;
-        const int64_t nt = n_tokens - t0 < ATTN_TOKENS ? n_tokens - t0 : ATTN_TOKENS;
-        int64_t first[ATTN_TOKENS], last[ATTN_TOKENS], smin = n_ctx, smax = 0;
-        const float *qrow[ATTN_TOKENS]; // (nt) their query rows, (hd) each
-        for (int64_t i = 0; i < nt; i++) {
+    for (int64_t u = p->ith; u < units.count; u += p->nth) {
+        const int64_t g = u % n_kv_head, hc = u / n_kv_head % units.n_head_chunks;
+        const int64_t h0 = g * group + hc * units.heads, t0 = u / (n_kv_head * units.n_head_chunks) * units.tokens;
+        const int nh = (int)(group - hc * units.heads < units.heads ? group - hc * units.heads : units.heads);
+        const int nt = (int)(n_tokens - t0 < units.tokens ? n_tokens - t0 : units.tokens), nq = nt * nh;
+        int64_t first[ATTN_ROWS], last[ATTN_ROWS], smin = n_ctx, smax = 0; // by token
+        const float *qrow[ATTN_ROWS]; // row j: token t0 + j / nh, head h0 + j % nh; (hd) each
+        float *accrow[ATTN_ROWS];
+        for (int i = 0; i < nt; i++) {
             last[i] = pos_at(pos, t0 + i);
             first[i] = window && last[i] >= window ? last[i] - window + 1 : 0;
             smax = last[i] > smax ? last[i] : smax;
             smin = first[i] < smin ? first[i] : smin;
-            qrow[i] = (const float *)((const char *)q->data + h * (int64_t)q->nb[1] + (t0 + i) * (int64_t)q->nb[2]);
         }
-        for (int64_t s = smin; s <= smax; s++) {
-            const float *kr = attn_cache_row(k, tk->to_float, g, s, row);
-            for (int64_t i = 0; i < nt; i++) {
-                if (s < first[i] || s > last[i]) continue;
-                tf->vec_dot(hd, &scores[i * n_ctx + s], kr, qrow[i]);
-                scores[i * n_ctx + s] *= scale;
-            }
+        for (int j = 0; j < nq; j++) {
+            qrow[j] = (const float *)((const char *)q->data + (h0 + j % nh) * (int64_t)q->nb[1] +
+                                      (t0 + j / nh) * (int64_t)q->nb[2]);
+            accrow[j] = acc + j * hd;
+            memset(accrow[j], 0, (size_t)hd * sizeof(float));
         }
-        float inv[ATTN_TOKENS];
-        for (int64_t i = 0; i < nt; i++) {
-            float *sc = scores + i * n_ctx + first[i]; // (last - first + 1) this query's scores, then weights
+        // every row's score at every slot of the unit's range (a slot past a row's own range is never read)
+        const char *kbase = (const char *)k->data + g * (int64_t)k->nb[1];
+        for (int64_t s = smin; s <= smax; s++) kern.dots(kbase + s * (int64_t)k->nb[2], f16, qrow, nq, hd, scale,
+                                                         scores + s, n_ctx);
+        float inv[ATTN_ROWS];
+        for (int j = 0; j < nq; j++) {
+            const int64_t lo = first[j / nh], hi = last[j / nh], h = h0 + j % nh;
+            float *sc = scores + j * n_ctx + lo; // (hi - lo + 1) this row's scores, then weights
             float mx = sinks ? sinks[h] : -INFINITY;
-            for (int64_t s = 0; s <= last[i] - first[i]; s++) mx = sc[s] > mx ? sc[s] : mx;
-            inv[i] = 1.0f / (exp_sum(sc, last[i] - first[i] + 1, mx) + (sinks ? expf(sinks[h] - mx) : 0.0f));
-            memset(acc + i * hd, 0, (size_t)hd * sizeof(float));
+            for (int64_t s = 0; s <= hi - lo; s++) mx = sc[s] > mx ? sc[s] : mx;
+            inv[j] = 1.0f / (kern.exp_sum(sc, hi - lo + 1, mx) + (sinks ? expf(sinks[h] - mx) : 0.0f));
         }
+        const char *vbase = (const char *)v->data + g * (int64_t)v->nb[1];
         for (int64_t s = smin; s <= smax; s++) {
-            const float *vr = attn_cache_row(v, tv->to_float, g, s, row);
-            for (int64_t i = 0; i < nt; i++) {
-                if (s >= first[i] && s <= last[i]) tf->axpy(hd, acc + i * hd, scores[i * n_ctx + s], vr);
-            }
+            float w[ATTN_ROWS];
+            for (int j = 0; j < nq; j++) w[j] = s >= first[j / nh] && s <= last[j / nh] ? scores[j * n_ctx + s] : 0.0f;
+            kern.axpys(vbase + s * (int64_t)v->nb[2], f16, w, accrow, nq, hd);
         }
-        for (int64_t i = 0; i < nt; i++) {
-            float *out = (float *)((char *)dst->data + (t0 + i) * (int64_t)dst->nb[1]) + h * hd; // (hd)
-            for (int64_t j = 0; j < hd; j++) out[j] = acc[i * hd + j] * inv[i];
+        for (int j = 0; j < nq; j++) {
+            float *out = (float *)((char *)dst->data + (t0 + j / nh) * (int64_t)dst->nb[1]) + (h0 + j % nh) * hd;
+            for (int64_t d = 0; d < hd; d++) out[d] = accrow[j][d] * inv[j];
         }
     }
     return GGML_STATUS_OK;
