@@ -176,6 +176,43 @@ int cuda_op_unary(struct ggml_tensor *dst, cudaStream_t st) {
 // weight rows -> F16 (the GEMM's A operand)
 // ---------------------------------------------------------------------------------------------------
 
+// values i .. i + 7 (i a multiple of 8) of a row of TYPE into h: the types of the files users download (Q4_0, Q4_K,
+// Q6_K) with their block's scale and their bytes found once for the eight (per value, the Q4_K_M prompt's
+// dequantization took half its GPU time), the others value by value
+template <enum ggml_type TYPE> static __device__ __forceinline__ void dequant8(const uint8_t *row, int64_t i, __half *h) {
+    if constexpr (TYPE == GGML_TYPE_Q4_0) {
+        const uint8_t *b = row + (i / 32) * 18;
+        const int j = (int)(i % 32), shift = j < 16 ? 0 : 4;
+        const float d = h2f(u16_at(b));
+        const uint8_t *q = b + 2 + j % 16;
+#pragma unroll
+        for (int v = 0; v < 8; v++) h[v] = __float2half_rn(d * (float)(((q[v] >> shift) & 15) - 8));
+    } else if constexpr (TYPE == GGML_TYPE_Q4_K) {
+        const uint8_t *b = row + (i / 256) * 144;
+        const int j = (int)(i % 256), sb = j / 32, l = j % 32;
+        uint8_t sc, m;
+        ggml_q4_K_get_scale_min(b + 4, sb, &sc, &m);
+        const float d = h2f(u16_at(b)) * (float)sc, mn = h2f(u16_at(b + 2)) * (float)m;
+        const uint2 q8 = *(const uint2 *)(b + 16 + 32 * (sb / 2) + l); // 8-byte aligned: blocks of 144, l of 8
+        const uint8_t *q = (const uint8_t *)&q8;
+        const int shift = (sb & 1) * 4;
+#pragma unroll
+        for (int v = 0; v < 8; v++) h[v] = __float2half_rn(d * (float)((q[v] >> shift) & 15) - mn);
+    } else if constexpr (TYPE == GGML_TYPE_Q6_K) {
+        const uint8_t *b = row + (i / 256) * 210;
+        const int j = (int)(i % 256), half = j / 128, quarter = j % 128 / 32, l = j % 32;
+        const float d = h2f(u16_at(b + 208)) * (float)(int8_t)b[192 + j / 16];
+        const uint8_t *ql = b + 64 * half + l + 32 * (quarter & 1), *qh = b + 128 + 32 * half + l;
+        const int lo_shift = quarter < 2 ? 0 : 4, hi_shift = 2 * quarter;
+#pragma unroll
+        for (int v = 0; v < 8; v++)
+            h[v] = __float2half_rn(d * (float)((((ql[v] >> lo_shift) & 15) | ((qh[v] >> hi_shift) & 3) << 4) - 32));
+    } else {
+#pragma unroll
+        for (int v = 0; v < 8; v++) h[v] = __float2half_rn(cuda_dequant1(TYPE, row, i + v));
+    }
+}
+
 // V values a thread: with V = 8 (rows of a multiple of 8 values, the output 16-byte aligned) one 16-byte store of
 // eight F16 values, as the add/mul kernels move four floats a thread (one value a thread ran 5x below HBM's rate);
 // the type a template argument (chosen at run time, a switch per value had kept it at a quarter of HBM's rate)
@@ -189,8 +226,7 @@ __global__ void dequant_f16_kernel(const uint8_t *w, int64_t nb1, int64_t k, int
             out[e] = __float2half_rn(cuda_dequant1(TYPE, row, i));
         } else {
             __align__(16) __half h[V];
-#pragma unroll
-            for (int j = 0; j < V; j++) h[j] = __float2half_rn(cuda_dequant1(TYPE, row, i + j));
+            dequant8<TYPE>(row, i, h);
             *(uint4 *)(out + e * V) = *(const uint4 *)h;
         }
     }
