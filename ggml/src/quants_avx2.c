@@ -578,40 +578,174 @@ static void q8_K_quantize_act_avx2(const float *src, void *dst, int64_t n) {
 }
 
 // ============================================================================================
-// GEMM tiles (m > 1): 4 weight rows x 4 activation columns per call, AVX512-VNNI on 256-bit registers.
-// Each block of the 16 pairs is one vpdpbusd per pair (unsigned x signed bytes into int32, no int16
-// saturation); the 8 pairs of two columns are summed across lanes together (lane r + 4 j' = pair (r, j')),
-// so one fma applies the 8 scales and no horizontal sum is left per output.
+// GEMM tiles (m > 1) of AVX2 alone: 4 weight rows x 4 activation columns per call, taken as two column pairs per
+// block so that the 8 int32 accumulators, the pair's activations and a row's levels fit AVX2's 16 registers; each
+// row's levels are unpacked once per column pair instead of once per column (vec_dot), each column's activations
+// loaded once for four rows. What the VNNI tiles below do with vpdpbusd and vpdpwssd, maddubs + madd + add do here.
+// (Q6_K has none: a tile like its VNNI one, its levels rebuilt from two arrays for each 32 values, ran at half its
+// vec_dot's rate on AVX2.)
 // ============================================================================================
 
 _Static_assert(GGML_GEMM_TILE_ROWS == 4 && GGML_GEMM_TILE_COLS == 4, "the tiles below are 4 x 4");
 
-#define VNNI_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
-
 // lane i of the result = sum of the lanes of p[i]
-VNNI_TARGET static inline __m256i vnni_sum8_epi32(const __m256i p[8]) {
+static inline __m256i tile_sum8_epi32(const __m256i p[8]) {
     const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
     const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
 // the 8 pair scales: weight scales of rows 0..3 times the scale of column j (lanes 0..3) and j + 1 (4..7)
-VNNI_TARGET static inline __m256 vnni_pair_scales_f32(__m128 dw, float dx0, float dx1) {
+static inline __m256 tile_pair_scales_f32(__m128 dw, float dx0, float dx1) {
     return _mm256_set_m128(_mm_mul_ps(dw, _mm_set1_ps(dx1)), _mm_mul_ps(dw, _mm_set1_ps(dx0)));
 }
 
 // the same for columns whose scales are f16
-VNNI_TARGET static inline __m256 vnni_pair_scales(__m128 dw, uint16_t dx0, uint16_t dx1) {
-    return vnni_pair_scales_f32(dw, avx2_f16(dx0), avx2_f16(dx1));
+static inline __m256 tile_pair_scales(__m128 dw, uint16_t dx0, uint16_t dx1) {
+    return tile_pair_scales_f32(dw, avx2_f16(dx0), avx2_f16(dx1));
 }
 
 // acc01 lanes r + 4 j for columns 0, 1; acc23 for 2, 3 -> s[j * ss + r]
-VNNI_TARGET static inline void vnni_store_tile(float *s, int64_t ss, __m256 acc01, __m256 acc23) {
+static inline void tile_store(float *s, int64_t ss, __m256 acc01, __m256 acc23) {
     _mm_storeu_ps(s, _mm256_castps256_ps128(acc01));
     _mm_storeu_ps(s + ss, _mm256_extractf128_ps(acc01, 1));
     _mm_storeu_ps(s + 2 * ss, _mm256_castps256_ps128(acc23));
     _mm_storeu_ps(s + 3 * ss, _mm256_extractf128_ps(acc23, 1));
 }
+
+// int32 lanes of u . x (u unsigned bytes, x signed; pairs of products within int16: u <= 128, |x| <= 127)
+static inline __m256i tile_dot_u8s8(__m256i u, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
+}
+
+// Q8_0 . Q8_0 (and Q5_0's rows rewritten as Q8_0, ops_matmul.c): |w| times x with w's signs (maddubs takes one
+// unsigned operand), a fma per block and column pair applies the 8 scales
+static void q8_0_gemm_tile_avx2(int64_t n, float *s, int64_t ss, const void *w, size_t bw, const void *x, size_t bx) {
+    const block_q8_0 *wr[4], *xc[4]; // (4, n / 32) weight rows, activation columns
+    for (int i = 0; i < 4; i++) {
+        wr[i] = (const block_q8_0 *)((const char *)w + i * bw);
+        xc[i] = (const block_q8_0 *)((const char *)x + i * bx);
+    }
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < n / QK8_0; b++) {
+        __m256i wq[4], wa[4];
+        for (int r = 0; r < 4; r++) {
+            wq[r] = _mm256_loadu_si256((const __m256i *)wr[r][b].qs);
+            wa[r] = _mm256_sign_epi8(wq[r], wq[r]);
+        }
+        const __m128 dw = avx2_f16x4(wr[0][b].d, wr[1][b].d, wr[2][b].d, wr[3][b].d);
+        for (int h = 0; h < 2; h++) {
+            const __m256i x0 = _mm256_loadu_si256((const __m256i *)xc[2 * h][b].qs);
+            const __m256i x1 = _mm256_loadu_si256((const __m256i *)xc[2 * h + 1][b].qs);
+            __m256i p[8];
+            for (int r = 0; r < 4; r++) {
+                p[r] = tile_dot_u8s8(wa[r], _mm256_sign_epi8(x0, wq[r]));
+                p[r + 4] = tile_dot_u8s8(wa[r], _mm256_sign_epi8(x1, wq[r]));
+            }
+            acc[h] = _mm256_fmadd_ps(tile_pair_scales(dw, xc[2 * h][b].d, xc[2 * h + 1][b].d),
+                                     _mm256_cvtepi32_ps(tile_sum8_epi32(p)), acc[h]);
+        }
+    }
+    tile_store(s, ss, acc[0], acc[1]);
+}
+
+// Q4_1 . Q8_1: levels (0..15) times x, scaled by d dx; each block's minimum times the column's d sum(x)
+static void q4_1_gemm_tile_avx2(int64_t n, float *s, int64_t ss, const void *w, size_t bw, const void *x, size_t bx) {
+    const block_q4_1 *wr[4]; // (4, n / 32) weight rows
+    const block_q8_1 *xc[4]; // (4, n / 32) activation columns
+    for (int i = 0; i < 4; i++) {
+        wr[i] = (const block_q4_1 *)((const char *)w + i * bw);
+        xc[i] = (const block_q8_1 *)((const char *)x + i * bx);
+    }
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < n / QK4_1; b++) {
+        __m256i wq[4];
+        for (int r = 0; r < 4; r++) wq[r] = avx2_unpack_nibbles(wr[r][b].qs);
+        const __m128 dw = avx2_f16x4(wr[0][b].d, wr[1][b].d, wr[2][b].d, wr[3][b].d);
+        const __m128 mw = avx2_f16x4(wr[0][b].m, wr[1][b].m, wr[2][b].m, wr[3][b].m);
+        for (int h = 0; h < 2; h++) {
+            const __m256i x0 = _mm256_loadu_si256((const __m256i *)xc[2 * h][b].qs);
+            const __m256i x1 = _mm256_loadu_si256((const __m256i *)xc[2 * h + 1][b].qs);
+            __m256i p[8];
+            for (int r = 0; r < 4; r++) {
+                p[r] = tile_dot_u8s8(wq[r], x0);
+                p[r + 4] = tile_dot_u8s8(wq[r], x1);
+            }
+            const __m256 sc = tile_pair_scales(dw, xc[2 * h][b].d, xc[2 * h + 1][b].d);
+            acc[h] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(tile_sum8_epi32(p)), acc[h]);
+            acc[h] = _mm256_add_ps(acc[h], tile_pair_scales(mw, xc[2 * h][b].s, xc[2 * h + 1][b].s));
+        }
+    }
+    tile_store(s, ss, acc[0], acc[1]);
+}
+
+// Q4_K . Q8_K: per sub-block of 32, levels (0..15) times x as int16 pairs (maddubs), times the six-bit scale
+// into int32 (madd); one float fma per super-block applies d, the mins times the columns' per-32 sums come off
+static void q4_K_gemm_tile_avx2(int64_t n, float *s, int64_t ss, const void *w, size_t bw, const void *x, size_t bx) {
+    const block_q4_K *wr[4]; // (4, n / 256) weight rows
+    const block_q8_K *xc[4]; // (4, n / 256) activation columns
+    for (int i = 0; i < 4; i++) {
+        wr[i] = (const block_q4_K *)((const char *)w + i * bw);
+        xc[i] = (const block_q8_K *)((const char *)x + i * bx);
+    }
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        uint8_t sc[4][8];
+        __m128i mins[4]; // (8,) int16 per row
+        for (int r = 0; r < 4; r++) {
+            uint64_t sc_bytes, m_bytes;
+            ggml_q4_K_scales_mins(wr[r][b].scales, &sc_bytes, &m_bytes);
+            memcpy(sc[r], &sc_bytes, 8);
+            mins[r] = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m_bytes));
+        }
+        const __m128 dw = avx2_f16x4(wr[0][b].d, wr[1][b].d, wr[2][b].d, wr[3][b].d);
+        const __m128 mw = avx2_f16x4(wr[0][b].dmin, wr[1][b].dmin, wr[2][b].dmin, wr[3][b].dmin);
+        for (int h = 0; h < 2; h++) { // columns 2h and 2h + 1
+            const block_q8_K *x0 = &xc[2 * h][b], *x1 = &xc[2 * h + 1][b];
+            __m256i p[8]; // lane sums of (row r, column 2h + j) in p[r + 4 j]
+            for (int i = 0; i < 8; i++) p[i] = _mm256_setzero_si256();
+            for (int c = 0; c < 4; c++) { // sub-blocks 2c (low nibbles) and 2c + 1 (high)
+                const __m256i xl0 = _mm256_loadu_si256((const __m256i *)(x0->qs + 64 * c));
+                const __m256i xh0 = _mm256_loadu_si256((const __m256i *)(x0->qs + 64 * c + 32));
+                const __m256i xl1 = _mm256_loadu_si256((const __m256i *)(x1->qs + 64 * c));
+                const __m256i xh1 = _mm256_loadu_si256((const __m256i *)(x1->qs + 64 * c + 32));
+                for (int r = 0; r < 4; r++) {
+                    const __m256i q4 = _mm256_loadu_si256((const __m256i *)(wr[r][b].qs + 32 * c));
+                    const __m256i lo = _mm256_and_si256(q4, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), low4);
+                    const __m256i s0 = _mm256_set1_epi16(sc[r][2 * c]), s1 = _mm256_set1_epi16(sc[r][2 * c + 1]);
+                    p[r] = _mm256_add_epi32(p[r], _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl0), s0),
+                                                                   _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh0), s1)));
+                    p[r + 4] = _mm256_add_epi32(p[r + 4],
+                                                _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl1), s0),
+                                                                 _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh1), s1)));
+                }
+            }
+            __m128 msum[2]; // per column: each row's sum over sub-blocks of m * sum(x)
+            for (int j = 0; j < 2; j++) {
+                const block_q8_K *xj = j ? x1 : x0;
+                const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)xj->bsums),
+                                                  _mm_loadu_si128((const __m128i *)(xj->bsums + 8))); // (8,) per 32
+                __m128i v[4];
+                for (int r = 0; r < 4; r++) v[r] = _mm_madd_epi16(bs, mins[r]);
+                msum[j] = _mm_cvtepi32_ps(_mm_hadd_epi32(_mm_hadd_epi32(v[0], v[1]), _mm_hadd_epi32(v[2], v[3])));
+            }
+            acc[h] = _mm256_fmadd_ps(tile_pair_scales_f32(dw, x0->d, x1->d), _mm256_cvtepi32_ps(tile_sum8_epi32(p)),
+                                     acc[h]);
+            acc[h] = _mm256_fnmadd_ps(tile_pair_scales_f32(mw, x0->d, x1->d), _mm256_set_m128(msum[1], msum[0]), acc[h]);
+        }
+    }
+    tile_store(s, ss, acc[0], acc[1]);
+}
+
+// ============================================================================================
+// GEMM tiles (m > 1): 4 weight rows x 4 activation columns per call, AVX512-VNNI on 256-bit registers.
+// Each block of the 16 pairs is one vpdpbusd per pair (unsigned x signed bytes into int32, no int16
+// saturation); the 8 pairs of two columns are summed across lanes together (lane r + 4 j' = pair (r, j')),
+// so one fma applies the 8 scales and no horizontal sum is left per output.
+// ============================================================================================
+
+#define VNNI_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 
 // Q8_0 . Q8_0: x + 128 is unsigned, so x . w = (x + 128) . w - 128 sum(w); the correction seeds each row's dot
 VNNI_TARGET static void q8_0_gemm_tile_vnni(int64_t n, float *s, int64_t ss, const void *w, size_t bw,
@@ -637,11 +771,11 @@ VNNI_TARGET static void q8_0_gemm_tile_vnni(int64_t n, float *s, int64_t ss, con
                 p[r] = _mm256_dpbusd_epi32(seed[r], ux[2 * h], wq[r]);
                 p[r + 4] = _mm256_dpbusd_epi32(seed[r], ux[2 * h + 1], wq[r]);
             }
-            const __m256 sc = vnni_pair_scales(dw, xc[2 * h][b].d, xc[2 * h + 1][b].d);
-            acc[h] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(vnni_sum8_epi32(p)), acc[h]);
+            const __m256 sc = tile_pair_scales(dw, xc[2 * h][b].d, xc[2 * h + 1][b].d);
+            acc[h] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(tile_sum8_epi32(p)), acc[h]);
         }
     }
-    vnni_store_tile(s, ss, acc[0], acc[1]);
+    tile_store(s, ss, acc[0], acc[1]);
 }
 
 // 32 unsigned weight levels of one block
@@ -681,11 +815,11 @@ VNNI_TARGET static inline __attribute__((always_inline)) void offset_gemm_tile(
                 p[r] = _mm256_dpbusd_epi32(seed[2 * h], wq[r], xq[2 * h]);
                 p[r + 4] = _mm256_dpbusd_epi32(seed[2 * h + 1], wq[r], xq[2 * h + 1]);
             }
-            const __m256 sc = vnni_pair_scales(dw, xc[2 * h][b].d, xc[2 * h + 1][b].d);
-            acc[h] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(vnni_sum8_epi32(p)), acc[h]);
+            const __m256 sc = tile_pair_scales(dw, xc[2 * h][b].d, xc[2 * h + 1][b].d);
+            acc[h] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(tile_sum8_epi32(p)), acc[h]);
         }
     }
-    vnni_store_tile(s, ss, acc[0], acc[1]);
+    tile_store(s, ss, acc[0], acc[1]);
 }
 
 // the f16 scales that Q4_0's and Q5_0's blocks start with
@@ -791,12 +925,12 @@ VNNI_TARGET static void q4_1_gemm_tile_vnni(int64_t n, float *s, int64_t ss, con
                 p[r] = _mm256_dpbusd_epi32(zero, wq[r], xq[2 * h]);
                 p[r + 4] = _mm256_dpbusd_epi32(zero, wq[r], xq[2 * h + 1]);
             }
-            const __m256 sc = vnni_pair_scales(dw, xc[2 * h][b].d, xc[2 * h + 1][b].d);
-            acc[h] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(vnni_sum8_epi32(p)), acc[h]);
-            acc[h] = _mm256_add_ps(acc[h], vnni_pair_scales(mw, xc[2 * h][b].s, xc[2 * h + 1][b].s));
+            const __m256 sc = tile_pair_scales(dw, xc[2 * h][b].d, xc[2 * h + 1][b].d);
+            acc[h] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(tile_sum8_epi32(p)), acc[h]);
+            acc[h] = _mm256_add_ps(acc[h], tile_pair_scales(mw, xc[2 * h][b].s, xc[2 * h + 1][b].s));
         }
     }
-    vnni_store_tile(s, ss, acc[0], acc[1]);
+    tile_store(s, ss, acc[0], acc[1]);
 }
 
 // p[r][j]: int32 lanes of the pair (row r, column j); lane r + 4 j' of the result = the sum of p[r][2 h + j']
@@ -806,7 +940,7 @@ VNNI_TARGET static inline __m256 vnni_pair_sums(__m256i p[4][4], int h) {
         q[r] = p[r][2 * h];
         q[r + 4] = p[r][2 * h + 1];
     }
-    return _mm256_cvtepi32_ps(vnni_sum8_epi32(q));
+    return _mm256_cvtepi32_ps(tile_sum8_epi32(q));
 }
 
 // Q4_K . Q8_K: per sub-block of 32, levels (0..15) times x as int16 pairs (maddubs), scaled by the six-bit
@@ -862,12 +996,12 @@ VNNI_TARGET static void q4_K_gemm_tile_vnni(int64_t n, float *s, int64_t ss, con
         }
         for (int h = 0; h < 2; h++) {
             const float dx0 = xc[2 * h][b].d, dx1 = xc[2 * h + 1][b].d;
-            acc[h] = _mm256_fmadd_ps(vnni_pair_scales_f32(dw, dx0, dx1), vnni_pair_sums(p, h), acc[h]);
-            acc[h] = _mm256_fnmadd_ps(vnni_pair_scales_f32(mw, dx0, dx1), _mm256_set_m128(msum[2 * h + 1], msum[2 * h]),
+            acc[h] = _mm256_fmadd_ps(tile_pair_scales_f32(dw, dx0, dx1), vnni_pair_sums(p, h), acc[h]);
+            acc[h] = _mm256_fnmadd_ps(tile_pair_scales_f32(mw, dx0, dx1), _mm256_set_m128(msum[2 * h + 1], msum[2 * h]),
                                       acc[h]);
         }
     }
-    vnni_store_tile(s, ss, acc[0], acc[1]);
+    tile_store(s, ss, acc[0], acc[1]);
 }
 
 // Q6_K . Q8_K: per group of 32 values (two sub-blocks of 16), levels (0..63) times x as int16 pairs
@@ -913,10 +1047,10 @@ VNNI_TARGET static void q6_K_gemm_tile_vnni(int64_t n, float *s, int64_t ss, con
         }
         const __m128 dw = avx2_f16x4(wr[0][b].d, wr[1][b].d, wr[2][b].d, wr[3][b].d);
         for (int h = 0; h < 2; h++)
-            acc[h] = _mm256_fmadd_ps(vnni_pair_scales_f32(dw, xc[2 * h][b].d, xc[2 * h + 1][b].d), vnni_pair_sums(p, h),
+            acc[h] = _mm256_fmadd_ps(tile_pair_scales_f32(dw, xc[2 * h][b].d, xc[2 * h + 1][b].d), vnni_pair_sums(p, h),
                                      acc[h]);
     }
-    vnni_store_tile(s, ss, acc[0], acc[1]);
+    tile_store(s, ss, acc[0], acc[1]);
 }
 
 // F16 and BF16 tiles: 16 values a step in zmm registers (16 accumulators and 8 operands fit AVX-512's 32;
@@ -988,6 +1122,9 @@ void ggml_quants_install_avx2(struct ggml_type_traits *traits) {
     traits[GGML_TYPE_Q8_0].quantize_act = q8_0_quantize_act_avx2;
     traits[GGML_TYPE_Q8_1].quantize_act = q8_1_quantize_act_avx2;
     traits[GGML_TYPE_Q8_K].quantize_act = q8_K_quantize_act_avx2;
+    traits[GGML_TYPE_Q8_0].gemm_tile = q8_0_gemm_tile_avx2;
+    traits[GGML_TYPE_Q4_1].gemm_tile = q4_1_gemm_tile_avx2;
+    traits[GGML_TYPE_Q4_K].gemm_tile = q4_K_gemm_tile_avx2;
     if (cpu_has_avx512_vnni()) {
         traits[GGML_TYPE_F16].gemm_tile = f16_gemm_tile_avx512;
         traits[GGML_TYPE_BF16].gemm_tile = bf16_gemm_tile_avx512;

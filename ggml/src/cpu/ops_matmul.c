@@ -167,10 +167,10 @@ static void mul_mat_rows_dense(const struct ggml_tensor *w, const struct ggml_cp
         return;
     }
     const int64_t ss = (int64_t)(dst->nb[1] / sizeof(float)); // floats between output columns
-    const int64_t mt = tw->gemm_tile ? m - m % GGML_GEMM_TILE_COLS : 0;   // columns done by tiles
+    const int64_t mt = tt_traits->gemm_tile ? m - m % GGML_GEMM_TILE_COLS : 0; // columns done by tiles
     for (int64_t t0 = r0; t0 < r1; t0 += MUL_MAT_ROW_TILE) {
         const int64_t t1 = t0 + MUL_MAT_ROW_TILE < r1 ? t0 + MUL_MAT_ROW_TILE : r1;
-        const int64_t tt = tw->gemm_tile ? t1 - (t1 - t0) % GGML_GEMM_TILE_ROWS : t0; // rows done by tiles
+        const int64_t tt = tt_traits->gemm_tile ? t1 - (t1 - t0) % GGML_GEMM_TILE_ROWS : t0; // rows done by tiles
         const char *tile_w = wd + t0 * (int64_t)bw; // the tile's rows as the tiles read them
         if (as_q8_0 && tt > t0) {
             q5_0_rows_as_q8_0(tile_w, bw, tt - t0, k, as_q8_0);
