@@ -75,7 +75,8 @@ __global__ void __launch_bounds__(128) moe_gemm_kernel(moe_params p, moe_sort s,
         for (int c = 0; c < 2; c++) wmma::fill_fragment(acc[g][c], 0.0f);
     __syncthreads();
     for (int64_t k0 = 0; k0 < K; k0 += GT_K) {
-        { // the weight tile: thread t dequantizes row t / 2's slice t % 2 (of each matrix)
+        { // the weight tile: thread t dequantizes row t / 2's slice t % 2 (of each matrix), stored 16 bytes at a time
+            // (32 stores of a half each had been a block's busiest work)
             const int64_t row = r0 + tid / 2, sl = k0 / 32 + tid % 2;
             float f[32];
             for (int g = 0; g < (GLU ? 2 : 1); g++) {
@@ -83,15 +84,29 @@ __global__ void __launch_bounds__(128) moe_gemm_kernel(moe_params p, moe_sort s,
                     slice32<TYPE>((g ? we2 : we) + row * nb1, sl, K, f);
                 else
                     for (int i = 0; i < 32; i++) f[i] = 0.0f;
-                for (int i = 0; i < 32; i++) sw[g][tid / 2][(tid % 2) * 32 + i] = __float2half(f[i]);
+                uint4 *dst = (uint4 *)&sw[g][tid / 2][(tid % 2) * 32];
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    uint4 v;
+                    __half2 *h = (__half2 *)&v;
+#pragma unroll
+                    for (int i = 0; i < 4; i++) h[i] = __floats2half2_rn(f[8 * q + 2 * i], f[8 * q + 2 * i + 1]);
+                    dst[q] = v;
+                }
             }
         }
-        for (int i = tid; i < GT_COLS * GT_K; i += 128) { // the pairs' inputs
-            const int c = i / GT_K, kk = i % GT_K;
+        for (int i = tid; i < GT_COLS * GT_K / 4; i += 128) { // the pairs' inputs, four values a thread
+            const int c = i / (GT_K / 4), kk = 4 * (i % (GT_K / 4));
             const int pair = s_pair[c];
-            float v = 0.0f;
-            if (pair >= 0 && k0 + kk < K) v = in[(in_by_token ? pair / p.k : pair) * ld + k0 + kk];
-            sx[c][kk] = __float2half(v);
+            const float *src = in + (int64_t)(in_by_token ? pair / p.k : pair) * ld + k0 + kk;
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (pair >= 0 && k0 + kk + 4 <= K && ((uintptr_t)src & 15) == 0)
+                v = *(const float4 *)src;
+            else if (pair >= 0)
+                for (int j = 0; j < 4 && k0 + kk + j < K; j++) (&v.x)[j] = src[j];
+            __half2 *h = (__half2 *)&sx[c][kk];
+            h[0] = __floats2half2_rn(v.x, v.y);
+            h[1] = __floats2half2_rn(v.z, v.w);
         }
         __syncthreads();
         for (int kk = 0; kk < GT_K; kk += 16) {
