@@ -679,6 +679,25 @@ static void q4_1_gemm_tile_avx2(int64_t n, float *s, int64_t ss, const void *w, 
     tile_store(s, ss, acc[0], acc[1]);
 }
 
+// the 4 rows' six-bit scales (sc[r][s]) and mins (mins[r]: 8 int16) of super-block b, for the Q4_K tiles
+static inline void q4_K_tile_scales_mins(const block_q4_K *const wr[4], int64_t b, uint8_t sc[4][8], __m128i mins[4]) {
+    for (int r = 0; r < 4; r++) {
+        uint64_t sc_bytes, m_bytes;
+        ggml_q4_K_scales_mins(wr[r][b].scales, &sc_bytes, &m_bytes);
+        memcpy(sc[r], &sc_bytes, 8);
+        mins[r] = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m_bytes));
+    }
+}
+
+// lane r: row r's sum over sub-blocks of m * sum(x) for one column's super-block, as a float (the mins' share)
+static inline __m128 q4_K_tile_min_sums(const block_q8_K *xj, const __m128i mins[4]) {
+    const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)xj->bsums),
+                                      _mm_loadu_si128((const __m128i *)(xj->bsums + 8))); // (8,) per 32
+    __m128i v[4];
+    for (int r = 0; r < 4; r++) v[r] = _mm_madd_epi16(bs, mins[r]);
+    return _mm_cvtepi32_ps(_mm_hadd_epi32(_mm_hadd_epi32(v[0], v[1]), _mm_hadd_epi32(v[2], v[3])));
+}
+
 // Q4_K . Q8_K: per sub-block of 32, levels (0..15) times x as int16 pairs (maddubs), times the six-bit scale
 // into int32 (madd); one float fma per super-block applies d, the mins times the columns' per-32 sums come off
 static void q4_K_gemm_tile_avx2(int64_t n, float *s, int64_t ss, const void *w, size_t bw, const void *x, size_t bx) {
@@ -693,12 +712,7 @@ static void q4_K_gemm_tile_avx2(int64_t n, float *s, int64_t ss, const void *w, 
     for (int64_t b = 0; b < n / QK_K; b++) {
         uint8_t sc[4][8];
         __m128i mins[4]; // (8,) int16 per row
-        for (int r = 0; r < 4; r++) {
-            uint64_t sc_bytes, m_bytes;
-            ggml_q4_K_scales_mins(wr[r][b].scales, &sc_bytes, &m_bytes);
-            memcpy(sc[r], &sc_bytes, 8);
-            mins[r] = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m_bytes));
-        }
+        q4_K_tile_scales_mins(wr, b, sc, mins);
         const __m128 dw = avx2_f16x4(wr[0][b].d, wr[1][b].d, wr[2][b].d, wr[3][b].d);
         const __m128 mw = avx2_f16x4(wr[0][b].dmin, wr[1][b].dmin, wr[2][b].dmin, wr[3][b].dmin);
         for (int h = 0; h < 2; h++) { // columns 2h and 2h + 1
@@ -721,15 +735,7 @@ static void q4_K_gemm_tile_avx2(int64_t n, float *s, int64_t ss, const void *w, 
                                                                  _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh1), s1)));
                 }
             }
-            __m128 msum[2]; // per column: each row's sum over sub-blocks of m * sum(x)
-            for (int j = 0; j < 2; j++) {
-                const block_q8_K *xj = j ? x1 : x0;
-                const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)xj->bsums),
-                                                  _mm_loadu_si128((const __m128i *)(xj->bsums + 8))); // (8,) per 32
-                __m128i v[4];
-                for (int r = 0; r < 4; r++) v[r] = _mm_madd_epi16(bs, mins[r]);
-                msum[j] = _mm_cvtepi32_ps(_mm_hadd_epi32(_mm_hadd_epi32(v[0], v[1]), _mm_hadd_epi32(v[2], v[3])));
-            }
+            const __m128 msum[2] = {q4_K_tile_min_sums(x0, mins), q4_K_tile_min_sums(x1, mins)};
             acc[h] = _mm256_fmadd_ps(tile_pair_scales_f32(dw, x0->d, x1->d), _mm256_cvtepi32_ps(tile_sum8_epi32(p)),
                                      acc[h]);
             acc[h] = _mm256_fnmadd_ps(tile_pair_scales_f32(mw, x0->d, x1->d), _mm256_set_m128(msum[1], msum[0]), acc[h]);
@@ -959,12 +965,7 @@ VNNI_TARGET static void q4_K_gemm_tile_vnni(int64_t n, float *s, int64_t ss, con
     for (int64_t b = 0; b < n / QK_K; b++) {
         uint8_t sc[4][8];
         __m128i mins[4]; // (8,) int16 per row
-        for (int r = 0; r < 4; r++) {
-            uint64_t sc_bytes, m_bytes;
-            ggml_q4_K_scales_mins(wr[r][b].scales, &sc_bytes, &m_bytes);
-            memcpy(sc[r], &sc_bytes, 8);
-            mins[r] = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m_bytes));
-        }
+        q4_K_tile_scales_mins(wr, b, sc, mins);
         __m256i p[4][4]; // (row, column) int32 lanes
         for (int r = 0; r < 4; r++)
             for (int j = 0; j < 4; j++) p[r][j] = _mm256_setzero_si256();
@@ -987,13 +988,7 @@ VNNI_TARGET static void q4_K_gemm_tile_vnni(int64_t n, float *s, int64_t ss, con
         const __m128 dw = avx2_f16x4(wr[0][b].d, wr[1][b].d, wr[2][b].d, wr[3][b].d);
         const __m128 mw = avx2_f16x4(wr[0][b].dmin, wr[1][b].dmin, wr[2][b].dmin, wr[3][b].dmin);
         __m128 msum[4]; // per column: each row's sum over sub-blocks of m * sum(x), as floats
-        for (int j = 0; j < 4; j++) {
-            const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)xc[j][b].bsums),
-                                              _mm_loadu_si128((const __m128i *)(xc[j][b].bsums + 8))); // (8,) per 32
-            __m128i v[4];
-            for (int r = 0; r < 4; r++) v[r] = _mm_madd_epi16(bs, mins[r]);
-            msum[j] = _mm_cvtepi32_ps(_mm_hadd_epi32(_mm_hadd_epi32(v[0], v[1]), _mm_hadd_epi32(v[2], v[3])));
-        }
+        for (int j = 0; j < 4; j++) msum[j] = q4_K_tile_min_sums(&xc[j][b], mins);
         for (int h = 0; h < 2; h++) {
             const float dx0 = xc[2 * h][b].d, dx1 = xc[2 * h + 1][b].d;
             acc[h] = _mm256_fmadd_ps(tile_pair_scales_f32(dw, dx0, dx1), vnni_pair_sums(p, h), acc[h]);
