@@ -215,8 +215,16 @@ def make_llama(path: str, shape: str, qtype: Q, *, seed: int = 0, density: float
     the files users download most."""
     d, shape_layers, n_ff, n_head, n_head_kv, n_vocab = SHAPES[shape]
     n_layer = n_layer or shape_layers
-    type_of, declared = (lambda name: MIXES[mix][0](name, n_layer), int(MIXES[mix][1])) if mix else \
-        (lambda name: qtype, file_type(qtype))
+    if mix:
+        mix_type, declared = MIXES[mix][0], int(MIXES[mix][1])
+
+        def type_of(name: str) -> Q:
+            return mix_type(name, n_layer)
+    else:
+        declared = file_type(qtype)
+
+        def type_of(name: str) -> Q:
+            return qtype
     head_dim, kv_dim = d // n_head, d // n_head * n_head_kv
     rng = np.random.default_rng(seed)
     freqs = power_law_freqs(n_ff, density, hot_frac, hot_share)
