@@ -34,7 +34,6 @@ struct rope_job {
     bool neox;
     double base, fscale, ext, mscale, lo, hi;
     const float *factors;
-    int64_t nrows;
 };
 
 // heads h0 .. h0 + ROPE_WARPS - 1 of token group g (token g % n_tok of batch g / n_tok): each warp's values loaded
@@ -116,7 +115,7 @@ static int rope_job_of(const struct ggml_tensor *rope, const rope_out &o, rope_j
                   (double)ggml_op_param_f32(rope, 2), (double)ggml_op_param_f32(rope, 3),
                   (double)ggml_op_param_f32(rope, 4), (double)ggml_op_param_f32(rope, 5),
                   (double)ggml_op_param_f32(rope, 6), (double)ggml_op_param_f32(rope, 7),
-                  rope->src[2] ? (const float *)rope->src[2]->data : NULL, ggml_nrows(x)};
+                  rope->src[2] ? (const float *)rope->src[2]->data : NULL};
     return GGML_STATUS_OK;
 }
 
@@ -163,7 +162,7 @@ int cuda_rope_qkv_store(const struct ggml_tensor *rope_q, const struct ggml_tens
     if (!rc) rc = rope_job_of(rope_k, ok, &k);
     if (rc) return rc;
     const struct ggml_tensor *vx = store_v->src[1];
-    v = rope_job{cuda_view_of(vx), ov.pos, ov.pos_nb0, ov, 0, false, 0, 0, 0, 0, 0, 0, NULL, ggml_nrows(vx)};
+    v = rope_job{cuda_view_of(vx), ov.pos, ov.pos_nb0, ov, 0, false, 0, 0, 0, 0, 0, 0, NULL};
     dim3 grid = rope_grid(q);
     grid.y = std::max(grid.y, std::max(rope_grid(k).y, rope_grid(v).y));
     grid.z = 3;
