@@ -89,6 +89,25 @@ def test_batches_and_cache_reuse_give_the_same_logits(tiny, variant):
     np.testing.assert_allclose(last, whole[10:], rtol=0, atol=1e-5 * np.abs(whole).max())
 
 
+@pytest.mark.parametrize("mix,qtype", [(None, Q.Q4_1), (None, Q.Q5_0), (None, Q.Q8_0), ("q4_k_m", Q.Q4_K)])
+@pytest.mark.parametrize("precise", [False, True])
+def test_a_tokens_logits_do_not_depend_on_where_its_batch_starts(tmp_path, mix, qtype, precise):
+    """Exactly, quantized: a prompt after a cached prefix (a server's next request, a chat's next turn) gives the
+    logits the same prompt gives in one batch. The CPU's GEMM tiles took 4 columns at a time and the leftovers went
+    through vec_dot, so a token's rounding depended on its column in the batch: eight concurrent clients of `pyinfer
+    serve` once got another answer than the same question asked alone."""
+    from pyinfer.converters import synthetic
+
+    path = str(tmp_path / "m.gguf")
+    synthetic.make_llama(path, "small", qtype, n_layer=2, dense=True, share_weights=True, mix=mix)
+    tokens = np.random.default_rng(4).integers(0, 2048, 13).tolist()
+    whole = Model(path, n_ctx=64, kv_type="f32", precise=precise, n_threads=2).logits(tokens)
+    model = Model(path, n_ctx=64, kv_type="f32", precise=precise, n_threads=2)
+    model.eval(tokens[:6])
+    rest = model.eval(tokens[6:], all_logits=True)
+    np.testing.assert_array_equal(rest, whole[6:])
+
+
 @pytest.mark.parametrize("variant", ["llama_silu", "qwen3", "mistral", "gemma3", *sorted(GEMMA4_VARIANTS),
                                      *sorted(QWEN35_VARIANTS)])
 def test_plain_gguf_runs_like_powergguf(tiny, tmp_path, variant):

@@ -167,7 +167,11 @@ static void mul_mat_rows_dense(const struct ggml_tensor *w, const struct ggml_cp
         return;
     }
     const int64_t ss = (int64_t)(dst->nb[1] / sizeof(float)); // floats between output columns
-    const int64_t mt = tt_traits->gemm_tile ? m - m % GGML_GEMM_TILE_COLS : 0; // columns done by tiles
+    // columns done by tiles: all of them from 4 on, the last tile overlapping the one before it where 4 does not
+    // divide m (a column's tile arithmetic does not depend on its neighbours, so its outputs are written again
+    // unchanged). A token's result then does not depend on where its batch starts: leftover columns through
+    // vec_dot had made a prompt evaluated after a cached prefix answer otherwise than the same prompt in one batch.
+    const int64_t mt = tt_traits->gemm_tile && m >= GGML_GEMM_TILE_COLS ? m : 0;
     for (int64_t t0 = r0; t0 < r1; t0 += MUL_MAT_ROW_TILE) {
         const int64_t t1 = t0 + MUL_MAT_ROW_TILE < r1 ? t0 + MUL_MAT_ROW_TILE : r1;
         const int64_t tt = tt_traits->gemm_tile ? t1 - (t1 - t0) % GGML_GEMM_TILE_ROWS : t0; // rows done by tiles
@@ -176,7 +180,8 @@ static void mul_mat_rows_dense(const struct ggml_tensor *w, const struct ggml_cp
             q5_0_rows_as_q8_0(tile_w, bw, tt - t0, k, as_q8_0);
             tile_w = (const char *)as_q8_0;
         }
-        for (int64_t j = 0; j < mt; j += GGML_GEMM_TILE_COLS) {
+        for (int64_t j0 = 0; j0 < mt; j0 += GGML_GEMM_TILE_COLS) {
+            const int64_t j = j0 + GGML_GEMM_TILE_COLS <= m ? j0 : m - GGML_GEMM_TILE_COLS;
             const char *xj = xc->base + (size_t)j * xc->stride;
             float *yj = (float *)(dd + j * (int64_t)dst->nb[1]); // (n) column j of the output
             for (int64_t r = t0; r < tt; r += GGML_GEMM_TILE_ROWS)
