@@ -101,6 +101,29 @@ def test_mul_mat_precise_matches_float64(case, seed, scale):
     assert np.all(err <= PRECISE_TOL.get(type_, 5e-5) * bound.T + 1e-30), (err / bound.T).max()
 
 
+@pytest.mark.parametrize("m", [4, 7, 13])
+@pytest.mark.parametrize("type_", QUANT_TYPES)
+def test_precise_mul_mat_of_a_batch_matches_scalar_and_float64(type_, m):
+    """Batches of 4+ columns go through the GEMM tiles (16-bit activations where the type has them, the last tile
+    overlapping the one before where 4 does not divide m); 10 rows leave two to the row dots. The SIMD result
+    equals the scalar one (float32 summation order aside) and float64 on x itself (5e-5 of the terms)."""
+    rng = rng_for(m * 100 + type_)
+    k = 2 * max(ggml.block_size(type_), 64)
+    ctx = ggml.Context(32 << 20)
+    wt, w64 = weights(ctx, rng.standard_normal((10, k)), type_)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    y = ctx.mul_mat(wt, tensor(ctx, x), precise=True)
+    try:
+        ggml.lib.ggml_cpu_set_simd(False)
+        (scalar,) = compute(ctx, [y], 2)
+    finally:
+        ggml.lib.ggml_cpu_set_simd(True)
+    (simd,) = compute(ctx, [y], 2)
+    bound = np.abs(x.astype(np.float64)) @ np.abs(w64).T  # (m, n): the size of the sums' terms
+    assert np.all(np.abs(simd - scalar) <= 1e-6 * bound)
+    assert np.all(np.abs(simd - ref.mul_mat(w64, x)) <= 5e-5 * bound)
+
+
 @pytest.mark.parametrize("type_", ggml.WEIGHT_TYPES)
 def test_mul_mat_simd_matches_scalar(type_):
     rng = rng_for(type_)

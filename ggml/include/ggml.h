@@ -115,6 +115,12 @@ int ggml_dequantize(enum ggml_type type, const void *src, float *dst, int64_t n)
 int ggml_vec_dot(enum ggml_type type, int64_t n, float *result, const void *w, const void *x);
 // same, forcing the scalar reference path (the oracle for the SIMD path)
 int ggml_vec_dot_ref(enum ggml_type type, int64_t n, float *result, const void *w, const void *x);
+// a precise mul_mat's 16-bit activations for weights of `type` (quants.h's block_q16, or block_q16_K for the
+// K-quants): bytes of n values (0 where the type has none), the conversion, the dot and its scalar oracle
+size_t ggml_q16_row_size(enum ggml_type type, int64_t n);
+int ggml_quantize_q16(enum ggml_type type, const float *src, void *dst, int64_t n);
+int ggml_vec_dot_q16(enum ggml_type type, int64_t n, float *result, const void *w, const void *x);
+int ggml_vec_dot_q16_ref(enum ggml_type type, int64_t n, float *result, const void *w, const void *x);
 // y[0..n) += a * row, row of `type` (n a multiple of the block size); _ref forces the scalar path
 int ggml_axpy(enum ggml_type type, int64_t n, float *y, float a, const void *row);
 int ggml_axpy_ref(enum ggml_type type, int64_t n, float *y, float a, const void *row);

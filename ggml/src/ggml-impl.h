@@ -57,6 +57,12 @@ struct ggml_type_traits {
     ggml_gemm_tile_fn gemm_tile;         // register-tiled m > 1 kernel, SIMD only (its oracle: vec_dot_ref);
                                          // NULL: mul_mat loops over vec_dot
     enum ggml_type vec_dot_type;         // activations are converted to this before vec_dot
+    // precise mul_mat over 16-bit activations (block_q16, or block_q16_K for the K-quants): NULL where the type
+    // has none (a precise mul_mat then dots x's 8-bit rounding and, again, what that rounding lost)
+    ggml_from_float_fn quantize_q16;
+    ggml_vec_dot_fn vec_dot_q16;
+    ggml_vec_dot_fn vec_dot_q16_ref;     // scalar oracle
+    ggml_gemm_tile_fn gemm_tile_q16;     // SIMD only, NULL where absent
 };
 
 const struct ggml_type_traits *ggml_get_type_traits(enum ggml_type type);
@@ -66,6 +72,10 @@ void ggml_quants_init(void);
 void ggml_quants_install_avx2(struct ggml_type_traits *traits);
 void ggml_quants_install_axpy_avx2(struct ggml_type_traits *traits); // quants_axpy_avx2.c
 void ggml_quants_install_axpy_rounded_avx2(struct ggml_type_traits *traits); // quants_axpy_rounded_avx2.c
+void ggml_quants_install_q16(struct ggml_type_traits *traits);      // quants_q16.c: the scalar kernels
+void ggml_quants_install_q16_avx2(struct ggml_type_traits *traits); // quants_q16_avx2.c
+// bytes of n values of 16-bit activations for weights of this type (0 where it has no vec_dot_q16)
+size_t ggml_q16_row_bytes(const struct ggml_type_traits *tw, int64_t n);
 
 // a device allocation owned by a context (freed with it)
 int ggml_context_add_device_buffer(struct ggml_context *ctx, void *ptr);

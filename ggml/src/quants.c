@@ -218,15 +218,11 @@ static void q5_0_from_float(const float *src, void *dst, int64_t n) {
     }
 }
 
-static inline uint32_t q5_0_load_qh(const block_q5_0 *b) {
-    return (uint32_t)b->qh[0] | (uint32_t)b->qh[1] << 8 | (uint32_t)b->qh[2] << 16 | (uint32_t)b->qh[3] << 24;
-}
-
 static void q5_0_to_float(const void *src, float *dst, int64_t n) {
     const block_q5_0 *x = src; // (n / 32,)
     for (int64_t i = 0; i < n / QK5_0; i++) {
         const float d = ggml_fp16_to_fp32(x[i].d);
-        const uint32_t qh = q5_0_load_qh(&x[i]);
+        const uint32_t qh = ggml_q5_0_qh(&x[i]);
         float *y = dst + i * QK5_0; // (32,)
         for (int j = 0; j < QK5_0 / 2; j++) {
             const int q0 = (x[i].qs[j] & 0x0F) | (int)((qh >> j) & 1) << 4;
@@ -331,7 +327,7 @@ static void q5_0_vec_dot_ref(int64_t n, float *s, const void *w, const void *x) 
     const block_q8_0 *b = x; // (n / 32,)
     float sum = 0.0f;
     for (int64_t i = 0; i < n / QK5_0; i++) {
-        const uint32_t qh = q5_0_load_qh(&a[i]);
+        const uint32_t qh = ggml_q5_0_qh(&a[i]);
         int sumi = 0;
         for (int j = 0; j < QK5_0 / 2; j++) {
             const int q0 = (a[i].qs[j] & 0x0F) | (int)((qh >> j) & 1) << 4;
@@ -507,13 +503,6 @@ static void q4_K_to_float(const void *src, float *dst, int64_t n) {
 }
 
 // Q6_K level (0..63) of value k (0..255) of a block
-static inline int q6_K_level(const block_q6_K *b, int k) {
-    const int h = k / 128, g = (k % 128) / 32, l = k % 32;
-    const int low = (b->ql[64 * h + 32 * (g % 2) + l] >> (4 * (g / 2))) & 0x0F;
-    const int high = (b->qh[32 * h + l] >> (2 * g)) & 3;
-    return low | (high << 4);
-}
-
 // Q6_K quantizer (simpler than llama.cpp's search, sound): per sub-block of 16 a signed scale that maps
 // the largest-magnitude value to -32, stored as an int8 multiple of an f16 super-scale rounded away
 // from zero so nothing clips except a tie of opposite sign (one step); values rounded to nearest.
@@ -554,7 +543,7 @@ static void q6_K_to_float(const void *src, float *dst, int64_t n) {
         const float d = ggml_fp16_to_fp32(x[i].d);
         for (int k = 0; k < QK_K; k++) {
             const float dl = d * (float)x[i].scales[k / 16];
-            dst[i * QK_K + k] = dl * (float)(q6_K_level(&x[i], k) - 32);
+            dst[i * QK_K + k] = dl * (float)(ggml_q6_K_level(&x[i], k) - 32);
         }
     }
 }
@@ -624,7 +613,7 @@ static void q6_K_vec_dot_ref(int64_t n, float *s, const void *w, const void *x) 
         for (int sb = 0; sb < 16; sb++) {
             int dot = 0;
             for (int l = 0; l < 16; l++) {
-                dot += (q6_K_level(&a[i], 16 * sb + l) - 32) * b[i].qs[16 * sb + l];
+                dot += (ggml_q6_K_level(&a[i], 16 * sb + l) - 32) * b[i].qs[16 * sb + l];
             }
             sumi += a[i].scales[sb] * dot;
         }
@@ -672,8 +661,9 @@ QUANT_AXPY_REF(q6_K, QK_K, block_q6_K)
                .vec_dot = fn_##_vec_dot_ref, .vec_dot_ref = fn_##_vec_dot_ref,               \
                .axpy = fn_##_axpy_ref, .axpy_ref = fn_##_axpy_ref, .vec_dot_type = dot_type_}
 
-// ggml_quants_init copies it and lets the SIMD installers overwrite the kernels in the copy
-static const struct ggml_type_traits traits_scalar[GGML_TYPE_COUNT] = {
+// ggml_quants_init adds the 16-bit activations' kernels (quants_q16.c), copies it and lets the SIMD installers
+// overwrite the kernels in the copy
+static struct ggml_type_traits traits_scalar[GGML_TYPE_COUNT] = {
     TRAITS_FULL(GGML_TYPE_F32, "f32", 1, sizeof(float), false, f32, GGML_TYPE_F32),
     TRAITS_FULL(GGML_TYPE_F16, "f16", 1, sizeof(uint16_t), false, f16, GGML_TYPE_F16),
     TRAITS_FULL(GGML_TYPE_BF16, "bf16", 1, sizeof(uint16_t), false, bf16, GGML_TYPE_BF16),
@@ -720,15 +710,20 @@ static void quants_use_simd(bool enabled) {
         traits_live[t].from_float = src[t].from_float;
         traits_live[t].quantize_act = src[t].quantize_act;
         traits_live[t].gemm_tile = src[t].gemm_tile;
+        traits_live[t].quantize_q16 = src[t].quantize_q16;
+        traits_live[t].vec_dot_q16 = src[t].vec_dot_q16;
+        traits_live[t].gemm_tile_q16 = src[t].gemm_tile_q16;
     }
 }
 
 static void quants_init_once(void) {
+    ggml_quants_install_q16(traits_scalar);
     memcpy(traits_live, traits_scalar, sizeof traits_live);
     memcpy(traits_simd, traits_scalar, sizeof traits_simd);
     quants_simd_available = quants_cpu_has_avx2_set();
     if (quants_simd_available) {
         ggml_quants_install_avx2(traits_simd);
+        ggml_quants_install_q16_avx2(traits_simd);
     }
     quants_use_simd(true);
 }
@@ -870,6 +865,49 @@ int ggml_vec_dot(enum ggml_type type, int64_t n, float *result, const void *w, c
 
 int ggml_vec_dot_ref(enum ggml_type type, int64_t n, float *result, const void *w, const void *x) {
     return quants_vec_dot(type, n, result, w, x, true);
+}
+
+size_t ggml_q16_row_size(enum ggml_type type, int64_t n) {
+    const struct ggml_type_traits *tt = quants_traits_checked(type);
+    return tt && n >= 0 && n % tt->blck_size == 0 ? ggml_q16_row_bytes(tt, n) : 0;
+}
+
+// checks of the 16-bit activations' functions: the type has them, n whole blocks, data
+static int quants_q16_check(enum ggml_type type, int64_t n, const void *a, const void *b, const char *what,
+                            const struct ggml_type_traits **out) {
+    const struct ggml_type_traits *tt = quants_traits_checked(type);
+    if (tt == NULL) return GGML_STATUS_INVALID_ARG;
+    if (!tt->vec_dot_q16) return ggml_set_error(GGML_STATUS_UNSUPPORTED, "%s: no 16-bit activations for %s", what, tt->name);
+    if (n < 0 || n % tt->blck_size)
+        return ggml_set_error(GGML_STATUS_INVALID_ARG, "%s: n = %lld is not a multiple of the %s block size %lld",
+                              what, (long long)n, tt->name, (long long)tt->blck_size);
+    if (a == NULL || b == NULL) return ggml_set_error(GGML_STATUS_INVALID_ARG, "%s: null data", what);
+    *out = tt;
+    return GGML_STATUS_OK;
+}
+
+int ggml_quantize_q16(enum ggml_type type, const float *src, void *dst, int64_t n) {
+    const struct ggml_type_traits *tt = NULL;
+    const int status = quants_q16_check(type, n, src, dst, "quantize_q16", &tt);
+    if (status == GGML_STATUS_OK) tt->quantize_q16(src, dst, n);
+    return status;
+}
+
+static int quants_vec_dot_q16(enum ggml_type type, int64_t n, float *result, const void *w, const void *x, bool ref) {
+    const struct ggml_type_traits *tt = NULL;
+    const int status = quants_q16_check(type, n, w, x, "vec_dot_q16", &tt);
+    if (status != GGML_STATUS_OK) return status;
+    if (result == NULL) return ggml_set_error(GGML_STATUS_INVALID_ARG, "vec_dot_q16: null result");
+    (ref ? tt->vec_dot_q16_ref : tt->vec_dot_q16)(n, result, w, x);
+    return GGML_STATUS_OK;
+}
+
+int ggml_vec_dot_q16(enum ggml_type type, int64_t n, float *result, const void *w, const void *x) {
+    return quants_vec_dot_q16(type, n, result, w, x, false);
+}
+
+int ggml_vec_dot_q16_ref(enum ggml_type type, int64_t n, float *result, const void *w, const void *x) {
+    return quants_vec_dot_q16(type, n, result, w, x, true);
 }
 
 static int quants_axpy(enum ggml_type type, int64_t n, float *y, float a, const void *row, bool ref) {

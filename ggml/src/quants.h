@@ -126,6 +126,47 @@ GGML_QFN void ggml_q4_K_scales_mins(const uint8_t *scales, uint64_t *sc, uint64_
     *m = (uint64_t)(((u[2] >> 4) & 0x0F0F0F0F) | ((u[1] >> 2) & 0x30303030)) << 32 | (u[1] & 0x3F3F3F3F);
 }
 
+// Q5_0: the 32 fifth bits as one little-endian word
+GGML_QFN uint32_t ggml_q5_0_qh(const block_q5_0 *b) {
+    return (uint32_t)b->qh[0] | (uint32_t)b->qh[1] << 8 | (uint32_t)b->qh[2] << 16 | (uint32_t)b->qh[3] << 24;
+}
+
+// Q6_K: level k (0..63) of a super-block, as the layout above reads
+GGML_QFN int ggml_q6_K_level(const block_q6_K *b, int k) {
+    const int h = k / 128, g = (k % 128) / 32, l = k % 32;
+    const int low = (b->ql[64 * h + 32 * (g % 2) + l] >> (4 * (g / 2))) & 0x0F;
+    const int high = (b->qh[32 * h + l] >> (2 * g)) & 3;
+    return low | (high << 4);
+}
+
+// activations of a precise mul_mat (ggml_mul_mat_precise) over 32-value weight blocks: x = d * q, q a 16-bit level
+// (|q| <= 32512) kept as two bytes, q = 255 hi + lo, so that the 8-bit products the weight types' kernels are made
+// of serve it: w . q = 255 (w . hi) + w . lo, two products a weight under one scale (rounding x to 8 bits and dotting
+// what that lost as well costs two of each). 255, being odd, leaves no ties: both bytes stay in [-127, 127], as the
+// sign trick of signed weights (maddubs takes |w| and moves w's sign onto x) needs.
+#define Q16_MAX 32512 // 255 * 127 + 127
+typedef struct {
+    float d;          // amax / 32512
+    int32_t sum;      // sum(q): Q4_1's minimum (and Q4_0's, Q5_0's offsets) multiply d * sum
+    int8_t hi[32];    // (32,) q / 255 rounded to nearest
+    int8_t lo[32];    // (32,) q - 255 hi
+} block_q16;
+GGML_STATIC_ASSERT(sizeof(block_q16) == 72, "block_q16 must be 72 bytes");
+
+// the same over the K-quants' 256-value super-blocks, with sums of q per 16 values (their mins and offsets)
+typedef struct {
+    float d;
+    int32_t bsums[QK_K / 16]; // (16,)
+    int8_t hi[QK_K];          // (256,)
+    int8_t lo[QK_K];          // (256,)
+} block_q16_K;
+GGML_STATIC_ASSERT(sizeof(block_q16_K) == 580, "block_q16_K must be 580 bytes");
+
+// q / 255 to nearest (never a tie), without dividing a negative number
+GGML_QFN int ggml_q16_hi(int q) {
+    return (q + 127 + 255 * 128) / 255 - 128;
+}
+
 // --- F16 / BF16 <-> F32, integer only so that host and device agree bit for bit ---
 
 GGML_QFN uint32_t ggml_f32_bits(float f) {

@@ -4,29 +4,12 @@
 // the scalar kernels of quants.c (tests/test_quants.py).
 #include "ggml-impl.h"
 #include "quants.h"
+#include "quants_avx2.h"
 
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-
-static inline float avx2_hsum_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static inline float avx2_f16(uint16_t h) {
-    return _cvtsh_ss(h);
-}
-
-// 16 bytes of nibbles -> 32 bytes: low nibbles (values 0..15) in the low lane, high nibbles above
-static inline __m256i avx2_unpack_nibbles(const uint8_t *qs) {
-    const __m128i b = _mm_loadu_si128((const __m128i *)qs);
-    const __m256i v = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
-}
 
 // signed x signed bytes -> 8 int32 sums of 4 products (sign moved onto b so maddubs sees |a| unsigned)
 static inline __m256i avx2_dot_i8(__m256i a, __m256i b) {
@@ -37,16 +20,6 @@ static inline __m256i avx2_dot_i8(__m256i a, __m256i b) {
 // unsigned x signed bytes -> 8 int32 sums of 4 products
 static inline __m256i avx2_dot_u8i8(__m256i u, __m256i s) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-}
-
-// 32 bits -> 32 bytes, 0xFF where the bit is set (byte j <- bit j)
-static inline __m256i avx2_bits_to_bytes(const uint8_t *bits) {
-    uint32_t b32;
-    memcpy(&b32, bits, sizeof b32);
-    const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)b32), spread);
-    const __m256i mask = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    return _mm256_cmpeq_epi8(_mm256_and_si256(bytes, mask), mask);
 }
 
 // ============================================================================================
@@ -167,21 +140,10 @@ static void f16_from_float_avx2(const float *src, void *dst, int64_t n) {
 // Q4_0, Q4_1, Q5_0, Q8_0 with Q8 activations
 // ============================================================================================
 
-// four halves -> four floats; packed on the scalar side, which is idle while the vector units work
-static inline __m128 avx2_f16x4(uint16_t h0, uint16_t h1, uint16_t h2, uint16_t h3) {
-    const uint64_t packed = (uint64_t)h0 | (uint64_t)h1 << 16 | (uint64_t)h2 << 32 | (uint64_t)h3 << 48;
-    return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)packed));
-}
-
 // products of the f16 scales of 4 weight blocks and 4 activation blocks, in lanes 0..3
 static inline __m256 avx2_scales4(uint16_t w0, uint16_t w1, uint16_t w2, uint16_t w3,
                                   uint16_t x0, uint16_t x1, uint16_t x2, uint16_t x3) {
     return _mm256_castps128_ps256(_mm_mul_ps(avx2_f16x4(w0, w1, w2, w3), avx2_f16x4(x0, x1, x2, x3)));
-}
-
-static inline __m256i avx2_load2_128(const void *lo, const void *hi) {
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)lo)),
-                                   _mm_loadu_si128((const __m128i *)hi), 1);
 }
 
 // signed bytes a . b -> 16 int16 sums of 2 products (sign moved onto b so maddubs sees |a| unsigned)
@@ -288,12 +250,6 @@ static void q4_1_vec_dot_avx2(int64_t n, float *s, const void *w, const void *x)
         sum += avx2_f16(a[i].d) * avx2_f16(b[i].d) * avx2_hsum_ps(_mm256_cvtepi32_ps(p)) + avx2_f16(a[i].m) * avx2_f16(b[i].s);
     }
     *s = sum;
-}
-
-static inline uint32_t avx2_load_u32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
 }
 
 // blocks 0 and 1 of Q5_0 . Q8_0: q = nibble | fifth bit << 4 unsigned, sum (q - 16) y = sum q y - 16 sum y;
@@ -474,36 +430,6 @@ static void q6_K_vec_dot_avx2(int64_t n, float *s, const void *w, const void *x)
 // activation quantizers: the reference arithmetic (same division, multiply and rounding), 8 lanes at a time
 // ============================================================================================
 
-// roundf (half away from zero) exactly: v - trunc(v) is exact in float, so the tie test is too
-static inline __m256 avx2_round_away(__m256 v) {
-    const __m256 sign = _mm256_and_ps(v, _mm256_set1_ps(-0.0f));
-    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-    const __m256 frac = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_sub_ps(v, t));
-    const __m256 up = _mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ);
-    return _mm256_add_ps(t, _mm256_and_ps(up, _mm256_or_ps(sign, _mm256_set1_ps(1.0f))));
-}
-
-// largest |x| over 8 * nv values; a NaN anywhere gives NaN when nan_wins (Q8_0/Q8_1), else NaNs are
-// skipped (Q8_K), as in the scalar quantizers
-static inline float avx2_amax(const float *x, int nv, bool nan_wins) {
-    __m256 m = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
-    for (int i = 0; i < nv; i++) {
-        const __m256 v = _mm256_loadu_ps(x + 8 * i);
-        m = _mm256_max_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), v), m); // maxps keeps m where v is NaN
-        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    }
-    if (nan_wins && _mm256_movemask_ps(nan)) {
-        // the first NaN's magnitude, payload and all, as the scalar loop finds it
-        for (int j = 0;; j++) {
-            if (isnan(x[j])) return fabsf(x[j]);
-        }
-    }
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h);
-}
-
 // 32 values -> clamp(round(x * id), -128, 127) as int8 in order; as the scalar quant_cast_int, values
 // outside the int range, infinities and NaNs give 0 (cvttps returns INT_MIN for exactly those)
 static inline __m256i avx2_quantize32(const float *x, float id) {
@@ -522,13 +448,6 @@ static inline __m256i avx2_quantize32(const float *x, float id) {
 // sums of 4 signed bytes each
 static inline __m256i avx2_sum4_i8(__m256i q) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
-}
-
-static inline int avx2_hsum_epi32(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm_cvtsi128_si32(s);
 }
 
 static inline int sse_hsum_epi32(__m128i v) {
@@ -588,13 +507,6 @@ static void q8_K_quantize_act_avx2(const float *src, void *dst, int64_t n) {
 
 _Static_assert(GGML_GEMM_TILE_ROWS == 4 && GGML_GEMM_TILE_COLS == 4, "the tiles below are 4 x 4");
 
-// lane i of the result = sum of the lanes of p[i]
-static inline __m256i tile_sum8_epi32(const __m256i p[8]) {
-    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
-}
-
 // the 8 pair scales: weight scales of rows 0..3 times the scale of column j (lanes 0..3) and j + 1 (4..7)
 static inline __m256 tile_pair_scales_f32(__m128 dw, float dx0, float dx1) {
     return _mm256_set_m128(_mm_mul_ps(dw, _mm_set1_ps(dx1)), _mm_mul_ps(dw, _mm_set1_ps(dx0)));
@@ -603,14 +515,6 @@ static inline __m256 tile_pair_scales_f32(__m128 dw, float dx0, float dx1) {
 // the same for columns whose scales are f16
 static inline __m256 tile_pair_scales(__m128 dw, uint16_t dx0, uint16_t dx1) {
     return tile_pair_scales_f32(dw, avx2_f16(dx0), avx2_f16(dx1));
-}
-
-// acc01 lanes r + 4 j for columns 0, 1; acc23 for 2, 3 -> s[j * ss + r]
-static inline void tile_store(float *s, int64_t ss, __m256 acc01, __m256 acc23) {
-    _mm_storeu_ps(s, _mm256_castps256_ps128(acc01));
-    _mm_storeu_ps(s + ss, _mm256_extractf128_ps(acc01, 1));
-    _mm_storeu_ps(s + 2 * ss, _mm256_castps256_ps128(acc23));
-    _mm_storeu_ps(s + 3 * ss, _mm256_extractf128_ps(acc23, 1));
 }
 
 // int32 lanes of u . x (u unsigned bytes, x signed; pairs of products within int16: u <= 128, |x| <= 127)

@@ -1,7 +1,8 @@
 // ops_matmul.c: mul_mat. Phase 1: the threads convert x's columns to the weight type's vec_dot_type
 // (Q8_0, Q8_1, Q8_K, F16...) into wdata; barrier; phase 2: the threads split the weight rows.
-// A precise mul_mat (ggml_mul_mat_precise) also quantizes what that rounding lost, x - dequant(quant(x)),
-// and adds its dot: W.x to ~1e-5 relative instead of ~4e-3, for twice the arithmetic and the same weight bytes.
+// A precise mul_mat (ggml_mul_mat_precise) converts x to 16-bit levels instead (block_q16, quants_q16.c) where the
+// weight type has kernels for them: two byte products a weight under one scale, W.x to ~1e-5 relative instead of
+// ~4e-3. Elsewhere it also quantizes what the 8-bit rounding lost, x - dequant(quant(x)), and adds that dot too.
 #include "ops_kernels.h"
 #include "../quants.h"
 
@@ -98,35 +99,57 @@ int ggml_cpu_xcols_prepare(const struct ggml_compute_params *p, const struct ggm
     return GGML_STATUS_OK;
 }
 
-// y = w . x, plus w . residual when the mul_mat is precise (the residual's columns at x's offsets)
-static inline void dot_row(const struct ggml_type_traits *tw, const struct ggml_cpu_xcols *xc, int64_t k, float *y,
-                           const void *w, const char *x) {
-    tw->vec_dot(k, y, w, x);
+// y = w . x, plus w . residual when the mul_mat dots x's rounding residual too (the residual's columns at x's offsets)
+static inline void dot_row(ggml_vec_dot_fn dot, const struct ggml_cpu_xcols *xc, int64_t k, float *y, const void *w,
+                           const char *x) {
+    dot(k, y, w, x);
     if (xc->residual) {
         float lost;
-        tw->vec_dot(k, &lost, w, xc->residual + (x - xc->base));
+        dot(k, &lost, w, xc->residual + (x - xc->base));
         *y += lost;
     }
 }
 
-// a gemm tile of w . x (s[j * ss + r]), plus the tile of w . residual when the mul_mat is precise
-static inline void gemm_tile(const struct ggml_type_traits *tw, const struct ggml_cpu_xcols *xc, int64_t k, float *s,
-                             int64_t ss, const void *w, size_t bw, const char *x) {
-    tw->gemm_tile(k, s, ss, w, bw, x, xc->stride);
+// a gemm tile of w . x (s[j * ss + r]), plus the tile of w . residual as dot_row
+static inline void gemm_tile(ggml_gemm_tile_fn tile, const struct ggml_cpu_xcols *xc, int64_t k, float *s, int64_t ss,
+                             const void *w, size_t bw, const char *x) {
+    tile(k, s, ss, w, bw, x, xc->stride);
     if (xc->residual) {
         float lost[GGML_GEMM_TILE_COLS * GGML_GEMM_TILE_ROWS];
-        tw->gemm_tile(k, lost, GGML_GEMM_TILE_ROWS, w, bw, xc->residual + (x - xc->base), xc->stride);
+        tile(k, lost, GGML_GEMM_TILE_ROWS, w, bw, xc->residual + (x - xc->base), xc->stride);
         for (int j = 0; j < GGML_GEMM_TILE_COLS; j++)
             for (int r = 0; r < GGML_GEMM_TILE_ROWS; r++) s[j * ss + r] += lost[j * GGML_GEMM_TILE_ROWS + r];
     }
 }
 
+// the kernels one mul_mat runs
+struct mul_mat_kernels {
+    bool q16;                  // x as 16-bit activations (a precise mul_mat whose weight type has them)
+    ggml_vec_dot_fn dot;       // a weight row . a column
+    ggml_gemm_tile_fn tile;    // 4 x 4 tiles of a batch of 4 or more columns, or NULL
+    size_t tile_row_bytes;     // a row as the tile reads it
+    bool as_q8_0;              // the tile reads Q5_0's rows rewritten as Q8_0
+};
+
 // Q5_0 weights under a prompt: the tile would unpack their nibbles and fifth bits again for every 4 columns,
 // so each row tile is rewritten once as Q8_0 (exact: the same levels less 16, the same scale) and goes
-// through Q8_0's tile, whose vec_dot_type is Q5_0's too (a 896 x 4864 matmul of 512 columns: 194 -> 247
-// GFLOP/s on 2 threads)
-static bool tiles_as_q8_0(const struct ggml_tensor *w, const struct ggml_tensor *x) {
-    return w->type == GGML_TYPE_Q5_0 && x->ne[1] >= GGML_GEMM_TILE_COLS && ggml_get_type_traits(GGML_TYPE_Q8_0)->gemm_tile;
+// through Q8_0's tile, which takes Q5_0's activations (a 896 x 4864 matmul of 512 columns: 194 -> 247
+// GFLOP/s on 2 threads). A precise mul_mat takes 16-bit activations unless only the 8-bit ones have a tile here
+// (a VNNI host's Q4_0, Q6_K): there it dots x's rounding and its residual through that tile.
+static struct mul_mat_kernels mul_mat_kernels_for(const struct ggml_tensor *dst) {
+    const struct ggml_tensor *w = dst->src[0], *x = dst->src[1];
+    const struct ggml_type_traits *tw = ggml_get_type_traits(w->type), *t8 = ggml_get_type_traits(GGML_TYPE_Q8_0);
+    const bool tiles = x->ne[1] >= GGML_GEMM_TILE_COLS, q5_0 = w->type == GGML_TYPE_Q5_0;
+    bool q16 = precise(dst) && tw->vec_dot_q16;
+    if (q16 && tiles && !(tw->gemm_tile_q16 || (q5_0 && t8->gemm_tile_q16)) && (tw->gemm_tile || (q5_0 && t8->gemm_tile)))
+        q16 = false;
+    struct mul_mat_kernels k = {.q16 = q16, .dot = q16 ? tw->vec_dot_q16 : tw->vec_dot, .tile_row_bytes = w->nb[1]};
+    if (!tiles) return k;
+    const ggml_gemm_tile_fn as_q8_0 = q5_0 ? (q16 ? t8->gemm_tile_q16 : t8->gemm_tile) : NULL;
+    k.as_q8_0 = as_q8_0 != NULL;
+    k.tile = as_q8_0 ? as_q8_0 : q16 ? tw->gemm_tile_q16 : tw->gemm_tile;
+    if (k.as_q8_0) k.tile_row_bytes = ggml_row_size(GGML_TYPE_Q8_0, w->ne[0]);
+    return k;
 }
 
 static size_t q8_0_tile_bytes(const struct ggml_tensor *w) {
@@ -151,19 +174,17 @@ static void q5_0_rows_as_q8_0(const char *w, size_t bw, int64_t rows, int64_t k,
 }
 
 // dst[r, j] = w[r] . x[j] for rows [r0, r1) and all m columns, weight rows tiled so they stay in cache;
-// inside a tile, 4 x 4 blocks of outputs go through gemm_tile where the type has one, the rest through vec_dot.
-// as_q8_0: this thread's scratch for a row tile rewritten as Q8_0 (tiles_as_q8_0), or NULL
-static void mul_mat_rows_dense(const struct ggml_tensor *w, const struct ggml_cpu_xcols *xc,
-                               struct ggml_tensor *dst, int64_t r0, int64_t r1, block_q8_0 *as_q8_0) {
-    const struct ggml_type_traits *tw = ggml_get_type_traits(w->type);
-    const struct ggml_type_traits *tt_traits = as_q8_0 ? ggml_get_type_traits(GGML_TYPE_Q8_0) : tw; // the tiles'
+// inside a tile, 4 x 4 blocks of outputs go through the kernels' tile where there is one, the rest through dot.
+// as_q8_0: this thread's scratch for a row tile rewritten as Q8_0 (the kernels' as_q8_0), or NULL
+static void mul_mat_rows_dense(const struct ggml_tensor *w, const struct ggml_cpu_xcols *xc, struct ggml_tensor *dst,
+                               const struct mul_mat_kernels *kn, int64_t r0, int64_t r1, block_q8_0 *as_q8_0) {
     const int64_t k = w->ne[0], m = dst->ne[1];
-    const size_t bw = w->nb[1], bt = as_q8_0 ? ggml_row_size(GGML_TYPE_Q8_0, k) : bw;
+    const size_t bw = w->nb[1], bt = kn->tile_row_bytes;
     const char *wd = w->data;
     char *dd = dst->data;
     if (m == 1) {
         float *y = (float *)dd; // (n)
-        for (int64_t r = r0; r < r1; r++) dot_row(tw, xc, k, &y[r], wd + r * (int64_t)bw, xc->base);
+        for (int64_t r = r0; r < r1; r++) dot_row(kn->dot, xc, k, &y[r], wd + r * (int64_t)bw, xc->base);
         return;
     }
     const int64_t ss = (int64_t)(dst->nb[1] / sizeof(float)); // floats between output columns
@@ -171,10 +192,10 @@ static void mul_mat_rows_dense(const struct ggml_tensor *w, const struct ggml_cp
     // divide m (a column's tile arithmetic does not depend on its neighbours, so its outputs are written again
     // unchanged). A token's result then does not depend on where its batch starts: leftover columns through
     // vec_dot had made a prompt evaluated after a cached prefix answer otherwise than the same prompt in one batch.
-    const int64_t mt = tt_traits->gemm_tile && m >= GGML_GEMM_TILE_COLS ? m : 0;
+    const int64_t mt = kn->tile ? m : 0;
     for (int64_t t0 = r0; t0 < r1; t0 += MUL_MAT_ROW_TILE) {
         const int64_t t1 = t0 + MUL_MAT_ROW_TILE < r1 ? t0 + MUL_MAT_ROW_TILE : r1;
-        const int64_t tt = tt_traits->gemm_tile ? t1 - (t1 - t0) % GGML_GEMM_TILE_ROWS : t0; // rows done by tiles
+        const int64_t tt = kn->tile ? t1 - (t1 - t0) % GGML_GEMM_TILE_ROWS : t0; // rows done by tiles
         const char *tile_w = wd + t0 * (int64_t)bw; // the tile's rows as the tiles read them
         if (as_q8_0 && tt > t0) {
             q5_0_rows_as_q8_0(tile_w, bw, tt - t0, k, as_q8_0);
@@ -185,30 +206,68 @@ static void mul_mat_rows_dense(const struct ggml_tensor *w, const struct ggml_cp
             const char *xj = xc->base + (size_t)j * xc->stride;
             float *yj = (float *)(dd + j * (int64_t)dst->nb[1]); // (n) column j of the output
             for (int64_t r = t0; r < tt; r += GGML_GEMM_TILE_ROWS)
-                gemm_tile(tt_traits, xc, k, &yj[r], ss, tile_w + (r - t0) * (int64_t)bt, bt, xj);
+                gemm_tile(kn->tile, xc, k, &yj[r], ss, tile_w + (r - t0) * (int64_t)bt, bt, xj);
         }
         for (int64_t j = 0; j < m; j++) {
             const char *xj = xc->base + (size_t)j * xc->stride;
             float *yj = (float *)(dd + j * (int64_t)dst->nb[1]); // (n) column j of the output
-            for (int64_t r = j < mt ? tt : t0; r < t1; r++) dot_row(tw, xc, k, &yj[r], wd + r * (int64_t)bw, xj);
+            for (int64_t r = j < mt ? tt : t0; r < t1; r++) dot_row(kn->dot, xc, k, &yj[r], wd + r * (int64_t)bw, xj);
         }
     }
 }
 
-size_t ggml_cpu_mul_mat_wsize(const struct ggml_tensor *dst, int n_threads) {
+// x's columns as 16-bit activations into wdata (this thread's share of the blocks; the caller syncs)
+static void xcols_q16(const struct ggml_compute_params *p, const struct ggml_tensor *w, const struct ggml_tensor *x,
+                      struct ggml_cpu_xcols *xc) {
+    const struct ggml_type_traits *tw = ggml_get_type_traits(w->type);
+    const int64_t k = x->ne[0], m = ggml_nrows(x), bpr = k / tw->blck_size;
+    const size_t block = ggml_q16_row_bytes(tw, tw->blck_size);
+    xc->base = p->wdata;
+    xc->stride = ggml_q16_row_bytes(tw, k);
+    xc->residual = NULL;
+    int64_t b0, b1;
+    ggml_thread_range(m * bpr, p->ith, p->nth, &b0, &b1);
+    while (b0 < b1) {
+        const int64_t j = b0 / bpr, b = b0 % bpr;
+        const int64_t nb = bpr - b < b1 - b0 ? bpr - b : b1 - b0;
+        tw->quantize_q16((const float *)ggml_cpu_row_ptr(x, j) + b * tw->blck_size,
+                         (char *)p->wdata + (size_t)j * xc->stride + (size_t)b * block, nb * tw->blck_size);
+        b0 += nb;
+    }
+}
+
+// the converted columns' bytes: a precise mul_mat's are either kind (the kernels' choice depends on the SIMD in
+// use, which tests switch between planning and computing)
+static size_t xcols_bytes(const struct ggml_tensor *dst) {
     const struct ggml_tensor *w = dst->src[0], *x = dst->src[1];
-    const size_t tiles = tiles_as_q8_0(w, x) ? (size_t)n_threads * q8_0_tile_bytes(w) : 0;
-    return (precise(dst) ? 2 : 1) * ggml_cpu_xcols_wsize(w, x) + tiles;
+    const size_t plain = ggml_cpu_xcols_wsize(w, x);
+    if (!precise(dst)) return plain;
+    const size_t q16 = ggml_cpu_align_up((size_t)ggml_nrows(x) * ggml_q16_row_bytes(ggml_get_type_traits(w->type), x->ne[0]));
+    return q16 > 2 * plain ? q16 : 2 * plain;
+}
+
+size_t ggml_cpu_mul_mat_wsize(const struct ggml_tensor *dst, int n_threads) {
+    const struct mul_mat_kernels kn = mul_mat_kernels_for(dst);
+    return xcols_bytes(dst) + (kn.as_q8_0 ? (size_t)n_threads * q8_0_tile_bytes(dst->src[0]) : 0);
 }
 
 int ggml_cpu_op_mul_mat(const struct ggml_compute_params *p, struct ggml_tensor *dst) {
     const struct ggml_tensor *w = dst->src[0], *x = dst->src[1];
     if (ggml_nrows(w) != w->ne[1] || ggml_nrows(x) != x->ne[1])
         return ggml_set_error(GGML_STATUS_UNSUPPORTED, "mul_mat takes matrices");
+    const struct mul_mat_kernels kn = mul_mat_kernels_for(dst);
     struct ggml_cpu_xcols xc;
-    int st = ggml_cpu_xcols_prepare(p, w, x, &xc);
-    if (st) return st;
-    if (precise(dst) && !xcols_in_place(w)) xcols_residual(p, w, x, &xc);
+    if (kn.q16) {
+        if (x->type != GGML_TYPE_F32) return ggml_set_error(GGML_STATUS_UNSUPPORTED, "mul_mat takes F32 activations");
+        if (w->ne[0] != x->ne[0])
+            return ggml_set_error(GGML_STATUS_INVALID_ARG, "mul_mat: inner sizes %lld and %lld", (long long)w->ne[0],
+                                  (long long)x->ne[0]);
+        xcols_q16(p, w, x, &xc);
+    } else {
+        int st = ggml_cpu_xcols_prepare(p, w, x, &xc);
+        if (st) return st;
+        if (precise(dst) && !xcols_in_place(w)) xcols_residual(p, w, x, &xc);
+    }
     ggml_barrier(p->tp);
     if (x->ne[1] == 1 && ggml_nbytes(w) >= GEMV_CHUNKED_BYTES) {
         // a large GEMV is one long pass over the weights: threads take chunks of rows as they come free, so
@@ -216,7 +275,8 @@ int ggml_cpu_op_mul_mat(const struct ggml_compute_params *p, struct ggml_tensor 
         // matrix. Small ones keep fixed halves: there the atomic's round trips cost more than they save.
         const int64_t rows = (GEMV_CHUNK_BYTES + (int64_t)w->nb[1] - 1) / (int64_t)w->nb[1];
         int64_t r0, r1;
-        while (ggml_next_chunk(p->chunk_next, w->ne[1], rows, &r0, &r1)) mul_mat_rows_dense(w, &xc, dst, r0, r1, NULL);
+        while (ggml_next_chunk(p->chunk_next, w->ne[1], rows, &r0, &r1))
+            mul_mat_rows_dense(w, &xc, dst, &kn, r0, r1, NULL);
         return GGML_STATUS_OK;
     }
     // threads take whole row tiles when there are several columns, so no thread is left a ragged edge
@@ -224,10 +284,8 @@ int ggml_cpu_op_mul_mat(const struct ggml_compute_params *p, struct ggml_tensor 
     int64_t r0, r1;
     ggml_thread_range((w->ne[1] + unit - 1) / unit, p->ith, p->nth, &r0, &r1);
     r1 = r1 * unit < w->ne[1] ? r1 * unit : w->ne[1];
-    block_q8_0 *as_q8_0 = NULL;
-    if (tiles_as_q8_0(w, x))
-        as_q8_0 = (block_q8_0 *)((char *)p->wdata + (precise(dst) ? 2 : 1) * ggml_cpu_xcols_wsize(w, x) +
-                                 (size_t)p->ith * q8_0_tile_bytes(w));
-    mul_mat_rows_dense(w, &xc, dst, r0 * unit, r1, as_q8_0);
+    block_q8_0 *as_q8_0 =
+        kn.as_q8_0 ? (block_q8_0 *)((char *)p->wdata + xcols_bytes(dst) + (size_t)p->ith * q8_0_tile_bytes(w)) : NULL;
+    mul_mat_rows_dense(w, &xc, dst, &kn, r0 * unit, r1, as_q8_0);
     return GGML_STATUS_OK;
 }

@@ -1,0 +1,107 @@
+// quants_avx2.h: small AVX2 helpers shared by the AVX2 kernel files (include only from *_avx2.c: they are
+// compiled with -mavx2 -mfma -mf16c).
+#pragma once
+#include "quants.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline float avx2_hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float avx2_f16(uint16_t h) {
+    return _cvtsh_ss(h);
+}
+
+// 16 bytes of nibbles -> 32 bytes: low nibbles (values 0..15) in the low lane, high nibbles above
+static inline __m256i avx2_unpack_nibbles(const uint8_t *qs) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i v = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+// 32 bits -> 32 bytes, 0xFF where the bit is set (byte j <- bit j)
+static inline __m256i avx2_bits_to_bytes(const uint8_t *bits) {
+    uint32_t b32;
+    memcpy(&b32, bits, sizeof b32);
+    const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)b32), spread);
+    const __m256i mask = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(bytes, mask), mask);
+}
+
+// four halves -> four floats; packed on the scalar side, which is idle while the vector units work
+static inline __m128 avx2_f16x4(uint16_t h0, uint16_t h1, uint16_t h2, uint16_t h3) {
+    const uint64_t packed = (uint64_t)h0 | (uint64_t)h1 << 16 | (uint64_t)h2 << 32 | (uint64_t)h3 << 48;
+    return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)packed));
+}
+
+static inline __m256i avx2_load2_128(const void *lo, const void *hi) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)lo)),
+                                   _mm_loadu_si128((const __m128i *)hi), 1);
+}
+
+static inline uint32_t avx2_load_u32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+// roundf (half away from zero) exactly: v - trunc(v) is exact in float, so the tie test is too
+static inline __m256 avx2_round_away(__m256 v) {
+    const __m256 sign = _mm256_and_ps(v, _mm256_set1_ps(-0.0f));
+    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 frac = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_sub_ps(v, t));
+    const __m256 up = _mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    return _mm256_add_ps(t, _mm256_and_ps(up, _mm256_or_ps(sign, _mm256_set1_ps(1.0f))));
+}
+
+// largest |x| over 8 * nv values; a NaN anywhere gives NaN when nan_wins (Q8_0/Q8_1), else NaNs are
+// skipped (Q8_K), as in the scalar quantizers
+static inline float avx2_amax(const float *x, int nv, bool nan_wins) {
+    __m256 m = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+    for (int i = 0; i < nv; i++) {
+        const __m256 v = _mm256_loadu_ps(x + 8 * i);
+        m = _mm256_max_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), v), m); // maxps keeps m where v is NaN
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    if (nan_wins && _mm256_movemask_ps(nan)) {
+        // the first NaN's magnitude, payload and all, as the scalar loop finds it
+        for (int j = 0;; j++) {
+            if (isnan(x[j])) return fabsf(x[j]);
+        }
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+static inline int avx2_hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+// lane i of the result = sum of the lanes of p[i]
+static inline __m256i tile_sum8_epi32(const __m256i p[8]) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+// acc01 lanes r + 4 j for columns 0, 1; acc23 for 2, 3 -> s[j * ss + r]
+static inline void tile_store(float *s, int64_t ss, __m256 acc01, __m256 acc23) {
+    _mm_storeu_ps(s, _mm256_castps256_ps128(acc01));
+    _mm_storeu_ps(s + ss, _mm256_extractf128_ps(acc01, 1));
+    _mm_storeu_ps(s + 2 * ss, _mm256_castps256_ps128(acc23));
+    _mm_storeu_ps(s + 3 * ss, _mm256_extractf128_ps(acc23, 1));
+}
