@@ -290,6 +290,21 @@ steadiness() {  # NAME [ROUNDS]: CPU-only decode of the dense GGUF, ours and lla
     done | tee "$OUT/$name-steadiness.md"
 }
 
+cpu_rows() {  # NAME [ROUNDS] [BENCH ARGS...]: $W/NAME.gguf on this host's CPU alone (issue 30's 16-thread rows): ours
+    # with --device cpu, llama.cpp with no GPU visible (else it sends a prompt's matmuls to the GPU), one thread a
+    # physical core each, alternating (default -p 512 -n 128 -r 3), appended to $OUT/NAME-cpu.md
+    local name=$1 rounds=${2:-2} lb=$W/llama-src/build/bin/llama-bench t r; shift 2
+    local a="${*:--p 512 -n 128 -r 3}"
+    wait_for "$W/$name.done" && wait_for "$lb" || return 1
+    t=$(python3 -c "from pyinfer.engine.threads import physical_cores; print(physical_cores())")
+    for r in $(seq "$rounds"); do
+        python3 -m pyinfer bench -m "$W/$name.gguf" --device cpu -t "$t" $a 2>&1 | grep -E "\| (pp|tg)[0-9]|rror" |
+            sed "s|^|ours round $r |"
+        CUDA_VISIBLE_DEVICES= "$lb" -m "$W/$name.gguf" -ngl 0 -t "$t" $a 2>&1 | grep -E "\| +(pp|tg)[0-9]|rror" |
+            sed "s|^|llama.cpp round $r |"
+    done | tee -a "$OUT/$name-cpu.md"
+}
+
 table_bg() {  # [NAME...]: issue 13's table in the background (a device call lasts at most 10 minutes): the build,
     # the profiles on the quiet host first, the synthetic models (default all four: l13f16 l70f16 l13q4 l70q4), the
     # GPU tests, then every budget of each model against llama.cpp with those profiles; results in $W/out, fetched
