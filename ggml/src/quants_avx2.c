@@ -553,6 +553,36 @@ static void q8_0_gemm_tile_avx2(int64_t n, float *s, int64_t ss, const void *w, 
     tile_store(s, ss, acc[0], acc[1]);
 }
 
+// Q4_0 . Q8_0: levels (0..15) times x as Q4_1's, less 8 sum(x), formed once a column block for the four rows
+static void q4_0_gemm_tile_avx2(int64_t n, float *s, int64_t ss, const void *w, size_t bw, const void *x, size_t bx) {
+    const block_q4_0 *wr[4]; // (4, n / 32) weight rows
+    const block_q8_0 *xc[4]; // (4, n / 32) activation columns
+    for (int i = 0; i < 4; i++) {
+        wr[i] = (const block_q4_0 *)((const char *)w + i * bw);
+        xc[i] = (const block_q8_0 *)((const char *)x + i * bx);
+    }
+    const __m256i eight = _mm256_set1_epi8(8);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < n / QK4_0; b++) {
+        __m256i wq[4];
+        for (int r = 0; r < 4; r++) wq[r] = avx2_unpack_nibbles(wr[r][b].qs);
+        const __m128 dw = avx2_f16x4(wr[0][b].d, wr[1][b].d, wr[2][b].d, wr[3][b].d);
+        for (int h = 0; h < 2; h++) {
+            const __m256i x0 = _mm256_loadu_si256((const __m256i *)xc[2 * h][b].qs);
+            const __m256i x1 = _mm256_loadu_si256((const __m256i *)xc[2 * h + 1][b].qs);
+            const __m256i o0 = tile_dot_u8s8(eight, x0), o1 = tile_dot_u8s8(eight, x1);
+            __m256i p[8];
+            for (int r = 0; r < 4; r++) {
+                p[r] = _mm256_sub_epi32(tile_dot_u8s8(wq[r], x0), o0);
+                p[r + 4] = _mm256_sub_epi32(tile_dot_u8s8(wq[r], x1), o1);
+            }
+            acc[h] = _mm256_fmadd_ps(tile_pair_scales(dw, xc[2 * h][b].d, xc[2 * h + 1][b].d),
+                                     _mm256_cvtepi32_ps(tile_sum8_epi32(p)), acc[h]);
+        }
+    }
+    tile_store(s, ss, acc[0], acc[1]);
+}
+
 // Q4_1 . Q8_1: levels (0..15) times x, scaled by d dx; each block's minimum times the column's d sum(x)
 static void q4_1_gemm_tile_avx2(int64_t n, float *s, int64_t ss, const void *w, size_t bw, const void *x, size_t bx) {
     const block_q4_1 *wr[4]; // (4, n / 32) weight rows
@@ -1021,6 +1051,7 @@ void ggml_quants_install_avx2(struct ggml_type_traits *traits) {
     traits[GGML_TYPE_Q8_0].quantize_act = q8_0_quantize_act_avx2;
     traits[GGML_TYPE_Q8_1].quantize_act = q8_1_quantize_act_avx2;
     traits[GGML_TYPE_Q8_K].quantize_act = q8_K_quantize_act_avx2;
+    traits[GGML_TYPE_Q4_0].gemm_tile = q4_0_gemm_tile_avx2;
     traits[GGML_TYPE_Q8_0].gemm_tile = q8_0_gemm_tile_avx2;
     traits[GGML_TYPE_Q4_1].gemm_tile = q4_1_gemm_tile_avx2;
     traits[GGML_TYPE_Q4_K].gemm_tile = q4_K_gemm_tile_avx2;

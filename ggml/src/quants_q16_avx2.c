@@ -283,20 +283,33 @@ static inline __m256 q16_pair_scales(__m128 dw, float dx0, float dx1) {
     return _mm256_set_m128(_mm_mul_ps(dw, _mm_set1_ps(dx1)), _mm_mul_ps(dw, _mm_set1_ps(dx0)));
 }
 
-// Q4_1 . Q16: levels (0..15) times q, scaled by d dx; each block's minimum times the column's dx sum(q)
-static void q4_1_gemm_tile_q16_avx2(int64_t n, float *s, int64_t ss, const void *w, size_t bw, const void *x, size_t bx) {
-    const block_q4_1 *wr[4]; // (4, n / 32) weight rows
-    const block_q16 *xc[4];  // (4, n / 32) activation columns
+// the 4-bit types with nibble levels (0..15) worth d u + c (c: Q4_1's minimum, -8 d for Q4_0): levels times q,
+// scaled by d dx; each block's c times the column's dx sum(q)
+static inline __attribute__((always_inline)) void q16_gemm_tile_u4(enum ggml_type type, int64_t n, float *s,
+                                                                   int64_t ss, const void *w, size_t bw, const void *x,
+                                                                   size_t bx) {
+    const size_t wb = type == GGML_TYPE_Q4_1 ? sizeof(block_q4_1) : sizeof(block_q4_0); // bytes a block
+    const char *wr[4];      // (4, n / 32) weight rows
+    const block_q16 *xc[4]; // (4, n / 32) activation columns
     for (int i = 0; i < 4; i++) {
-        wr[i] = (const block_q4_1 *)((const char *)w + i * bw);
+        wr[i] = (const char *)w + i * bw;
         xc[i] = (const block_q16 *)((const char *)x + i * bx);
     }
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t b = 0; b < n / 32; b++) {
         __m256i wq[4];
-        for (int r = 0; r < 4; r++) wq[r] = avx2_unpack_nibbles(wr[r][b].qs);
-        const __m128 dw = avx2_f16x4(wr[0][b].d, wr[1][b].d, wr[2][b].d, wr[3][b].d);
-        const __m128 mw = avx2_f16x4(wr[0][b].m, wr[1][b].m, wr[2][b].m, wr[3][b].m);
+        __m128 dw, cw;
+        if (type == GGML_TYPE_Q4_1) {
+            const block_q4_1 *a[4];
+            for (int r = 0; r < 4; r++) a[r] = (const block_q4_1 *)(wr[r] + b * wb), wq[r] = avx2_unpack_nibbles(a[r]->qs);
+            dw = avx2_f16x4(a[0]->d, a[1]->d, a[2]->d, a[3]->d);
+            cw = avx2_f16x4(a[0]->m, a[1]->m, a[2]->m, a[3]->m);
+        } else {
+            const block_q4_0 *a[4];
+            for (int r = 0; r < 4; r++) a[r] = (const block_q4_0 *)(wr[r] + b * wb), wq[r] = avx2_unpack_nibbles(a[r]->qs);
+            dw = avx2_f16x4(a[0]->d, a[1]->d, a[2]->d, a[3]->d);
+            cw = _mm_mul_ps(dw, _mm_set1_ps(-8.0f));
+        }
         for (int h = 0; h < 2; h++) {
             const block_q16 *x0 = &xc[2 * h][b], *x1 = &xc[2 * h + 1][b];
             const __m256i h0 = _mm256_loadu_si256((const __m256i *)x0->hi), l0 = _mm256_loadu_si256((const __m256i *)x0->lo);
@@ -307,11 +320,19 @@ static void q4_1_gemm_tile_q16_avx2(int64_t n, float *s, int64_t ss, const void 
                 p[r + 4] = q16_tile_dot_u8(wq[r], h1, l1);
             }
             acc[h] = _mm256_fmadd_ps(q16_pair_scales(dw, x0->d, x1->d), _mm256_cvtepi32_ps(tile_sum8_epi32(p)), acc[h]);
-            acc[h] = _mm256_fmadd_ps(q16_pair_scales(mw, x0->d, x1->d),
+            acc[h] = _mm256_fmadd_ps(q16_pair_scales(cw, x0->d, x1->d),
                                      _mm256_set_m128(_mm_set1_ps((float)x1->sum), _mm_set1_ps((float)x0->sum)), acc[h]);
         }
     }
     tile_store(s, ss, acc[0], acc[1]);
+}
+
+static void q4_0_gemm_tile_q16_avx2(int64_t n, float *s, int64_t ss, const void *w, size_t bw, const void *x, size_t bx) {
+    q16_gemm_tile_u4(GGML_TYPE_Q4_0, n, s, ss, w, bw, x, bx);
+}
+
+static void q4_1_gemm_tile_q16_avx2(int64_t n, float *s, int64_t ss, const void *w, size_t bw, const void *x, size_t bx) {
+    q16_gemm_tile_u4(GGML_TYPE_Q4_1, n, s, ss, w, bw, x, bx);
 }
 
 // Q8_0 . Q16 (and Q5_0's rows rewritten as Q8_0, ops_matmul.c): |w| times each byte with w's signs
@@ -410,7 +431,7 @@ void ggml_quants_install_q16_avx2(struct ggml_type_traits *traits) {
         enum ggml_type type;
         ggml_vec_dot_fn dot;
         ggml_gemm_tile_fn tile;
-    } kernels[] = {{GGML_TYPE_Q4_0, q4_0_vec_dot_q16_avx2, NULL},
+    } kernels[] = {{GGML_TYPE_Q4_0, q4_0_vec_dot_q16_avx2, q4_0_gemm_tile_q16_avx2},
                    {GGML_TYPE_Q4_1, q4_1_vec_dot_q16_avx2, q4_1_gemm_tile_q16_avx2},
                    {GGML_TYPE_Q5_0, q5_0_vec_dot_q16_avx2, NULL},
                    {GGML_TYPE_Q8_0, q8_0_vec_dot_q16_avx2, q8_0_gemm_tile_q16_avx2},
