@@ -148,13 +148,18 @@ static void q5_0_vec_dot_q16_avx2(int64_t n, float *s, const void *w, const void
     *s = q16_vec_dot_rows(GGML_TYPE_Q5_0, sizeof(block_q5_0), n, w, x);
 }
 
+// 255 (u . hi) + u . lo of one 32-value block, u its unsigned levels in order (int16 pair sums stay below
+// 2 * 128 * 127) -> 8 int32 lanes
+static inline __m256i q16_dot_u8(__m256i u, __m256i xh, __m256i xl) {
+    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, xh), _mm256_set1_epi16(255)),
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(u, xl), _mm256_set1_epi16(1)));
+}
+
 // 255 (w . hi) + w . lo of one block of signed levels: |w| times each byte with w's sign (both bytes are within
 // [-127, 127], so negating them cannot overflow) -> 8 int32 lanes
 static inline __m256i q16_dot_i8(__m256i wq, const block_q16 *b) {
-    const __m256i wa = _mm256_sign_epi8(wq, wq);
-    const __m256i ph = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)b->hi), wq));
-    const __m256i pl = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)b->lo), wq));
-    return _mm256_add_epi32(_mm256_madd_epi16(ph, _mm256_set1_epi16(255)), _mm256_madd_epi16(pl, _mm256_set1_epi16(1)));
+    return q16_dot_u8(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)b->hi), wq),
+                      _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)b->lo), wq));
 }
 
 static void q8_0_vec_dot_q16_avx2(int64_t n, float *s, const void *w, const void *x) {
@@ -272,12 +277,6 @@ static void q6_K_vec_dot_q16_avx2(int64_t n, float *s, const void *w, const void
 // unpacked once for the four columns and multiply both bytes of each
 // ============================================================================================
 
-// 255 (u . hi) + u . lo of one 32-value block, u unsigned levels in order -> int32 lanes
-static inline __m256i q16_tile_dot_u8(__m256i u, __m256i xh, __m256i xl) {
-    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, xh), _mm256_set1_epi16(255)),
-                            _mm256_madd_epi16(_mm256_maddubs_epi16(u, xl), _mm256_set1_epi16(1)));
-}
-
 // the 8 pair scales: weight scales of rows 0..3 times column j's (lanes 0..3) and column j + 1's (4..7)
 static inline __m256 q16_pair_scales(__m128 dw, float dx0, float dx1) {
     return _mm256_set_m128(_mm_mul_ps(dw, _mm_set1_ps(dx1)), _mm_mul_ps(dw, _mm_set1_ps(dx0)));
@@ -316,8 +315,8 @@ static inline __attribute__((always_inline)) void q16_gemm_tile_u4(enum ggml_typ
             const __m256i h1 = _mm256_loadu_si256((const __m256i *)x1->hi), l1 = _mm256_loadu_si256((const __m256i *)x1->lo);
             __m256i p[8];
             for (int r = 0; r < 4; r++) {
-                p[r] = q16_tile_dot_u8(wq[r], h0, l0);
-                p[r + 4] = q16_tile_dot_u8(wq[r], h1, l1);
+                p[r] = q16_dot_u8(wq[r], h0, l0);
+                p[r + 4] = q16_dot_u8(wq[r], h1, l1);
             }
             acc[h] = _mm256_fmadd_ps(q16_pair_scales(dw, x0->d, x1->d), _mm256_cvtepi32_ps(tile_sum8_epi32(p)), acc[h]);
             acc[h] = _mm256_fmadd_ps(q16_pair_scales(cw, x0->d, x1->d),
@@ -357,8 +356,8 @@ static void q8_0_gemm_tile_q16_avx2(int64_t n, float *s, int64_t ss, const void 
             const __m256i h1 = _mm256_loadu_si256((const __m256i *)x1->hi), l1 = _mm256_loadu_si256((const __m256i *)x1->lo);
             __m256i p[8];
             for (int r = 0; r < 4; r++) {
-                p[r] = q16_tile_dot_u8(wa[r], _mm256_sign_epi8(h0, wq[r]), _mm256_sign_epi8(l0, wq[r]));
-                p[r + 4] = q16_tile_dot_u8(wa[r], _mm256_sign_epi8(h1, wq[r]), _mm256_sign_epi8(l1, wq[r]));
+                p[r] = q16_dot_u8(wa[r], _mm256_sign_epi8(h0, wq[r]), _mm256_sign_epi8(l0, wq[r]));
+                p[r + 4] = q16_dot_u8(wa[r], _mm256_sign_epi8(h1, wq[r]), _mm256_sign_epi8(l1, wq[r]));
             }
             acc[h] = _mm256_fmadd_ps(q16_pair_scales(dw, x0->d, x1->d), _mm256_cvtepi32_ps(tile_sum8_epi32(p)), acc[h]);
         }
