@@ -433,6 +433,33 @@ def test_kv_store_and_attention(cache_type, n_kv, group, hd, n_ctx, data, thread
     assert_close(y, ref.attention(q, k_want, v_want, pos, scale, window, sinks), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("n_kv, group", [(1, 1), (1, 4), (3, 3)])
+@pytest.mark.parametrize("window, with_sinks", [(0, False), (700, True)])
+def test_decode_attention_deep_in_the_cache_splits_the_slots(threads, n_kv, group, window, with_sinks):
+    """A decoded token's few units (a KV head each) on more threads than they divide: each unit's slots split into
+    segments of 256 or more, merged after a barrier (its max, exp-sum and output per segment); one and two tokens,
+    F16 cache, against float64."""
+    rng = rng_for(threads * 100 + n_kv * 10 + group + window)
+    n_ctx, hd, n_head = 1300, 64, n_kv * group
+    for n_tokens in (1, 2):
+        pos = np.arange(1250, 1250 + n_tokens, dtype=np.int32)
+        k0 = rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float16)  # earlier tokens
+        v0 = rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float16)
+        k_new = rng.standard_normal((n_tokens, n_kv, hd)).astype(np.float32)
+        v_new = rng.standard_normal((n_tokens, n_kv, hd)).astype(np.float32)
+        q = (rng.standard_normal((n_tokens, n_head, hd)) * 2).astype(np.float32)
+        sinks = (rng.standard_normal(n_head) * 3).astype(np.float32) if with_sinks else None
+        ctx = ggml.Context(32 << 20)
+        post = tensor(ctx, pos)
+        ks = ctx.kv_store(tensor(ctx, k0, ggml.F16), tensor(ctx, k_new), post)
+        vs = ctx.kv_store(tensor(ctx, v0, ggml.F16), tensor(ctx, v_new), post)
+        node = ctx.attention(tensor(ctx, q), ks, vs, post, 0.125, window, tensor(ctx, sinks) if with_sinks else None)
+        (y,) = compute(ctx, [node], threads)
+        k, v = ref.kv_store(k0, k_new.astype(np.float16), pos), ref.kv_store(v0, v_new.astype(np.float16), pos)
+        assert_close(y, ref.attention(q, k, v, pos, 0.125, window, sinks), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("bad", [-1, 8])
 def test_attention_rejects_position_outside_cache(bad):
     ctx = ggml.Context(1 << 20)

@@ -262,14 +262,12 @@ static struct attn_kernels attn_kernels_pick(int64_t hd) {
     return (struct attn_kernels){attn_exp_scalar, attn_dots_scalar, attn_axpys_scalar};
 }
 
-// per thread: (ATTN_ROWS, n_ctx) scores, (ATTN_ROWS, hd) output accumulators
-static size_t attn_scratch_floats(int64_t hd, int64_t n_ctx) {
-    return (size_t)ATTN_ROWS * (size_t)n_ctx + (size_t)ATTN_ROWS * (size_t)hd;
-}
+// a row's record: its unnormalised output (hd floats), then its largest score and its exp-sum
+static size_t attn_record_floats(int64_t hd) { return (size_t)hd + 2; }
 
-size_t ggml_cpu_attention_wsize(const struct ggml_tensor *dst, int n_threads) {
-    const size_t floats = attn_scratch_floats(dst->src[0]->ne[0], dst->src[1]->ne[2]);
-    return (size_t)n_threads * ggml_cpu_align_up(floats * sizeof(float));
+// per thread: (ATTN_ROWS, n_ctx) scores, ATTN_ROWS records
+static size_t attn_scratch_floats(int64_t hd, int64_t n_ctx) {
+    return (size_t)ATTN_ROWS * (size_t)n_ctx + (size_t)ATTN_ROWS * attn_record_floats(hd);
 }
 
 // how the rows split into units: heads of a KV head's group a unit (fewer where that leaves threads idle), tokens
@@ -292,66 +290,173 @@ static struct attn_units attn_units_of(int64_t group, int64_t n_kv_head, int64_t
     return u;
 }
 
+// A decoded token's units are few (one a KV head, or a few heads of one): 3 KV heads on 2 threads left one thread a
+// third of the time idle, one KV head (Gemma 3) the other thread all of it. There each unit's slots split into
+// segments, the threads take (unit, segment) items and keep each row's max, exp-sum and unnormalised output; after a
+// barrier the segments merge. A segment spans at least this many slots.
+#define ATTN_SEGMENT_MIN 256
+
+static int64_t attn_gcd(int64_t a, int64_t b) { return b ? attn_gcd(b, a % b) : a; }
+
+// segments a unit (1: none): enough for the items to deal evenly over the threads, where a token chunk is the
+// whole batch and the slots allow
+static int64_t attn_segments(const struct attn_units *u, int n_threads, int64_t slots) {
+    if (u->n_token_chunks != 1 || u->count % n_threads == 0) return 1;
+    const int64_t even = n_threads / attn_gcd(u->count, n_threads), most = slots / ATTN_SEGMENT_MIN;
+    const int64_t segs = even < most ? even : most;
+    return segs > 1 ? segs : 1;
+}
+
+// the segments' records, shared: (units, segments, rows of a unit) records, at most a segment a thread per unit
+static size_t attn_parts_bytes(const struct attn_units *u, int n_threads, int64_t hd) {
+    if (u->n_token_chunks != 1) return 0;
+    return ggml_cpu_align_up((size_t)u->count * (size_t)n_threads * (size_t)(u->heads * u->tokens) *
+                             attn_record_floats(hd) * sizeof(float));
+}
+
+size_t ggml_cpu_attention_wsize(const struct ggml_tensor *dst, int n_threads) {
+    const struct ggml_tensor *q = dst->src[0], *k = dst->src[1];
+    const struct attn_units u = attn_units_of(q->ne[1] / k->ne[1], k->ne[1], q->ne[2], n_threads);
+    const size_t floats = attn_scratch_floats(q->ne[0], k->ne[2]);
+    return attn_parts_bytes(&u, n_threads, q->ne[0]) + (size_t)n_threads * ggml_cpu_align_up(floats * sizeof(float));
+}
+
+// what every item of one attention op reads
+struct attn_op {
+    const struct ggml_tensor *q, *k, *v, *pos;
+    struct ggml_tensor *dst;
+    const float *sinks; // (n_head) or NULL
+    float scale;
+    int64_t window, hd, n_ctx, n_kv_head, group, n_tokens;
+    bool f16;
+    struct attn_kernels kern;
+    struct attn_units units;
+};
+
+// the query rows of one unit and their slot ranges
+struct attn_rows {
+    int64_t g, h0, t0;                                     // KV head, first head, first token
+    int nh, nq;                                            // heads, rows (row j: token t0 + j / nh, head h0 + j % nh)
+    int64_t first[ATTN_ROWS], last[ATTN_ROWS], smin, smax; // by token
+    const float *qrow[ATTN_ROWS];                          // (hd) each
+};
+
+static void attn_rows_of(const struct attn_op *a, int64_t u, struct attn_rows *r) {
+    const struct attn_units *un = &a->units;
+    const int64_t hc = u / a->n_kv_head % un->n_head_chunks;
+    r->g = u % a->n_kv_head;
+    r->h0 = r->g * a->group + hc * un->heads;
+    r->t0 = u / (a->n_kv_head * un->n_head_chunks) * un->tokens;
+    r->nh = (int)(a->group - hc * un->heads < un->heads ? a->group - hc * un->heads : un->heads);
+    const int nt = (int)(a->n_tokens - r->t0 < un->tokens ? a->n_tokens - r->t0 : un->tokens);
+    r->nq = nt * r->nh;
+    r->smin = a->n_ctx, r->smax = 0;
+    for (int i = 0; i < nt; i++) {
+        r->last[i] = pos_at(a->pos, r->t0 + i);
+        r->first[i] = a->window && r->last[i] >= a->window ? r->last[i] - a->window + 1 : 0;
+        r->smax = r->last[i] > r->smax ? r->last[i] : r->smax;
+        r->smin = r->first[i] < r->smin ? r->first[i] : r->smin;
+    }
+    for (int j = 0; j < r->nq; j++)
+        r->qrow[j] = (const float *)((const char *)a->q->data + (r->h0 + j % r->nh) * (int64_t)a->q->nb[1] +
+                                     (r->t0 + j / r->nh) * (int64_t)a->q->nb[2]);
+}
+
+// the rows over slots [lo, hi] of their ranges into their records (rec[j * stride]: row j's unnormalised output,
+// largest score and exp-sum; a row with no slot there: zeros, -inf, 0). Scores go to `scores` ((ATTN_ROWS, n_ctx)),
+// then one max, one vectorised exp pass and one weighted sum of the value rows per row (no running rescale)
+static void attn_span(const struct attn_op *a, const struct attn_rows *r, int64_t lo, int64_t hi, float *scores,
+                      float *rec, size_t stride) {
+    const int64_t hd = a->hd, n_ctx = a->n_ctx;
+    float *acc[ATTN_ROWS];
+    for (int j = 0; j < r->nq; j++) acc[j] = rec + j * stride, memset(acc[j], 0, (size_t)hd * sizeof(float));
+    // every row's score at every slot of the span (a slot past a row's own range is never read)
+    const char *kbase = (const char *)a->k->data + r->g * (int64_t)a->k->nb[1];
+    for (int64_t s = lo; s <= hi; s++)
+        a->kern.dots(kbase + s * (int64_t)a->k->nb[2], a->f16, r->qrow, r->nq, hd, a->scale, scores + s, n_ctx);
+    int64_t rlo[ATTN_ROWS], rhi[ATTN_ROWS]; // row j's slots within the span
+    for (int j = 0; j < r->nq; j++) {
+        rlo[j] = r->first[j / r->nh] > lo ? r->first[j / r->nh] : lo;
+        rhi[j] = r->last[j / r->nh] < hi ? r->last[j / r->nh] : hi;
+        float *sc = scores + j * n_ctx + rlo[j]; // (rhi - rlo + 1) this row's scores, then weights
+        float mx = -INFINITY;
+        for (int64_t s = 0; s <= rhi[j] - rlo[j]; s++) mx = sc[s] > mx ? sc[s] : mx;
+        acc[j][hd] = mx;
+        acc[j][hd + 1] = rlo[j] <= rhi[j] ? a->kern.exp_sum(sc, rhi[j] - rlo[j] + 1, mx) : 0.0f;
+    }
+    const char *vbase = (const char *)a->v->data + r->g * (int64_t)a->v->nb[1];
+    for (int64_t s = lo; s <= hi; s++) {
+        float w[ATTN_ROWS];
+        for (int j = 0; j < r->nq; j++) w[j] = s >= rlo[j] && s <= rhi[j] ? scores[j * n_ctx + s] : 0.0f;
+        a->kern.axpys(vbase + s * (int64_t)a->v->nb[2], a->f16, w, acc, r->nq, hd);
+    }
+}
+
+// row j's output from its n records (`apart` floats apart), rescaled to their largest max, the sink (a logit
+// without a value) counted once
+static void attn_finish_row(const struct attn_op *a, const struct attn_rows *r, int j, const float *rec, int64_t n,
+                            size_t apart) {
+    const int64_t hd = a->hd, h = r->h0 + j % r->nh;
+    float m = a->sinks ? a->sinks[h] : -INFINITY;
+    for (int64_t i = 0; i < n; i++) m = rec[i * apart + hd] > m ? rec[i * apart + hd] : m;
+    float *out = (float *)((char *)a->dst->data + (r->t0 + j / r->nh) * (int64_t)a->dst->nb[1]) + h * hd;
+    float l = a->sinks ? expf(a->sinks[h] - m) : 0.0f;
+    memset(out, 0, (size_t)hd * sizeof(float));
+    for (int64_t i = 0; i < n; i++) {
+        const float *p = rec + i * apart;
+        if (p[hd + 1] == 0.0f) continue; // none of the row's slots in this segment
+        const float e = expf(p[hd] - m);
+        l += p[hd + 1] * e;
+        for (int64_t d = 0; d < hd; d++) out[d] += p[d] * e;
+    }
+    const float inv = 1.0f / l;
+    for (int64_t d = 0; d < hd; d++) out[d] *= inv;
+}
+
 int ggml_cpu_op_attention(const struct ggml_compute_params *p, struct ggml_tensor *dst) {
-    const struct ggml_tensor *q = dst->src[0], *k = dst->src[1], *v = dst->src[2], *pos = dst->src[3];
-    const float *sinks = dst->src[4] ? (const float *)dst->src[4]->data : NULL;
-    const float scale = ggml_op_param_f32(dst, 0);
-    const int64_t window = dst->op_params[1];
-    const int64_t hd = q->ne[0], n_head = q->ne[1], n_tokens = q->ne[2];
-    const int64_t n_kv_head = k->ne[1], n_ctx = k->ne[2], group = n_head / n_kv_head;
+    const struct ggml_tensor *q = dst->src[0], *k = dst->src[1], *v = dst->src[2];
+    struct attn_op a = {.q = q, .k = k, .v = v, .pos = dst->src[3], .dst = dst,
+                        .sinks = dst->src[4] ? (const float *)dst->src[4]->data : NULL,
+                        .scale = ggml_op_param_f32(dst, 0), .window = dst->op_params[1], .hd = q->ne[0],
+                        .n_ctx = k->ne[2], .n_kv_head = k->ne[1], .group = q->ne[1] / k->ne[1], .n_tokens = q->ne[2],
+                        .f16 = k->type == GGML_TYPE_F16};
     if ((k->type != GGML_TYPE_F32 && k->type != GGML_TYPE_F16) || v->type != k->type || q->type != GGML_TYPE_F32)
         return ggml_set_error(GGML_STATUS_UNSUPPORTED, "attention: cache of %s/%s not readable",
                               ggml_type_name(k->type), ggml_type_name(v->type));
-    int st = check_positions(pos, 0, n_ctx, "attention");
+    int st = check_positions(a.pos, 0, a.n_ctx, "attention");
     if (st) return st;
-    const bool f16 = k->type == GGML_TYPE_F16;
-    const struct attn_kernels kern = attn_kernels_pick(hd);
-    const struct attn_units units = attn_units_of(group, n_kv_head, n_tokens, p->nth);
-    float *scores = ggml_cpu_thread_scratch(p, attn_scratch_floats(hd, n_ctx) * sizeof(float)); // (rows, n_ctx)
-    float *acc = scores + ATTN_ROWS * n_ctx;                                                    // (rows, hd)
-    // units dealt round robin: with causal masks later tokens cost more, so contiguous ranges would not balance
-    for (int64_t u = p->ith; u < units.count; u += p->nth) {
-        const int64_t g = u % n_kv_head, hc = u / n_kv_head % units.n_head_chunks;
-        const int64_t h0 = g * group + hc * units.heads, t0 = u / (n_kv_head * units.n_head_chunks) * units.tokens;
-        const int nh = (int)(group - hc * units.heads < units.heads ? group - hc * units.heads : units.heads);
-        const int nt = (int)(n_tokens - t0 < units.tokens ? n_tokens - t0 : units.tokens), nq = nt * nh;
-        int64_t first[ATTN_ROWS], last[ATTN_ROWS], smin = n_ctx, smax = 0; // by token
-        const float *qrow[ATTN_ROWS]; // row j: token t0 + j / nh, head h0 + j % nh; (hd) each
-        float *accrow[ATTN_ROWS];
-        for (int i = 0; i < nt; i++) {
-            last[i] = pos_at(pos, t0 + i);
-            first[i] = window && last[i] >= window ? last[i] - window + 1 : 0;
-            smax = last[i] > smax ? last[i] : smax;
-            smin = first[i] < smin ? first[i] : smin;
-        }
-        for (int j = 0; j < nq; j++) {
-            qrow[j] = (const float *)((const char *)q->data + (h0 + j % nh) * (int64_t)q->nb[1] +
-                                      (t0 + j / nh) * (int64_t)q->nb[2]);
-            accrow[j] = acc + j * hd;
-            memset(accrow[j], 0, (size_t)hd * sizeof(float));
-        }
-        // every row's score at every slot of the unit's range (a slot past a row's own range is never read)
-        const char *kbase = (const char *)k->data + g * (int64_t)k->nb[1];
-        for (int64_t s = smin; s <= smax; s++) kern.dots(kbase + s * (int64_t)k->nb[2], f16, qrow, nq, hd, scale,
-                                                         scores + s, n_ctx);
-        float inv[ATTN_ROWS];
-        for (int j = 0; j < nq; j++) {
-            const int64_t lo = first[j / nh], hi = last[j / nh], h = h0 + j % nh;
-            float *sc = scores + j * n_ctx + lo; // (hi - lo + 1) this row's scores, then weights
-            float mx = sinks ? sinks[h] : -INFINITY;
-            for (int64_t s = 0; s <= hi - lo; s++) mx = sc[s] > mx ? sc[s] : mx;
-            inv[j] = 1.0f / (kern.exp_sum(sc, hi - lo + 1, mx) + (sinks ? expf(sinks[h] - mx) : 0.0f));
-        }
-        const char *vbase = (const char *)v->data + g * (int64_t)v->nb[1];
-        for (int64_t s = smin; s <= smax; s++) {
-            float w[ATTN_ROWS];
-            for (int j = 0; j < nq; j++) w[j] = s >= first[j / nh] && s <= last[j / nh] ? scores[j * n_ctx + s] : 0.0f;
-            kern.axpys(vbase + s * (int64_t)v->nb[2], f16, w, accrow, nq, hd);
-        }
-        for (int j = 0; j < nq; j++) {
-            float *out = (float *)((char *)dst->data + (t0 + j / nh) * (int64_t)dst->nb[1]) + (h0 + j % nh) * hd;
-            for (int64_t d = 0; d < hd; d++) out[d] = accrow[j][d] * inv[j];
-        }
+    a.kern = attn_kernels_pick(a.hd);
+    a.units = attn_units_of(a.group, a.n_kv_head, a.n_tokens, p->nth);
+    const size_t parts = attn_parts_bytes(&a.units, p->nth, a.hd), stride = attn_record_floats(a.hd);
+    float *scores = (float *)((char *)p->wdata + parts +
+                              (size_t)p->ith * ggml_cpu_align_up(attn_scratch_floats(a.hd, a.n_ctx) * sizeof(float)));
+    float *own = scores + ATTN_ROWS * a.n_ctx; // this thread's ATTN_ROWS records
+    struct attn_rows r;
+    int64_t segs = 1;
+    if (parts) { // one token chunk: every unit's slots are the whole batch's
+        attn_rows_of(&a, 0, &r);
+        segs = attn_segments(&a.units, p->nth, r.smax - r.smin + 1);
+    }
+    // (unit, segment) items dealt round robin, units first: with causal masks later tokens cost more, so contiguous
+    // ranges would not balance. A whole unit is finished at once; segments after a barrier, by unit
+    const size_t rows = (size_t)(a.units.heads * a.units.tokens);
+    float *shared = (float *)p->wdata; // (units, segs, rows) records
+    for (int64_t i = p->ith; i < a.units.count * segs; i += p->nth) {
+        const int64_t u = i % a.units.count, seg = i / a.units.count;
+        attn_rows_of(&a, u, &r);
+        const int64_t len = r.smax - r.smin + 1;
+        float *rec = segs == 1 ? own : shared + ((size_t)u * (size_t)segs + (size_t)seg) * rows * stride;
+        attn_span(&a, &r, r.smin + seg * len / segs, r.smin + (seg + 1) * len / segs - 1, scores, rec, stride);
+        if (segs == 1)
+            for (int j = 0; j < r.nq; j++) attn_finish_row(&a, &r, j, rec + j * stride, 1, stride);
+    }
+    if (segs == 1) return GGML_STATUS_OK;
+    ggml_barrier(p->tp);
+    for (int64_t u = p->ith; u < a.units.count; u += p->nth) {
+        attn_rows_of(&a, u, &r);
+        for (int j = 0; j < r.nq; j++)
+            attn_finish_row(&a, &r, j, shared + (size_t)u * (size_t)segs * rows * stride + (size_t)j * stride, segs,
+                            rows * stride);
     }
     return GGML_STATUS_OK;
 }
