@@ -388,14 +388,6 @@ static void q4_K_vec_dot_avx2(int64_t n, float *s, const void *w, const void *x)
 static void q6_K_vec_dot_avx2(int64_t n, float *s, const void *w, const void *x) {
     const block_q6_K *a = w; // (n / 256,)
     const block_q8_K *b = x; // (n / 256,)
-    const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x03), bits45 = _mm256_set1_epi8(0x30);
-    // byte shuffles broadcasting int16 scale 2g to the low lane and 2g + 1 to the high lane
-    const __m256i pick[4] = {
-        _mm256_set_epi64x(0x0302030203020302, 0x0302030203020302, 0x0100010001000100, 0x0100010001000100),
-        _mm256_set_epi64x(0x0706070607060706, 0x0706070607060706, 0x0504050405040504, 0x0504050405040504),
-        _mm256_set_epi64x(0x0B0A0B0A0B0A0B0A, 0x0B0A0B0A0B0A0B0A, 0x0908090809080908, 0x0908090809080908),
-        _mm256_set_epi64x(0x0F0E0F0E0F0E0F0E, 0x0F0E0F0E0F0E0F0E, 0x0D0C0D0C0D0C0D0C, 0x0D0C0D0C0D0C0D0C),
-    };
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
         const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a[i].scales)); // (16,) int16
@@ -405,20 +397,12 @@ static void q6_K_vec_dot_avx2(int64_t n, float *s, const void *w, const void *x)
         for (int h = 0; h < 2; h++) {
             const __m256i sc = h == 0 ? _mm256_permute2x128_si256(scales, scales, 0x00)
                                       : _mm256_permute2x128_si256(scales, scales, 0x11);
-            const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h));
-            const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h + 32));
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)(a[i].qh + 32 * h));
-            const __m256i q[4] = {
-                _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, two), 4)),
-                _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(qh, bits45)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
-                                _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45)),
-            };
+            __m256i q[4];
+            avx2_q6_K_levels(&a[i], h, q);
             for (int g = 0; g < 4; g++) {
                 const __m256i y = _mm256_loadu_si256((const __m256i *)(b[i].qs + 128 * h + 32 * g));
                 const __m256i p = _mm256_maddubs_epi16(q[g], y);
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, pick[g])));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, avx2_q6_K_group_scales(sc, g)));
             }
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(b[i].d * avx2_f16(a[i].d)), _mm256_cvtepi32_ps(sumi), acc);

@@ -105,3 +105,24 @@ static inline void tile_store(float *s, int64_t ss, __m256 acc01, __m256 acc23) 
     _mm_storeu_ps(s + 2 * ss, _mm256_castps256_ps128(acc23));
     _mm_storeu_ps(s + 3 * ss, _mm256_extractf128_ps(acc23, 1));
 }
+
+// Q6_K: the levels (0..63) of half h of a super-block, 32 bytes for each of its four groups of 32 values (the layout of
+// quants.h: group g's low nibbles from ql, its two high bits from qh)
+static inline void avx2_q6_K_levels(const block_q6_K *a, int h, __m256i q[4]) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x03), bits45 = _mm256_set1_epi8(0x30);
+    const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(a->ql + 64 * h));
+    const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(a->ql + 64 * h + 32));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(a->qh + 32 * h));
+    q[0] = _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, two), 4));
+    q[1] = _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(qh, bits45));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45));
+}
+
+// Q6_K: group g's two sub-block scales from the half's 8 int16 scales (in both lanes): sub-block 2g's in the low lane,
+// 2g + 1's in the high lane, each broadcast
+static inline __m256i avx2_q6_K_group_scales(__m256i half_scales, int g) {
+    const __m256i pick = _mm256_set_epi64x(0x0302030203020302 + 0x0404040404040404LL * g, 0x0302030203020302 + 0x0404040404040404LL * g,
+                                           0x0100010001000100 + 0x0404040404040404LL * g, 0x0100010001000100 + 0x0404040404040404LL * g);
+    return _mm256_shuffle_epi8(half_scales, pick);
+}

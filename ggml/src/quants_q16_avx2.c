@@ -227,14 +227,6 @@ static void q4_K_vec_dot_q16_avx2(int64_t n, float *s, const void *w, const void
 static void q6_K_vec_dot_q16_avx2(int64_t n, float *s, const void *w, const void *x) {
     const block_q6_K *a = w;  // (n / 256,)
     const block_q16_K *b = x; // (n / 256,)
-    const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x03), bits45 = _mm256_set1_epi8(0x30);
-    // byte shuffles broadcasting int16 scale 2g to the low lane and 2g + 1 to the high lane (as q6_K_vec_dot_avx2)
-    const __m256i pick[4] = {
-        _mm256_set_epi64x(0x0302030203020302, 0x0302030203020302, 0x0100010001000100, 0x0100010001000100),
-        _mm256_set_epi64x(0x0706070607060706, 0x0706070607060706, 0x0504050405040504, 0x0504050405040504),
-        _mm256_set_epi64x(0x0B0A0B0A0B0A0B0A, 0x0B0A0B0A0B0A0B0A, 0x0908090809080908, 0x0908090809080908),
-        _mm256_set_epi64x(0x0F0E0F0E0F0E0F0E, 0x0F0E0F0E0F0E0F0E, 0x0D0C0D0C0D0C0D0C, 0x0D0C0D0C0D0C0D0C),
-    };
     __m256 acc = _mm256_setzero_ps();
     float offs = 0.0f; // 32 times the sum over sub-blocks of d scale sum(q)
     for (int64_t i = 0; i < n / QK_K; i++) {
@@ -249,18 +241,10 @@ static void q6_K_vec_dot_q16_avx2(int64_t n, float *s, const void *w, const void
         for (int h = 0; h < 2; h++) {
             const __m256i sc = h == 0 ? _mm256_permute2x128_si256(scales, scales, 0x00)
                                       : _mm256_permute2x128_si256(scales, scales, 0x11);
-            const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h));
-            const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(a[i].ql + 64 * h + 32));
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)(a[i].qh + 32 * h));
-            const __m256i q[4] = {
-                _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, two), 4)),
-                _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(qh, bits45)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
-                                _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45)),
-            };
+            __m256i q[4];
+            avx2_q6_K_levels(&a[i], h, q);
             for (int g = 0; g < 4; g++) {
-                const __m256i scg = _mm256_shuffle_epi8(sc, pick[g]);
+                const __m256i scg = avx2_q6_K_group_scales(sc, g);
                 const int at = 128 * h + 32 * g;
                 sh = _mm256_add_epi32(sh, _mm256_madd_epi16(_mm256_maddubs_epi16(q[g], _mm256_loadu_si256((const __m256i *)(b[i].hi + at))), scg));
                 sl = _mm256_add_epi32(sl, _mm256_madd_epi16(_mm256_maddubs_epi16(q[g], _mm256_loadu_si256((const __m256i *)(b[i].lo + at))), scg));

@@ -66,6 +66,22 @@ static void xcols_residual(const struct ggml_compute_params *p, const struct ggm
     }
 }
 
+// this thread's share of x's blocks converted by `convert` (blck values -> block_bytes) into wdata, a column every
+// `stride` bytes: blocks are independent, so the threads split all m * k / blck of them and one column is parallel too
+static void xcols_convert(const struct ggml_compute_params *p, const struct ggml_tensor *x, ggml_from_float_fn convert,
+                          int64_t blck, size_t block_bytes, size_t stride) {
+    const int64_t bpr = x->ne[0] / blck;
+    int64_t b0, b1;
+    ggml_thread_range(ggml_nrows(x) * bpr, p->ith, p->nth, &b0, &b1);
+    while (b0 < b1) {
+        const int64_t j = b0 / bpr, b = b0 % bpr;
+        const int64_t nb = bpr - b < b1 - b0 ? bpr - b : b1 - b0;
+        convert((const float *)ggml_cpu_row_ptr(x, j) + b * blck, (char *)p->wdata + (size_t)j * stride + (size_t)b * block_bytes,
+                nb * blck);
+        b0 += nb;
+    }
+}
+
 int ggml_cpu_xcols_prepare(const struct ggml_compute_params *p, const struct ggml_tensor *w,
                            const struct ggml_tensor *x, struct ggml_cpu_xcols *xc) {
     const struct ggml_type_traits *tw = ggml_get_type_traits(w->type);
@@ -74,7 +90,7 @@ int ggml_cpu_xcols_prepare(const struct ggml_compute_params *p, const struct ggm
     if (w->ne[0] != x->ne[0] || w->ne[0] % tw->blck_size)
         return ggml_set_error(GGML_STATUS_INVALID_ARG, "mul_mat: inner sizes %lld and %lld", (long long)w->ne[0],
                               (long long)x->ne[0]);
-    const int64_t k = x->ne[0], m = ggml_nrows(x);
+    const int64_t k = x->ne[0];
     xc->residual = NULL;
     if (xcols_in_place(w)) {
         // 2-D x (the constructors' contract): columns are its rows
@@ -89,20 +105,9 @@ int ggml_cpu_xcols_prepare(const struct ggml_compute_params *p, const struct ggm
     if (k % tv->blck_size)
         return ggml_set_error(GGML_STATUS_INVALID_ARG, "mul_mat: %lld is not a multiple of %s's block",
                               (long long)k, ggml_type_name(vdt));
-    const size_t row = ggml_row_size(vdt, k);
     xc->base = p->wdata;
-    xc->stride = row;
-    // blocks are independent: the threads split all m * k / blck of them, so one column is parallel too
-    const int64_t bpr = k / tv->blck_size;
-    int64_t b0, b1;
-    ggml_thread_range(m * bpr, p->ith, p->nth, &b0, &b1);
-    while (b0 < b1) {
-        const int64_t j = b0 / bpr, b = b0 % bpr;
-        const int64_t nb = bpr - b < b1 - b0 ? bpr - b : b1 - b0;
-        tv->quantize_act((const float *)ggml_cpu_row_ptr(x, j) + b * tv->blck_size,
-                       (char *)p->wdata + (size_t)j * row + (size_t)b * tv->type_size, nb * tv->blck_size);
-        b0 += nb;
-    }
+    xc->stride = ggml_row_size(vdt, k);
+    xcols_convert(p, x, tv->quantize_act, tv->blck_size, tv->type_size, xc->stride);
     return GGML_STATUS_OK;
 }
 
@@ -234,20 +239,10 @@ static void mul_mat_rows_dense(const struct ggml_tensor *w, const struct ggml_cp
 static void xcols_q16(const struct ggml_compute_params *p, const struct ggml_tensor *w, const struct ggml_tensor *x,
                       struct ggml_cpu_xcols *xc) {
     const struct ggml_type_traits *tw = ggml_get_type_traits(w->type);
-    const int64_t k = x->ne[0], m = ggml_nrows(x), bpr = k / tw->blck_size;
-    const size_t block = ggml_q16_row_bytes(tw, tw->blck_size);
     xc->base = p->wdata;
-    xc->stride = ggml_q16_row_bytes(tw, k);
+    xc->stride = ggml_q16_row_bytes(tw, x->ne[0]);
     xc->residual = NULL;
-    int64_t b0, b1;
-    ggml_thread_range(m * bpr, p->ith, p->nth, &b0, &b1);
-    while (b0 < b1) {
-        const int64_t j = b0 / bpr, b = b0 % bpr;
-        const int64_t nb = bpr - b < b1 - b0 ? bpr - b : b1 - b0;
-        tw->quantize_q16((const float *)ggml_cpu_row_ptr(x, j) + b * tw->blck_size,
-                         (char *)p->wdata + (size_t)j * xc->stride + (size_t)b * block, nb * tw->blck_size);
-        b0 += nb;
-    }
+    xcols_convert(p, x, tw->quantize_q16, tw->blck_size, ggml_q16_row_bytes(tw, tw->blck_size), xc->stride);
 }
 
 // the converted columns' bytes: a precise mul_mat's are either kind (the kernels' choice depends on the SIMD in
