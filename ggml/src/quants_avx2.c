@@ -597,16 +597,6 @@ static void q4_1_gemm_tile_avx2(int64_t n, float *s, int64_t ss, const void *w, 
     tile_store(s, ss, acc[0], acc[1]);
 }
 
-// the 4 rows' six-bit scales (sc[r][s]) and mins (mins[r]: 8 int16) of super-block b, for the Q4_K tiles
-static inline void q4_K_tile_scales_mins(const block_q4_K *const wr[4], int64_t b, uint8_t sc[4][8], __m128i mins[4]) {
-    for (int r = 0; r < 4; r++) {
-        uint64_t sc_bytes, m_bytes;
-        ggml_q4_K_scales_mins(wr[r][b].scales, &sc_bytes, &m_bytes);
-        memcpy(sc[r], &sc_bytes, 8);
-        mins[r] = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m_bytes));
-    }
-}
-
 // lane r: row r's sum over sub-blocks of m * sum(x) for one column's super-block, as a float (the mins' share)
 static inline __m128 q4_K_tile_min_sums(const block_q8_K *xj, const __m128i mins[4]) {
     const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)xj->bsums),

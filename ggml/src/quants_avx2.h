@@ -126,3 +126,13 @@ static inline __m256i avx2_q6_K_group_scales(__m256i half_scales, int g) {
                                            0x0100010001000100 + 0x0404040404040404LL * g, 0x0100010001000100 + 0x0404040404040404LL * g);
     return _mm256_shuffle_epi8(half_scales, pick);
 }
+
+// the 4 rows' six-bit scales (sc[r][s]) and mins (mins[r]: 8 int16) of super-block b, for the Q4_K tiles
+static inline void q4_K_tile_scales_mins(const block_q4_K *const wr[4], int64_t b, uint8_t sc[4][8], __m128i mins[4]) {
+    for (int r = 0; r < 4; r++) {
+        uint64_t sc_bytes, m_bytes;
+        ggml_q4_K_scales_mins(wr[r][b].scales, &sc_bytes, &m_bytes);
+        memcpy(sc[r], &sc_bytes, 8);
+        mins[r] = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m_bytes));
+    }
+}

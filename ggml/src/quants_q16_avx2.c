@@ -362,13 +362,10 @@ static void q4_K_gemm_tile_q16_avx2(int64_t n, float *s, int64_t ss, const void 
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t b = 0; b < n / QK_K; b++) {
         uint8_t sc[4][8];
+        __m128i mins16[4];
+        q4_K_tile_scales_mins(wr, b, sc, mins16);
         __m256i mins[4]; // (8,) int32 per row
-        for (int r = 0; r < 4; r++) {
-            uint64_t sc_bytes, m_bytes;
-            ggml_q4_K_scales_mins(wr[r][b].scales, &sc_bytes, &m_bytes);
-            memcpy(sc[r], &sc_bytes, 8);
-            mins[r] = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m_bytes));
-        }
+        for (int r = 0; r < 4; r++) mins[r] = _mm256_cvtepu16_epi32(mins16[r]);
         const __m128 dw = avx2_f16x4(wr[0][b].d, wr[1][b].d, wr[2][b].d, wr[3][b].d);
         const __m128 mw = avx2_f16x4(wr[0][b].dmin, wr[1][b].dmin, wr[2][b].dmin, wr[3][b].dmin);
         for (int h = 0; h < 2; h++) { // columns 2h and 2h + 1
