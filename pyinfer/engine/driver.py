@@ -44,8 +44,9 @@ KV_TYPES = {"f32": ggml.F32, "f16": ggml.F16}
 _MAX_CACHED_GRAPHS = 4  # decode graph, full prompt batch, and a few remainders
 # precise="auto": models whose weights are at most this many bytes get precise CPU matmuls. Small models
 # decide between near-equal tokens often (SmolLM2-135M Q4_1: "The" over "L" by 0.08 nats, flipped by the
-# 8-bit activations), and their matmuls are cheap enough to pay twice the arithmetic. Larger models pay more
-# (Qwen2.5-0.5B Q4_K_M, 491 MB: tg 0.6x, pp 0.5x on 2 cores; docs/BENCHMARKS.md) and gain nothing measurable
+# 8-bit activations), and their matmuls are cheap enough to pay for 16-bit activations (a second byte product a
+# weight: 1.1-1.4x a rounded dot's time, 2x in the Q4_K tile). Larger models pay more (Qwen2.5-0.5B Q4_K_M, 491 MB,
+# when precise still meant two whole dots: tg 0.6x, pp 0.5x on 2 cores; docs/BENCHMARKS.md) and gain nothing measurable
 PRECISE_MAX_BYTES = 256 << 20
 AUTO_MARGIN = 1 << 30  # --vram-budget auto: the GPU's free memory less this (other processes, fragmentation)
 # a budget of 0 puts nothing on the GPU: the figures are not used then
@@ -247,8 +248,9 @@ class Model:
         figures the placement uses, or a preset name or profile file (default: measured on this machine once,
         then cached). plan: an explicit placement instead (for this file and context size; pyinfer.engine.placement).
         timed: each decode step records how long the CPU and the GPU were busy and overlapped (step_stats).
-        precise: CPU matmuls without the activations' 8-bit rounding (ggml_mul_mat_precise; about 1e-5
-        relative instead of 4e-3, for twice the arithmetic); "auto": for models of at most PRECISE_MAX_BYTES.
+        precise: CPU matmuls over 16-bit activations instead of 8-bit ones (ggml_mul_mat_precise; about 1e-5
+        relative instead of 4e-3, for 1.1-1.4x a rounded matmul's time); "auto": for models of at most
+        PRECISE_MAX_BYTES.
         n_cpu_moe: with n_gpu_layers, the experts of a mixture's first n_cpu_moe layers stay on the CPU (llama.cpp's
         --n-cpu-moe). expert_cache: a mixture's split layers re-place their experts while decoding
         (engine.expert_cache)."""
