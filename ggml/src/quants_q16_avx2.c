@@ -234,9 +234,9 @@ static void q6_K_vec_dot_q16_avx2(int64_t n, float *s, const void *w, const void
         const __m256i sc32lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)a[i].scales));
         const __m256i sc32hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(a[i].scales + 8)));
         const float dd = b[i].d * avx2_f16(a[i].d);
-        offs += dd * (float)avx2_hsum_epi32(
-                         _mm256_add_epi32(_mm256_mullo_epi32(sc32lo, _mm256_loadu_si256((const __m256i *)b[i].bsums)),
-                                          _mm256_mullo_epi32(sc32hi, _mm256_loadu_si256((const __m256i *)(b[i].bsums + 8)))));
+        const __m256i bs0 = _mm256_loadu_si256((const __m256i *)b[i].bsums);
+        const __m256i bs1 = _mm256_loadu_si256((const __m256i *)(b[i].bsums + 8));
+        offs += dd * (float)avx2_hsum_epi32(_mm256_add_epi32(_mm256_mullo_epi32(sc32lo, bs0), _mm256_mullo_epi32(sc32hi, bs1)));
         __m256i sh = _mm256_setzero_si256(), sl = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {
             const __m256i sc = h == 0 ? _mm256_permute2x128_si256(scales, scales, 0x00)
@@ -245,9 +245,10 @@ static void q6_K_vec_dot_q16_avx2(int64_t n, float *s, const void *w, const void
             avx2_q6_K_levels(&a[i], h, q);
             for (int g = 0; g < 4; g++) {
                 const __m256i scg = avx2_q6_K_group_scales(sc, g);
-                const int at = 128 * h + 32 * g;
-                sh = _mm256_add_epi32(sh, _mm256_madd_epi16(_mm256_maddubs_epi16(q[g], _mm256_loadu_si256((const __m256i *)(b[i].hi + at))), scg));
-                sl = _mm256_add_epi32(sl, _mm256_madd_epi16(_mm256_maddubs_epi16(q[g], _mm256_loadu_si256((const __m256i *)(b[i].lo + at))), scg));
+                const __m256i xh = _mm256_loadu_si256((const __m256i *)(b[i].hi + 128 * h + 32 * g));
+                const __m256i xl = _mm256_loadu_si256((const __m256i *)(b[i].lo + 128 * h + 32 * g));
+                sh = _mm256_add_epi32(sh, _mm256_madd_epi16(_mm256_maddubs_epi16(q[g], xh), scg));
+                sl = _mm256_add_epi32(sl, _mm256_madd_epi16(_mm256_maddubs_epi16(q[g], xl), scg));
             }
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(255.0f * dd), _mm256_cvtepi32_ps(sh), acc);

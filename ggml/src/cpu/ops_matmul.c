@@ -76,8 +76,8 @@ static void xcols_convert(const struct ggml_compute_params *p, const struct ggml
     while (b0 < b1) {
         const int64_t j = b0 / bpr, b = b0 % bpr;
         const int64_t nb = bpr - b < b1 - b0 ? bpr - b : b1 - b0;
-        convert((const float *)ggml_cpu_row_ptr(x, j) + b * blck, (char *)p->wdata + (size_t)j * stride + (size_t)b * block_bytes,
-                nb * blck);
+        convert((const float *)ggml_cpu_row_ptr(x, j) + b * blck,
+                (char *)p->wdata + (size_t)j * stride + (size_t)b * block_bytes, nb * blck);
         b0 += nb;
     }
 }
@@ -251,7 +251,8 @@ static size_t xcols_bytes(const struct ggml_tensor *dst) {
     const struct ggml_tensor *w = dst->src[0], *x = dst->src[1];
     const size_t plain = ggml_cpu_xcols_wsize(w, x);
     if (!precise(dst)) return plain;
-    const size_t q16 = ggml_cpu_align_up((size_t)ggml_nrows(x) * ggml_q16_row_bytes(ggml_get_type_traits(w->type), x->ne[0]));
+    const size_t row16 = ggml_q16_row_bytes(ggml_get_type_traits(w->type), x->ne[0]);
+    const size_t q16 = ggml_cpu_align_up((size_t)ggml_nrows(x) * row16);
     return q16 > 2 * plain ? q16 : 2 * plain;
 }
 
