@@ -10,6 +10,7 @@ from gguf import GGMLQuantizationType as QT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_quants import block, c_dequantize, c_quantize, random_blocks, rows
+from test_quants import term_bound as quants_term_bound
 
 from pyinfer.errors import UnsupportedError
 from pyinfer.native.binding import check, ffi, lib
@@ -101,23 +102,13 @@ def test_a_type_without_them_is_refused():
 
 
 def term_bound(qtype, wq: np.ndarray, n: int) -> np.ndarray:
-    """Per weight, the largest magnitude the parts its kernel sums apart can take (levels and offsets or mins)."""
-    def f16(col):
-        return col.copy().view(np.float16).astype(np.float64).ravel()
-
-    _, ts = block(qtype)
-    b = wq.reshape(-1, ts)
-    if qtype == QT.Q4_0:
-        return np.repeat(np.abs(f16(b[:, 0:2])) * (15 + 8), 32)
-    if qtype == QT.Q5_0:
-        return np.repeat(np.abs(f16(b[:, 0:2])) * (31 + 16), 32)
-    if qtype == QT.Q4_1:
-        return np.repeat(np.abs(f16(b[:, 0:2])) * 15 + np.abs(f16(b[:, 2:4])), 32)
-    if qtype == QT.Q4_K:
-        return np.repeat(np.abs(f16(b[:, 0:2])) * 63 * 15 + np.abs(f16(b[:, 2:4])) * 63, 256)
-    if qtype == QT.Q6_K:
-        return np.repeat(np.abs(f16(b[:, 208:210]))[:, None] * np.abs(b[:, 192:208].view(np.int8)) * 64.0, 16)
-    return np.abs(c_dequantize(qtype, wq, n).astype(np.float64))
+    """Per weight, the largest magnitude the parts its kernel sums apart can take: test_quants' bound, and for Q4_0
+    and Q5_0 their offsets too (here they come off through sum(q), apart from the levels)."""
+    if qtype in (QT.Q4_0, QT.Q5_0):
+        top, offset = (15, 8) if qtype == QT.Q4_0 else (31, 16)
+        d = wq.reshape(-1, block(qtype)[1])[:, 0:2].copy().view(np.float16).astype(np.float64).ravel()
+        return np.repeat(np.abs(d) * (top + offset), 32)
+    return quants_term_bound(qtype, wq, n)
 
 
 @pytest.mark.parametrize("qtype", Q16_TYPES, ids=lambda t: t.name)

@@ -343,7 +343,6 @@ static void mxfp4_vec_dot_avx2(int64_t n, float *s, const void *w, const void *x
     *s = sum;
 }
 
-// y[0..32) += s * q[0..32) for 16 bytes of signed values per half (lo: values 0..15, hi: 16..31)
 // ============================================================================================
 // Q4_K, Q6_K with Q8_K activations
 // ============================================================================================
@@ -491,10 +490,6 @@ static void q8_K_quantize_act_avx2(const float *src, void *dst, int64_t n) {
 
 _Static_assert(GGML_GEMM_TILE_ROWS == 4 && GGML_GEMM_TILE_COLS == 4, "the tiles below are 4 x 4");
 
-// the 8 pair scales: weight scales of rows 0..3 times the scale of column j (lanes 0..3) and j + 1 (4..7)
-static inline __m256 tile_pair_scales_f32(__m128 dw, float dx0, float dx1) {
-    return _mm256_set_m128(_mm_mul_ps(dw, _mm_set1_ps(dx1)), _mm_mul_ps(dw, _mm_set1_ps(dx0)));
-}
 
 // the same for columns whose scales are f16
 static inline __m256 tile_pair_scales(__m128 dw, uint16_t dx0, uint16_t dx1) {
@@ -537,64 +532,57 @@ static void q8_0_gemm_tile_avx2(int64_t n, float *s, int64_t ss, const void *w, 
     tile_store(s, ss, acc[0], acc[1]);
 }
 
-// Q4_0 . Q8_0: levels (0..15) times x as Q4_1's, less 8 sum(x), formed once a column block for the four rows
-static void q4_0_gemm_tile_avx2(int64_t n, float *s, int64_t ss, const void *w, size_t bw, const void *x, size_t bx) {
-    const block_q4_0 *wr[4]; // (4, n / 32) weight rows
-    const block_q8_0 *xc[4]; // (4, n / 32) activation columns
-    for (int i = 0; i < 4; i++) {
-        wr[i] = (const block_q4_0 *)((const char *)w + i * bw);
-        xc[i] = (const block_q8_0 *)((const char *)x + i * bx);
-    }
+// the 4-bit types' tiles: levels (0..15) times x, scaled by d dx. Q4_1 . Q8_1: each block's minimum times the column's
+// d sum(x) (Q8_1's s); Q4_0 . Q8_0: less 8 sum(x), formed once a column block for the four rows
+static inline __attribute__((always_inline)) void tile_u4_avx2(enum ggml_type type, int64_t n, float *s, int64_t ss,
+                                                               const void *w, size_t bw, const void *x, size_t bx) {
+    const bool q4_1 = type == GGML_TYPE_Q4_1;
+    const size_t wb = q4_1 ? sizeof(block_q4_1) : sizeof(block_q4_0), xb = q4_1 ? sizeof(block_q8_1) : sizeof(block_q8_0);
     const __m256i eight = _mm256_set1_epi8(8);
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t b = 0; b < n / QK4_0; b++) {
+    for (int64_t b = 0; b < n / 32; b++) {
         __m256i wq[4];
-        for (int r = 0; r < 4; r++) wq[r] = avx2_unpack_nibbles(wr[r][b].qs);
-        const __m128 dw = avx2_f16x4(wr[0][b].d, wr[1][b].d, wr[2][b].d, wr[3][b].d);
+        uint16_t d[4], m[4]; // the rows' scales, and Q4_1's minima
+        for (int r = 0; r < 4; r++) {
+            const char *blk = (const char *)w + r * bw + b * wb;
+            if (q4_1) {
+                const block_q4_1 *a = (const block_q4_1 *)blk;
+                wq[r] = avx2_unpack_nibbles(a->qs), d[r] = a->d, m[r] = a->m;
+            } else {
+                const block_q4_0 *a = (const block_q4_0 *)blk;
+                wq[r] = avx2_unpack_nibbles(a->qs), d[r] = a->d;
+            }
+        }
+        const __m128 dw = avx2_f16x4(d[0], d[1], d[2], d[3]);
         for (int h = 0; h < 2; h++) {
-            const __m256i x0 = _mm256_loadu_si256((const __m256i *)xc[2 * h][b].qs);
-            const __m256i x1 = _mm256_loadu_si256((const __m256i *)xc[2 * h + 1][b].qs);
-            const __m256i o0 = tile_dot_u8s8(eight, x0), o1 = tile_dot_u8s8(eight, x1);
+            const char *c0 = (const char *)x + 2 * h * bx + b * xb, *c1 = c0 + bx; // columns 2h, 2h + 1
+            const int8_t *q0 = q4_1 ? ((const block_q8_1 *)c0)->qs : ((const block_q8_0 *)c0)->qs;
+            const int8_t *q1 = q4_1 ? ((const block_q8_1 *)c1)->qs : ((const block_q8_0 *)c1)->qs;
+            const __m256i x0 = _mm256_loadu_si256((const __m256i *)q0), x1 = _mm256_loadu_si256((const __m256i *)q1);
+            const __m256i o0 = q4_1 ? _mm256_setzero_si256() : tile_dot_u8s8(eight, x0);
+            const __m256i o1 = q4_1 ? _mm256_setzero_si256() : tile_dot_u8s8(eight, x1);
             __m256i p[8];
             for (int r = 0; r < 4; r++) {
                 p[r] = _mm256_sub_epi32(tile_dot_u8s8(wq[r], x0), o0);
                 p[r + 4] = _mm256_sub_epi32(tile_dot_u8s8(wq[r], x1), o1);
             }
-            acc[h] = _mm256_fmadd_ps(tile_pair_scales(dw, xc[2 * h][b].d, xc[2 * h + 1][b].d),
-                                     _mm256_cvtepi32_ps(tile_sum8_epi32(p)), acc[h]);
+            const uint16_t dx0 = q4_1 ? ((const block_q8_1 *)c0)->d : ((const block_q8_0 *)c0)->d;
+            const uint16_t dx1 = q4_1 ? ((const block_q8_1 *)c1)->d : ((const block_q8_0 *)c1)->d;
+            acc[h] = _mm256_fmadd_ps(tile_pair_scales(dw, dx0, dx1), _mm256_cvtepi32_ps(tile_sum8_epi32(p)), acc[h]);
+            if (q4_1)
+                acc[h] = _mm256_add_ps(acc[h], tile_pair_scales(avx2_f16x4(m[0], m[1], m[2], m[3]),
+                                                                ((const block_q8_1 *)c0)->s, ((const block_q8_1 *)c1)->s));
         }
     }
     tile_store(s, ss, acc[0], acc[1]);
 }
 
-// Q4_1 . Q8_1: levels (0..15) times x, scaled by d dx; each block's minimum times the column's d sum(x)
+static void q4_0_gemm_tile_avx2(int64_t n, float *s, int64_t ss, const void *w, size_t bw, const void *x, size_t bx) {
+    tile_u4_avx2(GGML_TYPE_Q4_0, n, s, ss, w, bw, x, bx);
+}
+
 static void q4_1_gemm_tile_avx2(int64_t n, float *s, int64_t ss, const void *w, size_t bw, const void *x, size_t bx) {
-    const block_q4_1 *wr[4]; // (4, n / 32) weight rows
-    const block_q8_1 *xc[4]; // (4, n / 32) activation columns
-    for (int i = 0; i < 4; i++) {
-        wr[i] = (const block_q4_1 *)((const char *)w + i * bw);
-        xc[i] = (const block_q8_1 *)((const char *)x + i * bx);
-    }
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t b = 0; b < n / QK4_1; b++) {
-        __m256i wq[4];
-        for (int r = 0; r < 4; r++) wq[r] = avx2_unpack_nibbles(wr[r][b].qs);
-        const __m128 dw = avx2_f16x4(wr[0][b].d, wr[1][b].d, wr[2][b].d, wr[3][b].d);
-        const __m128 mw = avx2_f16x4(wr[0][b].m, wr[1][b].m, wr[2][b].m, wr[3][b].m);
-        for (int h = 0; h < 2; h++) {
-            const __m256i x0 = _mm256_loadu_si256((const __m256i *)xc[2 * h][b].qs);
-            const __m256i x1 = _mm256_loadu_si256((const __m256i *)xc[2 * h + 1][b].qs);
-            __m256i p[8];
-            for (int r = 0; r < 4; r++) {
-                p[r] = tile_dot_u8s8(wq[r], x0);
-                p[r + 4] = tile_dot_u8s8(wq[r], x1);
-            }
-            const __m256 sc = tile_pair_scales(dw, xc[2 * h][b].d, xc[2 * h + 1][b].d);
-            acc[h] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(tile_sum8_epi32(p)), acc[h]);
-            acc[h] = _mm256_add_ps(acc[h], tile_pair_scales(mw, xc[2 * h][b].s, xc[2 * h + 1][b].s));
-        }
-    }
-    tile_store(s, ss, acc[0], acc[1]);
+    tile_u4_avx2(GGML_TYPE_Q4_1, n, s, ss, w, bw, x, bx);
 }
 
 // lane r: row r's sum over sub-blocks of m * sum(x) for one column's super-block, as a float (the mins' share)

@@ -136,3 +136,8 @@ static inline void q4_K_tile_scales_mins(const block_q4_K *const wr[4], int64_t 
         mins[r] = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m_bytes));
     }
 }
+
+// the 8 pair scales: weight scales of rows 0..3 times the scale of column j (lanes 0..3) and j + 1 (4..7)
+static inline __m256 tile_pair_scales_f32(__m128 dw, float dx0, float dx1) {
+    return _mm256_set_m128(_mm_mul_ps(dw, _mm_set1_ps(dx1)), _mm_mul_ps(dw, _mm_set1_ps(dx0)));
+}

@@ -185,6 +185,12 @@ static void q8_0_vec_dot_q16_avx2(int64_t n, float *s, const void *w, const void
 // dots of one row, K-quants
 // ============================================================================================
 
+// a super-block's sums of q per sub-block of 32 (8 int32), from its per-16 ones
+static inline __m256i q16_K_sums32(const block_q16_K *b) {
+    const __m256i lo = _mm256_loadu_si256((const __m256i *)b->bsums), hi = _mm256_loadu_si256((const __m256i *)(b->bsums + 8));
+    return _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo, hi), _MM_SHUFFLE(3, 1, 2, 0));
+}
+
 // Q4_K: per sub-block of 32, levels (0..15) times both bytes (maddubs), times the six-bit scale and 255 times it
 // (madd): a lane sums 8 such pairs of at most 2 * 15 * 127 * 63 * 256 (below 2^31)
 static void q4_K_vec_dot_q16_avx2(int64_t n, float *s, const void *w, const void *x) {
@@ -198,12 +204,9 @@ static void q4_K_vec_dot_q16_avx2(int64_t n, float *s, const void *w, const void
         ggml_q4_K_scales_mins(a[i].scales, &sc_bytes, &m_bytes);
         uint8_t sc[8];
         memcpy(sc, &sc_bytes, 8);
-        // sum over sub-blocks of m * sum(q), from the per-16 sums
-        const __m256i bs = _mm256_loadu_si256((const __m256i *)b[i].bsums),
-                      bs2 = _mm256_loadu_si256((const __m256i *)(b[i].bsums + 8));
-        const __m256i s32 = _mm256_permute4x64_epi64(_mm256_hadd_epi32(bs, bs2), _MM_SHUFFLE(3, 1, 2, 0)); // per 32
+        // sum over sub-blocks of m * sum(q)
         const __m256i mins = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m_bytes));
-        summ += b[i].d * avx2_f16(a[i].dmin) * (float)avx2_hsum_epi32(_mm256_mullo_epi32(s32, mins));
+        summ += b[i].d * avx2_f16(a[i].dmin) * (float)avx2_hsum_epi32(_mm256_mullo_epi32(q16_K_sums32(&b[i]), mins));
 
         __m256i sumi = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) { // sub-blocks 2c (low nibbles) and 2c + 1 (high)
@@ -262,10 +265,6 @@ static void q6_K_vec_dot_q16_avx2(int64_t n, float *s, const void *w, const void
 // unpacked once for the four columns and multiply both bytes of each
 // ============================================================================================
 
-// the 8 pair scales: weight scales of rows 0..3 times column j's (lanes 0..3) and column j + 1's (4..7)
-static inline __m256 q16_pair_scales(__m128 dw, float dx0, float dx1) {
-    return _mm256_set_m128(_mm_mul_ps(dw, _mm_set1_ps(dx1)), _mm_mul_ps(dw, _mm_set1_ps(dx0)));
-}
 
 // the 4-bit types with nibble levels (0..15) worth d u + c (c: Q4_1's minimum, -8 d for Q4_0): levels times q,
 // scaled by d dx; each block's c times the column's dx sum(q)
@@ -303,8 +302,8 @@ static inline __attribute__((always_inline)) void q16_gemm_tile_u4(enum ggml_typ
                 p[r] = q16_dot_u8(wq[r], h0, l0);
                 p[r + 4] = q16_dot_u8(wq[r], h1, l1);
             }
-            acc[h] = _mm256_fmadd_ps(q16_pair_scales(dw, x0->d, x1->d), _mm256_cvtepi32_ps(tile_sum8_epi32(p)), acc[h]);
-            acc[h] = _mm256_fmadd_ps(q16_pair_scales(cw, x0->d, x1->d),
+            acc[h] = _mm256_fmadd_ps(tile_pair_scales_f32(dw, x0->d, x1->d), _mm256_cvtepi32_ps(tile_sum8_epi32(p)), acc[h]);
+            acc[h] = _mm256_fmadd_ps(tile_pair_scales_f32(cw, x0->d, x1->d),
                                      _mm256_set_m128(_mm_set1_ps((float)x1->sum), _mm_set1_ps((float)x0->sum)), acc[h]);
         }
     }
@@ -344,7 +343,7 @@ static void q8_0_gemm_tile_q16_avx2(int64_t n, float *s, int64_t ss, const void 
                 p[r] = q16_dot_u8(wa[r], _mm256_sign_epi8(h0, wq[r]), _mm256_sign_epi8(l0, wq[r]));
                 p[r + 4] = q16_dot_u8(wa[r], _mm256_sign_epi8(h1, wq[r]), _mm256_sign_epi8(l1, wq[r]));
             }
-            acc[h] = _mm256_fmadd_ps(q16_pair_scales(dw, x0->d, x1->d), _mm256_cvtepi32_ps(tile_sum8_epi32(p)), acc[h]);
+            acc[h] = _mm256_fmadd_ps(tile_pair_scales_f32(dw, x0->d, x1->d), _mm256_cvtepi32_ps(tile_sum8_epi32(p)), acc[h]);
         }
     }
     tile_store(s, ss, acc[0], acc[1]);
@@ -393,14 +392,12 @@ static void q4_K_gemm_tile_q16_avx2(int64_t n, float *s, int64_t ss, const void 
             // the mins' share: lane r + 4 j = row r's sum over sub-blocks of m * sum(q) of column 2h + j
             __m256i pm[8];
             for (int j = 0; j < 2; j++) {
-                const __m256i bs = _mm256_loadu_si256((const __m256i *)xj[j]->bsums),
-                              bs2 = _mm256_loadu_si256((const __m256i *)(xj[j]->bsums + 8));
-                const __m256i s32 = _mm256_permute4x64_epi64(_mm256_hadd_epi32(bs, bs2), _MM_SHUFFLE(3, 1, 2, 0));
+                const __m256i s32 = q16_K_sums32(xj[j]);
                 for (int r = 0; r < 4; r++) pm[r + 4 * j] = _mm256_mullo_epi32(s32, mins[r]);
             }
-            acc[h] = _mm256_fmadd_ps(q16_pair_scales(dw, xj[0]->d, xj[1]->d), _mm256_cvtepi32_ps(tile_sum8_epi32(p)),
+            acc[h] = _mm256_fmadd_ps(tile_pair_scales_f32(dw, xj[0]->d, xj[1]->d), _mm256_cvtepi32_ps(tile_sum8_epi32(p)),
                                      acc[h]);
-            acc[h] = _mm256_fnmadd_ps(q16_pair_scales(mw, xj[0]->d, xj[1]->d), _mm256_cvtepi32_ps(tile_sum8_epi32(pm)),
+            acc[h] = _mm256_fnmadd_ps(tile_pair_scales_f32(mw, xj[0]->d, xj[1]->d), _mm256_cvtepi32_ps(tile_sum8_epi32(pm)),
                                       acc[h]);
         }
     }

@@ -369,7 +369,10 @@ static void attn_span(const struct attn_op *a, const struct attn_rows *r, int64_
                       float *rec, size_t stride) {
     const int64_t hd = a->hd, n_ctx = a->n_ctx;
     float *acc[ATTN_ROWS];
-    for (int j = 0; j < r->nq; j++) acc[j] = rec + j * stride, memset(acc[j], 0, (size_t)hd * sizeof(float));
+    for (int j = 0; j < r->nq; j++) {
+        acc[j] = rec + j * stride;
+        memset(acc[j], 0, (size_t)hd * sizeof(float));
+    }
     // every row's score at every slot of the span (a slot past a row's own range is never read)
     const char *kbase = (const char *)a->k->data + r->g * (int64_t)a->k->nb[1];
     for (int64_t s = lo; s <= hi; s++)

@@ -82,14 +82,21 @@ static void xcols_convert(const struct ggml_compute_params *p, const struct ggml
     }
 }
 
+// what every conversion of x needs: F32 activations as long as the weights' rows, whole blocks of them
+static int xcols_check(const struct ggml_tensor *w, const struct ggml_tensor *x) {
+    if (x->type != GGML_TYPE_F32) return ggml_set_error(GGML_STATUS_UNSUPPORTED, "mul_mat takes F32 activations");
+    if (w->ne[0] != x->ne[0] || w->ne[0] % ggml_get_type_traits(w->type)->blck_size)
+        return ggml_set_error(GGML_STATUS_INVALID_ARG, "mul_mat: inner sizes %lld and %lld", (long long)w->ne[0],
+                              (long long)x->ne[0]);
+    return GGML_STATUS_OK;
+}
+
 int ggml_cpu_xcols_prepare(const struct ggml_compute_params *p, const struct ggml_tensor *w,
                            const struct ggml_tensor *x, struct ggml_cpu_xcols *xc) {
     const struct ggml_type_traits *tw = ggml_get_type_traits(w->type);
     if (!tw->vec_dot) return ggml_set_error(GGML_STATUS_UNSUPPORTED, "no dot product for %s", ggml_type_name(w->type));
-    if (x->type != GGML_TYPE_F32) return ggml_set_error(GGML_STATUS_UNSUPPORTED, "mul_mat takes F32 activations");
-    if (w->ne[0] != x->ne[0] || w->ne[0] % tw->blck_size)
-        return ggml_set_error(GGML_STATUS_INVALID_ARG, "mul_mat: inner sizes %lld and %lld", (long long)w->ne[0],
-                              (long long)x->ne[0]);
+    int st = xcols_check(w, x);
+    if (st) return st;
     const int64_t k = x->ne[0];
     xc->residual = NULL;
     if (xcols_in_place(w)) {
@@ -151,15 +158,15 @@ struct mul_mat_kernels {
 static struct mul_mat_kernels mul_mat_kernels_for(const struct ggml_tensor *dst) {
     const struct ggml_tensor *w = dst->src[0], *x = dst->src[1];
     const struct ggml_type_traits *tw = ggml_get_type_traits(w->type), *t8 = ggml_get_type_traits(GGML_TYPE_Q8_0);
-    const bool tiles = x->ne[1] >= GGML_GEMM_TILE_COLS, q5_0 = w->type == GGML_TYPE_Q5_0;
-    bool q16 = precise(dst) && tw->vec_dot_q16;
-    if (q16 && tiles && !(tw->gemm_tile_q16 || (q5_0 && t8->gemm_tile_q16)) && (tw->gemm_tile || (q5_0 && t8->gemm_tile)))
-        q16 = false;
+    const bool q5_0 = w->type == GGML_TYPE_Q5_0;
+    // a batch's tiles over each kind of activations (Q5_0's through its rows rewritten as Q8_0 where Q8_0 has one)
+    const ggml_gemm_tile_fn tile8 = q5_0 && t8->gemm_tile ? t8->gemm_tile : tw->gemm_tile;
+    const ggml_gemm_tile_fn tile16 = q5_0 && t8->gemm_tile_q16 ? t8->gemm_tile_q16 : tw->gemm_tile_q16;
+    const bool tiles = x->ne[1] >= GGML_GEMM_TILE_COLS;
+    const bool q16 = precise(dst) && tw->vec_dot_q16 && !(tiles && tile8 && !tile16);
     struct mul_mat_kernels k = {.q16 = q16, .dot = q16 ? tw->vec_dot_q16 : tw->vec_dot, .tile_row_bytes = w->nb[1]};
-    if (!tiles) return k;
-    const ggml_gemm_tile_fn as_q8_0 = q5_0 ? (q16 ? t8->gemm_tile_q16 : t8->gemm_tile) : NULL;
-    k.as_q8_0 = as_q8_0 != NULL;
-    k.tile = as_q8_0 ? as_q8_0 : q16 ? tw->gemm_tile_q16 : tw->gemm_tile;
+    k.tile = tiles ? (q16 ? tile16 : tile8) : NULL;
+    k.as_q8_0 = k.tile && q5_0 && k.tile == (q16 ? t8->gemm_tile_q16 : t8->gemm_tile);
     if (k.as_q8_0) k.tile_row_bytes = ggml_row_size(GGML_TYPE_Q8_0, w->ne[0]);
     return k;
 }
@@ -267,17 +274,10 @@ int ggml_cpu_op_mul_mat(const struct ggml_compute_params *p, struct ggml_tensor 
         return ggml_set_error(GGML_STATUS_UNSUPPORTED, "mul_mat takes matrices");
     const struct mul_mat_kernels kn = mul_mat_kernels_for(dst);
     struct ggml_cpu_xcols xc;
-    if (kn.q16) {
-        if (x->type != GGML_TYPE_F32) return ggml_set_error(GGML_STATUS_UNSUPPORTED, "mul_mat takes F32 activations");
-        if (w->ne[0] != x->ne[0])
-            return ggml_set_error(GGML_STATUS_INVALID_ARG, "mul_mat: inner sizes %lld and %lld", (long long)w->ne[0],
-                                  (long long)x->ne[0]);
-        xcols_q16(p, w, x, &xc);
-    } else {
-        int st = ggml_cpu_xcols_prepare(p, w, x, &xc);
-        if (st) return st;
-        if (precise(dst) && !xcols_in_place(w)) xcols_residual(p, w, x, &xc);
-    }
+    int st = kn.q16 ? xcols_check(w, x) : ggml_cpu_xcols_prepare(p, w, x, &xc);
+    if (st) return st;
+    if (kn.q16) xcols_q16(p, w, x, &xc);
+    else if (precise(dst) && !xcols_in_place(w)) xcols_residual(p, w, x, &xc);
     ggml_barrier(p->tp);
     if (x->ne[1] == 1 && ggml_nbytes(w) >= GEMV_CHUNKED_BYTES) {
         // a large GEMV is one long pass over the weights: threads take chunks of rows as they come free, so
