@@ -1,13 +1,16 @@
 """Benchmark of the CPU matmul kernels: dense GEMV bandwidth and the sparse ops' cost per density.
 
     python -m tools.bench_kernels --threads 16 [--types q4_0,q8_0] [--working-set-mb 1024]
+    python -m tools.bench_kernels --threads 16 --prompt 512   # prompt GEMMs: 4 x 4 tiles against AMX's
 
 Batch-1 decoding is bound by the bytes of weights read, so dense GEMV is reported in GB/s next to
 the machine's copy bandwidth (a numpy copy split over the same number of threads, bytes read +
 written). Each timed graph cycles through enough copies of the weights that they cannot stay in the
 last-level cache. Sparse ops (mask selecting a random fraction rho of the rows, one token) are
 reported as time relative to the dense GEMV over the same bytes; the target is <= 1.3 rho.
-Prints markdown.
+With --prompt N, one mul_mat of N columns per matrix instead (a prompt's GEMM), in GFLOP/s: the 4 x 4 tiles
+against the int8 tile GEMM over the weights' levels (AMX where the CPU has it, else its scalar oracle: not
+timed). Prints markdown.
 """
 
 from __future__ import annotations
@@ -113,6 +116,37 @@ def bench_case(timer: Timer, type_: int, d: int, n_ff: int, working_set: int, rn
     return res
 
 
+def bench_prompt(timer: Timer, type_: int, d: int, n_ff: int, cols: int, rng) -> dict[str, float]:
+    """GFLOP/s of an [d, n_ff] weight times cols columns through each prompt kernel this CPU has."""
+    ctx = ggml.Context(ggml.row_size(type_, d) * n_ff + 4 * d * cols + (64 << 20))
+    (w,) = weight_copies(ctx, type_, (n_ff, d), 0, rng)
+    x = ctx.tensor_from_numpy(rng.standard_normal((cols, d)).astype(np.float32))
+    modes = {"4x4 tiles": ggml.lib.GGML_LEVELS_GEMM_OFF}
+    if ggml.lib.ggml_cpu_has_amx():
+        modes["AMX"] = ggml.lib.GGML_LEVELS_GEMM_AUTO
+    res = {}
+    try:
+        for label, mode in modes.items():
+            ggml.lib.ggml_cpu_set_levels_gemm(mode)
+            res[label] = 2 * d * n_ff * cols / timer.per_node(ctx, [ctx.mul_mat(w, x)]) / 1e9
+    finally:
+        ggml.lib.ggml_cpu_set_levels_gemm(ggml.lib.GGML_LEVELS_GEMM_AUTO)
+    return res
+
+
+def measure_prompt(args: argparse.Namespace, sizes, timer: Timer, rng) -> None:
+    print(f"# Prompt GEMMs: {args.prompt} columns, {args.threads} threads, AMX "
+          f"{'yes' if ggml.lib.ggml_cpu_has_amx() else 'no'}\n")
+    print("| type | d x n_ff | kernel | GFLOP/s |\n|---|---|---|---|")
+    for d, n_ff in sizes:
+        for name in args.types.split(","):
+            if d % ggml.block_size(TYPES[name]):
+                continue
+            for label, gflops in bench_prompt(timer, TYPES[name], d, n_ff, args.prompt, rng).items():
+                print(f"| {name} | {d} x {n_ff} | {label} | {gflops:.0f} |")
+            sys.stdout.flush()
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="bench_kernels", description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=default_threads())
@@ -120,6 +154,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--working-set-mb", type=int, default=1024, help="weight bytes cycled through per graph")
     ap.add_argument("--min-seconds", type=float, default=0.5, help="timing per measurement")
     ap.add_argument("--sizes", default=",".join(f"{d}x{n}" for d, n in SIZES), help="d x n_ff pairs")
+    ap.add_argument("--prompt", type=int, default=0, help="columns of a prompt GEMM to time instead (0: decode)")
     return ap
 
 
@@ -132,6 +167,10 @@ def measure(args: argparse.Namespace) -> int:
     rng = np.random.default_rng(0)
     pool = ggml.ThreadPool(args.threads)
     timer = Timer(pool, args.min_seconds)
+    if args.prompt:
+        arguments.integer("--prompt", args.prompt, 1)
+        measure_prompt(args, sizes, timer, rng)
+        return 0
     copy_gbs = copy_bandwidth(args.threads)
     simd = "AVX2" if ggml.lib.ggml_cpu_has_avx2() else "scalar"
     print(f"# CPU kernels: {args.threads} threads, {simd}, copy bandwidth {copy_gbs:.1f} GB/s "

@@ -134,6 +134,12 @@ int ggml_axpy8_rounded(enum ggml_type type, int64_t n, float *y, const float *a,
 bool ggml_cpu_has_avx2(void);
 bool ggml_cpu_has_avx512(void);
 void ggml_cpu_set_simd(bool enabled); // false forces the scalar kernels (tests, debugging)
+// prompt matmuls (4+ columns) of types with a levels form (Q4_0, Q4_1, Q5_0, Q8_0, MXFP4, Q4_K, Q6_K) as int8 tile
+// GEMMs: on AMX where the CPU has it (AUTO), never (OFF), or through the tile GEMM's scalar oracle on any CPU (REF:
+// tests)
+enum ggml_levels_gemm { GGML_LEVELS_GEMM_AUTO, GGML_LEVELS_GEMM_OFF, GGML_LEVELS_GEMM_REF };
+void ggml_cpu_set_levels_gemm(enum ggml_levels_gemm mode);
+bool ggml_cpu_has_amx(void); // AMX's int8 tiles, usable by this process
 
 // --- context: an arena for tensor headers and, unless no_alloc, their data ---
 struct ggml_context *ggml_init(size_t mem_size, bool no_alloc);

@@ -68,6 +68,7 @@ struct ggml_type_traits {
 const struct ggml_type_traits *ggml_get_type_traits(enum ggml_type type);
 // fills the traits table; picks SIMD kernels when the CPU has them (idempotent)
 void ggml_quants_init(void);
+bool ggml_quants_simd_in_use(void); // false while ggml_cpu_set_simd(false) holds
 // SIMD kernels (defined in *_avx2.c; installed by ggml_quants_init when the CPU supports them)
 void ggml_quants_install_avx2(struct ggml_type_traits *traits);
 void ggml_quants_install_axpy_avx2(struct ggml_type_traits *traits); // quants_axpy_avx2.c

@@ -699,8 +699,15 @@ static bool quants_cpu_has_avx2_set(void) {
 #endif
 }
 
+static bool quants_simd_on;
+
+bool ggml_quants_simd_in_use(void) {
+    return quants_simd_on;
+}
+
 static void quants_use_simd(bool enabled) {
-    const struct ggml_type_traits *src = enabled && quants_simd_available ? traits_simd : traits_scalar;
+    quants_simd_on = enabled && quants_simd_available;
+    const struct ggml_type_traits *src = quants_simd_on ? traits_simd : traits_scalar;
     for (int t = 0; t < GGML_TYPE_COUNT; t++) {
         traits_live[t].vec_dot = src[t].vec_dot;
         traits_live[t].axpy = src[t].axpy;

@@ -4,6 +4,7 @@
 // weight type has kernels for them: two byte products a weight under one scale, W.x to ~1e-5 relative instead of
 // ~4e-3. Elsewhere it also quantizes what the 8-bit rounding lost, x - dequant(quant(x)), and adds that dot too.
 #include "ops_kernels.h"
+#include "../levels.h"
 #include "../quants.h"
 
 #include <string.h>
@@ -263,9 +264,62 @@ static size_t xcols_bytes(const struct ggml_tensor *dst) {
     return q16 > 2 * plain ? q16 : 2 * plain;
 }
 
+// ---------------------------------------------------------------------------------------------------
+// prompts as int8 tile GEMMs over the weights' levels (levels.h; AMX)
+// ---------------------------------------------------------------------------------------------------
+
+// the levels form of this mul_mat's weights when it can run as a tile GEMM: 4+ columns (where the 4 x 4 tiles
+// would start, so a token's result does not depend on its batch's size past that), not precise
+static const struct levels_traits *levels_for(const struct ggml_tensor *dst) {
+    const struct levels_traits *lt = levels_traits_for(dst->src[0]->type);
+    return lt && !precise(dst) && dst->src[1]->ne[1] >= GGML_GEMM_TILE_COLS ? lt : NULL;
+}
+
+static size_t levels_groups_bytes(const struct ggml_tensor *dst, const struct levels_traits *lt) {
+    const int64_t groups = (dst->ne[1] + LEVELS_COLS - 1) / LEVELS_COLS;
+    return ggml_cpu_align_up((size_t)groups * levels_x_group_bytes(dst->src[0]->ne[0], lt->offset));
+}
+
+// after phase 1 (x's columns in the weight type's vec_dot_type): the threads repack x's columns in groups of 16,
+// barrier, then take panels of 16 weight rows, each unpacked once to levels in this thread's scratch and
+// multiplied by every group. The kernel writes a 16 x 16 block; rows and columns past the matrix are dropped.
+static void mul_mat_levels(const struct ggml_compute_params *p, struct ggml_tensor *dst,
+                           const struct levels_traits *lt, levels_gemm_fn gemm, const struct ggml_cpu_xcols *xc) {
+    const struct ggml_tensor *w = dst->src[0];
+    const int64_t k = w->ne[0], n = w->ne[1], m = dst->ne[1];
+    const size_t group_bytes = levels_x_group_bytes(k, lt->offset);
+    char *groups = (char *)p->wdata + xcols_bytes(dst);
+    int64_t g0, g1;
+    ggml_thread_range((m + LEVELS_COLS - 1) / LEVELS_COLS, p->ith, p->nth, &g0, &g1);
+    for (int64_t g = g0; g < g1; g++)
+        levels_x_pack(lt->x_type, xc->base, xc->stride, m, k, lt->offset, g, groups + g * group_bytes);
+    ggml_barrier(p->tp);
+    void *panel_buf = groups + levels_groups_bytes(dst, lt) + (size_t)p->ith * levels_panel_bytes(lt, k);
+    int64_t t0, t1;
+    ggml_thread_range((n + LEVELS_ROWS - 1) / LEVELS_ROWS, p->ith, p->nth, &t0, &t1);
+    float out[LEVELS_ROWS * LEVELS_COLS]; // (row, column)
+    for (int64_t t = t0; t < t1; t++) {
+        const int64_t r0 = t * LEVELS_ROWS, rows = n - r0 < LEVELS_ROWS ? n - r0 : LEVELS_ROWS;
+        struct levels_panel panel;
+        levels_panel_fill(lt, (const char *)w->data + r0 * (int64_t)w->nb[1], w->nb[1], rows, k, panel_buf, &panel);
+        for (int64_t g = 0; g * LEVELS_COLS < m; g++) {
+            gemm(&panel, groups + g * group_bytes, out);
+            for (int64_t c = 0; c < LEVELS_COLS && g * LEVELS_COLS + c < m; c++) {
+                float *y = (float *)((char *)dst->data + (g * LEVELS_COLS + c) * (int64_t)dst->nb[1]) + r0; // (n)
+                for (int64_t r = 0; r < rows; r++) y[r] = out[r * LEVELS_COLS + c];
+            }
+        }
+    }
+}
+
 size_t ggml_cpu_mul_mat_wsize(const struct ggml_tensor *dst, int n_threads) {
     const struct mul_mat_kernels kn = mul_mat_kernels_for(dst);
-    return xcols_bytes(dst) + (kn.as_q8_0 ? (size_t)n_threads * q8_0_tile_bytes(dst->src[0]) : 0);
+    const struct levels_traits *lt = levels_for(dst);
+    // the levels path's bytes whether or not it will run: tests switch it between planning and computing
+    const size_t levels = lt ? levels_groups_bytes(dst, lt) +
+                                   (size_t)n_threads * levels_panel_bytes(lt, dst->src[0]->ne[0])
+                             : 0;
+    return xcols_bytes(dst) + (kn.as_q8_0 ? (size_t)n_threads * q8_0_tile_bytes(dst->src[0]) : 0) + levels;
 }
 
 int ggml_cpu_op_mul_mat(const struct ggml_compute_params *p, struct ggml_tensor *dst) {
@@ -279,6 +333,12 @@ int ggml_cpu_op_mul_mat(const struct ggml_compute_params *p, struct ggml_tensor 
     if (kn.q16) xcols_q16(p, w, x, &xc);
     else if (precise(dst) && !xcols_in_place(w)) xcols_residual(p, w, x, &xc);
     ggml_barrier(p->tp);
+    const struct levels_traits *lt = levels_for(dst);
+    const levels_gemm_fn levels_gemm = lt ? levels_gemm_current() : NULL;
+    if (levels_gemm) {
+        mul_mat_levels(p, dst, lt, levels_gemm, &xc);
+        return GGML_STATUS_OK;
+    }
     if (x->ne[1] == 1 && ggml_nbytes(w) >= GEMV_CHUNKED_BYTES) {
         // a large GEMV is one long pass over the weights: threads take chunks of rows as they come free, so
         // a thread the (shared, noisy) machine slows down holds the others up by one chunk, not by half the

@@ -1,0 +1,248 @@
+// quants_levels.c: each weight type's rows as int8 levels under a scale (and an offset) per group, activation
+// columns repacked into AMX's tile layout, and the scalar oracle of the tile GEMM over them (levels.h).
+#include "levels.h"
+#include "quants.h"
+
+#include <math.h>
+#include <string.h>
+
+// ---------------------------------------------------------------------------------------------------
+// weight rows as levels: value = scale * level + offset, the float arithmetic of each type's to_float
+// ---------------------------------------------------------------------------------------------------
+
+static void q4_0_levels(const void *row, int64_t k, int8_t *q, float *scale, float *offset, int64_t gs) {
+    (void)offset;
+    const block_q4_0 *b = row; // (k / 32,)
+    for (int64_t i = 0; i < k / QK4_0; i++, q += QK4_0) {
+        scale[i * gs] = ggml_fp16_to_fp32(b[i].d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            q[j] = (int8_t)((b[i].qs[j] & 0x0F) - 8);
+            q[j + QK4_0 / 2] = (int8_t)((b[i].qs[j] >> 4) - 8);
+        }
+    }
+}
+
+static void q4_1_levels(const void *row, int64_t k, int8_t *q, float *scale, float *offset, int64_t gs) {
+    const block_q4_1 *b = row; // (k / 32,)
+    for (int64_t i = 0; i < k / QK4_1; i++, q += QK4_1) {
+        scale[i * gs] = ggml_fp16_to_fp32(b[i].d);
+        offset[i * gs] = ggml_fp16_to_fp32(b[i].m);
+        for (int j = 0; j < QK4_1 / 2; j++) {
+            q[j] = (int8_t)(b[i].qs[j] & 0x0F);
+            q[j + QK4_1 / 2] = (int8_t)(b[i].qs[j] >> 4);
+        }
+    }
+}
+
+static void q5_0_levels(const void *row, int64_t k, int8_t *q, float *scale, float *offset, int64_t gs) {
+    (void)offset;
+    const block_q5_0 *b = row; // (k / 32,)
+    for (int64_t i = 0; i < k / QK5_0; i++, q += QK5_0) {
+        const uint32_t qh = ggml_q5_0_qh(&b[i]);
+        scale[i * gs] = ggml_fp16_to_fp32(b[i].d);
+        for (int j = 0; j < QK5_0 / 2; j++) {
+            q[j] = (int8_t)(((b[i].qs[j] & 0x0F) | ((qh >> j) & 1) << 4) - 16);
+            q[j + QK5_0 / 2] = (int8_t)(((b[i].qs[j] >> 4) | ((qh >> (j + QK5_0 / 2)) & 1) << 4) - 16);
+        }
+    }
+}
+
+static void q8_0_levels(const void *row, int64_t k, int8_t *q, float *scale, float *offset, int64_t gs) {
+    (void)offset;
+    const block_q8_0 *b = row; // (k / 32,)
+    for (int64_t i = 0; i < k / QK8_0; i++, q += QK8_0) {
+        scale[i * gs] = ggml_fp16_to_fp32(b[i].d);
+        memcpy(q, b[i].qs, QK8_0);
+    }
+}
+
+static void mxfp4_levels(const void *row, int64_t k, int8_t *q, float *scale, float *offset, int64_t gs) {
+    (void)offset;
+    const block_mxfp4 *b = row; // (k / 32,)
+    for (int64_t i = 0; i < k / QK_MXFP4; i++, q += QK_MXFP4) {
+        scale[i * gs] = ggml_e8m0_to_fp32_half(b[i].e);
+        for (int j = 0; j < QK_MXFP4 / 2; j++) {
+            q[j] = ggml_mxfp4_kvalues[b[i].qs[j] & 0x0F];
+            q[j + QK_MXFP4 / 2] = ggml_mxfp4_kvalues[b[i].qs[j] >> 4];
+        }
+    }
+}
+
+// sub-block s of 32: scale d * sc[s], offset -dmin * m[s], levels the nibbles 0..15
+static void q4_K_levels(const void *row, int64_t k, int8_t *q, float *scale, float *offset, int64_t gs) {
+    const block_q4_K *b = row; // (k / 256,)
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = ggml_fp16_to_fp32(b[i].d), dmin = ggml_fp16_to_fp32(b[i].dmin);
+        for (int s = 0; s < 8; s++, q += 32) {
+            uint8_t sc, m;
+            ggml_q4_K_get_scale_min(b[i].scales, s, &sc, &m);
+            scale[(8 * i + s) * gs] = d * (float)sc;
+            offset[(8 * i + s) * gs] = -(dmin * (float)m);
+            const uint8_t *qs = b[i].qs + 32 * (s / 2); // (32,) nibbles shared by sub-blocks 2c, 2c + 1
+            for (int l = 0; l < 32; l++) q[l] = (int8_t)((qs[l] >> (4 * (s % 2))) & 0x0F);
+        }
+    }
+}
+
+// sub-block s of 16: scale d * scales[s], levels q - 32
+static void q6_K_levels(const void *row, int64_t k, int8_t *q, float *scale, float *offset, int64_t gs) {
+    (void)offset;
+    const block_q6_K *b = row; // (k / 256,)
+    for (int64_t i = 0; i < k / QK_K; i++, q += QK_K) {
+        const float d = ggml_fp16_to_fp32(b[i].d);
+        for (int s = 0; s < QK_K / 16; s++) scale[(16 * i + s) * gs] = d * (float)b[i].scales[s];
+        for (int j = 0; j < QK_K; j++) q[j] = (int8_t)(ggml_q6_K_level(&b[i], j) - 32);
+    }
+}
+
+static const struct levels_traits levels_table[GGML_TYPE_COUNT] = {
+    [GGML_TYPE_Q4_0] = {32, false, GGML_TYPE_Q8_0, q4_0_levels},
+    [GGML_TYPE_Q4_1] = {32, true, GGML_TYPE_Q8_1, q4_1_levels},
+    [GGML_TYPE_Q5_0] = {32, false, GGML_TYPE_Q8_0, q5_0_levels},
+    [GGML_TYPE_Q8_0] = {32, false, GGML_TYPE_Q8_0, q8_0_levels},
+    [GGML_TYPE_MXFP4] = {32, false, GGML_TYPE_Q8_0, mxfp4_levels},
+    [GGML_TYPE_Q4_K] = {32, true, GGML_TYPE_Q8_K, q4_K_levels},
+    [GGML_TYPE_Q6_K] = {16, false, GGML_TYPE_Q8_K, q6_K_levels},
+};
+
+const struct levels_traits *levels_traits_for(enum ggml_type type) {
+    return type >= 0 && type < GGML_TYPE_COUNT && levels_table[type].row ? &levels_table[type] : NULL;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// panels of LEVELS_ROWS weight rows
+// ---------------------------------------------------------------------------------------------------
+
+static size_t align64(size_t n) {
+    return (n + 63) & ~(size_t)63;
+}
+
+size_t levels_panel_bytes(const struct levels_traits *lt, int64_t k) {
+    const size_t per_group = align64((size_t)(k / lt->group) * LEVELS_ROWS * sizeof(float));
+    return align64((size_t)LEVELS_ROWS * (size_t)k) + (lt->offset ? 2 : 1) * per_group;
+}
+
+void levels_panel_fill(const struct levels_traits *lt, const char *w, size_t bw, int64_t rows, int64_t k, void *buf,
+                       struct levels_panel *p) {
+    const size_t per_group = align64((size_t)(k / lt->group) * LEVELS_ROWS * sizeof(float));
+    int8_t *levels = buf;
+    float *scale = (float *)((char *)buf + align64((size_t)LEVELS_ROWS * (size_t)k));
+    float *offset = lt->offset ? (float *)((char *)scale + per_group) : NULL;
+    for (int64_t r = 0; r < rows; r++)
+        lt->row(w + r * (int64_t)bw, k, levels + r * k, scale + r, offset ? offset + r : NULL, LEVELS_ROWS);
+    if (rows < LEVELS_ROWS) {
+        // the matrix's last rows: zero levels and scales, whose outputs the caller drops
+        memset(levels + rows * k, 0, (size_t)(LEVELS_ROWS - rows) * (size_t)k);
+        for (int64_t g = 0; g < k / lt->group; g++)
+            for (int64_t r = rows; r < LEVELS_ROWS; r++) {
+                scale[g * LEVELS_ROWS + r] = 0.0f;
+                if (offset) offset[g * LEVELS_ROWS + r] = 0.0f;
+            }
+    }
+    *p = (struct levels_panel){.levels = levels, .scale = scale, .offset = offset, .k = k, .group = lt->group};
+}
+
+// ---------------------------------------------------------------------------------------------------
+// activation columns in groups of LEVELS_COLS
+// ---------------------------------------------------------------------------------------------------
+
+size_t levels_x_group_bytes(int64_t k, bool sums) {
+    const int64_t nb = k / LEVELS_XBLOCK;
+    return (size_t)nb * (LEVELS_XBLOCK_BYTES + (sums ? 2 : 1) * LEVELS_COLS * sizeof(float));
+}
+
+// block b of a column quantized to x_type: its 32 values, its scale and its sum times that scale
+static const int8_t *x_block(enum ggml_type x_type, const char *col, int64_t b, float *d, float *s) {
+    switch (x_type) {
+    case GGML_TYPE_Q8_1: {
+        const block_q8_1 *x = (const block_q8_1 *)col + b;
+        *d = ggml_fp16_to_fp32(x->d);
+        *s = ggml_fp16_to_fp32(x->s);
+        return x->qs;
+    }
+    case GGML_TYPE_Q8_K: {
+        const block_q8_K *x = (const block_q8_K *)col + b / (QK_K / LEVELS_XBLOCK);
+        const int sub = (int)(b % (QK_K / LEVELS_XBLOCK));
+        *d = x->d;
+        *s = x->d * (float)(x->bsums[2 * sub] + x->bsums[2 * sub + 1]);
+        return x->qs + LEVELS_XBLOCK * sub;
+    }
+    default: {
+        const block_q8_0 *x = (const block_q8_0 *)col + b;
+        *d = ggml_fp16_to_fp32(x->d);
+        *s = 0.0f;
+        return x->qs;
+    }
+    }
+}
+
+void levels_x_pack(enum ggml_type x_type, const char *cols, size_t stride, int64_t m, int64_t k, bool sums,
+                   int64_t group, char *dst) {
+    const int64_t nb = k / LEVELS_XBLOCK;
+    float *d = (float *)(dst + nb * LEVELS_XBLOCK_BYTES); // (nb, LEVELS_COLS)
+    float *s = d + nb * LEVELS_COLS;                      // (nb, LEVELS_COLS) with sums
+    memset(dst, 0, levels_x_group_bytes(k, sums));
+    for (int c = 0; c < LEVELS_COLS && group * LEVELS_COLS + c < m; c++) {
+        const char *col = cols + (size_t)(group * LEVELS_COLS + c) * stride;
+        for (int64_t b = 0; b < nb; b++) {
+            float db, sb;
+            const int8_t *q = x_block(x_type, col, b, &db, &sb);
+            int8_t *out = (int8_t *)dst + b * LEVELS_XBLOCK_BYTES + 4 * c; // (8, LEVELS_COLS, 4)
+            for (int i = 0; i < LEVELS_XBLOCK / 4; i++) memcpy(out + i * 4 * LEVELS_COLS, q + 4 * i, 4);
+            d[b * LEVELS_COLS + c] = db;
+            if (sums) s[b * LEVELS_COLS + c] = sb;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// the tile GEMM's oracle
+// ---------------------------------------------------------------------------------------------------
+
+void levels_gemm_ref(const struct levels_panel *w, const char *xgroup, float *out) {
+    const int64_t k = w->k, nb = k / LEVELS_XBLOCK, G = w->group;
+    const float *d = (const float *)(xgroup + nb * LEVELS_XBLOCK_BYTES); // (nb, LEVELS_COLS)
+    const float *s = d + nb * LEVELS_COLS;                               // (nb, LEVELS_COLS)
+    for (int r = 0; r < LEVELS_ROWS; r++)
+        for (int c = 0; c < LEVELS_COLS; c++) {
+            float acc = 0.0f;
+            for (int64_t g = 0; g < k / G; g++) {
+                const int64_t b = g * G / LEVELS_XBLOCK;
+                int32_t dot = 0;
+                for (int64_t j = g * G; j < (g + 1) * G; j++) {
+                    const int64_t i = (j % LEVELS_XBLOCK) / 4; // the value's row in its block's tile
+                    dot += w->levels[r * k + j] * ((const int8_t *)xgroup)[b * LEVELS_XBLOCK_BYTES +
+                                                                          (i * LEVELS_COLS + c) * 4 + j % 4];
+                }
+                acc = fmaf((float)dot, d[b * LEVELS_COLS + c] * w->scale[g * LEVELS_ROWS + r], acc);
+                if (w->offset) acc = fmaf(s[b * LEVELS_COLS + c], w->offset[g * LEVELS_ROWS + r], acc);
+            }
+            out[r * LEVELS_COLS + c] = acc;
+        }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// which kernel runs
+// ---------------------------------------------------------------------------------------------------
+
+static int levels_mode = GGML_LEVELS_GEMM_AUTO;
+
+void ggml_cpu_set_levels_gemm(enum ggml_levels_gemm mode) {
+    levels_mode = mode;
+}
+
+bool ggml_cpu_has_amx(void) {
+    ggml_quants_init();
+    return levels_gemm_amx() != NULL;
+}
+
+levels_gemm_fn levels_gemm_current(void) {
+    switch (levels_mode) {
+    case GGML_LEVELS_GEMM_REF:
+        return levels_gemm_ref;
+    case GGML_LEVELS_GEMM_AUTO:
+        return ggml_quants_simd_in_use() ? levels_gemm_amx() : NULL;
+    default:
+        return NULL;
+    }
+}

@@ -1,0 +1,67 @@
+"""Prompt matmuls as int8 tile GEMMs over the weights' levels (ggml/src/levels.h): the scalar oracle on any CPU
+against numpy float64, and on a CPU with AMX the tile kernel against that oracle bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from op_harness import compute, tensor, weights
+from test_ops import EMU_TOL, emulated_matmul
+
+from pyinfer.native import ggml
+
+LEVELS_TYPES = (ggml.Q4_0, ggml.Q4_1, ggml.Q5_0, ggml.Q8_0, ggml.MXFP4, ggml.Q4_K, ggml.Q6_K)
+SETTINGS = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def levels_mul_mat(type_: int, n: int, m: int, k: int, threads: int, seed: int, mode: int):
+    """(y, emulated, bound): mul_mat of an (n, k) weight of type_ by m columns through `mode`, what it computes in
+    float64 (the dequantized weights times the activations as their vec_dot_type holds them) and the size of the
+    sums' terms."""
+    rng = np.random.default_rng(seed)
+    ctx = ggml.Context(64 << 20)
+    wt, w64 = weights(ctx, rng.standard_normal((n, k)), type_)
+    x = (rng.standard_normal((m, k)) * 2).astype(np.float32)
+    y = ctx.mul_mat(wt, tensor(ctx, x))
+    try:
+        ggml.lib.ggml_cpu_set_levels_gemm(mode)
+        (out,) = compute(ctx, [y], threads)
+    finally:
+        ggml.lib.ggml_cpu_set_levels_gemm(ggml.lib.GGML_LEVELS_GEMM_AUTO)
+    return out, emulated_matmul(w64, x, type_), np.abs(x.astype(np.float64)) @ np.abs(w64).T
+
+
+@pytest.mark.parametrize("type_", LEVELS_TYPES)
+@SETTINGS
+@given(n=st.integers(1, 40), m=st.integers(4, 40), threads=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2**31))
+def test_levels_oracle_matches_float64(type_, n, m, threads, seed):
+    """Weight rows past a panel of 16 and columns past a group of 16 (both padded with zeros) on 1-3 threads:
+    the oracle's sums equal float64's on the same levels and activations to float32 rounding (a level, scale,
+    offset or activation in the wrong place misses by a whole term)."""
+    k = 2 * max(ggml.block_size(type_), 64)
+    y, want, bound = levels_mul_mat(type_, n, m, k, threads, seed, ggml.lib.GGML_LEVELS_GEMM_REF)
+    assert np.all(np.abs(y - want) <= EMU_TOL.get(type_, 2e-6) * bound + 1e-30)
+
+
+@pytest.mark.parametrize("type_", LEVELS_TYPES)
+def test_levels_oracle_follows_the_tiles(type_):
+    """The oracle through a real prompt's shape agrees with the 4 x 4 tiles it replaces (same activations)."""
+    k = 4 * max(ggml.block_size(type_), 128)
+    y, _, bound = levels_mul_mat(type_, 50, 37, k, 2, type_, ggml.lib.GGML_LEVELS_GEMM_REF)
+    tiles, _, _ = levels_mul_mat(type_, 50, 37, k, 2, type_, ggml.lib.GGML_LEVELS_GEMM_OFF)
+    assert np.all(np.abs(y - tiles) <= EMU_TOL.get(type_, 2e-6) * bound)
+
+
+@pytest.mark.skipif(not ggml.lib.ggml_cpu_has_amx(), reason="needs a CPU with AMX int8 tiles")
+@pytest.mark.parametrize("type_", LEVELS_TYPES)
+@SETTINGS
+@given(n=st.integers(1, 70), m=st.integers(4, 70), threads=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2**31))
+def test_amx_equals_its_oracle(type_, n, m, threads, seed):
+    """On AMX the tile kernel computes what the oracle does, operation for operation: equal bit for bit."""
+    k = 2 * max(ggml.block_size(type_), 128)
+    amx, want, bound = levels_mul_mat(type_, n, m, k, threads, seed, ggml.lib.GGML_LEVELS_GEMM_AUTO)
+    oracle, _, _ = levels_mul_mat(type_, n, m, k, threads, seed, ggml.lib.GGML_LEVELS_GEMM_REF)
+    np.testing.assert_array_equal(amx, oracle)
+    assert np.all(np.abs(amx - want) <= EMU_TOL.get(type_, 2e-6) * bound + 1e-30)
