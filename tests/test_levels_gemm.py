@@ -35,7 +35,7 @@ def levels_mul_mat(type_: int, n: int, m: int, k: int, threads: int, seed: int, 
 
 @pytest.mark.parametrize("type_", LEVELS_TYPES)
 @SETTINGS
-@given(n=st.integers(1, 40), m=st.integers(4, 40), threads=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2**31))
+@given(n=st.integers(1, 80), m=st.integers(4, 40), threads=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2**31))
 def test_levels_oracle_matches_float64(type_, n, m, threads, seed):
     """Weight rows past a panel of 16 and columns past a group of 16 (both padded with zeros) on 1-3 threads:
     the oracle's sums equal float64's on the same levels and activations to float32 rounding (a level, scale,

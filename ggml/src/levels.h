@@ -23,10 +23,11 @@ struct levels_traits {
 // NULL where the type has no levels form
 const struct levels_traits *levels_traits_for(enum ggml_type type);
 
-// LEVELS_ROWS weight rows: row r's levels at levels + r k; scale and offset (g, r) at [g * LEVELS_ROWS + r]
-// (offset NULL without one); rows past the matrix's end are zero
+// LEVELS_ROWS weight rows, group-major: group g's levels of row r at levels + (g LEVELS_ROWS + r) group, so that
+// a tile's 16 rows are contiguous (rows k apart had put a 4096-wide matrix's 16 rows in one L1 set); scale and
+// offset (g, r) at [g * LEVELS_ROWS + r] (offset NULL without one); rows past the matrix's end are zero
 struct levels_panel {
-    const int8_t *levels; // (LEVELS_ROWS, k)
+    const int8_t *levels; // (k / group, LEVELS_ROWS, group)
     const float *scale;   // (k / group, LEVELS_ROWS)
     const float *offset;  // (k / group, LEVELS_ROWS) or NULL
     int64_t k;

@@ -91,7 +91,17 @@ static void q6_K_levels(const void *row, int64_t k, int8_t *q, float *scale, flo
     for (int64_t i = 0; i < k / QK_K; i++, q += QK_K) {
         const float d = ggml_fp16_to_fp32(b[i].d);
         for (int s = 0; s < QK_K / 16; s++) scale[(16 * i + s) * gs] = d * (float)b[i].scales[s];
-        for (int j = 0; j < QK_K; j++) q[j] = (int8_t)(ggml_q6_K_level(&b[i], j) - 32);
+        // quants.h's layout a half at a time (ggml_q6_K_level value by value did not vectorize)
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = b[i].ql + 64 * h, *qh = b[i].qh + 32 * h;
+            int8_t *qq = q + 128 * h; // (128,)
+            for (int l = 0; l < 32; l++) {
+                qq[l] = (int8_t)(((ql[l] & 0x0F) | (qh[l] & 3) << 4) - 32);
+                qq[l + 32] = (int8_t)(((ql[l + 32] & 0x0F) | (qh[l] >> 2 & 3) << 4) - 32);
+                qq[l + 64] = (int8_t)(((ql[l] >> 4) | (qh[l] >> 4 & 3) << 4) - 32);
+                qq[l + 96] = (int8_t)(((ql[l + 32] >> 4) | (qh[l] >> 6 & 3) << 4) - 32);
+            }
+        }
     }
 }
 
@@ -117,29 +127,34 @@ static size_t align64(size_t n) {
     return (n + 63) & ~(size_t)63;
 }
 
+// the levels, the scales, the offsets and one row's levels as the type's row function writes them
 size_t levels_panel_bytes(const struct levels_traits *lt, int64_t k) {
     const size_t per_group = align64((size_t)(k / lt->group) * LEVELS_ROWS * sizeof(float));
-    return align64((size_t)LEVELS_ROWS * (size_t)k) + (lt->offset ? 2 : 1) * per_group;
+    return align64((size_t)LEVELS_ROWS * (size_t)k) + (lt->offset ? 2 : 1) * per_group + align64((size_t)k);
 }
 
 void levels_panel_fill(const struct levels_traits *lt, const char *w, size_t bw, int64_t rows, int64_t k, void *buf,
                        struct levels_panel *p) {
     const size_t per_group = align64((size_t)(k / lt->group) * LEVELS_ROWS * sizeof(float));
+    const int G = lt->group;
     int8_t *levels = buf;
     float *scale = (float *)((char *)buf + align64((size_t)LEVELS_ROWS * (size_t)k));
     float *offset = lt->offset ? (float *)((char *)scale + per_group) : NULL;
-    for (int64_t r = 0; r < rows; r++)
-        lt->row(w + r * (int64_t)bw, k, levels + r * k, scale + r, offset ? offset + r : NULL, LEVELS_ROWS);
-    if (rows < LEVELS_ROWS) {
-        // the matrix's last rows: zero levels and scales, whose outputs the caller drops
-        memset(levels + rows * k, 0, (size_t)(LEVELS_ROWS - rows) * (size_t)k);
-        for (int64_t g = 0; g < k / lt->group; g++)
-            for (int64_t r = rows; r < LEVELS_ROWS; r++) {
+    int8_t *row = (int8_t *)scale + (lt->offset ? 2 : 1) * per_group; // (k,)
+    for (int64_t r = 0; r < LEVELS_ROWS; r++) {
+        if (r < rows) {
+            lt->row(w + r * (int64_t)bw, k, row, scale + r, offset ? offset + r : NULL, LEVELS_ROWS);
+        } else {
+            // the matrix's last rows: zero levels and scales, whose outputs the caller drops
+            memset(row, 0, (size_t)k);
+            for (int64_t g = 0; g < k / G; g++) {
                 scale[g * LEVELS_ROWS + r] = 0.0f;
                 if (offset) offset[g * LEVELS_ROWS + r] = 0.0f;
             }
+        }
+        for (int64_t g = 0; g < k / G; g++) memcpy(levels + (g * LEVELS_ROWS + r) * G, row + g * G, (size_t)G);
     }
-    *p = (struct levels_panel){.levels = levels, .scale = scale, .offset = offset, .k = k, .group = lt->group};
+    *p = (struct levels_panel){.levels = levels, .scale = scale, .offset = offset, .k = k, .group = G};
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -211,7 +226,7 @@ void levels_gemm_ref(const struct levels_panel *w, const char *xgroup, float *ou
                 int32_t dot = 0;
                 for (int64_t j = g * G; j < (g + 1) * G; j++) {
                     const int64_t i = (j % LEVELS_XBLOCK) / 4; // the value's row in its block's tile
-                    dot += w->levels[r * k + j] * ((const int8_t *)xgroup)[b * LEVELS_XBLOCK_BYTES +
+                    dot += w->levels[(g * LEVELS_ROWS + r) * G + j % G] * ((const int8_t *)xgroup)[b * LEVELS_XBLOCK_BYTES +
                                                                           (i * LEVELS_COLS + c) * 4 + j % 4];
                 }
                 acc = fmaf((float)dot, d[b * LEVELS_COLS + c] * w->scale[g * LEVELS_ROWS + r], acc);
