@@ -18,8 +18,6 @@ def add_model_args(p: argparse.ArgumentParser, model_required: bool = False) -> 
     p.add_argument("-t", "--threads", type=int, default=None,
                    help="CPU threads (default: one a core, one fewer from 8 cores)")
     p.add_argument("--kv-type", choices=["f16", "f32"], default="f16", help="KV cache type (default f16)")
-    p.add_argument("--no-mmap", action="store_true",
-                   help="copy the weights into memory of 2 MiB pages instead of reading the file's mapping")
     add_precise_arg(p)
     add_placement_args(p)
     p.add_argument("--sparse", choices=["auto", "on", "off"], default="auto",
@@ -123,7 +121,7 @@ def model_options(args) -> dict:
     """Model() keyword arguments from the shared model flags."""
     return dict(n_ctx=args.ctx_size, n_batch=args.batch_size, n_threads=args.threads, kv_type=args.kv_type,
                 precise=precise_option(args), sparse={"auto": None, "on": True, "off": False}[args.sparse],
-                sparsity_threshold=args.sparsity_threshold, mmap=not args.no_mmap, **placement_options(args))
+                sparsity_threshold=args.sparsity_threshold, **placement_options(args))
 
 
 def load_model(args, **extra):

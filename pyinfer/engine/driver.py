@@ -238,7 +238,7 @@ class Model:
                  sparsity_threshold: float = 0.0, oracle: bool = False, n_gpu_layers: int = 0,
                  vram_budget: int | str | None = None, machine: MachineProfile | str | None = None,
                  plan: Plan | None = None, timed: bool = False, precise: bool | str = "auto", n_cpu_moe: int = 0,
-                 expert_cache: bool = False, mmap: bool = True):
+                 expert_cache: bool = False):
         """sparse: the predicted-neuron FFN (None: on when the file has predictors); sparsity_threshold is
         added to the predictors' logit threshold (higher = fewer neurons); oracle (tests) masks with the
         true active set, computed densely. n_gpu_layers: the last n layers (and, above n_layer, the output
@@ -253,8 +253,7 @@ class Model:
         PRECISE_MAX_BYTES.
         n_cpu_moe: with n_gpu_layers, the experts of a mixture's first n_cpu_moe layers stay on the CPU (llama.cpp's
         --n-cpu-moe). expert_cache: a mixture's split layers re-place their experts while decoding
-        (engine.expert_cache). mmap=False (llama.cpp's --no-mmap) copies the weights into memory of 2 MiB pages
-        instead of reading the file's mapping, whose 4 KiB pages cost a decoded token a TLB miss every few rows."""
+        (engine.expert_cache)."""
         t0 = time.perf_counter()
         if kv_type not in KV_TYPES:
             raise InvalidArgumentError(f"KV cache type must be one of {', '.join(KV_TYPES)}, not {kv_type!r}")
@@ -280,22 +279,13 @@ class Model:
         # the file's tensors, and per layer those made at load (expert biases) or by a split (its two sides)
         self.weights_ctx = ggml.Context(1024 * (len(self.file.tensors) + 12 * cfg.n_layer + 16), no_alloc=True)
         self.weights: dict[str, ggml.Tensor] = {}
-        # without the mapping: one context holds the weights' bytes (ggml gives large ones 2 MiB pages)
-        copies = None if mmap else ggml.Context(weight_bytes + 4096 * (len(self.file.tensors) + 1))
         for name, info in self.file.tensors.items():
             widen = name.endswith("ssm_conv1d.weight") and info.type != ggml.F32  # the convolution takes F32 taps
             try:
                 t = self.weights_ctx.new_tensor(ggml.F32 if widen else info.type, tuple(reversed(info.ne)))
             except InvalidArgumentError as exc:  # a type the engine lacks
                 raise UnsupportedError(f"{self.file.path}: tensor {name}: {exc}") from None
-            if widen:
-                t.set_data(self.file.dequantize(name).astype(np.float32))
-            elif copies is not None:
-                copy = copies.new_tensor(ggml.lib.GGML_TYPE_I8, (info.data.nbytes,))
-                copy.raw()[...] = np.frombuffer(info.data, np.uint8)
-                t.set_data(copy.raw(), keep=copies)
-            else:
-                t.set_data(info.data)
+            t.set_data(self.file.dequantize(name).astype(np.float32) if widen else info.data)
             t.name = name
             self.weights[name] = t
         if cfg.expert_bias:  # gpt-oss: each layer's expert biases in the one tensor moe_ffn takes
