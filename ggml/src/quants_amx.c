@@ -1,7 +1,7 @@
 // quants_amx.c: the levels tile GEMM (levels.h) on AMX's int8 tiles, for prompts on CPUs that have them
 // (Sapphire Rapids and later Xeons). A tile multiply does a panel's 16 rows by a group's 16 columns over one
-// scale group (16 x 16 x 32 int8 products) on the tile unit; the 512-bit units scale its int32 sums while the
-// next one runs. The AVX-512 and AMX instructions are enabled per function, so the file builds for any x86-64.
+// scale group (16 x 16 x 32 int8 products) on the tile unit; the 512-bit units scale its int32 sums. The AVX-512
+// and AMX instructions are enabled per function, so the file builds for any x86-64.
 #include "levels.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -25,64 +25,47 @@ struct tile_config {
     uint8_t rows[16];
 };
 
-// tile registers, two sets so that one granule's dots run on the tile unit while the vector units scale the
-// last one's (literals: the intrinsics paste them into the instructions' names)
-#define TILE_W0 0   // the panel's levels
-#define TILE_X0 1   // the group's activations
-#define TILE_SUM0 2 // their int32 dots
-#define TILE_W1 3
-#define TILE_X1 4
-#define TILE_SUM1 5
+// tile registers (literals: the intrinsics paste them into the instructions' names)
+#define TILE_W 0   // the panel's levels
+#define TILE_X 1   // the group's activations
+#define TILE_SUM 2 // their int32 dots
 
-// granule g's 16 x 16 int32 dots into buf through one tile set
-#define GRANULE_DOTS(tw, tx, tsum, g, buf)                                                                        \
-    do {                                                                                                          \
-        _tile_loadd(tw, w->levels + (g) * LEVELS_ROWS * G, G);                                                    \
-        _tile_loadd(tx, xgroup + (g) * G / LEVELS_XBLOCK * LEVELS_XBLOCK_BYTES +                                  \
-                            ((g) * G % LEVELS_XBLOCK) / 4 * 4 * LEVELS_COLS, 4 * LEVELS_COLS);                    \
-        _tile_zero(tsum);                                                                                         \
-        _tile_dpbssd(tsum, tw, tx);                                                                               \
-        _tile_stored(tsum, buf, 4 * LEVELS_COLS);                                                                 \
-    } while (0)
-
-// acc[r] += dots[r] * (d * scale[r]), then offset[r] * s: levels_gemm_ref's float operations, in its order
-AMX_TARGET static inline void granule_scale(__m512 *acc, const int32_t *dots, const struct levels_panel *w,
-                                            int64_t g, const float *d, const float *s) {
-    const int64_t b = g * w->group / LEVELS_XBLOCK;
-    const __m512 db = _mm512_loadu_ps(d + b * LEVELS_COLS);
-    const float *scale = w->scale + g * LEVELS_ROWS;
-    for (int r = 0; r < LEVELS_ROWS; r++) {
-        const __m512 t = _mm512_mul_ps(db, _mm512_set1_ps(scale[r]));
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(dots + r * LEVELS_COLS)), t, acc[r]);
-    }
-    if (w->offset) {
-        const __m512 sb = _mm512_loadu_ps(s + b * LEVELS_COLS);
-        const float *offset = w->offset + g * LEVELS_ROWS;
-        for (int r = 0; r < LEVELS_ROWS; r++) acc[r] = _mm512_fmadd_ps(sb, _mm512_set1_ps(offset[r]), acc[r]);
-    }
-}
-
+// Per scale group: the 16 x 16 int32 dots on the tile unit, through memory to the vector units, which add them
+// times (d * scale[r]) into the sums, then offset[r] * s: levels_gemm_ref's float operations, in its order.
+// (Measured on a Sapphire Rapids host: the tile and the vector steps take about equal time; two tile sets
+// pipelined, so that the next group's dots ran while the last ones were scaled, were no faster.)
 AMX_TARGET static void levels_gemm_amx_kernel(const struct levels_panel *w, const char *xgroup, float *out) {
-    const int64_t k = w->k, nb = k / LEVELS_XBLOCK, ng = k / w->group;
+    const int64_t nb = w->k / LEVELS_XBLOCK;
     const int G = w->group;
     const float *d = (const float *)(xgroup + nb * LEVELS_XBLOCK_BYTES); // (nb, LEVELS_COLS)
     const float *s = d + nb * LEVELS_COLS;                               // (nb, LEVELS_COLS)
     struct tile_config cfg = {.palette = 1};
-    for (int set = 0; set < 2; set++) {
-        cfg.rows[3 * set] = LEVELS_ROWS, cfg.colsb[3 * set] = (uint16_t)G;                // 16 rows x G levels
-        cfg.rows[3 * set + 1] = (uint8_t)(G / 4), cfg.colsb[3 * set + 1] = 4 * LEVELS_COLS; // G/4 rows of 4 x 16
-        cfg.rows[3 * set + 2] = LEVELS_ROWS, cfg.colsb[3 * set + 2] = 4 * LEVELS_COLS;    // 16 x 16 int32
-    }
+    cfg.rows[TILE_W] = LEVELS_ROWS, cfg.colsb[TILE_W] = (uint16_t)G;          // 16 rows x G levels
+    cfg.rows[TILE_X] = (uint8_t)(G / 4), cfg.colsb[TILE_X] = 4 * LEVELS_COLS; // G/4 rows of 4 values x 16 columns
+    cfg.rows[TILE_SUM] = LEVELS_ROWS, cfg.colsb[TILE_SUM] = 4 * LEVELS_COLS;  // 16 x 16 int32
     _tile_loadconfig(&cfg);
-    int32_t dots[2][LEVELS_ROWS * LEVELS_COLS] __attribute__((aligned(64)));
+    int32_t dots[LEVELS_ROWS * LEVELS_COLS] __attribute__((aligned(64))); // (row, column)
     __m512 acc[LEVELS_ROWS];
     for (int r = 0; r < LEVELS_ROWS; r++) acc[r] = _mm512_setzero_ps();
-    // software pipelined: granule g + 1's dots are asked for before granule g's are scaled
-    GRANULE_DOTS(TILE_W0, TILE_X0, TILE_SUM0, 0, dots[0]);
-    for (int64_t g = 0; g < ng; g++) {
-        if (g + 1 < ng && g % 2 == 0) GRANULE_DOTS(TILE_W1, TILE_X1, TILE_SUM1, g + 1, dots[1]);
-        if (g + 1 < ng && g % 2 == 1) GRANULE_DOTS(TILE_W0, TILE_X0, TILE_SUM0, g + 1, dots[0]);
-        granule_scale(acc, dots[g % 2], w, g, d, s);
+    for (int64_t g = 0; g < w->k / G; g++) {
+        const int64_t b = g * G / LEVELS_XBLOCK; // the activations' block
+        _tile_loadd(TILE_W, w->levels + g * LEVELS_ROWS * G, G);
+        _tile_loadd(TILE_X, xgroup + b * LEVELS_XBLOCK_BYTES + (g * G % LEVELS_XBLOCK) / 4 * 4 * LEVELS_COLS,
+                    4 * LEVELS_COLS);
+        _tile_zero(TILE_SUM);
+        _tile_dpbssd(TILE_SUM, TILE_W, TILE_X);
+        _tile_stored(TILE_SUM, dots, 4 * LEVELS_COLS);
+        const __m512 db = _mm512_loadu_ps(d + b * LEVELS_COLS);
+        const float *scale = w->scale + g * LEVELS_ROWS;
+        for (int r = 0; r < LEVELS_ROWS; r++) {
+            const __m512 t = _mm512_mul_ps(db, _mm512_set1_ps(scale[r]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(dots + r * LEVELS_COLS)), t, acc[r]);
+        }
+        if (w->offset) {
+            const __m512 sb = _mm512_loadu_ps(s + b * LEVELS_COLS);
+            const float *offset = w->offset + g * LEVELS_ROWS;
+            for (int r = 0; r < LEVELS_ROWS; r++) acc[r] = _mm512_fmadd_ps(sb, _mm512_set1_ps(offset[r]), acc[r]);
+        }
     }
     for (int r = 0; r < LEVELS_ROWS; r++) _mm512_storeu_ps(out + r * LEVELS_COLS, acc[r]);
 }

@@ -3,6 +3,7 @@
 // A precise mul_mat (ggml_mul_mat_precise) converts x to 16-bit levels instead (block_q16, quants_q16.c) where the
 // weight type has kernels for them: two byte products a weight under one scale, W.x to ~1e-5 relative instead of
 // ~4e-3. Elsewhere it also quantizes what the 8-bit rounding lost, x - dequant(quant(x)), and adds that dot too.
+// A batch of 4+ columns on a CPU with AMX runs as int8 tile GEMMs over the weights' levels (levels.h).
 #include "ops_kernels.h"
 #include "../levels.h"
 #include "../quants.h"
@@ -280,46 +281,36 @@ static size_t levels_groups_bytes(const struct ggml_tensor *dst, const struct le
     return ggml_cpu_align_up((size_t)groups * levels_x_group_bytes(dst->src[0]->ne[0], lt->offset));
 }
 
-#ifndef LEVELS_PANELS
-#define LEVELS_PANELS 4 // panels a thread unpacks before the groups pass over them: each group read once for 4
-#endif
-
 // after phase 1 (x's columns in the weight type's vec_dot_type): the threads repack x's columns in groups of 16,
-// barrier, then take panels of 16 weight rows, LEVELS_PANELS at a time unpacked to levels in this thread's scratch
-// and multiplied by every group (a group is read from the shared cache once for all of them, then from L2). The
-// kernel writes a 16 x 16 block; rows and columns past the matrix are dropped.
+// barrier, then take panels of 16 weight rows, each unpacked once to levels in this thread's scratch and
+// multiplied by every group. The kernel writes a 16 x 16 block; rows and columns past the matrix are dropped.
+// (Four panels unpacked before the groups passed over them, each group read once for four, measured the same.)
 static void mul_mat_levels(const struct ggml_compute_params *p, struct ggml_tensor *dst,
                            const struct levels_traits *lt, levels_gemm_fn gemm, const struct ggml_cpu_xcols *xc) {
     const struct ggml_tensor *w = dst->src[0];
     const int64_t k = w->ne[0], n = w->ne[1], m = dst->ne[1];
-    const size_t group_bytes = levels_x_group_bytes(k, lt->offset), panel_bytes = levels_panel_bytes(lt, k);
+    const size_t group_bytes = levels_x_group_bytes(k, lt->offset);
     char *groups = (char *)p->wdata + xcols_bytes(dst);
     int64_t g0, g1;
     ggml_thread_range((m + LEVELS_COLS - 1) / LEVELS_COLS, p->ith, p->nth, &g0, &g1);
     for (int64_t g = g0; g < g1; g++)
         levels_x_pack(lt->x_type, xc->base, xc->stride, m, k, lt->offset, g, groups + g * group_bytes);
     ggml_barrier(p->tp);
-    char *panel_buf = groups + levels_groups_bytes(dst, lt) + (size_t)p->ith * LEVELS_PANELS * panel_bytes;
+    void *panel_buf = groups + levels_groups_bytes(dst, lt) + (size_t)p->ith * levels_panel_bytes(lt, k);
     int64_t t0, t1;
     ggml_thread_range((n + LEVELS_ROWS - 1) / LEVELS_ROWS, p->ith, p->nth, &t0, &t1);
     float out[LEVELS_ROWS * LEVELS_COLS]; // (row, column)
-    struct levels_panel panels[LEVELS_PANELS];
-    for (int64_t ta = t0; ta < t1; ta += LEVELS_PANELS) {
-        const int64_t tb = ta + LEVELS_PANELS < t1 ? ta + LEVELS_PANELS : t1;
-        for (int64_t t = ta; t < tb; t++) {
-            const int64_t r0 = t * LEVELS_ROWS, rows = n - r0 < LEVELS_ROWS ? n - r0 : LEVELS_ROWS;
-            levels_panel_fill(lt, (const char *)w->data + r0 * (int64_t)w->nb[1], w->nb[1], rows, k,
-                              panel_buf + (t - ta) * panel_bytes, &panels[t - ta]);
-        }
-        for (int64_t g = 0; g * LEVELS_COLS < m; g++)
-            for (int64_t t = ta; t < tb; t++) {
-                const int64_t r0 = t * LEVELS_ROWS, rows = n - r0 < LEVELS_ROWS ? n - r0 : LEVELS_ROWS;
-                gemm(&panels[t - ta], groups + g * group_bytes, out);
-                for (int64_t c = 0; c < LEVELS_COLS && g * LEVELS_COLS + c < m; c++) {
-                    float *y = (float *)((char *)dst->data + (g * LEVELS_COLS + c) * (int64_t)dst->nb[1]) + r0; // (n)
-                    for (int64_t r = 0; r < rows; r++) y[r] = out[r * LEVELS_COLS + c];
-                }
+    for (int64_t t = t0; t < t1; t++) {
+        const int64_t r0 = t * LEVELS_ROWS, rows = n - r0 < LEVELS_ROWS ? n - r0 : LEVELS_ROWS;
+        struct levels_panel panel;
+        levels_panel_fill(lt, (const char *)w->data + r0 * (int64_t)w->nb[1], w->nb[1], rows, k, panel_buf, &panel);
+        for (int64_t g = 0; g * LEVELS_COLS < m; g++) {
+            gemm(&panel, groups + g * group_bytes, out);
+            for (int64_t c = 0; c < LEVELS_COLS && g * LEVELS_COLS + c < m; c++) {
+                float *y = (float *)((char *)dst->data + (g * LEVELS_COLS + c) * (int64_t)dst->nb[1]) + r0; // (n)
+                for (int64_t r = 0; r < rows; r++) y[r] = out[r * LEVELS_COLS + c];
             }
+        }
     }
 }
 
@@ -328,7 +319,7 @@ size_t ggml_cpu_mul_mat_wsize(const struct ggml_tensor *dst, int n_threads) {
     const struct levels_traits *lt = levels_for(dst);
     // the levels path's bytes whether or not it will run: tests switch it between planning and computing
     const size_t levels = lt ? levels_groups_bytes(dst, lt) +
-                                   (size_t)n_threads * LEVELS_PANELS * levels_panel_bytes(lt, dst->src[0]->ne[0])
+                                   (size_t)n_threads * levels_panel_bytes(lt, dst->src[0]->ne[0])
                              : 0;
     return xcols_bytes(dst) + (kn.as_q8_0 ? (size_t)n_threads * q8_0_tile_bytes(dst->src[0]) : 0) + levels;
 }
