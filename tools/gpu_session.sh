@@ -61,7 +61,16 @@ input_models_bg() {  # NAME SHAPE TYPE LAYERS TARGET: a SwiGLU PowerGGUF without
         > "$W/$name.log" 2>&1 < /dev/null &
 }
 
-input_table_bg() {  # [PYTEST ARGS...]: issue 27's hybrid rows in the background, like table_bg: the build, the f16
+input_cpu_gemm() {  # [TYPES]: one prompt GEMM of 512 columns on this host's CPU, 4 x 4 tiles against AMX where it has
+    # it (tools.bench_kernels --prompt), appended to $OUT/cpu-gemm.md; a CPU-only build (PYINFER_NO_CUDA=1 build)
+    # takes seconds where these rows are all a call needs
+    local t
+    t=$(python3 -c "from pyinfer.engine.threads import physical_cores; print(physical_cores())")
+    python3 -m tools.bench_kernels --threads "$t" --prompt 512 --sizes 4096x11008,11008x4096 \
+        --types "${1:-q4_0,q8_0,q4_K,q6_K}" | tee -a "$OUT/cpu-gemm.md"
+}
+
+table_bg() {  # [PYTEST ARGS...]: issue 27's hybrid rows in the background, like table_bg: the build, the f16
     # profile, a SwiGLU 13B file (8 of 40 layers) of input sparsity at 50 %, the model under budgets against
     # llama.cpp and, whole on the GPU, against its dense file, then the GPU tests (those the arguments pick) on a
     # quiet host; `collect` fetches (two calls)
