@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from op_harness import compute, tensor, weights
 from test_ops import EMU_TOL, emulated_matmul
@@ -36,6 +36,9 @@ def levels_mul_mat(type_: int, n: int, m: int, k: int, threads: int, seed: int, 
 @pytest.mark.parametrize("type_", LEVELS_TYPES)
 @SETTINGS
 @given(n=st.integers(1, 80), m=st.integers(4, 40), threads=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2**31))
+@example(n=16, m=16, threads=1, seed=0)  # one whole panel by one whole group
+@example(n=17, m=17, threads=2, seed=1)  # one row and one column past them
+@example(n=80, m=4, threads=3, seed=2)   # more panels than threads, the smallest batch
 def test_levels_oracle_matches_float64(type_, n, m, threads, seed):
     """Weight rows past a panel of 16 and columns past a group of 16 (both padded with zeros) on 1-3 threads:
     the oracle's sums equal float64's on the same levels and activations to float32 rounding (a level, scale,
@@ -65,3 +68,15 @@ def test_amx_equals_its_oracle(type_, n, m, threads, seed):
     oracle, _, _ = levels_mul_mat(type_, n, m, k, threads, seed, ggml.lib.GGML_LEVELS_GEMM_REF)
     np.testing.assert_array_equal(amx, oracle)
     assert np.all(np.abs(amx - want) <= EMU_TOL.get(type_, 2e-6) * bound + 1e-30)
+
+
+@pytest.mark.skipif(not ggml.lib.ggml_cpu_has_amx(), reason="needs a CPU with AMX int8 tiles")
+def test_scalar_kernels_leave_amx_aside():
+    """With the SIMD kernels off (ggml_cpu_set_simd(False)) a prompt takes the scalar path even where AMX is on."""
+    try:
+        ggml.lib.ggml_cpu_set_simd(False)
+        auto, _, _ = levels_mul_mat(ggml.Q4_0, 33, 20, 256, 2, 5, ggml.lib.GGML_LEVELS_GEMM_AUTO)
+        off, _, _ = levels_mul_mat(ggml.Q4_0, 33, 20, 256, 2, 5, ggml.lib.GGML_LEVELS_GEMM_OFF)
+    finally:
+        ggml.lib.ggml_cpu_set_simd(True)
+    np.testing.assert_array_equal(auto, off)

@@ -122,7 +122,7 @@ def bench_prompt(timer: Timer, type_: int, d: int, n_ff: int, cols: int, rng) ->
     (w,) = weight_copies(ctx, type_, (n_ff, d), 0, rng)
     x = ctx.tensor_from_numpy(rng.standard_normal((cols, d)).astype(np.float32))
     modes = {"4x4 tiles": ggml.lib.GGML_LEVELS_GEMM_OFF}
-    if ggml.lib.ggml_cpu_has_amx():
+    if ggml.lib.ggml_cpu_has_amx() and ggml.block_size(type_) > 1:  # the quantized types have levels, F16 none
         modes["AMX"] = ggml.lib.GGML_LEVELS_GEMM_AUTO
     res = {}
     try:

@@ -136,7 +136,7 @@ bool ggml_cpu_has_avx512(void);
 void ggml_cpu_set_simd(bool enabled); // false forces the scalar kernels (tests, debugging)
 // prompt matmuls (4+ columns) of types with a levels form (Q4_0, Q4_1, Q5_0, Q8_0, MXFP4, Q4_K, Q6_K) as int8 tile
 // GEMMs: on AMX where the CPU has it (AUTO), never (OFF), or through the tile GEMM's scalar oracle on any CPU (REF:
-// tests)
+// tests); set between computes, as ggml_cpu_set_simd
 enum ggml_levels_gemm { GGML_LEVELS_GEMM_AUTO, GGML_LEVELS_GEMM_OFF, GGML_LEVELS_GEMM_REF };
 void ggml_cpu_set_levels_gemm(enum ggml_levels_gemm mode);
 bool ggml_cpu_has_amx(void); // AMX's int8 tiles, usable by this process

@@ -15,17 +15,16 @@
 typedef void (*levels_row_fn)(const void *row, int64_t k, int8_t *levels, float *scale, float *offset, int64_t gs);
 
 struct levels_traits {
-    int group;            // values under one scale: 16 or 32
-    bool offset;          // an offset per group (the activations then carry their block sums)
-    enum ggml_type x_type; // the activation blocks the columns are repacked from (the type's vec_dot_type)
+    int group;     // values under one scale: 16 or 32
+    bool offset;   // an offset per group (the activations then carry their block sums)
     levels_row_fn row;
 };
 // NULL where the type has no levels form
 const struct levels_traits *levels_traits_for(enum ggml_type type);
 
-// LEVELS_ROWS weight rows, group-major: group g's levels of row r at levels + (g LEVELS_ROWS + r) group, so that
-// a tile's 16 rows are contiguous (rows k apart had put a 4096-wide matrix's 16 rows in one L1 set); scale and
-// offset (g, r) at [g * LEVELS_ROWS + r] (offset NULL without one); rows past the matrix's end are zero
+// LEVELS_ROWS weight rows, group-major: group g's levels of row r at levels + (g * LEVELS_ROWS + r) * group, so
+// that a tile's 16 rows are contiguous bytes; scale and offset (g, r) at [g * LEVELS_ROWS + r] (offset NULL
+// without one); rows past the matrix's end are zero
 struct levels_panel {
     const int8_t *levels; // (k / group, LEVELS_ROWS, group)
     const float *scale;   // (k / group, LEVELS_ROWS)
@@ -41,7 +40,9 @@ void levels_panel_fill(const struct levels_traits *lt, const char *w, size_t bw,
 // a group of LEVELS_COLS activation columns: per 32-value block b, LEVELS_XBLOCK_BYTES of values (as above), then
 // d[b][c] (floats), then with sums s[b][c] = d * the sum of the block's values; columns past m are zero
 size_t levels_x_group_bytes(int64_t k, bool sums);
-// group `group` of the m columns (stride bytes apart, already quantized to x_type: Q8_0, Q8_1 or Q8_K) into dst
+// group `group` of the m columns (stride bytes apart, already quantized to x_type: Q8_0, Q8_1 or Q8_K, the weight
+// type's vec_dot_type) into dst
+bool levels_x_type_ok(enum ggml_type x_type);
 void levels_x_pack(enum ggml_type x_type, const char *cols, size_t stride, int64_t m, int64_t k, bool sums,
                    int64_t group, char *dst);
 
@@ -50,8 +51,9 @@ void levels_x_pack(enum ggml_type x_type, const char *cols, size_t stride, int64
 // into the sum; then offset[g][r] * s of x's block, fused. The AMX kernel computes this bit for bit.
 typedef void (*levels_gemm_fn)(const struct levels_panel *w, const char *xgroup, float *out);
 void levels_gemm_ref(const struct levels_panel *w, const char *xgroup, float *out);
-// the AMX kernel, or NULL unless this CPU has AMX's int8 tiles and the OS lets this process use them
-levels_gemm_fn levels_gemm_amx(void);
 
-// which kernel a prompt's mul_mat takes (ggml_cpu_set_levels_gemm): NULL for the 4 x 4 tiles
+// quants_amx.c: which kernel a prompt's mul_mat takes (ggml_cpu_set_levels_gemm, set between computes): the AMX
+// kernel, the oracle, or NULL for the 4 x 4 tiles; and, after the AMX kernel ran on a thread, the tiles' state
+// handed back (else every context switch saves and restores its 8 KB)
 levels_gemm_fn levels_gemm_current(void);
+void levels_gemm_done(levels_gemm_fn gemm);

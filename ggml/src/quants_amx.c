@@ -1,17 +1,19 @@
 // quants_amx.c: the levels tile GEMM (levels.h) on AMX's int8 tiles, for prompts on CPUs that have them
-// (Sapphire Rapids and later Xeons). A tile multiply does a panel's 16 rows by a group's 16 columns over one
-// scale group (16 x 16 x 32 int8 products) on the tile unit; the 512-bit units scale its int32 sums. The AVX-512
-// and AMX instructions are enabled per function, so the file builds for any x86-64.
+// (Sapphire Rapids and later Xeons), whether this process may use them, and which levels kernel runs. A tile
+// multiply does a panel's 16 rows by a group's 16 columns over one scale group (16 x 16 x 32 int8 products) on the
+// tile unit; the 512-bit units scale its int32 sums. The AVX-512 and AMX instructions are enabled per function and
+// reached only through the pointer the probe sets, so the file builds and runs on any x86-64 whose compiler has
+// the AMX intrinsics (GCC 11, clang 12).
 #include "levels.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && defined(__GNUC__) && __has_include(<amxtileintrin.h>)
 #include <cpuid.h>
 #include <immintrin.h>
 #include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#define AMX_TARGET __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx2,fma")))
+#define AMX_TARGET __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl")))
 
 #define ARCH_REQ_XCOMP_PERM 0x1023 // Linux: ask for an extended state component (arch_prctl)
 #define XFEATURE_XTILEDATA 18      // the tiles' 8 KB of state
@@ -31,9 +33,7 @@ struct tile_config {
 #define TILE_SUM 2 // their int32 dots
 
 // Per scale group: the 16 x 16 int32 dots on the tile unit, through memory to the vector units, which add them
-// times (d * scale[r]) into the sums, then offset[r] * s: levels_gemm_ref's float operations, in its order.
-// (Measured on a Sapphire Rapids host: the tile and the vector steps take about equal time; two tile sets
-// pipelined, so that the next group's dots ran while the last ones were scaled, were no faster.)
+// times (d * scale[r]) into the sums, then offset[r] * s: levels_gemm_ref's float operations, in its order
 AMX_TARGET static void levels_gemm_amx_kernel(const struct levels_panel *w, const char *xgroup, float *out) {
     const int64_t nb = w->k / LEVELS_XBLOCK;
     const int G = w->group;
@@ -85,15 +85,54 @@ static void amx_probe(void) {
     amx_kernel = levels_gemm_amx_kernel;
 }
 
-levels_gemm_fn levels_gemm_amx(void) {
+static levels_gemm_fn levels_gemm_amx(void) {
     pthread_once(&amx_once, amx_probe);
     return amx_kernel;
 }
 
+AMX_TARGET static void amx_release(void) {
+    _tile_release();
+}
+
+void levels_gemm_done(levels_gemm_fn gemm) {
+    if (gemm && gemm == amx_kernel) amx_release();
+}
+
 #else
 
-levels_gemm_fn levels_gemm_amx(void) {
+static levels_gemm_fn levels_gemm_amx(void) {
     return NULL;
 }
 
+void levels_gemm_done(levels_gemm_fn gemm) {
+    (void)gemm;
+}
+
 #endif
+
+// ---------------------------------------------------------------------------------------------------
+// which kernel runs
+// ---------------------------------------------------------------------------------------------------
+
+static int levels_mode = GGML_LEVELS_GEMM_AUTO;
+
+void ggml_cpu_set_levels_gemm(enum ggml_levels_gemm mode) {
+    levels_mode = mode;
+}
+
+// asking also obtains the tiles' state for the process, as the first prompt would (a thread's signal stack must
+// then hold it: sigaltstack sizes from before AMX fall short)
+bool ggml_cpu_has_amx(void) {
+    return levels_gemm_amx() != NULL;
+}
+
+levels_gemm_fn levels_gemm_current(void) {
+    switch (levels_mode) {
+    case GGML_LEVELS_GEMM_REF:
+        return levels_gemm_ref;
+    case GGML_LEVELS_GEMM_AUTO:
+        return ggml_quants_simd_in_use() ? levels_gemm_amx() : NULL;
+    default:
+        return NULL;
+    }
+}

@@ -106,13 +106,13 @@ static void q6_K_levels(const void *row, int64_t k, int8_t *q, float *scale, flo
 }
 
 static const struct levels_traits levels_table[GGML_TYPE_COUNT] = {
-    [GGML_TYPE_Q4_0] = {32, false, GGML_TYPE_Q8_0, q4_0_levels},
-    [GGML_TYPE_Q4_1] = {32, true, GGML_TYPE_Q8_1, q4_1_levels},
-    [GGML_TYPE_Q5_0] = {32, false, GGML_TYPE_Q8_0, q5_0_levels},
-    [GGML_TYPE_Q8_0] = {32, false, GGML_TYPE_Q8_0, q8_0_levels},
-    [GGML_TYPE_MXFP4] = {32, false, GGML_TYPE_Q8_0, mxfp4_levels},
-    [GGML_TYPE_Q4_K] = {32, true, GGML_TYPE_Q8_K, q4_K_levels},
-    [GGML_TYPE_Q6_K] = {16, false, GGML_TYPE_Q8_K, q6_K_levels},
+    [GGML_TYPE_Q4_0] = {32, false, q4_0_levels},
+    [GGML_TYPE_Q4_1] = {32, true, q4_1_levels},
+    [GGML_TYPE_Q5_0] = {32, false, q5_0_levels},
+    [GGML_TYPE_Q8_0] = {32, false, q8_0_levels},
+    [GGML_TYPE_MXFP4] = {32, false, mxfp4_levels},
+    [GGML_TYPE_Q4_K] = {32, true, q4_K_levels},
+    [GGML_TYPE_Q6_K] = {16, false, q6_K_levels},
 };
 
 const struct levels_traits *levels_traits_for(enum ggml_type type) {
@@ -166,7 +166,11 @@ size_t levels_x_group_bytes(int64_t k, bool sums) {
     return (size_t)nb * (LEVELS_XBLOCK_BYTES + (sums ? 2 : 1) * LEVELS_COLS * sizeof(float));
 }
 
-// block b of a column quantized to x_type: its 32 values, its scale and its sum times that scale
+bool levels_x_type_ok(enum ggml_type x_type) {
+    return x_type == GGML_TYPE_Q8_0 || x_type == GGML_TYPE_Q8_1 || x_type == GGML_TYPE_Q8_K;
+}
+
+// block b of a column quantized to x_type (levels_x_type_ok): its 32 values, its scale and its sum times that scale
 static const int8_t *x_block(enum ggml_type x_type, const char *col, int64_t b, float *d, float *s) {
     switch (x_type) {
     case GGML_TYPE_Q8_1: {
@@ -182,7 +186,7 @@ static const int8_t *x_block(enum ggml_type x_type, const char *col, int64_t b, 
         *s = x->d * (float)(x->bsums[2 * sub] + x->bsums[2 * sub + 1]);
         return x->qs + LEVELS_XBLOCK * sub;
     }
-    default: {
+    default: { // Q8_0
         const block_q8_0 *x = (const block_q8_0 *)col + b;
         *d = ggml_fp16_to_fp32(x->d);
         *s = 0.0f;
@@ -234,30 +238,4 @@ void levels_gemm_ref(const struct levels_panel *w, const char *xgroup, float *ou
             }
             out[r * LEVELS_COLS + c] = acc;
         }
-}
-
-// ---------------------------------------------------------------------------------------------------
-// which kernel runs
-// ---------------------------------------------------------------------------------------------------
-
-static int levels_mode = GGML_LEVELS_GEMM_AUTO;
-
-void ggml_cpu_set_levels_gemm(enum ggml_levels_gemm mode) {
-    levels_mode = mode;
-}
-
-bool ggml_cpu_has_amx(void) {
-    ggml_quants_init();
-    return levels_gemm_amx() != NULL;
-}
-
-levels_gemm_fn levels_gemm_current(void) {
-    switch (levels_mode) {
-    case GGML_LEVELS_GEMM_REF:
-        return levels_gemm_ref;
-    case GGML_LEVELS_GEMM_AUTO:
-        return ggml_quants_simd_in_use() ? levels_gemm_amx() : NULL;
-    default:
-        return NULL;
-    }
 }

@@ -273,7 +273,10 @@ static size_t xcols_bytes(const struct ggml_tensor *dst) {
 // would start, so a token's result does not depend on its batch's size past that), not precise
 static const struct levels_traits *levels_for(const struct ggml_tensor *dst) {
     const struct levels_traits *lt = levels_traits_for(dst->src[0]->type);
-    return lt && !precise(dst) && dst->src[1]->ne[1] >= GGML_GEMM_TILE_COLS ? lt : NULL;
+    return lt && !precise(dst) && dst->src[1]->ne[1] >= GGML_GEMM_TILE_COLS &&
+                   levels_x_type_ok(ggml_get_type_traits(dst->src[0]->type)->vec_dot_type)
+               ? lt
+               : NULL;
 }
 
 static size_t levels_groups_bytes(const struct ggml_tensor *dst, const struct levels_traits *lt) {
@@ -284,17 +287,17 @@ static size_t levels_groups_bytes(const struct ggml_tensor *dst, const struct le
 // after phase 1 (x's columns in the weight type's vec_dot_type): the threads repack x's columns in groups of 16,
 // barrier, then take panels of 16 weight rows, each unpacked once to levels in this thread's scratch and
 // multiplied by every group. The kernel writes a 16 x 16 block; rows and columns past the matrix are dropped.
-// (Four panels unpacked before the groups passed over them, each group read once for four, measured the same.)
 static void mul_mat_levels(const struct ggml_compute_params *p, struct ggml_tensor *dst,
                            const struct levels_traits *lt, levels_gemm_fn gemm, const struct ggml_cpu_xcols *xc) {
     const struct ggml_tensor *w = dst->src[0];
     const int64_t k = w->ne[0], n = w->ne[1], m = dst->ne[1];
+    const enum ggml_type x_type = ggml_get_type_traits(w->type)->vec_dot_type;
     const size_t group_bytes = levels_x_group_bytes(k, lt->offset);
     char *groups = (char *)p->wdata + xcols_bytes(dst);
     int64_t g0, g1;
     ggml_thread_range((m + LEVELS_COLS - 1) / LEVELS_COLS, p->ith, p->nth, &g0, &g1);
     for (int64_t g = g0; g < g1; g++)
-        levels_x_pack(lt->x_type, xc->base, xc->stride, m, k, lt->offset, g, groups + g * group_bytes);
+        levels_x_pack(x_type, xc->base, xc->stride, m, k, lt->offset, g, groups + g * group_bytes);
     ggml_barrier(p->tp);
     void *panel_buf = groups + levels_groups_bytes(dst, lt) + (size_t)p->ith * levels_panel_bytes(lt, k);
     int64_t t0, t1;
@@ -312,6 +315,7 @@ static void mul_mat_levels(const struct ggml_compute_params *p, struct ggml_tens
             }
         }
     }
+    levels_gemm_done(gemm);
 }
 
 size_t ggml_cpu_mul_mat_wsize(const struct ggml_tensor *dst, int n_threads) {
