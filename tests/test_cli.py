@@ -2,6 +2,7 @@
 and bad input is one line on stderr with exit code 1."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -159,3 +160,21 @@ def test_the_cuda_kernel_benchmark_reads_the_checkouts_headers():
 
     assert "struct ggml_tensor {" in bench_cuda_kernels._tensor_struct()
     assert "ggml_cuda_forward" in bench_cuda_kernels._cuda_api()
+
+
+def test_run_prints_system_info_as_llama_cpp(tiny_gguf, tmp_path):
+    """`pyinfer run` names the kernels this machine runs in llama.cpp's system_info line; the CPU's flags as
+    Linux reads them (/proc/cpuinfo) are the oracle."""
+    result = _cli("run", "-m", tiny_gguf, "-p", "Hello", "-n", "1", "-t", "2", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("system_info: ")]
+    assert line.startswith(f"system_info: n_threads = 2 / {os.cpu_count()} | CPU : ")
+    shown = dict(part.strip().split(" = ") for part in line.split(" : ", 1)[1].split("|") if part.strip())
+    with open("/proc/cpuinfo") as f:
+        flags = set(next(x for x in f if x.startswith("flags")).split(":", 1)[1].split())
+    assert shown["AVX2"] == str(int({"avx2", "fma", "f16c"} <= flags))
+    assert shown["AVX512"] == str(int("avx512f" in flags))
+    if not {"amx_tile", "amx_int8", "avx512bw", "avx512vl"} <= flags:
+        assert shown["AMX_INT8"] == "0"  # where the flags are there, the kernel's leave to use the tiles decides
+    if not os.path.exists("/dev/nvidiactl"):  # no NVIDIA driver, no GPU to run on
+        assert shown["CUDA"] == "0"

@@ -44,12 +44,23 @@ def cmd_run(args) -> int:
     except KeyboardInterrupt:
         pass
     sys.stdout.write(stream.flush() + "\n")
+    # after the run, beside the timings: a bad flag found while generating stays a one-line error
+    print(system_info(model.n_threads), file=sys.stderr)
     print(model.timings.report(), file=sys.stderr)
     if args.timings:
         from pyinfer.apps.bench import step_report
 
         print(json.dumps(step_report(model)), file=sys.stderr)
     return 0
+
+
+def system_info(n_threads: int) -> str:
+    """llama.cpp's system_info line: the threads and the kernels this machine runs."""
+    from pyinfer.native.ggml import cpu_features, cuda_available
+
+    features = {**cpu_features(), "CUDA": cuda_available()}
+    return (f"system_info: n_threads = {n_threads} / {os.cpu_count()} | CPU : "
+            + " | ".join(f"{name} = {int(on)}" for name, on in features.items()) + " |")
 
 
 def cmd_chat(args) -> int:

@@ -24,6 +24,13 @@ ROPE_NORMAL, ROPE_NEOX = lib.GGML_ROPE_NORMAL, lib.GGML_ROPE_NEOX
 _NUMPY_DTYPES = {F32: np.float32, F16: np.float16, I32: np.int32, lib.GGML_TYPE_I8: np.int8}
 
 
+def cpu_features() -> dict[str, bool]:
+    """The kernels this CPU runs, by llama.cpp's system_info names: AVX2 (with FMA and F16C), AVX512 (F),
+    AMX_INT8 (the prompt GEMMs' tiles, usable by this process)."""
+    return {"AVX2": bool(lib.ggml_cpu_has_avx2()), "AVX512": bool(lib.ggml_cpu_has_avx512()),
+            "AMX_INT8": bool(lib.ggml_cpu_has_amx())}
+
+
 def cuda_available() -> bool:
     """True when this build has CUDA and a GPU is present."""
     return lib.ggml_cuda_device_count() > 0
