@@ -265,7 +265,6 @@ static void q6_K_vec_dot_q16_avx2(int64_t n, float *s, const void *w, const void
 // unpacked once for the four columns and multiply both bytes of each
 // ============================================================================================
 
-
 // the 4-bit types with nibble levels (0..15) worth d u + c (c: Q4_1's minimum, -8 d for Q4_0): levels times q,
 // scaled by d dx; each block's c times the column's dx sum(q)
 static inline __attribute__((always_inline)) void q16_gemm_tile_u4(enum ggml_type type, int64_t n, float *s,
