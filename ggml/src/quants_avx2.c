@@ -647,7 +647,7 @@ static void q4_K_gemm_tile_avx2(int64_t n, float *s, int64_t ss, const void *w, 
 // so one fma applies the 8 scales and no horizontal sum is left per output.
 // ============================================================================================
 
-#define VNNI_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
+#define VNNI_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
 
 // Q8_0 . Q8_0: x + 128 is unsigned, so x . w = (x + 128) . w - 128 sum(w); the correction seeds each row's dot
 VNNI_TARGET static void q8_0_gemm_tile_vnni(int64_t n, float *s, int64_t ss, const void *w, size_t bw,
@@ -772,6 +772,46 @@ VNNI_TARGET static void q4_0_vec_dot_vnni(int64_t n, float *s, const void *w, co
     if (i < nb) { // the last blocks as the AVX2 kernel does them
         float rest;
         q4_0_vec_dot_avx2((nb - i) * QK4_0, &rest, a + i, b + i);
+        sum += rest;
+    }
+    *s = sum;
+}
+
+// a decoded token's Q5_0 . Q8_0 (one row): the fifth bits become a byte mask (AVX512BW's k registers) that adds 16
+// to the nibbles where set, one masked add for 16 levels where AVX2 spreads the bits with a shuffle, a compare and
+// two logic ops; then sum (q - 16) y = q . y - 16 sum y as Q4_0's. Lanes as q4_0_vec_dot_vnni's
+VNNI_TARGET static void q5_0_vec_dot_vnni(int64_t n, float *s, const void *w, const void *x) {
+    const block_q5_0 *a = w; // (n / 32,)
+    const block_q8_0 *b = x; // (n / 32,)
+    const int64_t nb = n / QK5_0;
+    const __m256i low4 = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(16);
+    const __m256i order01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), order23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        const __m256 sc = avx2_scales4(a[i].d, a[i + 1].d, a[i + 2].d, a[i + 3].d, b[i].d, b[i + 1].d, b[i + 2].d, b[i + 3].d);
+        __m256i p[2];
+        for (int h = 0; h < 2; h++) { // blocks i + 2h and i + 2h + 1: int32 lanes 0..3 the first, 4..7 the second
+            const block_q5_0 *a0 = a + i + 2 * h, *a1 = a0 + 1;
+            const uint32_t h0 = avx2_load_u32(a0->qh), h1 = avx2_load_u32(a1->qh);
+            const __mmask32 klo = (h0 & 0xFFFF) | (h1 << 16), khi = (h0 >> 16) | (h1 & 0xFFFF0000);
+            const __m256i v = avx2_load2_128(a0->qs, a1->qs);
+            const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            const __m256i ylo = avx2_load2_128(b[i + 2 * h].qs, b[i + 2 * h + 1].qs);
+            const __m256i yhi = avx2_load2_128(b[i + 2 * h].qs + 16, b[i + 2 * h + 1].qs + 16);
+            const __m256i q = _mm256_dpbusd_epi32(
+                _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_mask_add_epi8(lo, klo, lo, sixteen), ylo),
+                _mm256_mask_add_epi8(hi, khi, hi, sixteen), yhi);
+            const __m256i o = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), sixteen, ylo), sixteen, yhi);
+            p[h] = _mm256_sub_epi32(q, o);
+        }
+        acc0 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sc, order01), _mm256_cvtepi32_ps(p[0]), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sc, order23), _mm256_cvtepi32_ps(p[1]), acc1);
+    }
+    float sum = avx2_hsum_ps(_mm256_add_ps(acc0, acc1));
+    if (i < nb) { // the last blocks as the AVX2 kernel does them
+        float rest;
+        q5_0_vec_dot_avx2((nb - i) * QK5_0, &rest, a + i, b + i);
         sum += rest;
     }
     *s = sum;
@@ -988,7 +1028,7 @@ VNNI_TARGET static void bf16_gemm_tile_avx512(int64_t n, float *s, int64_t ss, c
 
 static bool cpu_has_avx512_vnni(void) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512vnni");
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
 }
 
 void ggml_quants_install_avx2(struct ggml_type_traits *traits) {
@@ -1024,6 +1064,7 @@ void ggml_quants_install_avx2(struct ggml_type_traits *traits) {
         traits[GGML_TYPE_Q4_0].vec_dot = q4_0_vec_dot_vnni;
         traits[GGML_TYPE_Q4_1].gemm_tile = q4_1_gemm_tile_vnni;
         traits[GGML_TYPE_Q5_0].gemm_tile = q5_0_gemm_tile_vnni;
+        traits[GGML_TYPE_Q5_0].vec_dot = q5_0_vec_dot_vnni;
         traits[GGML_TYPE_Q8_0].gemm_tile = q8_0_gemm_tile_vnni;
         traits[GGML_TYPE_Q4_K].gemm_tile = q4_K_gemm_tile_vnni;
         traits[GGML_TYPE_Q6_K].gemm_tile = q6_K_gemm_tile_vnni;
