@@ -16,21 +16,22 @@ LEVELS_TYPES = (ggml.Q4_0, ggml.Q4_1, ggml.Q5_0, ggml.Q8_0, ggml.MXFP4, ggml.Q4_
 SETTINGS = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def levels_mul_mat(type_: int, n: int, m: int, k: int, threads: int, seed: int, mode: int):
+def levels_mul_mat(type_: int, n: int, m: int, k: int, threads: int, seed: int, mode: int, precise: bool = False):
     """(y, emulated, bound): mul_mat of an (n, k) weight of type_ by m columns through `mode`, what it computes in
-    float64 (the dequantized weights times the activations as their vec_dot_type holds them) and the size of the
-    sums' terms."""
+    float64 (the dequantized weights times the activations as their vec_dot_type holds them; precise: as they are,
+    their 16-bit form being within ~3e-5 of a block's largest) and the size of the sums' terms."""
     rng = np.random.default_rng(seed)
     ctx = ggml.Context(64 << 20)
     wt, w64 = weights(ctx, rng.standard_normal((n, k)), type_)
     x = (rng.standard_normal((m, k)) * 2).astype(np.float32)
-    y = ctx.mul_mat(wt, tensor(ctx, x))
+    y = ctx.mul_mat(wt, tensor(ctx, x), precise=precise)
     try:
         ggml.lib.ggml_cpu_set_levels_gemm(mode)
         (out,) = compute(ctx, [y], threads)
     finally:
         ggml.lib.ggml_cpu_set_levels_gemm(ggml.lib.GGML_LEVELS_GEMM_AUTO)
-    return out, emulated_matmul(w64, x, type_), np.abs(x.astype(np.float64)) @ np.abs(w64).T
+    want = x.astype(np.float64) @ w64.T if precise else emulated_matmul(w64, x, type_)
+    return out, want, np.abs(x.astype(np.float64)) @ np.abs(w64).T
 
 
 @pytest.mark.parametrize("type_", LEVELS_TYPES)
@@ -46,6 +47,24 @@ def test_levels_oracle_matches_float64(type_, n, m, threads, seed):
     k = 2 * max(ggml.block_size(type_), 64)
     y, want, bound = levels_mul_mat(type_, n, m, k, threads, seed, ggml.lib.GGML_LEVELS_GEMM_REF)
     assert np.all(np.abs(y - want) <= EMU_TOL.get(type_, 2e-6) * bound + 1e-30)
+
+
+# the types with 16-bit activations: a precise mul_mat of theirs runs as two planes of bytes (MXFP4 has none)
+PRECISE_TYPES = tuple(t for t in LEVELS_TYPES if t != ggml.MXFP4)
+PRECISE_TOL = 5e-5  # as test_ops' precise mul_mat: the 16-bit activations' rounding, 1/32512 of a block's largest
+
+
+@pytest.mark.parametrize("type_", PRECISE_TYPES)
+@SETTINGS
+@given(n=st.integers(1, 40), m=st.integers(4, 40), threads=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2**31))
+@example(n=17, m=17, threads=2, seed=1)
+def test_precise_levels_oracle_matches_float64(type_, n, m, threads, seed):
+    """A precise mul_mat's 16-bit activations as two planes of bytes, 255 high + low: float64 on x itself to the
+    precise path's tolerance (a plane dropped, its weight of 255 lost or a plane's bytes in the wrong place miss by
+    1/255 of the terms or more)."""
+    k = 2 * max(ggml.block_size(type_), 64)
+    y, want, bound = levels_mul_mat(type_, n, m, k, threads, seed, ggml.lib.GGML_LEVELS_GEMM_REF, precise=True)
+    assert np.all(np.abs(y - want) <= PRECISE_TOL * bound + 1e-30)
 
 
 @pytest.mark.parametrize("type_", LEVELS_TYPES)
@@ -68,6 +87,19 @@ def test_amx_equals_its_oracle(type_, n, m, threads, seed):
     oracle, _, _ = levels_mul_mat(type_, n, m, k, threads, seed, ggml.lib.GGML_LEVELS_GEMM_REF)
     np.testing.assert_array_equal(amx, oracle)
     assert np.all(np.abs(amx - want) <= EMU_TOL.get(type_, 2e-6) * bound + 1e-30)
+
+
+@pytest.mark.skipif(not ggml.lib.ggml_cpu_has_amx(), reason="needs a CPU with AMX int8 tiles")
+@pytest.mark.parametrize("type_", PRECISE_TYPES)
+@SETTINGS
+@given(n=st.integers(1, 40), m=st.integers(4, 40), threads=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2**31))
+def test_precise_amx_equals_its_oracle(type_, n, m, threads, seed):
+    """Precise, the tile kernel's two planes equal the oracle's bit for bit, and float64 on x to its tolerance."""
+    k = 2 * max(ggml.block_size(type_), 128)
+    amx, want, bound = levels_mul_mat(type_, n, m, k, threads, seed, ggml.lib.GGML_LEVELS_GEMM_AUTO, precise=True)
+    oracle, _, _ = levels_mul_mat(type_, n, m, k, threads, seed, ggml.lib.GGML_LEVELS_GEMM_REF, precise=True)
+    np.testing.assert_array_equal(amx, oracle)
+    assert np.all(np.abs(amx - want) <= PRECISE_TOL * bound + 1e-30)
 
 
 @pytest.mark.skipif(not ggml.lib.ggml_cpu_has_amx(), reason="needs a CPU with AMX int8 tiles")

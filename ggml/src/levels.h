@@ -37,20 +37,24 @@ size_t levels_panel_bytes(const struct levels_traits *lt, int64_t k);
 void levels_panel_fill(const struct levels_traits *lt, const char *w, size_t bw, int64_t rows, int64_t k, void *buf,
                        struct levels_panel *p);
 
-// a group of LEVELS_COLS activation columns: per 32-value block b, LEVELS_XBLOCK_BYTES of values (as above), then
-// d[b][c] (floats), then with sums s[b][c] = d * the sum of the block's values; columns past m are zero
-size_t levels_x_group_bytes(int64_t k, bool sums);
-// group `group` of the m columns (stride bytes apart, already quantized to x_type: Q8_0, Q8_1 or Q8_K, the weight
-// type's vec_dot_type) into dst
+// a group of LEVELS_COLS activation columns: per 32-value block b, LEVELS_XBLOCK_BYTES of values (as above), or
+// for 16-bit activations (wide: a precise mul_mat's q = 255 hi + lo) the high bytes' LEVELS_XBLOCK_BYTES then the
+// low bytes'; after all blocks d[b][c] (floats), then with sums s[b][c] = d * the sum of the block's values;
+// columns past m are zero
+size_t levels_x_group_bytes(int64_t k, bool sums, bool wide);
+// group `group` of the m columns (stride bytes apart) into dst. The columns are already quantized to x_type (Q8_0,
+// Q8_1 or Q8_K, the weight type's vec_dot_type) or, wide, to its 16-bit form (block_q16; block_q16_K where x_type
+// is Q8_K)
 bool levels_x_type_ok(enum ggml_type x_type);
-void levels_x_pack(enum ggml_type x_type, const char *cols, size_t stride, int64_t m, int64_t k, bool sums,
+void levels_x_pack(enum ggml_type x_type, bool wide, const char *cols, size_t stride, int64_t m, int64_t k, bool sums,
                    int64_t group, char *dst);
 
 // out[r * LEVELS_COLS + c] = weight row r . column c of the group (sums: the group's sums, present when w has
-// offsets). Per group g of w, in order: the int32 dot of the levels, times (d of x's block * scale[g][r]), fused
-// into the sum; then offset[g][r] * s of x's block, fused. The AMX kernel computes this bit for bit.
-typedef void (*levels_gemm_fn)(const struct levels_panel *w, const char *xgroup, float *out);
-void levels_gemm_ref(const struct levels_panel *w, const char *xgroup, float *out);
+// offsets). Per group g of w, in order: the int32 dot of the levels (wide: 255 times the high bytes' dot plus the
+// low bytes', the exact dot of the 16-bit values), times (d of x's block * scale[g][r]), fused into the sum; then
+// offset[g][r] * s of x's block, fused. The AMX kernel computes this bit for bit.
+typedef void (*levels_gemm_fn)(const struct levels_panel *w, const char *xgroup, bool wide, float *out);
+void levels_gemm_ref(const struct levels_panel *w, const char *xgroup, bool wide, float *out);
 
 // quants_amx.c: which kernel a prompt's mul_mat takes (ggml_cpu_set_levels_gemm, set between computes): the AMX
 // kernel, the oracle, or NULL for the 4 x 4 tiles; and, after the AMX kernel ran on a thread, the tiles' state

@@ -28,38 +28,55 @@ struct tile_config {
 };
 
 // tile registers (literals: the intrinsics paste them into the instructions' names)
-#define TILE_W 0   // the panel's levels
-#define TILE_X 1   // the group's activations
-#define TILE_SUM 2 // their int32 dots
+#define TILE_W 0      // the panel's levels
+#define TILE_X 1      // the group's activations (wide: their high bytes)
+#define TILE_SUM 2    // their int32 dots
+#define TILE_X_LO 3   // wide: the activations' low bytes
+#define TILE_SUM_LO 4 // wide: their dots
 
-// Per scale group: the 16 x 16 int32 dots on the tile unit, through memory to the vector units, which add them
-// times (d * scale[r]) into the sums, then offset[r] * s: levels_gemm_ref's float operations, in its order
-AMX_TARGET static void levels_gemm_amx_kernel(const struct levels_panel *w, const char *xgroup, float *out) {
-    const int64_t nb = w->k / LEVELS_XBLOCK;
+// Per scale group: the 16 x 16 int32 dots on the tile unit (wide: 255 times the high bytes' plus the low bytes'),
+// through memory to the vector units, which add them times (d * scale[r]) into the sums, then offset[r] * s:
+// levels_gemm_ref's operations, in its order
+AMX_TARGET static void levels_gemm_amx_kernel(const struct levels_panel *w, const char *xgroup, bool wide,
+                                              float *out) {
+    const int64_t nb = w->k / LEVELS_XBLOCK, planes = wide ? 2 : 1;
     const int G = w->group;
-    const float *d = (const float *)(xgroup + nb * LEVELS_XBLOCK_BYTES); // (nb, LEVELS_COLS)
-    const float *s = d + nb * LEVELS_COLS;                               // (nb, LEVELS_COLS)
+    const float *d = (const float *)(xgroup + nb * planes * LEVELS_XBLOCK_BYTES); // (nb, LEVELS_COLS)
+    const float *s = d + nb * LEVELS_COLS;                                        // (nb, LEVELS_COLS)
     struct tile_config cfg = {.palette = 1};
-    cfg.rows[TILE_W] = LEVELS_ROWS, cfg.colsb[TILE_W] = (uint16_t)G;          // 16 rows x G levels
-    cfg.rows[TILE_X] = (uint8_t)(G / 4), cfg.colsb[TILE_X] = 4 * LEVELS_COLS; // G/4 rows of 4 values x 16 columns
-    cfg.rows[TILE_SUM] = LEVELS_ROWS, cfg.colsb[TILE_SUM] = 4 * LEVELS_COLS;  // 16 x 16 int32
+    cfg.rows[TILE_W] = LEVELS_ROWS, cfg.colsb[TILE_W] = (uint16_t)G; // 16 rows x G levels
+    cfg.rows[TILE_X] = cfg.rows[TILE_X_LO] = (uint8_t)(G / 4);      // G/4 rows of 4 values x 16 columns
+    cfg.colsb[TILE_X] = cfg.colsb[TILE_X_LO] = 4 * LEVELS_COLS;
+    cfg.rows[TILE_SUM] = cfg.rows[TILE_SUM_LO] = LEVELS_ROWS; // 16 x 16 int32
+    cfg.colsb[TILE_SUM] = cfg.colsb[TILE_SUM_LO] = 4 * LEVELS_COLS;
     _tile_loadconfig(&cfg);
-    int32_t dots[LEVELS_ROWS * LEVELS_COLS] __attribute__((aligned(64))); // (row, column)
+    int32_t dots[LEVELS_ROWS * LEVELS_COLS] __attribute__((aligned(64)));    // (row, column)
+    int32_t dots_lo[LEVELS_ROWS * LEVELS_COLS] __attribute__((aligned(64))); // wide: the low bytes'
     __m512 acc[LEVELS_ROWS];
     for (int r = 0; r < LEVELS_ROWS; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t g = 0; g < w->k / G; g++) {
         const int64_t b = g * G / LEVELS_XBLOCK; // the activations' block
+        const char *x = xgroup + b * planes * LEVELS_XBLOCK_BYTES + (g * G % LEVELS_XBLOCK) / 4 * 4 * LEVELS_COLS;
         _tile_loadd(TILE_W, w->levels + g * LEVELS_ROWS * G, G);
-        _tile_loadd(TILE_X, xgroup + b * LEVELS_XBLOCK_BYTES + (g * G % LEVELS_XBLOCK) / 4 * 4 * LEVELS_COLS,
-                    4 * LEVELS_COLS);
+        _tile_loadd(TILE_X, x, 4 * LEVELS_COLS);
         _tile_zero(TILE_SUM);
         _tile_dpbssd(TILE_SUM, TILE_W, TILE_X);
+        if (wide) {
+            _tile_loadd(TILE_X_LO, x + LEVELS_XBLOCK_BYTES, 4 * LEVELS_COLS);
+            _tile_zero(TILE_SUM_LO);
+            _tile_dpbssd(TILE_SUM_LO, TILE_W, TILE_X_LO);
+            _tile_stored(TILE_SUM_LO, dots_lo, 4 * LEVELS_COLS);
+        }
         _tile_stored(TILE_SUM, dots, 4 * LEVELS_COLS);
         const __m512 db = _mm512_loadu_ps(d + b * LEVELS_COLS);
         const float *scale = w->scale + g * LEVELS_ROWS;
         for (int r = 0; r < LEVELS_ROWS; r++) {
+            __m512i dot = _mm512_load_si512(dots + r * LEVELS_COLS);
+            if (wide) // 255 hi + lo = (hi << 8) - hi + lo
+                dot = _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(dot, 8), dot),
+                                       _mm512_load_si512(dots_lo + r * LEVELS_COLS));
             const __m512 t = _mm512_mul_ps(db, _mm512_set1_ps(scale[r]));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(dots + r * LEVELS_COLS)), t, acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), t, acc[r]);
         }
         if (w->offset) {
             const __m512 sb = _mm512_loadu_ps(s + b * LEVELS_COLS);

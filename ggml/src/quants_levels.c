@@ -164,9 +164,9 @@ void levels_panel_fill(const struct levels_traits *lt, const char *w, size_t bw,
 // activation columns in groups of LEVELS_COLS
 // ---------------------------------------------------------------------------------------------------
 
-size_t levels_x_group_bytes(int64_t k, bool sums) {
+size_t levels_x_group_bytes(int64_t k, bool sums, bool wide) {
     const int64_t nb = k / LEVELS_XBLOCK;
-    return (size_t)nb * (LEVELS_XBLOCK_BYTES + (sums ? 2 : 1) * LEVELS_COLS * sizeof(float));
+    return (size_t)nb * ((wide ? 2 : 1) * LEVELS_XBLOCK_BYTES + (sums ? 2 : 1) * LEVELS_COLS * sizeof(float));
 }
 
 bool levels_x_type_ok(enum ggml_type x_type) {
@@ -198,19 +198,48 @@ static const int8_t *x_block(enum ggml_type x_type, const char *col, int64_t b, 
     }
 }
 
-void levels_x_pack(enum ggml_type x_type, const char *cols, size_t stride, int64_t m, int64_t k, bool sums,
+// block b of a column in 16-bit form (block_q16_K where x_type is Q8_K, else block_q16): its high bytes, with its
+// low bytes in *lo, its scale and its sum times that scale
+static const int8_t *x_block_wide(enum ggml_type x_type, const char *col, int64_t b, const int8_t **lo, float *d,
+                                  float *s) {
+    if (x_type == GGML_TYPE_Q8_K) {
+        const block_q16_K *x = (const block_q16_K *)col + b / (QK_K / LEVELS_XBLOCK);
+        const int sub = (int)(b % (QK_K / LEVELS_XBLOCK));
+        *d = x->d;
+        *s = x->d * (float)(x->bsums[2 * sub] + x->bsums[2 * sub + 1]);
+        *lo = x->lo + LEVELS_XBLOCK * sub;
+        return x->hi + LEVELS_XBLOCK * sub;
+    }
+    const block_q16 *x = (const block_q16 *)col + b;
+    *d = x->d;
+    *s = x->d * (float)x->sum;
+    *lo = x->lo;
+    return x->hi;
+}
+
+// a block's 32 values into its place in the group: row i of the tile holds column c's values 4i .. 4i + 3 at 4c
+static void x_place(const int8_t *q, int c, int8_t *out) {
+    for (int i = 0; i < LEVELS_XBLOCK / 4; i++) memcpy(out + i * 4 * LEVELS_COLS + 4 * c, q + 4 * i, 4);
+}
+
+void levels_x_pack(enum ggml_type x_type, bool wide, const char *cols, size_t stride, int64_t m, int64_t k, bool sums,
                    int64_t group, char *dst) {
-    const int64_t nb = k / LEVELS_XBLOCK;
-    float *d = (float *)(dst + nb * LEVELS_XBLOCK_BYTES); // (nb, LEVELS_COLS)
-    float *s = d + nb * LEVELS_COLS;                      // (nb, LEVELS_COLS) with sums
-    memset(dst, 0, levels_x_group_bytes(k, sums));
+    const int64_t nb = k / LEVELS_XBLOCK, planes = wide ? 2 : 1;
+    float *d = (float *)(dst + nb * planes * LEVELS_XBLOCK_BYTES); // (nb, LEVELS_COLS)
+    float *s = d + nb * LEVELS_COLS;                               // (nb, LEVELS_COLS) with sums
+    memset(dst, 0, levels_x_group_bytes(k, sums, wide));
     for (int c = 0; c < LEVELS_COLS && group * LEVELS_COLS + c < m; c++) {
         const char *col = cols + (size_t)(group * LEVELS_COLS + c) * stride;
         for (int64_t b = 0; b < nb; b++) {
             float db, sb;
-            const int8_t *q = x_block(x_type, col, b, &db, &sb);
-            int8_t *out = (int8_t *)dst + b * LEVELS_XBLOCK_BYTES + 4 * c; // (8, LEVELS_COLS, 4)
-            for (int i = 0; i < LEVELS_XBLOCK / 4; i++) memcpy(out + i * 4 * LEVELS_COLS, q + 4 * i, 4);
+            int8_t *out = (int8_t *)dst + b * planes * LEVELS_XBLOCK_BYTES; // (planes, 8, LEVELS_COLS, 4)
+            if (wide) {
+                const int8_t *lo, *hi = x_block_wide(x_type, col, b, &lo, &db, &sb);
+                x_place(hi, c, out);
+                x_place(lo, c, out + LEVELS_XBLOCK_BYTES);
+            } else {
+                x_place(x_block(x_type, col, b, &db, &sb), c, out);
+            }
             d[b * LEVELS_COLS + c] = db;
             if (sums) s[b * LEVELS_COLS + c] = sb;
         }
@@ -221,21 +250,29 @@ void levels_x_pack(enum ggml_type x_type, const char *cols, size_t stride, int64
 // the tile GEMM's oracle
 // ---------------------------------------------------------------------------------------------------
 
-void levels_gemm_ref(const struct levels_panel *w, const char *xgroup, float *out) {
-    const int64_t k = w->k, nb = k / LEVELS_XBLOCK, G = w->group;
-    const float *d = (const float *)(xgroup + nb * LEVELS_XBLOCK_BYTES); // (nb, LEVELS_COLS)
-    const float *s = d + nb * LEVELS_COLS;                               // (nb, LEVELS_COLS)
+// the int32 dot of weight row r's group g with column c of one plane of the activations
+static int32_t plane_dot(const struct levels_panel *w, const int8_t *plane, int r, int c, int64_t g) {
+    const int64_t G = w->group;
+    int32_t dot = 0;
+    for (int64_t j = g * G; j < (g + 1) * G; j++) {
+        const int64_t i = (j % LEVELS_XBLOCK) / 4; // the value's row in its block's tile
+        dot += w->levels[(g * LEVELS_ROWS + r) * G + j % G] * plane[(i * LEVELS_COLS + c) * 4 + j % 4];
+    }
+    return dot;
+}
+
+void levels_gemm_ref(const struct levels_panel *w, const char *xgroup, bool wide, float *out) {
+    const int64_t k = w->k, nb = k / LEVELS_XBLOCK, G = w->group, planes = wide ? 2 : 1;
+    const float *d = (const float *)(xgroup + nb * planes * LEVELS_XBLOCK_BYTES); // (nb, LEVELS_COLS)
+    const float *s = d + nb * LEVELS_COLS;                                        // (nb, LEVELS_COLS)
     for (int r = 0; r < LEVELS_ROWS; r++)
         for (int c = 0; c < LEVELS_COLS; c++) {
             float acc = 0.0f;
             for (int64_t g = 0; g < k / G; g++) {
                 const int64_t b = g * G / LEVELS_XBLOCK;
-                int32_t dot = 0;
-                for (int64_t j = g * G; j < (g + 1) * G; j++) {
-                    const int64_t i = (j % LEVELS_XBLOCK) / 4; // the value's row in its block's tile
-                    dot += w->levels[(g * LEVELS_ROWS + r) * G + j % G] * ((const int8_t *)xgroup)[b * LEVELS_XBLOCK_BYTES +
-                                                                          (i * LEVELS_COLS + c) * 4 + j % 4];
-                }
+                const int8_t *block = (const int8_t *)xgroup + b * planes * LEVELS_XBLOCK_BYTES;
+                int32_t dot = plane_dot(w, block, r, c, g);
+                if (wide) dot = 255 * dot + plane_dot(w, block + LEVELS_XBLOCK_BYTES, r, c, g);
                 acc = fmaf((float)dot, d[b * LEVELS_COLS + c] * w->scale[g * LEVELS_ROWS + r], acc);
                 if (w->offset) acc = fmaf(s[b * LEVELS_COLS + c], w->offset[g * LEVELS_ROWS + r], acc);
             }

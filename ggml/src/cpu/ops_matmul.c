@@ -269,21 +269,23 @@ static size_t xcols_bytes(const struct ggml_tensor *dst) {
 // ---------------------------------------------------------------------------------------------------
 
 // the levels form of this mul_mat's weights when it can run as a tile GEMM: 4+ columns (where the 4 x 4 tiles
-// would start, so a token's result does not depend on its batch's size past that), not precise
+// would start, so a token's result does not depend on its batch's size past that); a precise one where the type
+// has 16-bit activations (they run as two planes of bytes)
 static const struct levels_traits *levels_for(const struct ggml_tensor *dst) {
+    const struct ggml_type_traits *tw = ggml_get_type_traits(dst->src[0]->type);
     const struct levels_traits *lt = levels_traits_for(dst->src[0]->type);
-    return lt && !precise(dst) && dst->src[1]->ne[1] >= GGML_GEMM_TILE_COLS &&
-                   levels_x_type_ok(ggml_get_type_traits(dst->src[0]->type)->vec_dot_type)
+    return lt && (!precise(dst) || tw->quantize_q16) && dst->src[1]->ne[1] >= GGML_GEMM_TILE_COLS &&
+                   levels_x_type_ok(tw->vec_dot_type)
                ? lt
                : NULL;
 }
 
 static size_t levels_groups_bytes(const struct ggml_tensor *dst, const struct levels_traits *lt) {
     const int64_t groups = (dst->ne[1] + LEVELS_COLS - 1) / LEVELS_COLS;
-    return ggml_cpu_align_up((size_t)groups * levels_x_group_bytes(dst->src[0]->ne[0], lt->offset));
+    return ggml_cpu_align_up((size_t)groups * levels_x_group_bytes(dst->src[0]->ne[0], lt->offset, precise(dst)));
 }
 
-// after phase 1 (x's columns in the weight type's vec_dot_type): the threads repack x's columns in groups of 16,
+// after phase 1 (x's columns in the weight type's vec_dot_type, or precise in its 16-bit form): the threads repack x's columns in groups of 16,
 // barrier, then take panels of 16 weight rows, each unpacked once to levels in this thread's scratch and
 // multiplied by every group. The kernel writes a 16 x 16 block; rows and columns past the matrix are dropped.
 static void mul_mat_levels(const struct ggml_compute_params *p, struct ggml_tensor *dst,
@@ -291,12 +293,13 @@ static void mul_mat_levels(const struct ggml_compute_params *p, struct ggml_tens
     const struct ggml_tensor *w = dst->src[0];
     const int64_t k = w->ne[0], n = w->ne[1], m = dst->ne[1];
     const enum ggml_type x_type = ggml_get_type_traits(w->type)->vec_dot_type;
-    const size_t group_bytes = levels_x_group_bytes(k, lt->offset);
+    const bool wide = precise(dst);
+    const size_t group_bytes = levels_x_group_bytes(k, lt->offset, wide);
     char *groups = (char *)p->wdata + xcols_bytes(dst);
     int64_t g0, g1;
     ggml_thread_range((m + LEVELS_COLS - 1) / LEVELS_COLS, p->ith, p->nth, &g0, &g1);
     for (int64_t g = g0; g < g1; g++)
-        levels_x_pack(x_type, xc->base, xc->stride, m, k, lt->offset, g, groups + g * group_bytes);
+        levels_x_pack(x_type, wide, xc->base, xc->stride, m, k, lt->offset, g, groups + g * group_bytes);
     ggml_barrier(p->tp);
     void *panel_buf = groups + levels_groups_bytes(dst, lt) + (size_t)p->ith * levels_panel_bytes(lt, k);
     int64_t t0, t1;
@@ -307,7 +310,7 @@ static void mul_mat_levels(const struct ggml_compute_params *p, struct ggml_tens
         struct levels_panel panel;
         levels_panel_fill(lt, (const char *)w->data + r0 * (int64_t)w->nb[1], w->nb[1], rows, k, panel_buf, &panel);
         for (int64_t g = 0; g * LEVELS_COLS < m; g++) {
-            gemm(&panel, groups + g * group_bytes, out);
+            gemm(&panel, groups + g * group_bytes, wide, out);
             for (int64_t c = 0; c < LEVELS_COLS && g * LEVELS_COLS + c < m; c++) {
                 float *y = (float *)((char *)dst->data + (g * LEVELS_COLS + c) * (int64_t)dst->nb[1]) + r0; // (n)
                 for (int64_t r = 0; r < rows; r++) y[r] = out[r * LEVELS_COLS + c];
@@ -332,14 +335,15 @@ int ggml_cpu_op_mul_mat(const struct ggml_compute_params *p, struct ggml_tensor 
     if (ggml_nrows(w) != w->ne[1] || ggml_nrows(x) != x->ne[1])
         return ggml_set_error(GGML_STATUS_UNSUPPORTED, "mul_mat takes matrices");
     const struct mul_mat_kernels kn = mul_mat_kernels_for(dst);
-    struct ggml_cpu_xcols xc;
-    int st = kn.q16 ? xcols_check(w, x) : ggml_cpu_xcols_prepare(p, w, x, &xc);
-    if (st) return st;
-    if (kn.q16) xcols_q16(p, w, x, &xc);
-    else if (precise(dst) && !xcols_in_place(w)) xcols_residual(p, w, x, &xc);
-    ggml_barrier(p->tp);
     const struct levels_traits *lt = levels_for(dst);
     const levels_gemm_fn levels_gemm = lt ? levels_gemm_current() : NULL;
+    const bool q16 = kn.q16 || (levels_gemm && precise(dst)); // x in 16-bit form
+    struct ggml_cpu_xcols xc;
+    int st = q16 ? xcols_check(w, x) : ggml_cpu_xcols_prepare(p, w, x, &xc);
+    if (st) return st;
+    if (q16) xcols_q16(p, w, x, &xc);
+    else if (precise(dst) && !xcols_in_place(w)) xcols_residual(p, w, x, &xc);
+    ggml_barrier(p->tp);
     if (levels_gemm) {
         mul_mat_levels(p, dst, lt, levels_gemm, &xc);
         return GGML_STATUS_OK;
