@@ -576,6 +576,29 @@ def test_axpy8_rounded_q4_K_within_its_rounding(n_blocks, seed, spread):
     assert (np.abs(got - want) <= tol).all()
 
 
+@given(n_blocks=st.integers(1, 20), seed=st.integers(0, 2**32 - 1), spread=st.sampled_from([1.0, 1e-3, 1e3]))
+def test_axpy8_rounded_q5_0_within_its_rounding(n_blocks, seed, spread):
+    """Eight Q5_0 rows of arbitrary blocks (every level and fifth bit), 1-20 blocks (8 a round and a ragged last
+    round), against float64 numpy (gguf.quants): per value within half a unit of each row's rounded coefficient
+    a * d (the unit: the largest of the 8 in that block / 127) times its unsigned level (<= 31), plus float
+    rounding; a fifth bit or an offset of 16 lost misses by far more."""
+    rng = np.random.default_rng(seed)
+    n = n_blocks * 32
+    rows = [random_blocks(QT.Q5_0, n_blocks, rng) for _ in range(8)]
+    a = (rng.standard_normal(8) * spread ** rng.uniform(0, 1, 8)).astype(np.float32)
+    a[seed % 8] = 0.0
+    y0 = rng.standard_normal(n).astype(np.float32)
+    got = c_axpy8_rounded(QT.Q5_0, n, y0, a, rows)
+    deq = [gq.dequantize(r, QT.Q5_0).astype(np.float64).ravel() for r in rows]
+    want = y0 + sum(float(a[r]) * deq[r] for r in range(8))
+    d = [np.abs(rows[r].reshape(-1, 22)[:, :2].copy().view(np.float16).astype(np.float64)).repeat(32) for r in range(8)]
+    coef = np.abs(np.stack([float(a[r]) * d[r] for r in range(8)]))  # (8, n)
+    unit = coef.reshape(8, -1, 32).max(axis=(0, 2)).repeat(32) / 127  # (n,) per block
+    scale = np.abs(y0) + sum(np.abs(float(a[r]) * deq[r]) for r in range(8)) + 8 * 31 * coef.max(axis=0)
+    tol = 8 * (unit / 2) * 31 + 16 * np.finfo(np.float32).eps * scale + 1e-37
+    assert (np.abs(got - want) <= tol).all()
+
+
 def test_axpy8_rounded_falls_back_where_no_kernel():
     """Types without an integer kernel give 8 axpy calls' result (what axpy_rows runs for them)."""
     rng = np.random.default_rng(3)

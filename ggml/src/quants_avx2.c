@@ -742,79 +742,79 @@ VNNI_TARGET static inline __m256i q5_0_levels(const void *block) {
                            _mm256_and_si256(avx2_bits_to_bytes(blk->qh), _mm256_set1_epi8(16)));
 }
 
-// a decoded token's Q4_0 . Q8_0 (one row): q4_0_pair_dot's work in four dpbusd per two blocks, which add the
-// bytes' products straight into int32 (AVX2's maddubs, the add of its halves and the madd to int32 are three)
-VNNI_TARGET static void q4_0_vec_dot_vnni(int64_t n, float *s, const void *w, const void *x) {
-    const block_q4_0 *a = w; // (n / 32,)
-    const block_q8_0 *b = x; // (n / 32,)
-    const int64_t nb = n / QK4_0;
-    const __m256i low4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
-    const __m256i order01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), order23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 4 <= nb; i += 4) {
-        const __m256 sc = avx2_scales4(a[i].d, a[i + 1].d, a[i + 2].d, a[i + 3].d, b[i].d, b[i + 1].d, b[i + 2].d, b[i + 3].d);
-        __m256i p[2];
-        for (int h = 0; h < 2; h++) { // blocks i + 2h and i + 2h + 1: int32 lanes 0..3 the first, 4..7 the second
-            const __m256i v = avx2_load2_128(a[i + 2 * h].qs, a[i + 2 * h + 1].qs);
-            const __m256i ylo = avx2_load2_128(b[i + 2 * h].qs, b[i + 2 * h + 1].qs);
-            const __m256i yhi = avx2_load2_128(b[i + 2 * h].qs + 16, b[i + 2 * h + 1].qs + 16);
-            const __m256i q = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(),
-                                                                      _mm256_and_si256(v, low4), ylo),
-                                                  _mm256_and_si256(_mm256_srli_epi16(v, 4), low4), yhi);
-            const __m256i o = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), eight, ylo), eight, yhi);
-            p[h] = _mm256_sub_epi32(q, o); // sum (q - 8) y
-        }
-        acc0 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sc, order01), _mm256_cvtepi32_ps(p[0]), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sc, order23), _mm256_cvtepi32_ps(p[1]), acc1);
-    }
-    float sum = avx2_hsum_ps(_mm256_add_ps(acc0, acc1));
-    if (i < nb) { // the last blocks as the AVX2 kernel does them
-        float rest;
-        q4_0_vec_dot_avx2((nb - i) * QK4_0, &rest, a + i, b + i);
-        sum += rest;
-    }
-    *s = sum;
-}
+// two blocks' unsigned levels for a row dot: lo holds values 0..15 of both (the first block in the low lane), hi
+// values 16..31, in the order avx2_load2_128 gives the activations
+typedef void (*pair_levels_fn)(const char *blocks, __m256i *lo, __m256i *hi);
 
-// a decoded token's Q5_0 . Q8_0 (one row): the fifth bits become a byte mask (AVX512BW's k registers) that adds 16
-// to the nibbles where set, one masked add for 16 levels where AVX2 spreads the bits with a shuffle, a compare and
-// two logic ops; then sum (q - 16) y = q . y - 16 sum y as Q4_0's. Lanes as q4_0_vec_dot_vnni's
-VNNI_TARGET static void q5_0_vec_dot_vnni(int64_t n, float *s, const void *w, const void *x) {
-    const block_q5_0 *a = w; // (n / 32,)
-    const block_q8_0 *b = x; // (n / 32,)
-    const int64_t nb = n / QK5_0;
-    const __m256i low4 = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(16);
+// a decoded token's row dot for weights whose blocks start with an f16 scale d and hold unsigned levels u worth
+// (u - offset) d, times Q8_0: four dpbusd per two blocks add the bytes' products straight into int32 (AVX2's
+// maddubs, the add of its halves and the madd to int32 are three), less offset sum(y) formed the same way.
+// int32 lanes 0..3 the first block of a pair, 4..7 the second. Inlined into each type's dot with its constants
+VNNI_TARGET static inline __attribute__((always_inline)) float offset_vec_dot(int64_t nb, const char *a,
+                                                                             size_t block_bytes,
+                                                                             const block_q8_0 *b,
+                                                                             pair_levels_fn levels, char offset) {
+    const __m256i off = _mm256_set1_epi8(offset);
     const __m256i order01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), order23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 4 <= nb; i += 4) {
-        const __m256 sc = avx2_scales4(a[i].d, a[i + 1].d, a[i + 2].d, a[i + 3].d, b[i].d, b[i + 1].d, b[i + 2].d, b[i + 3].d);
+        uint16_t d[4];
+        for (int j = 0; j < 4; j++) memcpy(&d[j], a + (i + j) * block_bytes, sizeof d[j]);
+        const __m256 sc = avx2_scales4(d[0], d[1], d[2], d[3], b[i].d, b[i + 1].d, b[i + 2].d, b[i + 3].d);
         __m256i p[2];
-        for (int h = 0; h < 2; h++) { // blocks i + 2h and i + 2h + 1: int32 lanes 0..3 the first, 4..7 the second
-            const block_q5_0 *a0 = a + i + 2 * h, *a1 = a0 + 1;
-            const uint32_t h0 = avx2_load_u32(a0->qh), h1 = avx2_load_u32(a1->qh);
-            const __mmask32 klo = (h0 & 0xFFFF) | (h1 << 16), khi = (h0 >> 16) | (h1 & 0xFFFF0000);
-            const __m256i v = avx2_load2_128(a0->qs, a1->qs);
-            const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        for (int h = 0; h < 2; h++) { // blocks i + 2h and i + 2h + 1
+            __m256i lo, hi;
+            levels(a + (i + 2 * h) * block_bytes, &lo, &hi);
             const __m256i ylo = avx2_load2_128(b[i + 2 * h].qs, b[i + 2 * h + 1].qs);
             const __m256i yhi = avx2_load2_128(b[i + 2 * h].qs + 16, b[i + 2 * h + 1].qs + 16);
-            const __m256i q = _mm256_dpbusd_epi32(
-                _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_mask_add_epi8(lo, klo, lo, sixteen), ylo),
-                _mm256_mask_add_epi8(hi, khi, hi, sixteen), yhi);
-            const __m256i o = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), sixteen, ylo), sixteen, yhi);
+            const __m256i q = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, ylo), hi, yhi);
+            const __m256i o = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), off, ylo), off, yhi);
             p[h] = _mm256_sub_epi32(q, o);
         }
         acc0 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sc, order01), _mm256_cvtepi32_ps(p[0]), acc0);
         acc1 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sc, order23), _mm256_cvtepi32_ps(p[1]), acc1);
     }
-    float sum = avx2_hsum_ps(_mm256_add_ps(acc0, acc1));
-    if (i < nb) { // the last blocks as the AVX2 kernel does them
-        float rest;
-        q5_0_vec_dot_avx2((nb - i) * QK5_0, &rest, a + i, b + i);
-        sum += rest;
-    }
-    *s = sum;
+    return avx2_hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+// two blocks' 16 bytes of nibbles each: the low nibbles (values 0..15) and the high ones (16..31)
+VNNI_TARGET static inline void nibble_pair(const uint8_t *qs0, const uint8_t *qs1, __m256i *lo, __m256i *hi) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), v = avx2_load2_128(qs0, qs1);
+    *lo = _mm256_and_si256(v, low4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+}
+
+VNNI_TARGET static inline void q4_0_pair_levels(const char *blocks, __m256i *lo, __m256i *hi) {
+    const block_q4_0 *a = (const block_q4_0 *)blocks;
+    nibble_pair(a[0].qs, a[1].qs, lo, hi);
+}
+
+// the fifth bits become a byte mask (AVX512BW's k registers) that adds 16 to the nibbles where set: one masked add
+// for 16 levels where AVX2 spreads the bits with a shuffle, a compare and two logic ops
+VNNI_TARGET static inline void q5_0_pair_levels(const char *blocks, __m256i *lo, __m256i *hi) {
+    const block_q5_0 *a = (const block_q5_0 *)blocks;
+    const __m256i sixteen = _mm256_set1_epi8(16);
+    const uint32_t h0 = avx2_load_u32(a[0].qh), h1 = avx2_load_u32(a[1].qh);
+    const __mmask32 klo = (h0 & 0xFFFF) | (h1 << 16), khi = (h0 >> 16) | (h1 & 0xFFFF0000);
+    nibble_pair(a[0].qs, a[1].qs, lo, hi);
+    *lo = _mm256_mask_add_epi8(*lo, klo, *lo, sixteen);
+    *hi = _mm256_mask_add_epi8(*hi, khi, *hi, sixteen);
+}
+
+// the last blocks (fewer than 4) go as the AVX2 kernels do them
+VNNI_TARGET static void q4_0_vec_dot_vnni(int64_t n, float *s, const void *w, const void *x) {
+    const int64_t nb = n / QK4_0, nb4 = nb & ~(int64_t)3;
+    float sum = offset_vec_dot(nb4, w, sizeof(block_q4_0), x, q4_0_pair_levels, 8), rest = 0.0f;
+    if (nb4 < nb) q4_0_vec_dot_avx2((nb - nb4) * QK4_0, &rest, (const block_q4_0 *)w + nb4, (const block_q8_0 *)x + nb4);
+    *s = sum + rest;
+}
+
+VNNI_TARGET static void q5_0_vec_dot_vnni(int64_t n, float *s, const void *w, const void *x) {
+    const int64_t nb = n / QK5_0, nb4 = nb & ~(int64_t)3;
+    float sum = offset_vec_dot(nb4, w, sizeof(block_q5_0), x, q5_0_pair_levels, 16), rest = 0.0f;
+    if (nb4 < nb) q5_0_vec_dot_avx2((nb - nb4) * QK5_0, &rest, (const block_q5_0 *)w + nb4, (const block_q8_0 *)x + nb4);
+    *s = sum + rest;
 }
 
 VNNI_TARGET static void q4_0_gemm_tile_vnni(int64_t n, float *s, int64_t ss, const void *w, size_t bw,

@@ -1,4 +1,4 @@
-// quants_axpy_rounded_avx2.c: axpy8_rounded for Q4_K on the integer units (AVX2): y += sum of a[r] * rows[r] over
+// quants_axpy_rounded_avx2.c: axpy8_rounded for Q4_K and Q5_0 on the integer units (AVX2): y += sum of a[r] * rows[r] over
 // 8 rows, each row's coefficient a[r] * d * sc rounded to a multiple of 1/127 of the 8 rows' largest in that
 // sub-block of 32 values, as mul_mat rounds its activations to 8 bits (what axpy_rows runs unless precise).
 // The float axpy4 converts every level to a float and spends an FMA on it (about 1 instruction a weight: 10 G
@@ -9,6 +9,7 @@
 // Checked against float64 numpy within the rounding's bound (tests/test_quants.py).
 #include "ggml-impl.h"
 #include "quants.h"
+#include "quants_avx2.h"
 
 #include <immintrin.h>
 
@@ -51,9 +52,9 @@ static inline void round_coefs(const __m256 c[8], struct rounded_coefs *out) {
     _mm256_storeu_ps(out->unit, _mm256_mul_ps(largest, _mm256_set1_ps(1.0f / 127.0f)));
 }
 
-// the sum over 8 rows of level * rounded coefficient for 8 values, as int32: levels (0..15) of rows 0..3 and
-// 4..7 interleaved (l0, l1), their coefficients as 4 bytes each (k0, k1); maddubs' pairs stay within int16
-// (2 * 15 * 127, twice that after the add)
+// the sum over 8 rows of level * rounded coefficient for 8 values, as int32: unsigned levels of rows 0..3 and
+// 4..7 interleaved (l0, l1), their coefficients as 4 bytes each (k0, k1); maddubs' pairs stay within int16 for
+// levels up to 31 (2 * 31 * 127, twice that after the add)
 static inline __m256i dot8(__m256i l0, __m256i l1, __m256i k0, __m256i k1) {
     const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(l0, k0), _mm256_maddubs_epi16(l1, k1));
     return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
@@ -105,6 +106,44 @@ static void q4_K_axpy8_rounded_avx2(int64_t n, float *y, const float *a, const v
     }
 }
 
+// Q5_0: x = d (u - 16), u = nibble | fifth bit << 4 (0..31), one scale a block: the 8 rows' coefficients a * d
+// rounded per block as Q4_K's are per sub-block, 8 blocks at a time (round_coefs' lanes), the -16 a d offsets
+// summed exactly; maddubs' pairs stay within int16 (2 * 31 * 127, twice that after the add). Qwen2.5-Coder-0.5B's
+// channel-major gate and up are Q5_0 (896 is no multiple of 256)
+static void q5_0_axpy8_rounded_avx2(int64_t n, float *y, const float *a, const void *const *rows) {
+    const int64_t nb = n / QK5_0;
+    const __m256i bit4 = _mm256_set1_epi8(16);
+    for (int64_t b0 = 0; b0 < nb; b0 += 8) {
+        const int blocks = nb - b0 < 8 ? (int)(nb - b0) : 8; // lanes past them stay 0
+        __m256 c[8], offset = _mm256_setzero_ps();          // a * d per block; -16 sum of them
+        for (int r = 0; r < 8; r++) {
+            const block_q5_0 *x = (const block_q5_0 *)rows[r] + b0;
+            float d[8] = {0};
+            for (int j = 0; j < blocks; j++) d[j] = _cvtsh_ss(x[j].d);
+            c[r] = _mm256_mul_ps(_mm256_set1_ps(a[r]), _mm256_loadu_ps(d));
+            offset = _mm256_fmadd_ps(_mm256_set1_ps(-16.0f), c[r], offset);
+        }
+        struct rounded_coefs k;
+        round_coefs(c, &k);
+        float offsets[8];
+        _mm256_storeu_ps(offsets, offset);
+        for (int j = 0; j < blocks; j++) {
+            __m256i u[8], v0[4], v1[4];
+            for (int r = 0; r < 8; r++) {
+                const block_q5_0 *x = (const block_q5_0 *)rows[r] + b0 + j;
+                u[r] = _mm256_or_si256(avx2_unpack_nibbles(x->qs), _mm256_and_si256(avx2_bits_to_bytes(x->qh), bit4));
+            }
+            interleave4(u, v0);
+            interleave4(u + 4, v1);
+            const __m256i k0 = _mm256_set1_epi32((int)k.lo[j]), k1 = _mm256_set1_epi32((int)k.hi[j]);
+            const __m256 unit = _mm256_set1_ps(k.unit[j]), off = _mm256_set1_ps(offsets[j]);
+            float *yb = y + (b0 + j) * QK5_0;
+            for (int g = 0; g < 4; g++) add8(yb + 8 * g, dot8(v0[g], v1[g], k0, k1), unit, off);
+        }
+    }
+}
+
 void ggml_quants_install_axpy_rounded_avx2(struct ggml_type_traits *traits) {
     traits[GGML_TYPE_Q4_K].axpy8_rounded = q4_K_axpy8_rounded_avx2;
+    traits[GGML_TYPE_Q5_0].axpy8_rounded = q5_0_axpy8_rounded_avx2;
 }

@@ -20,6 +20,14 @@ static inline char *ggml_cpu_row_ptr(const struct ggml_tensor *t, int64_t r) {
     return (char *)t->data + i1 * (int64_t)t->nb[1] + i2 * (int64_t)t->nb[2] + i3 * (int64_t)t->nb[3];
 }
 
+// each cache line of [p, p + bytes) into L2 only (prefetcht2), for a weight row a kernel reads soon: a row is tens
+// of lines, and L1 prefetches of them filled the L1 miss buffers that the demand loads of the current row need
+// (SYNTHETIC 7B Q4_0, 2 cores, cold caches: sparse gate + up rows at 10 % took 0.63-0.77 ms a layer with L1
+// prefetches, 0.37-0.48 ms with these)
+static inline void ggml_cpu_prefetch(const char *p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 1);
+}
+
 // per-thread scratch slice ith of slices of `bytes` each
 static inline void *ggml_cpu_thread_scratch(const struct ggml_compute_params *p, size_t bytes) {
     return (char *)p->wdata + (size_t)p->ith * ggml_cpu_align_up(bytes);

@@ -17,11 +17,6 @@
 
 #define GEMV_PREFETCH_ROWS 2          // rows of a GEMV asked for ahead of the one being dotted
 
-// each cache line of [p, p + bytes) into L2
-static inline void prefetch_bytes(const char *p, size_t bytes) {
-    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
-}
-
 // x is used in place when the dot product takes F32
 static bool xcols_in_place(const struct ggml_tensor *w) {
     return ggml_get_type_traits(w->type)->vec_dot_type == GGML_TYPE_F32;
@@ -209,7 +204,7 @@ static void mul_mat_rows_dense(const struct ggml_tensor *w, const struct ggml_cp
         // memory, and the hardware's prefetchers alone left most of the bandwidth unused: a 7B Q4_0 file on 8 of
         // a 16-core server's threads 11.5 -> 14.2 tokens/s; on a 2-core Xeon a 3 MB Q5_0 matrix 5.6 -> 17 GB/s
         for (int64_t r = r0; r < r1; r++) {
-            if (r + GEMV_PREFETCH_ROWS < r1) prefetch_bytes(wd + (r + GEMV_PREFETCH_ROWS) * (int64_t)bw, bw);
+            if (r + GEMV_PREFETCH_ROWS < r1) ggml_cpu_prefetch(wd + (r + GEMV_PREFETCH_ROWS) * (int64_t)bw, bw);
             dot_row(kn->dot, xc, k, &y[r], wd + r * (int64_t)bw, xc->base);
         }
         return;

@@ -137,6 +137,8 @@ static void moe_sort_pairs(const struct ggml_tensor *dst, struct moe_pairs *mp) 
     mp->first[0] = 0;
 }
 
+// the rows a pair's dots ask for ahead, as a decode GEMV's (ops_matmul.c): an expert's matrices come from memory
+#define MOE_PREFETCH_ROWS 2
 #define TILE_R GGML_GEMM_TILE_ROWS
 #define TILE_C GGML_GEMM_TILE_COLS
 
@@ -164,6 +166,10 @@ static void moe_up_rows(const struct moe_rows *m, enum ggml_ffn_kind kind, const
                         int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
         float g, u;
+        if (r + MOE_PREFETCH_ROWS < r1) {
+            ggml_cpu_prefetch(m->w + (r + MOE_PREFETCH_ROWS) * (int64_t)m->nb1, m->nb1);
+            ggml_cpu_prefetch(m->w2 + (r + MOE_PREFETCH_ROWS) * (int64_t)m->nb1, m->nb1);
+        }
         m->t->vec_dot(m->k, &g, m->w + r * (int64_t)m->nb1, xq);
         m->t->vec_dot(m->k, &u, m->w2 + r * (int64_t)m->nb1, xq);
         act[r] = m->b ? moe_act(kind, g + m->b[r], u + m->b2[r]) : moe_act(kind, g, u);
@@ -174,6 +180,7 @@ static void moe_up_rows(const struct moe_rows *m, enum ggml_ffn_kind kind, const
 static void moe_down_rows(const struct moe_rows *m, const char *aq, float weight, float *y, int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
         float v;
+        if (r + MOE_PREFETCH_ROWS < r1) ggml_cpu_prefetch(m->w + (r + MOE_PREFETCH_ROWS) * (int64_t)m->nb1, m->nb1);
         m->t->vec_dot(m->k, &v, m->w + r * (int64_t)m->nb1, aq);
         y[r] += weight * (m->b ? v + m->b[r] : v);
     }

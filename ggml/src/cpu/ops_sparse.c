@@ -198,13 +198,6 @@ static inline bool sel_picks(const struct sparse_sel *s, int64_t i, int64_t j) {
     return !s->sel || s->m == 1 || mask_at(s->sel, i, j); // one column: the compaction already checked
 }
 
-// into L2 only (prefetcht2): a row is tens of lines, and L1 prefetches of them filled the L1 miss
-// buffers that the demand loads of the current row need (SYNTHETIC 7B Q4_0, 2 cores, cold caches: gate + up
-// rows at 10% took 0.63-0.77 ms a layer with L1 prefetches, 0.37-0.48 ms with these)
-static inline void prefetch_bytes(const char *p, size_t n) {
-    for (size_t o = 0; o < n; o += 64) __builtin_prefetch(p + o, 0, 1);
-}
-
 // rows [r0, r1) of every column of dst [n, m] set to zero
 static void zero_rows(struct ggml_tensor *dst, int64_t r0, int64_t r1) {
     for (int64_t j = 0; j < dst->ne[1] && r0 < r1; j++)
@@ -244,7 +237,7 @@ static void mmr_visit(void *vctx, int64_t i, int64_t col) {
 
 static void mmr_prefetch(void *vctx, int64_t i) {
     const struct mmr_ctx *c = vctx;
-    prefetch_bytes((const char *)c->w->data + i * (int64_t)c->w->nb[1], c->w->nb[1]);
+    ggml_cpu_prefetch((const char *)c->w->data + i * (int64_t)c->w->nb[1], c->w->nb[1]);
 }
 
 size_t ggml_cpu_mul_mat_rows_wsize(const struct ggml_tensor *dst, int n_threads) {
@@ -401,7 +394,7 @@ static void axpy_visit(void *vctx, int64_t i, int64_t col) {
 
 static void axpy_prefetch(void *vctx, int64_t i) {
     const struct axpy_ctx *c = vctx;
-    prefetch_bytes((const char *)c->wt->data + i * (int64_t)c->wt->nb[1] + c->row_offs, c->row_bytes);
+    ggml_cpu_prefetch((const char *)c->wt->data + i * (int64_t)c->wt->nb[1] + c->row_offs, c->row_bytes);
 }
 
 // whether the threads split d (each its slice of every selected row) rather than the rows (see above)
@@ -544,8 +537,8 @@ static void ffn_visit(void *vctx, int64_t i, int64_t col) {
 
 static void ffn_prefetch(void *vctx, int64_t i) {
     const struct ffn_ctx *c = vctx;
-    if (c->v1 > c->v0) prefetch_bytes(ffn_down(c, i) + c->slice_offs, c->slice_bytes);
-    else prefetch_bytes(ffn_rows(c, i), (size_t)(c->act ? c->rows - 1 : c->rows) * c->row_bytes); // act: down later
+    if (c->v1 > c->v0) ggml_cpu_prefetch(ffn_down(c, i) + c->slice_offs, c->slice_bytes);
+    else ggml_cpu_prefetch(ffn_rows(c, i), (size_t)(c->act ? c->rows - 1 : c->rows) * c->row_bytes); // act: down later
 }
 
 static int ffn_rows_per_neuron(const struct ggml_tensor *dst) { return dst->op_params[2] == GGML_FFN_RELU ? 2 : 3; }
