@@ -127,6 +127,29 @@ def test_precise_mul_mat_of_a_batch_matches_scalar_and_float64(type_, m):
 
 
 @pytest.mark.parametrize("type_", ggml.WEIGHT_TYPES)
+@SETTINGS
+@given(n=st.integers(1, 23), blocks=st.integers(1, 11), threads=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2**31))
+def test_gemv_rows_equal_their_vec_dot(type_, n, blocks, threads, seed):
+    """A decoded token's GEMV (4 rows at a time where the type has a 4-row dot: Q4_0 and Q5_0 on VNNI hosts) gives
+    each row what that row's vec_dot gives, bit for bit, whatever the number of rows, of blocks (1-3 left past the
+    4-row dots' groups of 4) and of threads (which move where each thread's rows start)."""
+    rng = rng_for(seed)
+    k = blocks * ggml.block_size(type_)
+    ctx = ggml.Context(8 << 20)
+    wt, _ = weights(ctx, rng.standard_normal((n, k)), type_)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    (y,) = compute(ctx, [ctx.mul_mat(wt, tensor(ctx, x))], threads)
+    vdt = ggml.lib.ggml_vec_dot_type(type_)
+    xq = x if vdt == ggml.F32 else ggml.quantize(vdt, x)
+    rows = wt.raw().reshape(n, -1)
+    for r in range(n):
+        s = ggml.ffi.new("float *")
+        assert ggml.lib.ggml_vec_dot(type_, k, s, ggml.ffi.from_buffer(np.ascontiguousarray(rows[r])),
+                                     ggml.ffi.from_buffer(np.ascontiguousarray(xq))) == 0
+        assert np.float32(s[0]).tobytes() == np.float32(y[0, r]).tobytes(), r
+
+
+@pytest.mark.parametrize("type_", ggml.WEIGHT_TYPES)
 def test_mul_mat_simd_matches_scalar(type_):
     rng = rng_for(type_)
     k = 512

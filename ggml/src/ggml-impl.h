@@ -36,6 +36,9 @@ typedef void (*ggml_axpy_group_fn)(int64_t n, float *y, const float *a, const vo
 // a GGML_GEMM_TILE_ROWS x GGML_GEMM_TILE_COLS tile of w . x: s[j * ss + r] = w[r] . x[j], rows of w
 // bw bytes apart, columns of x (already in vec_dot_type) bx bytes apart, ss floats between output columns
 typedef void (*ggml_gemm_tile_fn)(int64_t n, float *s, int64_t ss, const void *w, size_t bw, const void *x, size_t bx);
+// a decoded token's dots of 4 consecutive weight rows (bw bytes apart) with one column: s[r] = w[r] . x, each
+// bit for bit what vec_dot gives it (the column's loads are shared, not the rows' arithmetic)
+typedef void (*ggml_vec_dot4_fn)(int64_t n, float *s, const void *w, size_t bw, const void *x);
 #define GGML_GEMM_TILE_ROWS 4
 #define GGML_GEMM_TILE_COLS 4
 
@@ -49,6 +52,7 @@ struct ggml_type_traits {
     ggml_from_float_fn quantize_act;     // activations for vec_dot: equals from_float on finite input
     ggml_vec_dot_fn vec_dot;             // fastest available on this CPU (set at init)
     ggml_vec_dot_fn vec_dot_ref;         // scalar oracle
+    ggml_vec_dot4_fn vec_dot4;           // SIMD only, NULL where absent; its oracle: vec_dot, bit for bit
     ggml_axpy_fn axpy;
     ggml_axpy_fn axpy_ref;
     ggml_axpy_group_fn axpy4;            // SIMD only, NULL where absent; its oracle: 4 axpy_ref calls

@@ -710,6 +710,7 @@ static void quants_use_simd(bool enabled) {
     const struct ggml_type_traits *src = quants_simd_on ? traits_simd : traits_scalar;
     for (int t = 0; t < GGML_TYPE_COUNT; t++) {
         traits_live[t].vec_dot = src[t].vec_dot;
+        traits_live[t].vec_dot4 = src[t].vec_dot4;
         traits_live[t].axpy = src[t].axpy;
         traits_live[t].axpy4 = src[t].axpy4;
         traits_live[t].axpy8_rounded = src[t].axpy8_rounded;

@@ -785,6 +785,44 @@ VNNI_TARGET static inline void nibble_pair(const uint8_t *qs0, const uint8_t *qs
     *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
 }
 
+// offset_vec_dot over 4 rows (bw bytes apart) at once: the activations' loads and their offset sums serve the 4,
+// each row's own operations are offset_vec_dot's, in its order (so each sum is bit for bit what it gives)
+VNNI_TARGET static inline __attribute__((always_inline)) void offset_vec_dot4(int64_t nb, const char *a, size_t bw,
+                                                                              size_t block_bytes,
+                                                                              const block_q8_0 *b,
+                                                                              pair_levels_fn levels, char offset,
+                                                                              float s[4]) {
+    const __m256i off = _mm256_set1_epi8(offset);
+    const __m256i order01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), order23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+    __m256 acc0[4], acc1[4];
+    for (int r = 0; r < 4; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i + 4 <= nb; i += 4) {
+        const __m128 dx = avx2_f16x4(b[i].d, b[i + 1].d, b[i + 2].d, b[i + 3].d);
+        __m256i ylo[2], yhi[2], o[2];
+        for (int h = 0; h < 2; h++) {
+            ylo[h] = avx2_load2_128(b[i + 2 * h].qs, b[i + 2 * h + 1].qs);
+            yhi[h] = avx2_load2_128(b[i + 2 * h].qs + 16, b[i + 2 * h + 1].qs + 16);
+            o[h] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), off, ylo[h]), off, yhi[h]);
+        }
+        for (int r = 0; r < 4; r++) {
+            const char *ar = a + r * bw;
+            uint16_t d[4];
+            for (int j = 0; j < 4; j++) memcpy(&d[j], ar + (i + j) * block_bytes, sizeof d[j]);
+            const __m256 sc = _mm256_castps128_ps256(_mm_mul_ps(avx2_f16x4(d[0], d[1], d[2], d[3]), dx));
+            __m256i p[2];
+            for (int h = 0; h < 2; h++) {
+                __m256i lo, hi;
+                levels(ar + (i + 2 * h) * block_bytes, &lo, &hi);
+                const __m256i q = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, ylo[h]), hi, yhi[h]);
+                p[h] = _mm256_sub_epi32(q, o[h]);
+            }
+            acc0[r] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sc, order01), _mm256_cvtepi32_ps(p[0]), acc0[r]);
+            acc1[r] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sc, order23), _mm256_cvtepi32_ps(p[1]), acc1[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) s[r] = avx2_hsum_ps(_mm256_add_ps(acc0[r], acc1[r]));
+}
+
 VNNI_TARGET static inline void q4_0_pair_levels(const char *blocks, __m256i *lo, __m256i *hi) {
     const block_q4_0 *a = (const block_q4_0 *)blocks;
     nibble_pair(a[0].qs, a[1].qs, lo, hi);
@@ -810,11 +848,33 @@ VNNI_TARGET static void q4_0_vec_dot_vnni(int64_t n, float *s, const void *w, co
     *s = sum + rest;
 }
 
+// 4 rows' offset_vec_dot4 and each row's last blocks as its one-row dot does them
+VNNI_TARGET static inline __attribute__((always_inline)) void offset_vec_dot4_rows(
+    int64_t n, float *s, const char *w, size_t bw, const block_q8_0 *x, size_t block_bytes, pair_levels_fn levels,
+    char offset, ggml_vec_dot_fn rest_dot) {
+    const int64_t nb = n / 32, nb4 = nb & ~(int64_t)3;
+    float sum[4];
+    offset_vec_dot4(nb4, w, bw, block_bytes, x, levels, offset, sum);
+    for (int r = 0; r < 4; r++) {
+        float rest = 0.0f;
+        if (nb4 < nb) rest_dot((nb - nb4) * 32, &rest, w + r * bw + nb4 * block_bytes, x + nb4);
+        s[r] = sum[r] + rest;
+    }
+}
+
+VNNI_TARGET static void q4_0_vec_dot4_vnni(int64_t n, float *s, const void *w, size_t bw, const void *x) {
+    offset_vec_dot4_rows(n, s, w, bw, x, sizeof(block_q4_0), q4_0_pair_levels, 8, q4_0_vec_dot_avx2);
+}
+
 VNNI_TARGET static void q5_0_vec_dot_vnni(int64_t n, float *s, const void *w, const void *x) {
     const int64_t nb = n / QK5_0, nb4 = nb & ~(int64_t)3;
     float sum = offset_vec_dot(nb4, w, sizeof(block_q5_0), x, q5_0_pair_levels, 16), rest = 0.0f;
     if (nb4 < nb) q5_0_vec_dot_avx2((nb - nb4) * QK5_0, &rest, (const block_q5_0 *)w + nb4, (const block_q8_0 *)x + nb4);
     *s = sum + rest;
+}
+
+VNNI_TARGET static void q5_0_vec_dot4_vnni(int64_t n, float *s, const void *w, size_t bw, const void *x) {
+    offset_vec_dot4_rows(n, s, w, bw, x, sizeof(block_q5_0), q5_0_pair_levels, 16, q5_0_vec_dot_avx2);
 }
 
 VNNI_TARGET static void q4_0_gemm_tile_vnni(int64_t n, float *s, int64_t ss, const void *w, size_t bw,
@@ -1062,9 +1122,11 @@ void ggml_quants_install_avx2(struct ggml_type_traits *traits) {
         traits[GGML_TYPE_BF16].gemm_tile = bf16_gemm_tile_avx512;
         traits[GGML_TYPE_Q4_0].gemm_tile = q4_0_gemm_tile_vnni;
         traits[GGML_TYPE_Q4_0].vec_dot = q4_0_vec_dot_vnni;
+        traits[GGML_TYPE_Q4_0].vec_dot4 = q4_0_vec_dot4_vnni;
         traits[GGML_TYPE_Q4_1].gemm_tile = q4_1_gemm_tile_vnni;
         traits[GGML_TYPE_Q5_0].gemm_tile = q5_0_gemm_tile_vnni;
         traits[GGML_TYPE_Q5_0].vec_dot = q5_0_vec_dot_vnni;
+        traits[GGML_TYPE_Q5_0].vec_dot4 = q5_0_vec_dot4_vnni;
         traits[GGML_TYPE_Q8_0].gemm_tile = q8_0_gemm_tile_vnni;
         traits[GGML_TYPE_Q4_K].gemm_tile = q4_K_gemm_tile_vnni;
         traits[GGML_TYPE_Q6_K].gemm_tile = q6_K_gemm_tile_vnni;
