@@ -32,6 +32,41 @@ llama_bg() {  # llama.cpp's CUDA build (~6 min) in the background: $W/llama-src/
         > "$W/llama-build.log" 2>&1 < /dev/null &
 }
 
+llama_cpu_bg() {  # llama.cpp's CPU-only build (~2 min on 16 cores) for the CPU rows, where its CUDA build's 6 minutes
+    # buy nothing: $W/llama-src/build/bin as llama_bg's, $W/llama.done at the end
+    [ -x "$W/llama-src/build/bin/llama-bench" ] && return
+    tar xJf .carry/llama-src.tar.xz -C "$W"
+    setsid bash -c "bash .carry/llamacpp-baseline.sh build $W/llama-src && touch $W/llama.done" \
+        > "$W/llama-build.log" 2>&1 < /dev/null &
+}
+
+base_build() {  # TAR: an earlier tree's engine (`git archive REV ggml native setup.py | xz > .carry/base.tar.xz` here)
+    # built CPU-only in $W/base, so that cpu_ab can swap its library in: the Python side must be the same
+    rm -rf "$W/base"; mkdir -p "$W/base/pyinfer"
+    xz -dc "$1" | tar x -C "$W/base"
+    (cd "$W/base" && PYINFER_NO_CUDA=1 python3 setup.py build_native 2>&1 | tail -1)
+}
+
+cpu_ab() {  # NAME [ROUNDS] [BENCH ARGS...]: $W/NAME.gguf on this host's CPU, base_build's engine, this tree's and
+    # llama.cpp alternating (one thread a physical core; default -p 0 -n 64 -r 3), appended to $OUT/NAME-ab.md
+    local name=$1 rounds=${2:-2} lb=$W/llama-src/build/bin/llama-bench t r v; shift 2
+    local a="${*:--p 0 -n 64 -r 3}" so
+    so=$(ls pyinfer/_pyinfer_native*.so)
+    wait_for "$W/$name.done" && wait_for "$lb" || return 1
+    cp "$so" "$W/new.so"
+    t=$(python3 -c "from pyinfer.engine.threads import physical_cores; print(physical_cores())")
+    for r in $(seq "$rounds"); do
+        for v in base new; do
+            if [ $v = base ]; then cp "$W"/base/pyinfer/_pyinfer_native*.so "$so"; else cp "$W/new.so" "$so"; fi
+            python3 -m pyinfer bench -m "$W/$name.gguf" --device cpu -t "$t" $a 2>&1 |
+                grep -E "\| (pp|tg)[0-9]|rror" | sed "s|^|$v round $r |"
+        done
+        CUDA_VISIBLE_DEVICES= "$lb" -m "$W/$name.gguf" -ngl 0 -t "$t" $a 2>&1 | grep -E "\| +(pp|tg)[0-9]|rror" |
+            sed "s|^|llama.cpp round $r |"
+    done | tee -a "$OUT/$name-ab.md"
+    cp "$W/new.so" "$so"
+}
+
 llama_pack() {  # llama-bench and its libraries as $OUT/llb/llb.part.* (15 MiB each, what $OUT brings back): copied
     # to .carry/llb/ here, a later session's llama_bg unpacks them in seconds
     wait_for "$W/llama.done" 500 || return 1

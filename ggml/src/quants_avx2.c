@@ -806,6 +806,11 @@ VNNI_TARGET static inline __attribute__((always_inline)) void offset_vec_dot4(in
         }
         for (int r = 0; r < 4; r++) {
             const char *ar = a + r * bw;
+            // the next 4 rows' bytes at this place, two lines (a step reads 4 blocks: more than one line, less than
+            // two), asked for as the rows are read: a burst for whole rows between the calls had cost a 16-core
+            // server's decode 6 %
+            __builtin_prefetch(ar + 4 * bw + i * block_bytes, 0, 1);
+            __builtin_prefetch(ar + 4 * bw + i * block_bytes + 63, 0, 1);
             uint16_t d[4];
             for (int j = 0; j < 4; j++) memcpy(&d[j], ar + (i + j) * block_bytes, sizeof d[j]);
             const __m256 sc = _mm256_castps128_ps256(_mm_mul_ps(avx2_f16x4(d[0], d[1], d[2], d[3]), dx));

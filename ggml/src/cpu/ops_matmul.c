@@ -206,11 +206,8 @@ static void mul_mat_rows_dense(const struct ggml_tensor *w, const struct ggml_cp
         // memory, and the hardware's prefetchers alone left most of the bandwidth unused: a 7B Q4_0 file on 8 of
         // a 16-core server's threads 11.5 -> 14.2 tokens/s; on a 2-core Xeon a 3 MB Q5_0 matrix 5.6 -> 17 GB/s
         int64_t r = r0;
-        // 4 rows at a time where the type has it (the column's loads shared), their next 4 asked for meanwhile
-        for (; kn->dot4 && !xc->residual && r + 4 <= r1; r += 4) {
-            for (int64_t a = r + 4; a < r + 8 && a < r1; a++) ggml_cpu_prefetch(wd + a * (int64_t)bw, bw);
-            kn->dot4(k, &y[r], wd + r * (int64_t)bw, bw, xc->base);
-        }
+        // 4 rows at a time where the type has it (the column's loads shared; it asks for the next 4 rows itself)
+        for (; kn->dot4 && !xc->residual && r + 4 <= r1; r += 4) kn->dot4(k, &y[r], wd + r * (int64_t)bw, bw, xc->base);
         for (; r < r1; r++) {
             if (r + GEMV_PREFETCH_ROWS < r1) ggml_cpu_prefetch(wd + (r + GEMV_PREFETCH_ROWS) * (int64_t)bw, bw);
             dot_row(kn->dot, xc, k, &y[r], wd + r * (int64_t)bw, xc->base);
