@@ -34,37 +34,33 @@ def levels_mul_mat(type_: int, n: int, m: int, k: int, threads: int, seed: int, 
     return out, want, np.abs(x.astype(np.float64)) @ np.abs(w64).T
 
 
-@pytest.mark.parametrize("type_", LEVELS_TYPES)
+# the types with 16-bit activations: a precise mul_mat of theirs runs as two planes of bytes (MXFP4 has none)
+PRECISE_TYPES = tuple(t for t in LEVELS_TYPES if t != ggml.MXFP4)
+# (type, precise): every levels type rounded, and precise where it has 16-bit activations
+CASES = [(t, False) for t in LEVELS_TYPES] + [(t, True) for t in PRECISE_TYPES]
+
+
+def tolerance(type_: int, precise: bool) -> float:
+    """Of the sums' terms: float32 rounding on the emulated activations, or precise (against x itself) the 16-bit
+    activations' rounding, 1/32512 of a block's largest, as test_ops' precise mul_mat."""
+    return 5e-5 if precise else EMU_TOL.get(type_, 2e-6)
+
+
+@pytest.mark.parametrize("type_,precise", CASES)
 @SETTINGS
 @given(n=st.integers(1, 80), m=st.integers(4, 40), threads=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2**31))
 @example(n=16, m=16, threads=1, seed=0)  # one whole panel by one whole group
 @example(n=17, m=17, threads=2, seed=1)  # one row and one column past them
 @example(n=80, m=4, threads=3, seed=2)   # more panels than threads, the smallest batch
-def test_levels_oracle_matches_float64(type_, n, m, threads, seed):
+def test_levels_oracle_matches_float64(type_, precise, n, m, threads, seed):
     """Weight rows past a panel of 16 and columns past a group of 16 (both padded with zeros) on 1-3 threads:
     the oracle's sums equal float64's on the same levels and activations to float32 rounding (a level, scale,
-    offset or activation in the wrong place misses by a whole term)."""
+    offset or activation in the wrong place misses by a whole term); precise, with the activations as two planes
+    of bytes, 255 high + low (a plane dropped, its weight of 255 lost or its bytes misplaced miss by 1/255 of the
+    terms or more)."""
     k = 2 * max(ggml.block_size(type_), 64)
-    y, want, bound = levels_mul_mat(type_, n, m, k, threads, seed, ggml.lib.GGML_LEVELS_GEMM_REF)
-    assert np.all(np.abs(y - want) <= EMU_TOL.get(type_, 2e-6) * bound + 1e-30)
-
-
-# the types with 16-bit activations: a precise mul_mat of theirs runs as two planes of bytes (MXFP4 has none)
-PRECISE_TYPES = tuple(t for t in LEVELS_TYPES if t != ggml.MXFP4)
-PRECISE_TOL = 5e-5  # as test_ops' precise mul_mat: the 16-bit activations' rounding, 1/32512 of a block's largest
-
-
-@pytest.mark.parametrize("type_", PRECISE_TYPES)
-@SETTINGS
-@given(n=st.integers(1, 40), m=st.integers(4, 40), threads=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2**31))
-@example(n=17, m=17, threads=2, seed=1)
-def test_precise_levels_oracle_matches_float64(type_, n, m, threads, seed):
-    """A precise mul_mat's 16-bit activations as two planes of bytes, 255 high + low: float64 on x itself to the
-    precise path's tolerance (a plane dropped, its weight of 255 lost or a plane's bytes in the wrong place miss by
-    1/255 of the terms or more)."""
-    k = 2 * max(ggml.block_size(type_), 64)
-    y, want, bound = levels_mul_mat(type_, n, m, k, threads, seed, ggml.lib.GGML_LEVELS_GEMM_REF, precise=True)
-    assert np.all(np.abs(y - want) <= PRECISE_TOL * bound + 1e-30)
+    y, want, bound = levels_mul_mat(type_, n, m, k, threads, seed, ggml.lib.GGML_LEVELS_GEMM_REF, precise)
+    assert np.all(np.abs(y - want) <= tolerance(type_, precise) * bound + 1e-30)
 
 
 @pytest.mark.parametrize("type_", LEVELS_TYPES)
@@ -77,29 +73,17 @@ def test_levels_oracle_follows_the_tiles(type_):
 
 
 @pytest.mark.skipif(not ggml.lib.ggml_cpu_has_amx(), reason="needs a CPU with AMX int8 tiles")
-@pytest.mark.parametrize("type_", LEVELS_TYPES)
+@pytest.mark.parametrize("type_,precise", CASES)
 @SETTINGS
 @given(n=st.integers(1, 70), m=st.integers(4, 70), threads=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2**31))
-def test_amx_equals_its_oracle(type_, n, m, threads, seed):
-    """On AMX the tile kernel computes what the oracle does, operation for operation: equal bit for bit."""
+def test_amx_equals_its_oracle(type_, precise, n, m, threads, seed):
+    """On AMX the tile kernel computes what the oracle does, operation for operation: equal bit for bit (precise:
+    its two planes too)."""
     k = 2 * max(ggml.block_size(type_), 128)
-    amx, want, bound = levels_mul_mat(type_, n, m, k, threads, seed, ggml.lib.GGML_LEVELS_GEMM_AUTO)
-    oracle, _, _ = levels_mul_mat(type_, n, m, k, threads, seed, ggml.lib.GGML_LEVELS_GEMM_REF)
+    amx, want, bound = levels_mul_mat(type_, n, m, k, threads, seed, ggml.lib.GGML_LEVELS_GEMM_AUTO, precise)
+    oracle, _, _ = levels_mul_mat(type_, n, m, k, threads, seed, ggml.lib.GGML_LEVELS_GEMM_REF, precise)
     np.testing.assert_array_equal(amx, oracle)
-    assert np.all(np.abs(amx - want) <= EMU_TOL.get(type_, 2e-6) * bound + 1e-30)
-
-
-@pytest.mark.skipif(not ggml.lib.ggml_cpu_has_amx(), reason="needs a CPU with AMX int8 tiles")
-@pytest.mark.parametrize("type_", PRECISE_TYPES)
-@SETTINGS
-@given(n=st.integers(1, 40), m=st.integers(4, 40), threads=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2**31))
-def test_precise_amx_equals_its_oracle(type_, n, m, threads, seed):
-    """Precise, the tile kernel's two planes equal the oracle's bit for bit, and float64 on x to its tolerance."""
-    k = 2 * max(ggml.block_size(type_), 128)
-    amx, want, bound = levels_mul_mat(type_, n, m, k, threads, seed, ggml.lib.GGML_LEVELS_GEMM_AUTO, precise=True)
-    oracle, _, _ = levels_mul_mat(type_, n, m, k, threads, seed, ggml.lib.GGML_LEVELS_GEMM_REF, precise=True)
-    np.testing.assert_array_equal(amx, oracle)
-    assert np.all(np.abs(amx - want) <= PRECISE_TOL * bound + 1e-30)
+    assert np.all(np.abs(amx - want) <= tolerance(type_, precise) * bound + 1e-30)
 
 
 @pytest.mark.skipif(not ggml.lib.ggml_cpu_has_amx(), reason="needs a CPU with AMX int8 tiles")

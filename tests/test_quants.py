@@ -554,48 +554,38 @@ def c_axpy8_rounded(qtype, n: int, y: np.ndarray, a: np.ndarray, rows: list[np.n
     return c_axpy_group(lib.ggml_axpy8_rounded, qtype, n, y, a, rows)
 
 
-@given(n_blocks=st.integers(1, 6), seed=st.integers(0, 2**32 - 1), spread=st.sampled_from([1.0, 1e-3, 1e3]))
-def test_axpy8_rounded_q4_K_within_its_rounding(n_blocks, seed, spread):
-    """Eight Q4_K rows of arbitrary blocks on the integer units, against float64 numpy (gguf.quants'
-    dequantizer): per value, within half a unit of each row's rounded coefficient a * d * sc (the unit: the
-    largest of the 8 in that sub-block / 127) times its level (<= 15), plus float rounding; coefficients of
-    very different sizes among the rows (spread) included, and a zero one."""
-    rng = np.random.default_rng(seed)
-    n = n_blocks * 256
-    rows = [random_blocks(QT.Q4_K, n_blocks, rng) for _ in range(8)]
-    a = (rng.standard_normal(8) * spread ** rng.uniform(0, 1, 8)).astype(np.float32)
-    a[seed % 8] = 0.0
-    y0 = rng.standard_normal(n).astype(np.float32)
-    got = c_axpy8_rounded(QT.Q4_K, n, y0, a, rows)
-    deq = [gq.dequantize(r, QT.Q4_K).astype(np.float64).ravel() for r in rows]
-    want = y0 + sum(float(a[r]) * deq[r] for r in range(8))
-    coef = np.abs(np.stack([float(a[r]) * q4_K_unit_scales(rows[r], n) for r in range(8)]))  # (8, n)
-    unit = coef.reshape(8, -1, 32).max(axis=(0, 2)).repeat(32) / 127  # (n,) per sub-block of 32
-    scale = np.abs(y0) + sum(np.abs(float(a[r]) * deq[r]) for r in range(8)) + 8 * 15 * coef.max(axis=0)
-    tol = 8 * (unit / 2) * 15 + 16 * np.finfo(np.float32).eps * scale + 1e-37
-    assert (np.abs(got - want) <= tol).all()
+def q5_0_unit_scales(wq: np.ndarray, n: int) -> np.ndarray:
+    """|d| of every value of Q5_0 blocks (its levels' unit)."""
+    return np.abs(wq.reshape(-1, 22)[:, :2].copy().view(np.float16).astype(np.float64)).repeat(32)[:n]
 
 
+# the types with a rounded kernel: (values a block, the largest unsigned level, each value's unit d * sc or d)
+ROUNDED = {QT.Q4_K: (256, 15, q4_K_unit_scales), QT.Q5_0: (32, 31, q5_0_unit_scales)}
+
+
+@pytest.mark.parametrize("qtype", list(ROUNDED), ids=lambda t: t.name)
 @given(n_blocks=st.integers(1, 20), seed=st.integers(0, 2**32 - 1), spread=st.sampled_from([1.0, 1e-3, 1e3]))
-def test_axpy8_rounded_q5_0_within_its_rounding(n_blocks, seed, spread):
-    """Eight Q5_0 rows of arbitrary blocks (every level and fifth bit), 1-20 blocks (8 a round and a ragged last
-    round), against float64 numpy (gguf.quants): per value within half a unit of each row's rounded coefficient
-    a * d (the unit: the largest of the 8 in that block / 127) times its unsigned level (<= 31), plus float
-    rounding; a fifth bit or an offset of 16 lost misses by far more."""
+def test_axpy8_rounded_within_its_rounding(qtype, n_blocks, seed, spread):
+    """Eight rows of arbitrary blocks on the integer units (Q5_0: 8 blocks a round, a ragged last one), against
+    float64 numpy (gguf.quants' dequantizer): per value, within half a unit of each row's rounded coefficient
+    (a * d * sc for Q4_K, a * d for Q5_0; the unit: the largest of the 8 in that group of 32 values / 127) times
+    its unsigned level, plus float rounding; coefficients of very different sizes among the rows (spread)
+    included, and a zero one. A fifth bit or an offset lost misses by far more."""
+    block_values, top_level, unit_scales = ROUNDED[qtype]
     rng = np.random.default_rng(seed)
-    n = n_blocks * 32
-    rows = [random_blocks(QT.Q5_0, n_blocks, rng) for _ in range(8)]
+    n_blocks = n_blocks if block_values == 32 else (n_blocks + 3) // 4
+    n = n_blocks * block_values
+    rows = [random_blocks(qtype, n_blocks, rng) for _ in range(8)]
     a = (rng.standard_normal(8) * spread ** rng.uniform(0, 1, 8)).astype(np.float32)
     a[seed % 8] = 0.0
     y0 = rng.standard_normal(n).astype(np.float32)
-    got = c_axpy8_rounded(QT.Q5_0, n, y0, a, rows)
-    deq = [gq.dequantize(r, QT.Q5_0).astype(np.float64).ravel() for r in rows]
+    got = c_axpy8_rounded(qtype, n, y0, a, rows)
+    deq = [gq.dequantize(r, qtype).astype(np.float64).ravel() for r in rows]
     want = y0 + sum(float(a[r]) * deq[r] for r in range(8))
-    d = [np.abs(rows[r].reshape(-1, 22)[:, :2].copy().view(np.float16).astype(np.float64)).repeat(32) for r in range(8)]
-    coef = np.abs(np.stack([float(a[r]) * d[r] for r in range(8)]))  # (8, n)
-    unit = coef.reshape(8, -1, 32).max(axis=(0, 2)).repeat(32) / 127  # (n,) per block
-    scale = np.abs(y0) + sum(np.abs(float(a[r]) * deq[r]) for r in range(8)) + 8 * 31 * coef.max(axis=0)
-    tol = 8 * (unit / 2) * 31 + 16 * np.finfo(np.float32).eps * scale + 1e-37
+    coef = np.abs(np.stack([float(a[r]) * unit_scales(rows[r], n) for r in range(8)]))  # (8, n)
+    unit = coef.reshape(8, -1, 32).max(axis=(0, 2)).repeat(32) / 127  # (n,) per group of 32
+    scale = np.abs(y0) + sum(np.abs(float(a[r]) * deq[r]) for r in range(8)) + 8 * top_level * coef.max(axis=0)
+    tol = 8 * (unit / 2) * top_level + 16 * np.finfo(np.float32).eps * scale + 1e-37
     assert (np.abs(got - want) <= tol).all()
 
 
