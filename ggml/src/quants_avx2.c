@@ -845,18 +845,24 @@ VNNI_TARGET static inline void q5_0_pair_levels(const char *blocks, __m256i *lo,
     *hi = _mm256_mask_add_epi8(*hi, khi, *hi, sixteen);
 }
 
-// the last blocks (fewer than 4) go as the AVX2 kernels do them
-VNNI_TARGET static void q4_0_vec_dot_vnni(int64_t n, float *s, const void *w, const void *x) {
-    const int64_t nb = n / QK4_0, nb4 = nb & ~(int64_t)3;
-    float sum = offset_vec_dot(nb4, w, sizeof(block_q4_0), x, q4_0_pair_levels, 8), rest = 0.0f;
-    if (nb4 < nb) q4_0_vec_dot_avx2((nb - nb4) * QK4_0, &rest, (const block_q4_0 *)w + nb4, (const block_q8_0 *)x + nb4);
-    *s = sum + rest;
+// a row's dot of n values (whole blocks of 32): offset_vec_dot over whole groups of 4 blocks, the last blocks (fewer
+// than 4) as the type's AVX2 kernel does them (rest_dot)
+VNNI_TARGET static inline __attribute__((always_inline)) float offset_row_dot(int64_t n, const char *w,
+                                                                             const block_q8_0 *x, size_t block_bytes,
+                                                                             pair_levels_fn levels, char offset,
+                                                                             ggml_vec_dot_fn rest_dot) {
+    const int64_t nb = n / 32, nb4 = nb & ~(int64_t)3;
+    float rest = 0.0f;
+    const float sum = offset_vec_dot(nb4, w, block_bytes, x, levels, offset);
+    if (nb4 < nb) rest_dot((nb - nb4) * 32, &rest, w + nb4 * block_bytes, x + nb4);
+    return sum + rest;
 }
 
-// 4 rows' offset_vec_dot4 and each row's last blocks as its one-row dot does them
-VNNI_TARGET static inline __attribute__((always_inline)) void offset_vec_dot4_rows(
-    int64_t n, float *s, const char *w, size_t bw, const block_q8_0 *x, size_t block_bytes, pair_levels_fn levels,
-    char offset, ggml_vec_dot_fn rest_dot) {
+// offset_row_dot for 4 rows (bw bytes apart): offset_vec_dot4, then each row's last blocks as offset_row_dot's
+VNNI_TARGET static inline __attribute__((always_inline)) void offset_row_dot4(int64_t n, float *s, const char *w,
+                                                                             size_t bw, const block_q8_0 *x,
+                                                                             size_t block_bytes, pair_levels_fn levels,
+                                                                             char offset, ggml_vec_dot_fn rest_dot) {
     const int64_t nb = n / 32, nb4 = nb & ~(int64_t)3;
     float sum[4];
     offset_vec_dot4(nb4, w, bw, block_bytes, x, levels, offset, sum);
@@ -867,19 +873,20 @@ VNNI_TARGET static inline __attribute__((always_inline)) void offset_vec_dot4_ro
     }
 }
 
+VNNI_TARGET static void q4_0_vec_dot_vnni(int64_t n, float *s, const void *w, const void *x) {
+    *s = offset_row_dot(n, w, x, sizeof(block_q4_0), q4_0_pair_levels, 8, q4_0_vec_dot_avx2);
+}
+
 VNNI_TARGET static void q4_0_vec_dot4_vnni(int64_t n, float *s, const void *w, size_t bw, const void *x) {
-    offset_vec_dot4_rows(n, s, w, bw, x, sizeof(block_q4_0), q4_0_pair_levels, 8, q4_0_vec_dot_avx2);
+    offset_row_dot4(n, s, w, bw, x, sizeof(block_q4_0), q4_0_pair_levels, 8, q4_0_vec_dot_avx2);
 }
 
 VNNI_TARGET static void q5_0_vec_dot_vnni(int64_t n, float *s, const void *w, const void *x) {
-    const int64_t nb = n / QK5_0, nb4 = nb & ~(int64_t)3;
-    float sum = offset_vec_dot(nb4, w, sizeof(block_q5_0), x, q5_0_pair_levels, 16), rest = 0.0f;
-    if (nb4 < nb) q5_0_vec_dot_avx2((nb - nb4) * QK5_0, &rest, (const block_q5_0 *)w + nb4, (const block_q8_0 *)x + nb4);
-    *s = sum + rest;
+    *s = offset_row_dot(n, w, x, sizeof(block_q5_0), q5_0_pair_levels, 16, q5_0_vec_dot_avx2);
 }
 
 VNNI_TARGET static void q5_0_vec_dot4_vnni(int64_t n, float *s, const void *w, size_t bw, const void *x) {
-    offset_vec_dot4_rows(n, s, w, bw, x, sizeof(block_q5_0), q5_0_pair_levels, 16, q5_0_vec_dot_avx2);
+    offset_row_dot4(n, s, w, bw, x, sizeof(block_q5_0), q5_0_pair_levels, 16, q5_0_vec_dot_avx2);
 }
 
 VNNI_TARGET static void q4_0_gemm_tile_vnni(int64_t n, float *s, int64_t ss, const void *w, size_t bw,

@@ -202,12 +202,12 @@ static void mul_mat_rows_dense(const struct ggml_tensor *w, const struct ggml_cp
     char *dd = dst->data;
     if (m == 1) {
         float *y = (float *)dd; // (n)
-        // the row two ahead is asked for while this one is dotted: a decoded token reads each weight once from
-        // memory, and the hardware's prefetchers alone left most of the bandwidth unused: a 7B Q4_0 file on 8 of
-        // a 16-core server's threads 11.5 -> 14.2 tokens/s; on a 2-core Xeon a 3 MB Q5_0 matrix 5.6 -> 17 GB/s
         int64_t r = r0;
         // 4 rows at a time where the type has it (the column's loads shared; it asks for the next 4 rows itself)
         for (; kn->dot4 && !xc->residual && r + 4 <= r1; r += 4) kn->dot4(k, &y[r], wd + r * (int64_t)bw, bw, xc->base);
+        // else the row two ahead is asked for while this one is dotted: a decoded token reads each weight once
+        // from memory, and the hardware's prefetchers alone left most of the bandwidth unused: a 7B Q4_0 file on 8
+        // of a 16-core server's threads 11.5 -> 14.2 tokens/s; on a 2-core Xeon a 3 MB Q5_0 matrix 5.6 -> 17 GB/s
         for (; r < r1; r++) {
             if (r + GEMV_PREFETCH_ROWS < r1) ggml_cpu_prefetch(wd + (r + GEMV_PREFETCH_ROWS) * (int64_t)bw, bw);
             dot_row(kn->dot, xc, k, &y[r], wd + r * (int64_t)bw, xc->base);
@@ -285,9 +285,9 @@ static size_t levels_groups_bytes(const struct ggml_tensor *dst, const struct le
     return ggml_cpu_align_up((size_t)groups * levels_x_group_bytes(dst->src[0]->ne[0], lt->offset, precise(dst)));
 }
 
-// after phase 1 (x's columns in the weight type's vec_dot_type, or precise in its 16-bit form): the threads repack x's columns in groups of 16,
-// barrier, then take panels of 16 weight rows, each unpacked once to levels in this thread's scratch and
-// multiplied by every group. The kernel writes a 16 x 16 block; rows and columns past the matrix are dropped.
+// after phase 1 (x's columns in the weight type's vec_dot_type, or a precise mul_mat's in their 16-bit form): the
+// threads repack x's columns in groups of 16, barrier, then take panels of 16 weight rows, each unpacked once to
+// levels in this thread's scratch and multiplied by every group. The kernel writes a 16 x 16 block; rows and columns past the matrix are dropped.
 static void mul_mat_levels(const struct ggml_compute_params *p, struct ggml_tensor *dst,
                            const struct levels_traits *lt, levels_gemm_fn gemm, const struct ggml_cpu_xcols *xc) {
     const struct ggml_tensor *w = dst->src[0];
