@@ -589,6 +589,29 @@ def test_axpy8_rounded_within_its_rounding(qtype, n_blocks, seed, spread):
     assert (np.abs(got - want) <= tol).all()
 
 
+@pytest.mark.parametrize("qtype", list(ROUNDED), ids=lambda t: t.name)
+@given(n_blocks=st.integers(1, 40), seed=st.integers(0, 2**32 - 1), spread=st.sampled_from([1.0, 1e-3, 1e3]))
+def test_axpy8_rounded_vnni_equals_avx2(qtype, n_blocks, seed, spread):
+    """The AVX512-VNNI kernels (where the CPU has VNNI and VBMI; elsewhere both tables hold the AVX2 ones) round
+    the same coefficients and sum the same integers as the AVX2 ones: bit for bit the same y, for rows of any
+    length (Q5_0's ragged last group of blocks and its masked last block)."""
+    block_values = ROUNDED[qtype][0]
+    rng = np.random.default_rng(seed)
+    n_blocks = n_blocks if block_values == 32 else (n_blocks + 3) // 4
+    n = n_blocks * block_values
+    rows = [random_blocks(qtype, n_blocks, rng) for _ in range(8)]
+    a = (rng.standard_normal(8) * spread ** rng.uniform(0, 1, 8)).astype(np.float32)
+    y0 = rng.standard_normal(n).astype(np.float32)
+    vnni = c_axpy8_rounded(qtype, n, y0, a, rows)
+    try:
+        ggml.lib.ggml_cpu_set_avx512(False)
+        avx2 = c_axpy8_rounded(qtype, n, y0, a, rows)
+    finally:
+        ggml.lib.ggml_cpu_set_avx512(True)
+    assert_bits_equal(vnni, avx2)
+    assert not np.array_equal(vnni, y0)
+
+
 def test_axpy8_rounded_falls_back_where_no_kernel():
     """Types without an integer kernel give 8 axpy calls' result (what axpy_rows runs for them)."""
     rng = np.random.default_rng(3)

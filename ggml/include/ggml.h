@@ -134,6 +134,7 @@ int ggml_axpy8_rounded(enum ggml_type type, int64_t n, float *y, const float *a,
 bool ggml_cpu_has_avx2(void);
 bool ggml_cpu_has_avx512(void);
 void ggml_cpu_set_simd(bool enabled); // false forces the scalar kernels (tests, debugging)
+void ggml_cpu_set_avx512(bool enabled); // false: the AVX2 kernels where AVX512 ones exist (tests compare the two)
 // prompt matmuls (4+ columns) of types with a levels form (Q4_0, Q4_1, Q5_0, Q8_0, MXFP4, Q4_K, Q6_K) as int8 tile
 // GEMMs: on AMX where the CPU has it (AUTO), never (OFF), or through the tile GEMM's scalar oracle on any CPU (REF:
 // tests); set between computes, as ggml_cpu_set_simd

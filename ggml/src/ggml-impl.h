@@ -74,9 +74,10 @@ const struct ggml_type_traits *ggml_get_type_traits(enum ggml_type type);
 void ggml_quants_init(void);
 bool ggml_quants_simd_in_use(void); // false while ggml_cpu_set_simd(false) holds
 // SIMD kernels (defined in *_avx2.c; installed by ggml_quants_init when the CPU supports them)
-void ggml_quants_install_avx2(struct ggml_type_traits *traits);
+// (avx512: also the AVX512 kernels where the CPU has them; false gives the AVX2 table ggml_cpu_set_avx512 offers)
+void ggml_quants_install_avx2(struct ggml_type_traits *traits, bool avx512);
 void ggml_quants_install_axpy_avx2(struct ggml_type_traits *traits); // quants_axpy_avx2.c
-void ggml_quants_install_axpy_rounded_avx2(struct ggml_type_traits *traits); // quants_axpy_rounded_avx2.c
+void ggml_quants_install_axpy_rounded_avx2(struct ggml_type_traits *traits, bool avx512); // quants_axpy_rounded_avx2.c
 void ggml_quants_install_q16(struct ggml_type_traits *traits);      // quants_q16.c: the scalar kernels
 void ggml_quants_install_q16_avx2(struct ggml_type_traits *traits); // quants_q16_avx2.c
 // bytes of n values of 16-bit activations for weights of this type (0 where it has no vec_dot_q16)

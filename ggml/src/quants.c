@@ -687,6 +687,7 @@ static struct ggml_type_traits traits_scalar[GGML_TYPE_COUNT] = {
 };
 
 static struct ggml_type_traits traits_simd[GGML_TYPE_COUNT]; // scalar table with the SIMD kernels
+static struct ggml_type_traits traits_avx2[GGML_TYPE_COUNT]; // the same without the AVX512 ones
 static struct ggml_type_traits traits_live[GGML_TYPE_COUNT]; // what ggml_get_type_traits hands out
 static bool quants_simd_available;
 static pthread_once_t quants_once = PTHREAD_ONCE_INIT;
@@ -700,6 +701,7 @@ static bool quants_cpu_has_avx2_set(void) {
 }
 
 static bool quants_simd_on;
+static bool quants_avx512_on = true;
 
 bool ggml_quants_simd_in_use(void) {
     return quants_simd_on;
@@ -707,7 +709,7 @@ bool ggml_quants_simd_in_use(void) {
 
 static void quants_use_simd(bool enabled) {
     quants_simd_on = enabled && quants_simd_available;
-    const struct ggml_type_traits *src = quants_simd_on ? traits_simd : traits_scalar;
+    const struct ggml_type_traits *src = !quants_simd_on ? traits_scalar : quants_avx512_on ? traits_simd : traits_avx2;
     for (int t = 0; t < GGML_TYPE_COUNT; t++) {
         traits_live[t].vec_dot = src[t].vec_dot;
         traits_live[t].vec_dot4 = src[t].vec_dot4;
@@ -728,10 +730,13 @@ static void quants_init_once(void) {
     ggml_quants_install_q16(traits_scalar);
     memcpy(traits_live, traits_scalar, sizeof traits_live);
     memcpy(traits_simd, traits_scalar, sizeof traits_simd);
+    memcpy(traits_avx2, traits_scalar, sizeof traits_avx2);
     quants_simd_available = quants_cpu_has_avx2_set();
     if (quants_simd_available) {
-        ggml_quants_install_avx2(traits_simd);
+        ggml_quants_install_avx2(traits_simd, true);
         ggml_quants_install_q16_avx2(traits_simd);
+        ggml_quants_install_avx2(traits_avx2, false);
+        ggml_quants_install_q16_avx2(traits_avx2);
     }
     quants_use_simd(true);
 }
@@ -986,4 +991,10 @@ bool ggml_cpu_has_avx512(void) {
 void ggml_cpu_set_simd(bool enabled) {
     ggml_quants_init();
     quants_use_simd(enabled);
+}
+
+void ggml_cpu_set_avx512(bool enabled) {
+    ggml_quants_init();
+    quants_avx512_on = enabled;
+    quants_use_simd(quants_simd_on);
 }

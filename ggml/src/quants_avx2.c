@@ -1103,7 +1103,7 @@ static bool cpu_has_avx512_vnni(void) {
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
 }
 
-void ggml_quants_install_avx2(struct ggml_type_traits *traits) {
+void ggml_quants_install_avx2(struct ggml_type_traits *traits, bool avx512) {
     traits[GGML_TYPE_F32].vec_dot = f32_vec_dot_avx2;
     traits[GGML_TYPE_F32].axpy = f32_axpy_avx2;
     traits[GGML_TYPE_F16].vec_dot = f16_vec_dot_avx2;
@@ -1121,7 +1121,7 @@ void ggml_quants_install_avx2(struct ggml_type_traits *traits) {
     traits[GGML_TYPE_Q6_K].vec_dot = q6_K_vec_dot_avx2;
     traits[GGML_TYPE_MXFP4].vec_dot = mxfp4_vec_dot_avx2;
     ggml_quants_install_axpy_avx2(traits); // quants_axpy_avx2.c: axpy for Q4_0, Q8_0, Q4_1, Q5_0, Q4_K, Q6_K
-    ggml_quants_install_axpy_rounded_avx2(traits); // quants_axpy_rounded_avx2.c: Q4_K, Q8_0
+    ggml_quants_install_axpy_rounded_avx2(traits, avx512); // quants_axpy_rounded_avx2.c: Q4_K, Q5_0
     traits[GGML_TYPE_Q8_0].quantize_act = q8_0_quantize_act_avx2;
     traits[GGML_TYPE_Q8_1].quantize_act = q8_1_quantize_act_avx2;
     traits[GGML_TYPE_Q8_K].quantize_act = q8_K_quantize_act_avx2;
@@ -1129,7 +1129,7 @@ void ggml_quants_install_avx2(struct ggml_type_traits *traits) {
     traits[GGML_TYPE_Q8_0].gemm_tile = q8_0_gemm_tile_avx2;
     traits[GGML_TYPE_Q4_1].gemm_tile = q4_1_gemm_tile_avx2;
     traits[GGML_TYPE_Q4_K].gemm_tile = q4_K_gemm_tile_avx2;
-    if (cpu_has_avx512_vnni()) {
+    if (avx512 && cpu_has_avx512_vnni()) {
         traits[GGML_TYPE_F16].gemm_tile = f16_gemm_tile_avx512;
         traits[GGML_TYPE_BF16].gemm_tile = bf16_gemm_tile_avx512;
         traits[GGML_TYPE_Q4_0].gemm_tile = q4_0_gemm_tile_vnni;
