@@ -432,6 +432,25 @@ def test_vec_dot_random_blocks_simd_vs_scalar(qtype, n_blocks, seed):
     assert abs(fast - ref) <= 3e-5 * terms
 
 
+@pytest.mark.parametrize("qtype", [QT.Q4_K], ids=lambda t: t.name)
+@given(n_blocks=st.integers(1, 6), seed=st.integers(0, 2**32 - 1))
+def test_k_quant_vec_dot_vnni_equals_avx2(qtype, n_blocks, seed):
+    """Q4_K's and Q6_K's VNNI row dots (where the CPU has AVX512-VNNI; elsewhere both tables hold the AVX2 ones) sum
+    the same integers and take the same float steps as the AVX2 ones: bit for bit the same dot, on arbitrary
+    blocks."""
+    rng = np.random.default_rng(seed)
+    n = n_blocks * 256
+    wq = random_blocks(qtype, n_blocks, rng)
+    xq = activation(qtype, rng.standard_normal(n).astype(np.float32))
+    vnni = c_vec_dot(qtype, n, wq, xq, ref=False)
+    try:
+        lib.ggml_cpu_set_avx512(False)
+        avx2 = c_vec_dot(qtype, n, wq, xq, ref=False)
+    finally:
+        lib.ggml_cpu_set_avx512(True)
+    assert np.float32(vnni).tobytes() == np.float32(avx2).tobytes()
+
+
 def test_vec_dot_zeros_and_empty():
     for t in WEIGHT_TYPES:
         bs = block(t)[0] if t not in (QT.F16, QT.BF16, QT.F32) else 32

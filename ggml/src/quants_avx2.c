@@ -889,6 +889,80 @@ VNNI_TARGET static void q5_0_vec_dot4_vnni(int64_t n, float *s, const void *w, s
     offset_row_dot4(n, s, w, bw, x, sizeof(block_q5_0), q5_0_pair_levels, 16, q5_0_vec_dot_avx2);
 }
 
+// Q4_K . Q8_K on VNNI, AVX2's arithmetic bit for bit (the same exact integer sums, the same float steps): the
+// scales' multiply-adds fold into vpdpwssd, and 4 rows share the activations' loads and their per-32 sums. One
+// super-block of one row: its integer sums (8 lanes), the mins' share m . sum(q) and the block's scale product
+struct q4_K_step {
+    __m256i sumi;
+    int32_t mins;
+};
+
+VNNI_TARGET static inline __attribute__((always_inline)) struct q4_K_step q4_K_step_vnni(const block_q4_K *a,
+                                                                                        const __m256i y[8],
+                                                                                        __m128i bsums32) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    uint64_t sc_bytes, m_bytes;
+    ggml_q4_K_scales_mins(a->scales, &sc_bytes, &m_bytes);
+    __m128i pm = _mm_madd_epi16(bsums32, _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m_bytes)));
+    pm = _mm_add_epi32(pm, _mm_shuffle_epi32(pm, _MM_SHUFFLE(1, 0, 3, 2)));
+    pm = _mm_add_epi32(pm, _mm_shuffle_epi32(pm, _MM_SHUFFLE(2, 3, 0, 1)));
+    // sub-block j's scale in every 16-bit lane of sc16[j]
+    const __m256i sc = _mm256_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc_bytes)); // lanes 0..7 of 16
+    __m256i sumi = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {
+        const __m256i q4 = _mm256_loadu_si256((const __m256i *)(a->qs + 32 * c));
+        const __m256i lo = _mm256_and_si256(q4, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), low4);
+        const __m256i sc_lo = _mm256_permutexvar_epi16(_mm256_set1_epi16((short)(2 * c)), sc);
+        const __m256i sc_hi = _mm256_permutexvar_epi16(_mm256_set1_epi16((short)(2 * c + 1)), sc);
+        sumi = _mm256_dpwssd_epi32(sumi, _mm256_maddubs_epi16(lo, y[2 * c]), sc_lo);
+        sumi = _mm256_dpwssd_epi32(sumi, _mm256_maddubs_epi16(hi, y[2 * c + 1]), sc_hi);
+    }
+    return (struct q4_K_step){sumi, _mm_cvtsi128_si32(pm)};
+}
+
+// the activations of super-block b: 8 loads of 32 and the 8 per-32 sums of q
+VNNI_TARGET static inline __m128i q8_K_operands(const block_q8_K *b, __m256i y[8]) {
+    for (int j = 0; j < 8; j++) y[j] = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * j));
+    return _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)b->bsums), _mm_loadu_si128((const __m128i *)(b->bsums + 8)));
+}
+
+VNNI_TARGET static void q4_K_vec_dot_vnni(int64_t n, float *s, const void *w, const void *x) {
+    const block_q4_K *a = w;
+    const block_q8_K *b = x;
+    __m256 acc = _mm256_setzero_ps();
+    float summ = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        __m256i y[8];
+        const struct q4_K_step t = q4_K_step_vnni(&a[i], y, q8_K_operands(&b[i], y));
+        summ += b[i].d * avx2_f16(a[i].dmin) * (float)t.mins;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(b[i].d * avx2_f16(a[i].d)), _mm256_cvtepi32_ps(t.sumi), acc);
+    }
+    *s = avx2_hsum_ps(acc) - summ;
+}
+
+VNNI_TARGET static void q4_K_vec_dot4_vnni(int64_t n, float *s, const void *w, size_t bw, const void *x) {
+    const block_q8_K *b = x;
+    __m256 acc[4];
+    float summ[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        __m256i y[8];
+        const __m128i bsums32 = q8_K_operands(&b[i], y);
+        for (int r = 0; r < 4; r++) {
+            const block_q4_K *a = (const block_q4_K *)((const char *)w + r * bw) + i;
+            // the next 4 rows' super-block here (three lines), asked for as these are read (as offset_vec_dot4)
+            const char *next = (const char *)a + 4 * bw;
+            __builtin_prefetch(next, 0, 1);
+            __builtin_prefetch(next + 64, 0, 1);
+            __builtin_prefetch(next + sizeof(block_q4_K) - 1, 0, 1);
+            const struct q4_K_step t = q4_K_step_vnni(a, y, bsums32);
+            summ[r] += b[i].d * avx2_f16(a->dmin) * (float)t.mins;
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(b[i].d * avx2_f16(a->d)), _mm256_cvtepi32_ps(t.sumi), acc[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) s[r] = avx2_hsum_ps(acc[r]) - summ[r];
+}
+
 VNNI_TARGET static void q4_0_gemm_tile_vnni(int64_t n, float *s, int64_t ss, const void *w, size_t bw,
                                             const void *x, size_t bx) {
     offset_gemm_tile(n, s, ss, w, bw, x, bx, sizeof(block_q4_0), q4_0_levels, f16_block_scales, 8);
@@ -1141,6 +1215,8 @@ void ggml_quants_install_avx2(struct ggml_type_traits *traits, bool avx512) {
         traits[GGML_TYPE_Q5_0].vec_dot4 = q5_0_vec_dot4_vnni;
         traits[GGML_TYPE_Q8_0].gemm_tile = q8_0_gemm_tile_vnni;
         traits[GGML_TYPE_Q4_K].gemm_tile = q4_K_gemm_tile_vnni;
+        traits[GGML_TYPE_Q4_K].vec_dot = q4_K_vec_dot_vnni;
+        traits[GGML_TYPE_Q4_K].vec_dot4 = q4_K_vec_dot4_vnni;
         traits[GGML_TYPE_Q6_K].gemm_tile = q6_K_gemm_tile_vnni;
         traits[GGML_TYPE_MXFP4].gemm_tile = mxfp4_gemm_tile_vnni;
     }
