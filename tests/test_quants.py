@@ -432,7 +432,7 @@ def test_vec_dot_random_blocks_simd_vs_scalar(qtype, n_blocks, seed):
     assert abs(fast - ref) <= 3e-5 * terms
 
 
-@pytest.mark.parametrize("qtype", [QT.Q4_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K], ids=lambda t: t.name)
 @given(n_blocks=st.integers(1, 6), seed=st.integers(0, 2**32 - 1))
 def test_k_quant_vec_dot_vnni_equals_avx2(qtype, n_blocks, seed):
     """Q4_K's and Q6_K's VNNI row dots (where the CPU has AVX512-VNNI; elsewhere both tables hold the AVX2 ones) sum

@@ -806,11 +806,12 @@ VNNI_TARGET static inline __attribute__((always_inline)) void offset_vec_dot4(in
         }
         for (int r = 0; r < 4; r++) {
             const char *ar = a + r * bw;
-            // the next 4 rows' bytes at this place, two lines (a step reads 4 blocks: more than one line, less than
-            // two), asked for as the rows are read: a burst for whole rows between the calls had cost a 16-core
+            // the next 4 rows' bytes at this place (a step reads 4 blocks: two lines for Q4_0 and Q5_0, three for
+            // Q8_0), asked for as the rows are read: a burst for whole rows between the calls had cost a 16-core
             // server's decode 6 %
-            __builtin_prefetch(ar + 4 * bw + i * block_bytes, 0, 1);
-            __builtin_prefetch(ar + 4 * bw + i * block_bytes + 63, 0, 1);
+            const char *next = ar + 4 * bw + i * block_bytes;
+            for (size_t o = 0; o < 4 * block_bytes; o += 64) __builtin_prefetch(next + o, 0, 1);
+            __builtin_prefetch(next + 4 * block_bytes - 1, 0, 1);
             uint16_t d[4];
             for (int j = 0; j < 4; j++) memcpy(&d[j], ar + (i + j) * block_bytes, sizeof d[j]);
             const __m256 sc = _mm256_castps128_ps256(_mm_mul_ps(avx2_f16x4(d[0], d[1], d[2], d[3]), dx));
@@ -873,6 +874,14 @@ VNNI_TARGET static inline __attribute__((always_inline)) void offset_row_dot4(in
     }
 }
 
+// Q8_0's signed levels made unsigned by flipping the top bit (w + 128), the 128 sum(y) taken off as the offset
+VNNI_TARGET static inline void q8_0_pair_levels(const char *blocks, __m256i *lo, __m256i *hi) {
+    const block_q8_0 *a = (const block_q8_0 *)blocks;
+    const __m256i top = _mm256_set1_epi8((char)0x80);
+    *lo = _mm256_xor_si256(avx2_load2_128(a[0].qs, a[1].qs), top);
+    *hi = _mm256_xor_si256(avx2_load2_128(a[0].qs + 16, a[1].qs + 16), top);
+}
+
 VNNI_TARGET static void q4_0_vec_dot_vnni(int64_t n, float *s, const void *w, const void *x) {
     *s = offset_row_dot(n, w, x, sizeof(block_q4_0), q4_0_pair_levels, 8, q4_0_vec_dot_avx2);
 }
@@ -887,6 +896,14 @@ VNNI_TARGET static void q5_0_vec_dot_vnni(int64_t n, float *s, const void *w, co
 
 VNNI_TARGET static void q5_0_vec_dot4_vnni(int64_t n, float *s, const void *w, size_t bw, const void *x) {
     offset_row_dot4(n, s, w, bw, x, sizeof(block_q5_0), q5_0_pair_levels, 16, q5_0_vec_dot_avx2);
+}
+
+VNNI_TARGET static void q8_0_vec_dot_vnni(int64_t n, float *s, const void *w, const void *x) {
+    *s = offset_row_dot(n, w, x, sizeof(block_q8_0), q8_0_pair_levels, (char)0x80, q8_0_vec_dot_avx2);
+}
+
+VNNI_TARGET static void q8_0_vec_dot4_vnni(int64_t n, float *s, const void *w, size_t bw, const void *x) {
+    offset_row_dot4(n, s, w, bw, x, sizeof(block_q8_0), q8_0_pair_levels, (char)0x80, q8_0_vec_dot_avx2);
 }
 
 // Q4_K . Q8_K on VNNI, AVX2's arithmetic bit for bit (the same exact integer sums, the same float steps): the
@@ -961,6 +978,54 @@ VNNI_TARGET static void q4_K_vec_dot4_vnni(int64_t n, float *s, const void *w, s
         }
     }
     for (int r = 0; r < 4; r++) s[r] = avx2_hsum_ps(acc[r]) - summ[r];
+}
+
+// Q6_K . Q8_K on VNNI the same way: AVX2's levels and sums with the scales folded into vpdpwssd, bit for bit
+VNNI_TARGET static inline __attribute__((always_inline)) __m256i q6_K_step_vnni(const block_q6_K *a,
+                                                                               const __m256i y[8], __m256i bsums) {
+    const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a->scales));
+    __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(scales, bsums), 5));
+    for (int h = 0; h < 2; h++) {
+        const __m256i sc = _mm256_permute2x128_si256(scales, scales, h ? 0x11 : 0x00);
+        __m256i q[4];
+        avx2_q6_K_levels(a, h, q);
+        for (int g = 0; g < 4; g++)
+            sumi = _mm256_dpwssd_epi32(sumi, _mm256_maddubs_epi16(q[g], y[4 * h + g]), avx2_q6_K_group_scales(sc, g));
+    }
+    return sumi;
+}
+
+VNNI_TARGET static void q6_K_vec_dot_vnni(int64_t n, float *s, const void *w, const void *x) {
+    const block_q6_K *a = w;
+    const block_q8_K *b = x;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        __m256i y[8];
+        q8_K_operands(&b[i], y);
+        const __m256i sumi = q6_K_step_vnni(&a[i], y, _mm256_loadu_si256((const __m256i *)b[i].bsums));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(b[i].d * avx2_f16(a[i].d)), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    *s = avx2_hsum_ps(acc);
+}
+
+VNNI_TARGET static void q6_K_vec_dot4_vnni(int64_t n, float *s, const void *w, size_t bw, const void *x) {
+    const block_q8_K *b = x;
+    __m256 acc[4];
+    for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        __m256i y[8];
+        q8_K_operands(&b[i], y);
+        const __m256i bsums = _mm256_loadu_si256((const __m256i *)b[i].bsums);
+        for (int r = 0; r < 4; r++) {
+            const block_q6_K *a = (const block_q6_K *)((const char *)w + r * bw) + i;
+            const char *next = (const char *)a + 4 * bw; // as Q4_K's: the next 4 rows' super-block (four lines)
+            for (int o = 0; o < (int)sizeof(block_q6_K); o += 64) __builtin_prefetch(next + o, 0, 1);
+            __builtin_prefetch(next + sizeof(block_q6_K) - 1, 0, 1);
+            const __m256i sumi = q6_K_step_vnni(a, y, bsums);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(b[i].d * avx2_f16(a->d)), _mm256_cvtepi32_ps(sumi), acc[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) s[r] = avx2_hsum_ps(acc[r]);
 }
 
 VNNI_TARGET static void q4_0_gemm_tile_vnni(int64_t n, float *s, int64_t ss, const void *w, size_t bw,
@@ -1214,10 +1279,14 @@ void ggml_quants_install_avx2(struct ggml_type_traits *traits, bool avx512) {
         traits[GGML_TYPE_Q5_0].vec_dot = q5_0_vec_dot_vnni;
         traits[GGML_TYPE_Q5_0].vec_dot4 = q5_0_vec_dot4_vnni;
         traits[GGML_TYPE_Q8_0].gemm_tile = q8_0_gemm_tile_vnni;
+        traits[GGML_TYPE_Q8_0].vec_dot = q8_0_vec_dot_vnni;
+        traits[GGML_TYPE_Q8_0].vec_dot4 = q8_0_vec_dot4_vnni;
         traits[GGML_TYPE_Q4_K].gemm_tile = q4_K_gemm_tile_vnni;
         traits[GGML_TYPE_Q4_K].vec_dot = q4_K_vec_dot_vnni;
         traits[GGML_TYPE_Q4_K].vec_dot4 = q4_K_vec_dot4_vnni;
         traits[GGML_TYPE_Q6_K].gemm_tile = q6_K_gemm_tile_vnni;
+        traits[GGML_TYPE_Q6_K].vec_dot = q6_K_vec_dot_vnni;
+        traits[GGML_TYPE_Q6_K].vec_dot4 = q6_K_vec_dot4_vnni;
         traits[GGML_TYPE_MXFP4].gemm_tile = mxfp4_gemm_tile_vnni;
     }
 }
