@@ -84,28 +84,34 @@ static inline void add8(float *y, __m256i sum, __m256 unit, __m256 offset) {
     _mm256_storeu_ps(y, _mm256_add_ps(_mm256_loadu_ps(y), _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), unit, offset)));
 }
 
+// Q4_K: super-block i (of nsb) of the 8 rows (x), their coefficients a * d * sc rounded (k) and minus the sum over
+// the rows of a * dmin * m (minf), per sub-block, super-block i + Q4K_AHEAD asked for: both ISAs' step begins so
+static inline void q4_K_step_coefs(const void *const *rows, int64_t i, int64_t nsb, const float *a,
+                                   const block_q4_K *x[8], struct rounded_coefs *k, float minf[8]) {
+    if (i + Q4K_AHEAD < nsb) prefetch_rows8(rows, (i + Q4K_AHEAD) * sizeof(block_q4_K), sizeof(block_q4_K));
+    __m256 c[8], mins = _mm256_setzero_ps();
+    for (int r = 0; r < 8; r++) {
+        x[r] = (const block_q4_K *)rows[r] + i;
+        uint64_t sc_bytes, m_bytes;
+        ggml_q4_K_scales_mins(x[r]->scales, &sc_bytes, &m_bytes);
+        const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc_bytes)));
+        const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m_bytes)));
+        c[r] = _mm256_mul_ps(_mm256_set1_ps(a[r] * _cvtsh_ss(x[r]->d)), scf);
+        mins = _mm256_fmadd_ps(_mm256_set1_ps(-a[r] * _cvtsh_ss(x[r]->dmin)), mf, mins);
+    }
+    round_coefs(c, k);
+    _mm256_storeu_ps(minf, mins);
+}
+
 // Q4_K: 8 sub-blocks of 32, x = d * sc * q - dmin * m; qs[32 c + l] holds value l of sub-blocks 2c (low nibble)
 // and 2c + 1 (high nibble)
 static void q4_K_axpy8_rounded_avx2(int64_t n, float *y, const float *a, const void *const *rows) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     for (int64_t i = 0; i < n / QK_K; i++) {
-        if (i + Q4K_AHEAD < n / QK_K) prefetch_rows8(rows, (i + Q4K_AHEAD) * sizeof(block_q4_K), sizeof(block_q4_K));
-        const block_q4_K *x[8];            // block i of each row
-        __m256 c[8];                       // a * d * sc per sub-block
-        __m256 mins = _mm256_setzero_ps(); // -(sum over rows of a * dmin * m) per sub-block
-        for (int r = 0; r < 8; r++) {
-            x[r] = (const block_q4_K *)rows[r] + i;
-            uint64_t sc_bytes, m_bytes;
-            ggml_q4_K_scales_mins(x[r]->scales, &sc_bytes, &m_bytes);
-            const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc_bytes)));
-            const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m_bytes)));
-            c[r] = _mm256_mul_ps(_mm256_set1_ps(a[r] * _cvtsh_ss(x[r]->d)), scf);
-            mins = _mm256_fmadd_ps(_mm256_set1_ps(-a[r] * _cvtsh_ss(x[r]->dmin)), mf, mins);
-        }
+        const block_q4_K *x[8]; // block i of each row
         struct rounded_coefs k;
-        round_coefs(c, &k);
         float minf[8];
-        _mm256_storeu_ps(minf, mins);
+        q4_K_step_coefs(rows, i, n / QK_K, a, x, &k, minf);
         for (int p = 0; p < 4; p++) { // sub-blocks 2p and 2p + 1
             __m256i q[8], v0[4], v1[4];
             for (int r = 0; r < 8; r++) q[r] = _mm256_loadu_si256((const __m256i *)(x[r]->qs + 32 * p));
@@ -136,6 +142,19 @@ static inline __m256 q5_0_scales8(const block_q5_0 *x, int blocks) {
     return _mm256_cvtph_ps(_mm_set_epi64x((long long)half[1], (long long)half[0]));
 }
 
+// Q5_0: blocks [b0, b0 + blocks) of the 8 rows: their coefficients a * d rounded (k) and the -16 a d offsets
+// summed over the rows (offsets), per block
+static inline void q5_0_coefs8(const void *const *rows, int64_t b0, int blocks, const float *a,
+                               struct rounded_coefs *k, float offsets[8]) {
+    __m256 c[8], offset = _mm256_setzero_ps();
+    for (int r = 0; r < 8; r++) {
+        c[r] = _mm256_mul_ps(_mm256_set1_ps(a[r]), q5_0_scales8((const block_q5_0 *)rows[r] + b0, blocks));
+        offset = _mm256_fmadd_ps(_mm256_set1_ps(-16.0f), c[r], offset);
+    }
+    round_coefs(c, k);
+    _mm256_storeu_ps(offsets, offset);
+}
+
 // Q5_0: x = d (u - 16), u = nibble | fifth bit << 4 (0..31), one scale a block: the 8 rows' coefficients a * d
 // rounded per block as Q4_K's are per sub-block, 8 blocks at a time (round_coefs' lanes), the -16 a d offsets
 // summed exactly; maddubs' pairs stay within int16 (2 * 31 * 127, twice that after the add). Qwen2.5-Coder-0.5B's
@@ -146,15 +165,9 @@ static void q5_0_axpy8_rounded_avx2(int64_t n, float *y, const float *a, const v
     for (int64_t b0 = 0; b0 < nb; b0 += 8) {
         const int blocks = nb - b0 < 8 ? (int)(nb - b0) : 8; // lanes past them stay 0
         if (b0 + 16 < nb) prefetch_rows8(rows, (b0 + 16) * sizeof(block_q5_0), 8 * sizeof(block_q5_0));
-        __m256 c[8], offset = _mm256_setzero_ps();          // a * d per block; -16 sum of them
-        for (int r = 0; r < 8; r++) {
-            c[r] = _mm256_mul_ps(_mm256_set1_ps(a[r]), q5_0_scales8((const block_q5_0 *)rows[r] + b0, blocks));
-            offset = _mm256_fmadd_ps(_mm256_set1_ps(-16.0f), c[r], offset);
-        }
         struct rounded_coefs k;
-        round_coefs(c, &k);
         float offsets[8];
-        _mm256_storeu_ps(offsets, offset);
+        q5_0_coefs8(rows, b0, blocks, a, &k, offsets);
         for (int j = 0; j < blocks; j++) {
             __m256i u[8], v0[4], v1[4];
             for (int r = 0; r < 8; r++) {
@@ -217,23 +230,10 @@ VBMI_TARGET static void q4_K_axpy8_rounded_vnni(int64_t n, float *y, const float
     const __m512i low4 = _mm512_set1_epi8(0x0F), high4 = _mm512_set1_epi8((char)0xF0);
     const __m512i first = _mm512_loadu_si512(q4_K_first), second = _mm512_loadu_si512(q4_K_second);
     for (int64_t i = 0; i < n / QK_K; i++) {
-        if (i + Q4K_AHEAD < n / QK_K) prefetch_rows8(rows, (i + Q4K_AHEAD) * sizeof(block_q4_K), sizeof(block_q4_K));
-        const block_q4_K *x[8];
-        __m256 c[8];
-        __m256 mins = _mm256_setzero_ps();
-        for (int r = 0; r < 8; r++) {
-            x[r] = (const block_q4_K *)rows[r] + i;
-            uint64_t sc_bytes, m_bytes;
-            ggml_q4_K_scales_mins(x[r]->scales, &sc_bytes, &m_bytes);
-            const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc_bytes)));
-            const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m_bytes)));
-            c[r] = _mm256_mul_ps(_mm256_set1_ps(a[r] * _cvtsh_ss(x[r]->d)), scf);
-            mins = _mm256_fmadd_ps(_mm256_set1_ps(-a[r] * _cvtsh_ss(x[r]->dmin)), mf, mins);
-        }
+        const block_q4_K *x[8]; // block i of each row
         struct rounded_coefs k;
-        round_coefs(c, &k);
         float minf[8];
-        _mm256_storeu_ps(minf, mins);
+        q4_K_step_coefs(rows, i, n / QK_K, a, x, &k, minf);
         for (int p = 0; p < 4; p++) {
             __m512i lo_a = _mm512_setzero_si512(), lo_b = lo_a, hi_a = lo_a, hi_b = lo_a;
             for (int g = 0; g < 2; g++) { // rows 4 g .. 4 g + 3
@@ -270,15 +270,9 @@ VBMI_TARGET static void q5_0_axpy8_rounded_vnni(int64_t n, float *y, const float
     for (int64_t b0 = 0; b0 < nb; b0 += 8) {
         const int blocks = nb - b0 < 8 ? (int)(nb - b0) : 8;
         if (b0 + 16 < nb) prefetch_rows8(rows, (b0 + 16) * sizeof(block_q5_0), 8 * sizeof(block_q5_0));
-        __m256 c[8], offset = _mm256_setzero_ps();
-        for (int r = 0; r < 8; r++) {
-            c[r] = _mm256_mul_ps(_mm256_set1_ps(a[r]), q5_0_scales8((const block_q5_0 *)rows[r] + b0, blocks));
-            offset = _mm256_fmadd_ps(_mm256_set1_ps(-16.0f), c[r], offset);
-        }
         struct rounded_coefs k;
-        round_coefs(c, &k);
         float offsets[8];
-        _mm256_storeu_ps(offsets, offset);
+        q5_0_coefs8(rows, b0, blocks, a, &k, offsets);
         for (int j = 0; j < blocks; j++) {
             const bool last = b0 + j == nb - 1;
             __m512i sum_lo = _mm512_setzero_si512(), sum_hi = sum_lo;
