@@ -2,6 +2,9 @@
 # The GPU session on the device machine: one script, sourced by each call, whose steps build, check and
 # time the engine (docs/GPU_TEST_LOG.md, docs/BENCHMARKS.md). W is the machine's scratch folder.
 #   . tools/gpu_session.sh; setup; build; llama_bg; tests; ...
+# Carried (git-ignored): .whl (`pip download --only-binary :all: --python-version 312 --platform manylinux2014_x86_64
+# -d .whl cffi pycparser gguf tqdm`), .carry/llamacpp-baseline.sh, .carry/llama-src.tar.xz (`tar cJf ... -C /work
+# --exclude='llama-src/build*' llama-src`: a bare 'build*' also drops cmake/build-info.cmake, and cmake then fails)
 # Issue 13's table in two calls: `table_bg; collect` in the first, `collect` in the next (within the warm window).
 W=${W:-/root/w}
 OUT=${OUT:-/tmp/out}
