@@ -809,9 +809,7 @@ VNNI_TARGET static inline __attribute__((always_inline)) void offset_vec_dot4(in
             // the next 4 rows' bytes at this place (a step reads 4 blocks: two lines for Q4_0 and Q5_0, three for
             // Q8_0), asked for as the rows are read: a burst for whole rows between the calls had cost a 16-core
             // server's decode 6 %
-            const char *next = ar + 4 * bw + i * block_bytes;
-            for (size_t o = 0; o < 4 * block_bytes; o += 64) __builtin_prefetch(next + o, 0, 1);
-            __builtin_prefetch(next + 4 * block_bytes - 1, 0, 1);
+            avx2_prefetch_span_l2(ar + 4 * bw + i * block_bytes, 4 * block_bytes);
             uint16_t d[4];
             for (int j = 0; j < 4; j++) memcpy(&d[j], ar + (i + j) * block_bytes, sizeof d[j]);
             const __m256 sc = _mm256_castps128_ps256(_mm_mul_ps(avx2_f16x4(d[0], d[1], d[2], d[3]), dx));
@@ -908,7 +906,7 @@ VNNI_TARGET static void q8_0_vec_dot4_vnni(int64_t n, float *s, const void *w, s
 
 // Q4_K . Q8_K on VNNI, AVX2's arithmetic bit for bit (the same exact integer sums, the same float steps): the
 // scales' multiply-adds fold into vpdpwssd, and 4 rows share the activations' loads and their per-32 sums. One
-// super-block of one row: its integer sums (8 lanes), the mins' share m . sum(q) and the block's scale product
+// super-block of one row: its integer sums (8 lanes) and the mins' share m . sum(q)
 struct q4_K_step {
     __m256i sumi;
     int32_t mins;
@@ -923,8 +921,7 @@ VNNI_TARGET static inline __attribute__((always_inline)) struct q4_K_step q4_K_s
     __m128i pm = _mm_madd_epi16(bsums32, _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m_bytes)));
     pm = _mm_add_epi32(pm, _mm_shuffle_epi32(pm, _MM_SHUFFLE(1, 0, 3, 2)));
     pm = _mm_add_epi32(pm, _mm_shuffle_epi32(pm, _MM_SHUFFLE(2, 3, 0, 1)));
-    // sub-block j's scale in every 16-bit lane of sc16[j]
-    const __m256i sc = _mm256_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc_bytes)); // lanes 0..7 of 16
+    const __m256i sc = _mm256_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc_bytes)); // 16-bit lane j: sub-block j's
     __m256i sumi = _mm256_setzero_si256();
     for (int c = 0; c < 4; c++) {
         const __m256i q4 = _mm256_loadu_si256((const __m256i *)(a->qs + 32 * c));
@@ -967,11 +964,8 @@ VNNI_TARGET static void q4_K_vec_dot4_vnni(int64_t n, float *s, const void *w, s
         const __m128i bsums32 = q8_K_operands(&b[i], y);
         for (int r = 0; r < 4; r++) {
             const block_q4_K *a = (const block_q4_K *)((const char *)w + r * bw) + i;
-            // the next 4 rows' super-block here (three lines), asked for as these are read (as offset_vec_dot4)
-            const char *next = (const char *)a + 4 * bw;
-            __builtin_prefetch(next, 0, 1);
-            __builtin_prefetch(next + 64, 0, 1);
-            __builtin_prefetch(next + sizeof(block_q4_K) - 1, 0, 1);
+            // the next 4 rows' super-block here, asked for as these are read (as offset_vec_dot4)
+            avx2_prefetch_span_l2((const char *)a + 4 * bw, sizeof(block_q4_K));
             const struct q4_K_step t = q4_K_step_vnni(a, y, bsums32);
             summ[r] += b[i].d * avx2_f16(a->dmin) * (float)t.mins;
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(b[i].d * avx2_f16(a->d)), _mm256_cvtepi32_ps(t.sumi), acc[r]);
@@ -1018,9 +1012,7 @@ VNNI_TARGET static void q6_K_vec_dot4_vnni(int64_t n, float *s, const void *w, s
         const __m256i bsums = _mm256_loadu_si256((const __m256i *)b[i].bsums);
         for (int r = 0; r < 4; r++) {
             const block_q6_K *a = (const block_q6_K *)((const char *)w + r * bw) + i;
-            const char *next = (const char *)a + 4 * bw; // as Q4_K's: the next 4 rows' super-block (four lines)
-            for (int o = 0; o < (int)sizeof(block_q6_K); o += 64) __builtin_prefetch(next + o, 0, 1);
-            __builtin_prefetch(next + sizeof(block_q6_K) - 1, 0, 1);
+            avx2_prefetch_span_l2((const char *)a + 4 * bw, sizeof(block_q6_K)); // as Q4_K's
             const __m256i sumi = q6_K_step_vnni(a, y, bsums);
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(b[i].d * avx2_f16(a->d)), _mm256_cvtepi32_ps(sumi), acc[r]);
         }

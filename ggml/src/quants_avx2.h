@@ -48,6 +48,18 @@ static inline __m256i avx2_load2_128(const void *lo, const void *hi) {
                                    _mm_loadu_si128((const __m128i *)hi), 1);
 }
 
+// every cache line of [p, p + bytes), p anywhere in its line, asked for into L2 (dots that read the next rows soon)
+// or L1 (steps that read them next)
+static inline void avx2_prefetch_span_l2(const char *p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 1);
+    __builtin_prefetch(p + bytes - 1, 0, 1);
+}
+
+static inline void avx2_prefetch_span_l1(const char *p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+    __builtin_prefetch(p + bytes - 1, 0, 3);
+}
+
 static inline uint32_t avx2_load_u32(const uint8_t *p) {
     uint32_t v;
     memcpy(&v, p, sizeof v);

@@ -56,19 +56,12 @@ static inline void round_coefs(const __m256 c[8], struct rounded_coefs *out) {
     _mm256_storeu_ps(out->unit, _mm256_mul_ps(largest, _mm256_set1_ps(1.0f / 127.0f)));
 }
 
-#ifndef Q4K_AHEAD
-#define Q4K_AHEAD 3
-#endif
 // bytes [offset, offset + bytes) of each of the 8 rows into L1, for a step a few ahead: the first loads of a step
 // (the blocks' scales, which every sum of the step waits on) had missed the caches, and the out-of-order window,
 // full of one step's sums, could not reach the next step's loads (a 3 MB Q5_0 matrix from memory: 2.2 -> 1.5x a
 // GEMV's time over the same bytes)
 static inline void prefetch_rows8(const void *const *rows, size_t offset, size_t bytes) {
-    for (int r = 0; r < 8; r++) {
-        const char *p = (const char *)rows[r] + offset;
-        for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-        _mm_prefetch(p + bytes - 1, _MM_HINT_T0);
-    }
+    for (int r = 0; r < 8; r++) avx2_prefetch_span_l1((const char *)rows[r] + offset, bytes);
 }
 
 // the sum over 8 rows of level * rounded coefficient for 8 values, as int32: unsigned levels of rows 0..3 and
@@ -84,6 +77,7 @@ static inline void add8(float *y, __m256i sum, __m256 unit, __m256 offset) {
     _mm256_storeu_ps(y, _mm256_add_ps(_mm256_loadu_ps(y), _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), unit, offset)));
 }
 
+#define Q4K_AHEAD 3 // super-blocks (432 bytes) ahead that a Q4_K step asks for; 1, 2 and 3 measured alike
 // Q4_K: super-block i (of nsb) of the 8 rows (x), their coefficients a * d * sc rounded (k) and minus the sum over
 // the rows of a * dmin * m (minf), per sub-block, super-block i + Q4K_AHEAD asked for: both ISAs' step begins so
 static inline void q4_K_step_coefs(const void *const *rows, int64_t i, int64_t nsb, const float *a,
@@ -135,9 +129,7 @@ static void q4_K_axpy8_rounded_avx2(int64_t n, float *y, const float *a, const v
 // the scales d of up to 8 consecutive blocks (0 past them), packed as integers on the scalar side: eight
 // float stores read back as one vector stall the store forwarding on every row
 static inline __m256 q5_0_scales8(const block_q5_0 *x, int blocks) {
-    if (blocks == 8)
-        return _mm256_set_m128(avx2_f16x4(x[4].d, x[5].d, x[6].d, x[7].d), avx2_f16x4(x[0].d, x[1].d, x[2].d, x[3].d));
-    uint64_t half[2] = {0, 0}; // a row's ragged end: in registers once unrolled
+    uint64_t half[2] = {0, 0}; // in registers once unrolled
     for (int j = 0; j < 8; j++) half[j / 4] |= (uint64_t)(j < blocks ? x[j].d : 0) << 16 * (j % 4);
     return _mm256_cvtph_ps(_mm_set_epi64x((long long)half[1], (long long)half[0]));
 }
@@ -219,6 +211,14 @@ VBMI_TARGET static inline __m512i load_row_pair(const void *p0, const void *p1) 
                               _mm256_loadu_si256((const __m256i *)p1), 1);
 }
 
+// Q5_0: 32 bytes from each of two blocks (22 of them the block's); the last block of a row's slice is read masked
+// to its own 22, so that no read runs past the rows
+VBMI_TARGET static inline __m512i load_q5_0_pair(const block_q5_0 *p0, const block_q5_0 *p1, bool last) {
+    if (!last) return load_row_pair(p0, p1);
+    const __mmask32 own = (__mmask32)((1u << sizeof(block_q5_0)) - 1);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_maskz_loadu_epi8(own, p0)), _mm256_maskz_loadu_epi8(own, p1), 1);
+}
+
 // y[0..16) += unit * sum + offset
 VBMI_TARGET static inline void add16(float *y, __m512i sum, __m512 unit, __m512 offset) {
     _mm512_storeu_ps(y, _mm512_add_ps(_mm512_loadu_ps(y), _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), unit, offset)));
@@ -259,9 +259,8 @@ VBMI_TARGET static void q4_K_axpy8_rounded_vnni(int64_t n, float *y, const float
     }
 }
 
-// Q5_0: a block's 22 bytes read as 32 (the last block of a row's slice masked to its own 22, so no read runs
-// past the rows); one permute lays out the nibbles of 4 rows, two more each row's fifth-bit byte beside every
-// value, whose bit a test picks
+// Q5_0: blocks read as 32 bytes (load_q5_0_pair); one permute lays out the nibbles of 4 rows, two more each row's
+// fifth-bit byte beside every value, whose bit a test picks
 VBMI_TARGET static void q5_0_axpy8_rounded_vnni(int64_t n, float *y, const float *a, const void *const *rows) {
     const int64_t nb = n / QK5_0;
     const __m512i low4 = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(16);
@@ -279,17 +278,7 @@ VBMI_TARGET static void q5_0_axpy8_rounded_vnni(int64_t n, float *y, const float
             for (int g = 0; g < 2; g++) {
                 const block_q5_0 *x[4];
                 for (int r = 0; r < 4; r++) x[r] = (const block_q5_0 *)rows[4 * g + r] + b0 + j;
-                __m512i r01, r23;
-                if (last) {
-                    const __mmask32 own = (__mmask32)((1u << sizeof(block_q5_0)) - 1);
-                    r01 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_maskz_loadu_epi8(own, x[0])),
-                                             _mm256_maskz_loadu_epi8(own, x[1]), 1);
-                    r23 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_maskz_loadu_epi8(own, x[2])),
-                                             _mm256_maskz_loadu_epi8(own, x[3]), 1);
-                } else {
-                    r01 = load_row_pair(x[0], x[1]);
-                    r23 = load_row_pair(x[2], x[3]);
-                }
+                const __m512i r01 = load_q5_0_pair(x[0], x[1], last), r23 = load_q5_0_pair(x[2], x[3], last);
                 const __m512i v = _mm512_permutex2var_epi8(r01, nibbles, r23);
                 const __mmask64 f_lo = _mm512_test_epi8_mask(_mm512_permutex2var_epi8(r01, fifth_lo, r23), bit_of_value);
                 const __mmask64 f_hi = _mm512_test_epi8_mask(_mm512_permutex2var_epi8(r01, fifth_hi, r23), bit_of_value);
