@@ -3,9 +3,12 @@ chosen by HYPOTHESIS_PROFILE, defaulting to "ci" so a plain `pytest` is reproduc
 that several test files share."""
 
 import os
+import time
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from pyinfer.engine import machine, threads
 
 settings.register_profile(
     "ci", max_examples=25, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -72,3 +75,32 @@ def tiny(tmp_path_factory):
         return cache[(variant, outtype)]
 
     return get
+
+
+def _cpu_times() -> list[int]:
+    """The first line of /proc/stat: jiffies in user, nice, system, idle, iowait, irq, softirq, steal, ..."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return []
+
+
+_SESSION_START = (time.monotonic(), _cpu_times())
+
+
+def pytest_terminal_summary(terminalreporter):
+    """What the machine was, at the end of the output where a CI log's tail shows it: a run that took ten
+    times its usual time says whether the host was slower, shared (steal) or busy (load), or the code was."""
+    t0, cpu0 = _SESSION_START
+    cpu1 = _cpu_times()
+    deltas = [b - a for a, b in zip(cpu0, cpu1, strict=False)]
+    steal = f"{100 * deltas[7] / max(1, sum(deltas)):.1f} %" if len(deltas) > 7 else "unknown"
+    load = " ".join(open("/proc/loadavg").read().split()[:3]) if os.path.exists("/proc/loadavg") else "unknown"
+    flags = open("/proc/cpuinfo").read().split() if os.path.exists("/proc/cpuinfo") else []
+    isa = "/".join(f for f in ("avx2", "avx512f", "avx512_vnni", "amx_int8") if f in flags) or "no AVX2"
+    usable = len(os.sched_getaffinity(0))
+    terminalreporter.write_line(
+        f"machine: {machine.cpu_name()} ({isa}); {usable} CPUs usable, {threads.physical_cores()} cores, "
+        f"quota {threads.cpu_quota() or 'none'}; "
+        f"steal {steal} and load {load} over {time.monotonic() - t0:.0f} s")
