@@ -141,7 +141,8 @@ def reference_logits(gguf_file: GGUFFile, tokens: list[int],
     normalized FFN input, capture["ffn_h"][il] (n_tokens, n_ff) the activation act(gate)*up.
     input_sparsity, when given, is per layer (t_x, t_h): the FFN input's entries with |x| <= t_x and the
     activations with |h| <= t_h are zeroed, and gate and up are read from the channel-major ffn_gate_t and
-    ffn_up_t (what `sparsity kind "input"` runs).
+    ffn_up_t (what `sparsity kind "input"` runs); in a centred file, entries with |x - c_x| <= t_x and
+    |h - c_h| <= t_h are set to their centres c (the file's shifts negated) instead, and its biases unread.
     """
     cfg = gguf_file.config
     if cfg.arch == "gemma4":  # its layers differ from those below; tests/test_gemma4.py checks it against transformers
@@ -210,13 +211,16 @@ def reference_logits(gguf_file: GGUFFile, tokens: list[int],
         if cfg.is_moe:
             x = x + _experts(h, blk, cfg, w, opt_w)
             continue
+        centred = input_sparsity is not None and opt_w(blk + "ffn_inp.shift") is not None
         if input_sparsity is not None:
+            # a centred file's skipped entries sit at their centre (minus the file's shift), others' at zero
+            c_x, c_h = (-w(blk + "ffn_inp.shift"), -w(blk + "ffn_down_t.shift")) if centred else (0.0, 0.0)
             t_x, t_h = input_sparsity[0][il], input_sparsity[1][il]
-            h = np.where(np.abs(h) > t_x, h, 0.0)
+            h = np.where(np.abs(h - c_x) > t_x, h, c_x)
             up = h @ w(blk + "ffn_up_t.weight")  # (T, n_embd) @ (n_embd, n_ff)
             gate = h @ w(blk + "ffn_gate_t.weight")  # (T, n_ff)
             act = _ffn_act(gate, up, cfg.ffn_kind)
-            act = np.where(np.abs(act) > t_h, act, 0.0)  # (T, n_ff)
+            act = np.where(np.abs(act - c_h) > t_h, act, c_h)  # (T, n_ff)
         else:
             up = linear(h, blk + "ffn_up")  # (T, n_ff)
             gate = linear(h, blk + "ffn_gate") if cfg.gated else None  # (T, n_ff)
@@ -226,7 +230,7 @@ def reference_logits(gguf_file: GGUFFile, tokens: list[int],
             capture.setdefault("ffn_h", []).append(act)
         if gguf_file.ffn_layout == "down_t":
             down = act @ w(blk + "ffn_down_t.weight")  # (T, n_ff) @ (n_ff, n_embd)
-            bias = opt_w(blk + "ffn_down_t.bias")
+            bias = None if centred else opt_w(blk + "ffn_down_t.bias")  # (a centred file's: act's centre's share)
         else:
             down = act @ w(blk + "ffn_down.weight").T  # (T, n_ff) @ (n_ff, n_embd)
             bias = opt_w(blk + "ffn_down.bias")

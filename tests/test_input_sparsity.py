@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from reference import reference_logits
 
 from pyinfer.engine.driver import Model
-from pyinfer.errors import InvalidArgumentError, UnsupportedError
+from pyinfer.errors import InvalidArgumentError, ModelFormatError, UnsupportedError
 from pyinfer.formats.gguf_file import GGUFFile
 from pyinfer.native import ggml
 from pyinfer.sparsity import input_sparsity
@@ -20,25 +20,31 @@ from pyinfer.sparsity.sparsify import main as sparsify
 TOKENS = [1, 7, 3, 9, 4, 12, 30, 5, 2, 8, 11, 6]
 
 
-def _calibrated(tiny_files, variant: str, target: float, out) -> tuple[str, list[float], list[float]]:
-    """The tiny model of variant with thresholds from its own FFN samples on random tokens, written to out."""
+def _calibrated(tiny_files, variant: str, target: float, out,
+                centred: bool = False) -> tuple[str, list[float], list[float]]:
+    """The tiny model of variant with thresholds from its own FFN samples on random tokens (around their means
+    where centred), written to out."""
     src = tiny_files(variant, False)
     model = Model(src, n_ctx=64, n_threads=2, kv_type="f32")
     _, acts = model.ffn_activations(list(np.random.default_rng(0).integers(0, model.config.n_vocab, 48)))
     layers = [(acts[f"ffn_inp.{il}"], acts[f"ffn_act.{il}"]) for il in range(model.config.n_layer)]
-    calibrated = input_sparsity.calibrate(layers, target)
+    calibrated = input_sparsity.calibrate(layers, target, centred=centred)
     input_sparsity.write(src, str(out), calibrated, target, "random tokens")
     return str(out), [c.t_x for c in calibrated], [c.t_h for c in calibrated]
 
 
-def _unthresholded(n_layer: int, n_ff: int) -> list[input_sparsity.LayerCalibration]:
-    """Thresholds of 0: every channel and neuron read (the engine's result is the dense FFN's)."""
-    return [input_sparsity.LayerCalibration(0.0, 0.0, 1.0, np.ones(n_ff), np.ones(n_ff))] * n_layer
+def _unthresholded(n_layer: int, n_ff: int, n_embd: int = 0) -> list[input_sparsity.LayerCalibration]:
+    """Thresholds of 0: every channel and neuron read (the engine's result is the dense FFN's); with n_embd,
+    around random centres, which the shifts take away and the biases give back."""
+    rng = np.random.default_rng(1)
+    centres = (rng.normal(size=n_embd).astype(np.float32), rng.normal(size=n_ff).astype(np.float32)) if n_embd else ()
+    return [input_sparsity.LayerCalibration(0.0, 0.0, 1.0, np.ones(n_ff), np.ones(n_ff), *centres)] * n_layer
 
 
-@pytest.mark.parametrize("variant", ["llama_silu", "llama_geglu"])
-def test_engine_equals_the_oracle_with_the_same_thresholds(tiny_files, variant, tmp_path):
-    path, t_x, t_h = _calibrated(tiny_files, variant, 0.4, tmp_path / "input.gguf")
+@pytest.mark.parametrize("variant,centred", [("llama_silu", False), ("llama_geglu", False), ("llama_silu", True),
+                                             ("llama_geglu", True)])
+def test_engine_equals_the_oracle_with_the_same_thresholds(tiny_files, variant, centred, tmp_path):
+    path, t_x, t_h = _calibrated(tiny_files, variant, 0.4, tmp_path / "input.gguf", centred)
     ref = reference_logits(GGUFFile(path), TOKENS, input_sparsity=(t_x, t_h))
     dense = reference_logits(GGUFFile(path), TOKENS)
     model = Model(path, n_ctx=64, n_threads=2, kv_type="f32")
@@ -142,16 +148,17 @@ def test_sparsify_bad_input_is_one_line_and_writes_nothing(tiny_files, tmp_path,
 
 
 @pytest.mark.skipif(not ggml.cuda_available(), reason="no CUDA device")
-@pytest.mark.parametrize("ngl", [1, 99])
-def test_on_the_gpu_as_on_the_cpu(tiny_files, tmp_path, ngl):
+@pytest.mark.parametrize("ngl,centred", [(1, False), (99, False), (1, True), (99, True)])
+def test_on_the_gpu_as_on_the_cpu(tiny_files, tmp_path, ngl, centred):
     """-ngl moves the channel-major copies with the layer. Decoding (float32 GEMVs on both devices) gives the
     CPU's logits; 40-token batches run cuBLAS GEMMs in TF32 (and with a layer left on the CPU stream its weights
     in), whose ~1e-3 error flips the masks of entries at their threshold, so they give the CPU's logits under
     thresholds of 0, where nothing sits at a threshold, and the CPU's greedy tokens under calibrated ones."""
-    path, t_x, t_h = _calibrated(tiny_files, "llama_silu", 0.4, tmp_path / "input.gguf")
+    path, t_x, t_h = _calibrated(tiny_files, "llama_silu", 0.4, tmp_path / "input.gguf", centred)
     zero = str(tmp_path / "zero.gguf")
-    n_ff = GGUFFile(path).config.n_ff
-    input_sparsity.write(tiny_files("llama_silu", False), zero, _unthresholded(len(t_x), n_ff), 0.4, "none")
+    cfg = GGUFFile(path).config
+    input_sparsity.write(tiny_files("llama_silu", False), zero,
+                         _unthresholded(len(t_x), cfg.n_ff, cfg.n_embd if centred else 0), 0.4, "none")
     tokens = (TOKENS * 4)[:40]
     for f in (path, zero):
         cpu, gpu = (Model(f, n_ctx=64, n_threads=2, kv_type="f32", n_gpu_layers=n) for n in (0, ngl))
@@ -183,13 +190,15 @@ def test_neurons_are_stored_hot_first_with_what_they_read(tiny_files, tmp_path):
     assert g.metadata["pyinfer.neuron_order"] == "hot_first"
 
 
-@pytest.mark.parametrize("hot_rows", [(64, 64), (1, 127), (96, 0)])
-def test_split_layers_equal_the_unsplit_model(tiny_files, host_only, tmp_path, hot_rows):
+@pytest.mark.parametrize("hot_rows,centred", [((64, 64), False), ((1, 127), False), ((96, 0), False),
+                                              ((64, 64), True), ((1, 127), True)])
+def test_split_layers_equal_the_unsplit_model(tiny_files, host_only, tmp_path, hot_rows, centred):
     """A split layer (the GPU's columns of the channel-major copies and rows of down_t, here left in host memory)
-    computes what the whole layer computes, decoding and in a batch."""
+    computes what the whole layer computes, decoding and in a batch; a centred file's per-neuron shifts and biases
+    split with the neurons, down's bias added once."""
     from test_split import split_plan
 
-    path, _, _ = _calibrated(tiny_files, "llama_silu", 0.4, tmp_path / "input.gguf")
+    path, _, _ = _calibrated(tiny_files, "llama_silu", 0.4, tmp_path / "input.gguf", centred)
     whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2)
     split = Model(path, n_ctx=64, kv_type="f32", n_threads=2, plan=split_plan(hot_rows))
     assert split.hot_rows == {il: k for il, k in enumerate(hot_rows) if 0 < k < 128}
@@ -302,10 +311,11 @@ def _oracle_ppl(path: str, tokens: list[int], bos: int | None, thresholds=None) 
     return float(np.exp(np.mean(nll)))
 
 
-def test_sparsify_reports_the_held_out_perplexity_change(tiny_files, tmp_path, capsys, monkeypatch):
-    """`pyinfer sparsify --method input` end to end: it prints the per-layer table and the perplexity of the
-    source and of its output on held-out text (other text than the calibration's), as the float64 numpy model
-    gives them dense and under the file's thresholds."""
+@pytest.mark.parametrize("method", ["input", "centred"])
+def test_sparsify_reports_the_held_out_perplexity_change(tiny_files, tmp_path, capsys, monkeypatch, method):
+    """`pyinfer sparsify --method input|centred` end to end: it prints the per-layer table and the perplexity of
+    the source and of its output on held-out text (other text than the calibration's), as the float64 numpy model
+    gives them dense and under the file's thresholds (and centres)."""
     import re
 
     from pyinfer.sparsity import corpus
@@ -315,7 +325,7 @@ def test_sparsify_reports_the_held_out_perplexity_change(tiny_files, tmp_path, c
     calib = tmp_path / "calib.txt"
     calib.write_text(_words(3, 3000))
     src, out = tiny_files("llama_silu", False), tmp_path / "out.gguf"
-    assert sparsify([src, "--method", "input", "--target", "0.4", "--corpus", str(calib), "--tokens", "512",
+    assert sparsify([src, "--method", method, "--target", "0.4", "--corpus", str(calib), "--tokens", "512",
                      "--ctx", "64", "--eval-tokens", "1024", "-t", "2", "-o", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "bytes skipped %" in printed, printed
@@ -323,6 +333,7 @@ def test_sparsify_reports_the_held_out_perplexity_change(tiny_files, tmp_path, c
         r"([\d.]+) dense, ([\d.]+) sparse: ([-+][\d.]+) %", printed).groups())
     model = Model(src, n_ctx=512)
     tokens, bos = model.tokenize(held_out), model.tokenizer.bos_id if model.tokenizer.add_bos else None
+    assert ("blk.1.ffn_inp.shift" in GGUFFile(str(out)).tensors) == (method == "centred")
     meta = GGUFFile(str(out)).metadata
     thresholds = ([float(t) for t in meta["pyinfer.sparsity.input_thresholds"]],
                   [float(t) for t in meta["pyinfer.sparsity.thresholds"]])
@@ -330,6 +341,14 @@ def test_sparsify_reports_the_held_out_perplexity_change(tiny_files, tmp_path, c
     assert sparse == pytest.approx(_oracle_ppl(str(out), tokens, bos, thresholds), rel=2e-3)
     assert change == pytest.approx(100 * (sparse / dense - 1), abs=0.11)
     assert sparse != dense
+
+
+def test_a_centred_file_missing_a_centring_tensor_is_refused(tiny_files, tmp_path, monkeypatch):
+    real = input_sparsity.centring_tensors
+    monkeypatch.setattr(input_sparsity, "centring_tensors", lambda *a: real(*a)[:-1])  # down's bias left out
+    path, _, _ = _calibrated(tiny_files, "llama_silu", 0.4, tmp_path / "input.gguf", centred=True)
+    with pytest.raises(ModelFormatError, match=r"a centred layer 0 lacks blk\.0\.ffn_down_t\.bias"):
+        Model(path, n_ctx=64, n_threads=2)
 
 
 def test_sparsify_without_the_held_out_text_fails_first_or_skips_the_report(tiny_files, tmp_path, capsys,
@@ -365,7 +384,8 @@ def test_sparsify_without_the_held_out_text_fails_first_or_skips_the_report(tiny
 
 
 @pytest.mark.skipif(not ggml.cuda_available(), reason="no CUDA device")
-def test_budgets_split_the_ffn_and_equal_the_cpu(tiny_files, tmp_path):
+@pytest.mark.parametrize("centred", [False, True])
+def test_budgets_split_the_ffn_and_equal_the_cpu(tiny_files, tmp_path, centred):
     """Under budgets from the minimum to everything (figures that make splits pay), the GPU's neurons and the
     CPU's rest decode the CPU's logits; batches give its greedy tokens (TF32 flips entries at a threshold);
     device memory stays within each budget by the allocator's and the driver's counts."""
@@ -376,7 +396,7 @@ def test_budgets_split_the_ffn_and_equal_the_cpu(tiny_files, tmp_path):
 
     from pyinfer.engine.placement import minimum_budget, model_costs
 
-    path, _, _ = _calibrated(tiny_files, "llama_silu", 0.5, tmp_path / "input.gguf")
+    path, _, _ = _calibrated(tiny_files, "llama_silu", 0.5, tmp_path / "input.gguf", centred)
     costs = model_costs(GGUFFile(path), 64, 4, True, 32)
     # the tiny model's layers are two groups of neurons: the six steps may all fall on whole layers
     half_layer = minimum_budget(costs) + costs.layers[0].n_ff // 2 * costs.layers[0].neuron_bytes

@@ -48,7 +48,7 @@ from pyinfer.hub.pull import pull
 from pyinfer.sparsity.corpus import documents, held_out_text, token_chunks
 
 METHODS = ("teal", "wina", "cats", "griffin", "griffin+cats", "teal-split", "gated", "greedy", "split14", "rot",
-           "sens", "grot")
+           "sens", "grot", "scap", "scap-x", "scap-h", "scap-med")
 SPLIT_H = 1.4  # the engine's split (pyinfer.sparsity.input_sparsity)
 ROWS = 64  # FFN inputs kept per layer and calibration chunk (rotated samples)
 SENS_X = (0.2, 0.4, 0.55, 0.7)  # levels at which one layer's x axis is sparsified alone
@@ -56,6 +56,7 @@ SENS_H = (0.5, 0.7, 0.85, 0.95)
 SENS_CHUNKS = 2
 GREEDY_TOKENS = 512  # calibration tokens whose FFN outputs the greedy allocation compares
 STEP = 0.05  # the greedy allocation's step, a share of one matrix's rows
+MEDIAN_ROWS = 32  # rows of x and h per layer and calibration chunk kept for scap-med's medians
 SAMPLES = 200_000  # entries of each score kept per layer and calibration chunk
 
 
@@ -80,6 +81,14 @@ class Sparsifier:
         self.grot = torch.zeros(0)  # one PCA basis of the normalised residual stream, all layers pooled
         self.c_x = [torch.sqrt(m.gate_proj.weight.pow(2).sum(0) + m.up_proj.weight.pow(2).sum(0)) for m in self.mlps]
         self.c_h = [m.down_proj.weight.norm(dim=0) for m in self.mlps]
+        self.sum_x = [torch.zeros(0) for _ in self.mlps]  # per layer sums over the calibration tokens of x and h
+        self.sum_h = [torch.zeros(0) for _ in self.mlps]
+        self.n_sum = [0 for _ in self.mlps]
+        self.want_rows = False
+        self.rows_x: list[list[torch.Tensor]] = [[] for _ in self.mlps]
+        self.rows_h: list[list[torch.Tensor]] = [[] for _ in self.mlps]
+        self.mu_x: list[torch.Tensor] = []  # per layer the centres scap's skips are taken around
+        self.mu_h: list[torch.Tensor] = []
         self.kept = np.zeros(n_layer)  # fraction of FFN bytes read in the continuation, per layer
         for il, mlp in enumerate(self.mlps):
             mlp.forward = self._forward(il, mlp)
@@ -91,7 +100,14 @@ class Sparsifier:
             if self.capture is not None:
                 self.capture.append(self._samples(il, x[0], mlp.act_fn(gate)[0], h[0]))
                 xd = x[0].detach().double()
+                self.sum_x[il] = xd.sum(0) + (self.sum_x[il] if self.sum_x[il].numel() else 0)
+                self.sum_h[il] = h[0].detach().double().sum(0) + (self.sum_h[il] if self.sum_h[il].numel() else 0)
+                self.n_sum[il] += xd.shape[0]
                 self.cov[il] = xd.T @ xd + (self.cov[il] if self.cov[il].numel() else 0)
+                if self.want_rows:  # scap-med's medians: MEDIAN_ROWS rows of x and h per layer and chunk
+                    pick = torch.randperm(x.shape[1], generator=torch.Generator().manual_seed(il))[:MEDIAN_ROWS]
+                    self.rows_x[il].append(x[0, pick].detach())
+                    self.rows_h[il].append(h[0, pick].detach())
                 if self.cal_x[il].shape[0] < GREEDY_TOKENS:
                     self.cal_x[il] = torch.cat([self.cal_x[il], x[0].detach()])[:GREEDY_TOKENS]
             if self.method == "dense":
@@ -108,9 +124,12 @@ class Sparsifier:
         ix = torch.randint(0, x.numel(), (SAMPLES,), generator=rng)
         ih = torch.randint(0, h.numel(), (SAMPLES,), generator=rng)
         ax, ag, ah = x.abs().flatten()[ix], g.abs().flatten()[ih], h.abs().flatten()[ih]
+        centred = {}
+        if self.mu_x:
+            centred = {"x_c": (x - self.mu_x[il]).abs().flatten()[ix], "h_c": (h - self.mu_h[il]).abs().flatten()[ih]}
         rows = x[torch.randint(0, x.shape[0], (ROWS,), generator=rng)].detach()
         return {"x": ax, "x_wina": ax * self.c_x[il][ix % x.shape[1]], "g": ag, "h": ah,
-                "h_wina": ah * self.c_h[il][ih % h.shape[1]], "rows": rows}
+                "h_wina": ah * self.c_h[il][ih % h.shape[1]], "rows": rows, **centred}
 
     def _sparse(self, il: int, mlp, x, h_prompt):
         """The continuation's FFN under the method: x (1, m, d) -> (1, m, d); records the bytes read."""
@@ -132,6 +151,15 @@ class Sparsifier:
             keep_h = h.abs() > self.t_h[il]
             self.kept[il] += float((keep_x.float().mean() * 2 + keep_h.float().mean()) / 3)
             return mlp.down_proj(torch.where(keep_h, h, torch.zeros_like(h)))
+        if m.startswith("scap"):  # skips around each channel's calibrated mean; W mu is a bias computed once
+            mx = self.mu_x[il] if m != "scap-h" else torch.zeros_like(self.mu_x[il])
+            mh = self.mu_h[il] if m != "scap-x" else torch.zeros_like(self.mu_h[il])
+            keep_x = (x - mx).abs() > self.t_x[il]
+            xs = torch.where(keep_x, x, mx.expand_as(x))
+            h = mlp.act_fn(mlp.gate_proj(xs)) * mlp.up_proj(xs)
+            keep_h = (h - mh).abs() > self.t_h[il]
+            self.kept[il] += float((keep_x.float().mean() * 2 + keep_h.float().mean()) / 3)
+            return mlp.down_proj(torch.where(keep_h, h, mh.expand_as(h)))
         if m == "rot":
             q = self.rot[il]
             xr = x @ q
@@ -225,16 +253,32 @@ def fold_rotation(hf, q: torch.Tensor, gguf_path: str | None) -> None:
                 lin.weight.copy_(store(q.T @ lin.weight, f"blk.{il}.{GGUF_NAMES[name]}.weight"))
 
 
-def calibrate(sp: Sparsifier, hf, chunks: list[np.ndarray]) -> list[dict[str, torch.Tensor]]:
+def calibrate(sp: Sparsifier, hf, chunks: list[np.ndarray], methods=()) -> list[dict[str, torch.Tensor]]:
     """Per layer the calibration text's samples of every score (Sparsifier._samples)."""
     sp.capture, sp.method = [], "dense"
+    sp.want_rows = "scap-med" in methods
     with torch.no_grad():
         for c in chunks:
             hf(torch.tensor(c[None].astype(np.int64)))
     n_layer = len(sp.mlps)
     per_layer = [{k: torch.cat([c[k] for c in sp.capture[il::n_layer]]) for k in sp.capture[0]}
                  for il in range(n_layer)]
-    sp.capture = None
+    sp.capture, sp.want_rows = None, False
+    if any(m.startswith("scap") for m in methods):  # a second pass for the samples around the centres
+        if "scap-med" in methods:
+            sp.mu_x = [torch.cat(r).median(0).values for r in sp.rows_x]
+            sp.mu_h = [torch.cat(r).median(0).values for r in sp.rows_h]
+        else:
+            sp.mu_x = [(sx / n).float() for sx, n in zip(sp.sum_x, sp.n_sum, strict=True)]
+            sp.mu_h = [(sh / n).float() for sh, n in zip(sp.sum_h, sp.n_sum, strict=True)]
+        sp.capture = []
+        with torch.no_grad():
+            for c in chunks:
+                hf(torch.tensor(c[None].astype(np.int64)))
+        for il, c in enumerate(per_layer):
+            c["x_c"] = torch.cat([s["x_c"] for s in sp.capture[il::n_layer]])
+            c["h_c"] = torch.cat([s["h_c"] for s in sp.capture[il::n_layer]])
+        sp.capture = None
     pooled = torch.zeros_like(sp.cov[0])
     for il in range(n_layer):
         _, vecs = torch.linalg.eigh(sp.cov[il])
@@ -276,6 +320,11 @@ def set_thresholds(sp: Sparsifier, cal: list[dict[str, torch.Tensor]], method: s
         s_h = min(0.95, SPLIT_H * b)
         sp.t_x = [quantile(c["x_grot"], max(0.0, (3 * b - s_h) / 2)) for c in cal]
         sp.t_h = [quantile(c["h"], s_h) for c in cal]
+    elif method.startswith("scap"):
+        s_h = min(0.95, SPLIT_H * b)
+        kx, kh = ("x" if method == "scap-h" else "x_c"), ("h" if method == "scap-x" else "h_c")
+        sp.t_x = [quantile(c[kx], max(0.0, (3 * b - s_h) / 2)) for c in cal]
+        sp.t_h = [quantile(c[kh], s_h) for c in cal]
     elif method in ("split14", "rot"):
         s_h = min(0.95, SPLIT_H * b)
         key = "x_rot" if method == "rot" else "x"
@@ -440,7 +489,7 @@ def main() -> None:
         requantize_transposed(hf, args.transposed_type)
     sp = Sparsifier(hf)
     sp.prompt = args.ctx // 2
-    cal = calibrate(sp, hf, cal_chunks)
+    cal = calibrate(sp, hf, cal_chunks, args.methods)
     if args.fold_rotation:  # the model itself rotated (grot's basis), requantized; then calibrated again
         sp.method = "dense"
         print(f"{args.model}: dense continuation NLL before the rotation {nll(hf, sp, eval_chunks):.4f}", flush=True)

@@ -189,9 +189,12 @@ def _split_input_ffn(model, il: int, k: int) -> None:
     for name in ("ffn_gate_t", "ffn_up_t"):
         _columns(model, f"blk.{il}.{name}.weight", 0, k, ".hot")
         _columns(model, f"blk.{il}.{name}.weight", k, n_ff, ".cold")
-    _rows(model, f"blk.{il}.ffn_down_t.weight", 0, k, ".hot")
-    _rows(model, f"blk.{il}.ffn_down_t.weight", k, n_ff, ".cold")
+    # a centred file's per-neuron vectors split with the neurons; down's bias is added once, on the GPU
+    for name in ("ffn_down_t.weight", "ffn_down_t.shift", "ffn_gate_t.bias", "ffn_up_t.bias"):
+        _rows(model, f"blk.{il}.{name}", 0, k, ".hot")
+        _rows(model, f"blk.{il}.{name}", k, n_ff, ".cold")
     _to_device(model, [n for n in model.weights if n.startswith(f"blk.{il}.") and ".hot." in n])
+    _to_device(model, [f"blk.{il}.ffn_down_t.bias"])
     spec = model.sparse_spec
     cold = model.weights_ctx.new_tensor(ggml.F32, (n_ff - k,))
     cold.set_data(np.full(n_ff - k, -spec.thresholds[il], dtype=np.float32))

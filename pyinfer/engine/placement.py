@@ -366,12 +366,13 @@ ATTENTION_PARTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ff
                    # Qwen3.5's linear attention (its ssm_a, named without a suffix, is a few bytes); a mixture's shared
                    # expert goes with the attention (every token reads it)
                    "attn_gate", "ssm_conv1d", "ssm_dt", "ssm_beta", "ssm_alpha", "ssm_norm", "ssm_out",
-                   "ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
+                   "ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
+                   "ffn_inp")  # a centred file's shift of the FFN's input (input_sparsity)
 # what a mixture's layer reads beside its experts, placed with its attention: the router (Gemma 4's with a scale
 # vector), Gemma 4's dense FFN and the norms around its two halves
 MOE_COMMON_PARTS = ("ffn_gate_inp", "ffn_gate", "ffn_up", "ffn_down", "pre_ffw_norm_2", "post_ffw_norm_1",
                     "post_ffw_norm_2")
-PART_SUFFIXES = (".weight", ".bias", ".scale")
+PART_SUFFIXES = (".weight", ".bias", ".scale", ".shift")  # .shift: a centred file's (input_sparsity)
 STREAM_MIN_TOKENS = 32  # batches of at least this many tokens run there (llama.cpp's threshold too)
 # a batch under a VRAM budget returns the logits of at most this many tokens (a prompt needs its last token's;
 # perplexity, all of them, gets them this many at a time): 512 rows of a 152k vocabulary had taken 311 MB of the

@@ -108,35 +108,73 @@ def _input_spec(ctx: ggml.Context, file_tensors, meta: dict, cfg, thresholds: li
             if info is None or info.ne != (cfg.n_ff, cfg.n_embd):
                 raise ModelFormatError(f"sparsity kind 'input' needs blk.{il}.{name}.weight of shape "
                                        f"[{cfg.n_ff}, {cfg.n_embd}]")
+    for il in range(cfg.n_layer):
+        _check_centring(file_tensors, il, cfg)
     neg_t = {il: ctx.tensor_from_numpy(np.full(cfg.n_ff, -t, dtype=np.float32)) for il, t in enumerate(thresholds)}
     neg_x = {il: ctx.tensor_from_numpy(np.full(cfg.n_embd, -t, dtype=np.float32)) for il, t in enumerate(t_x)}
     return SparseSpec("input", thresholds, {}, neg_t, neg_input_thresholds=neg_x)
 
 
-def input_ffn(b, il: int, h: ggml.Tensor, part: str = "", sel_x: ggml.Tensor | None = None,
+def shifted(b, name: str, x: ggml.Tensor) -> ggml.Tensor:
+    """x plus the file's shift `name` (a centred file's minus the calibrated mean), x itself where there is none."""
+    shift = b.get(name)
+    return b.ctx.add(x, shift) if shift is not None else x
+
+
+def centred_input(b, il: int, h: ggml.Tensor) -> tuple[ggml.Tensor, ggml.Tensor]:
+    """Kind "input": (the FFN's input as its channel-major copies read it (n, n_embd): h, or h minus its calibrated
+    mean in a centred file; positive where a channel passes t_x)."""
+    x = shifted(b, f"blk.{il}.ffn_inp.shift", h)
+    return x, over_threshold(b.ctx, x, b.sparse.neg_input_thresholds[il])
+
+
+CENTRING = ("ffn_inp.shift", "ffn_down_t.shift", "ffn_gate_t.bias", "ffn_up_t.bias", "ffn_down_t.bias")
+
+
+def _check_centring(file_tensors, il: int, cfg) -> None:
+    """A centred file's layer has all five of CENTRING, F32 vectors of n_embd or n_ff; other files none."""
+    here = [name for name in CENTRING if f"blk.{il}.{name}" in file_tensors]
+    if here and len(here) < len(CENTRING):
+        missing = sorted(set(CENTRING) - set(here))
+        raise ModelFormatError(f"a centred layer {il} lacks blk.{il}.{', '.join(missing)}")
+    for name in here:
+        info = file_tensors[f"blk.{il}.{name}"]
+        n = cfg.n_embd if name in ("ffn_inp.shift", "ffn_down_t.bias") else cfg.n_ff
+        if info.type != ggml.F32 or info.ne != (n,):
+            raise ModelFormatError(f"blk.{il}.{name} must be F32 [{n}]")
+
+
+def input_ffn(b, il: int, h: ggml.Tensor, part: str = "", centred: tuple[ggml.Tensor, ggml.Tensor] | None = None,
               neg_t: ggml.Tensor | None = None) -> tuple[ggml.Tensor, ggml.Tensor, ggml.Tensor]:
-    """Kind "input": gate and up from the rows of their channel-major copies whose |x| passes t_x (sel_x, computed
-    here when None), down from the rows of ffn_down_t whose |act| passes t_h (neg_t: -t_h per neuron, the
-    layer's when None); part ".hot"/".cold" takes that share of a split layer's neurons. Returns (output
-    (n, n_embd), the down mask (n, rows), the activations before it)."""
+    """Kind "input": gate and up from the rows of their channel-major copies whose |x| passes t_x (centred: x and
+    its channel mask, centred_input(h) when None), down from the rows of ffn_down_t whose |act| passes t_h (neg_t:
+    -t_h per neuron, the layer's when None); a centred file's x and act are taken around their means, and biases
+    (W times the mean) give back what the shifts took away, but down's, which the caller adds once. part
+    ".hot"/".cold" takes that share of a split layer's neurons. Returns (output (n, n_embd), the down mask
+    (n, rows), the activations before it)."""
     ctx, cfg, spec = b.ctx, b.cfg, b.sparse
-    if sel_x is None:
-        sel_x = over_threshold(ctx, h, spec.neg_input_thresholds[il])  # (n, n_embd), positive: channel read
-    gate = b.axpy_rows(b.w(f"blk.{il}.ffn_gate_t{part}"), h, sel_x)  # (n, rows)
-    up = b.axpy_rows(b.w(f"blk.{il}.ffn_up_t{part}"), h, sel_x)  # (n, rows)
+    x, sel_x = centred_input(b, il, h) if centred is None else centred  # (n, n_embd), positive: channel read
+
+    def gathered(name: str) -> ggml.Tensor:  # (n, rows)
+        y = b.axpy_rows(b.w(f"blk.{il}.{name}{part}"), x, sel_x)
+        bias = b.get(f"blk.{il}.{name}{part}.bias")
+        return ctx.add(y, bias) if bias is not None else y
+
+    up, gate = gathered("ffn_up_t"), gathered("ffn_gate_t")
     # up first: the graph then holds act(gate) right before the mul, one kernel on CUDA (fusion.cu)
     act = ctx.mul(up, ctx.silu(gate) if cfg.ffn_kind == "swiglu" else ctx.gelu(gate))  # (n, rows)
-    sel_h = over_threshold(ctx, act, spec.neg_thresholds[il] if neg_t is None else neg_t)  # positive: neuron read
-    return b.axpy_rows(b.w(f"blk.{il}.ffn_down_t{part}"), act, sel_h), sel_h, act
+    act_c = shifted(b, f"blk.{il}.ffn_down_t{part}.shift", act)
+    sel_h = over_threshold(ctx, act_c, spec.neg_thresholds[il] if neg_t is None else neg_t)  # positive: neuron read
+    return b.axpy_rows(b.w(f"blk.{il}.ffn_down_t{part}"), act_c, sel_h), sel_h, act
 
 
 def split_input_ffn(b, il: int, h: ggml.Tensor, k: int) -> ggml.Tensor:
     """Kind "input", a split layer: the GPU's neurons [0, k) and the CPU's rest at the same time, under one
     channel mask (computed where h is, on the GPU, and copied to the CPU once)."""
     ctx, spec = b.ctx, b.sparse
-    sel_x = over_threshold(ctx, h, spec.neg_input_thresholds[il])  # (n, n_embd)
-    hot, _, _ = input_ffn(b, il, h, ".hot", sel_x, ctx.view(spec.neg_thresholds[il], (k,)))
-    cold, spec.masks[il], _ = input_ffn(b, il, h, ".cold", sel_x, spec.cold_thresholds[il])
+    centred = centred_input(b, il, h)  # (n, n_embd) twice
+    hot, _, _ = input_ffn(b, il, h, ".hot", centred, ctx.view(spec.neg_thresholds[il], (k,)))
+    cold, spec.masks[il], _ = input_ffn(b, il, h, ".cold", centred, spec.cold_thresholds[il])
     return ctx.add(hot, cold)
 
 
@@ -220,13 +258,12 @@ def rows_ffn(b, il: int, h: ggml.Tensor, pred: ggml.Tensor, part: str = "", dens
 
 def ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
     """Sparse FFN of layer il: (n_tokens, n_embd) -> (n_tokens, n_embd)."""
-    from pyinfer.models.common import host_ffn, streamed_ffn
-
-    ctx, cfg, spec = b.ctx, b.cfg, b.sparse
-    n = h.shape[0] if len(h.shape) == 2 else 1
-    if spec.kind == "input" and b.hot_rows.get(il):
-        return split_input_ffn(b, il, h, b.hot_rows[il])
-    if spec.kind == "input":
+    ctx, spec = b.ctx, b.sparse
+    if spec.kind != "input":
+        return _predicted_ffn(b, il, h)
+    if b.hot_rows.get(il):
+        y = split_input_ffn(b, il, h, b.hot_rows[il])
+    else:
         y, mask, act = input_ffn(b, il, h)
         up = b.weights.get(f"blk.{il}.ffn_up_t.weight")
         if up is None or not up.on_device:  # the realised density counts the CPU's layers, as for predictors
@@ -234,7 +271,16 @@ def ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
         if b.capture is not None:
             b.capture[f"ffn_inp.{il}"] = h  # (n, n_embd)
             b.capture[f"ffn_act.{il}"] = act  # (n, n_ff), before the down mask
-        return y
+    bias = b.get(f"blk.{il}.ffn_down_t.bias")  # a centred file's
+    return ctx.add(y, bias) if bias is not None else y
+
+
+def _predicted_ffn(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
+    """ffn_block of a file with predictors."""
+    from pyinfer.models.common import host_ffn, streamed_ffn
+
+    ctx, cfg, spec = b.ctx, b.cfg, b.sparse
+    n = h.shape[0] if len(h.shape) == 2 else 1
     pred = predict(b, il, h)  # (n, n_ff)
     if b.stream and host_ffn(b, il) is not None:
         return streamed_ffn(b, il, h, pred)

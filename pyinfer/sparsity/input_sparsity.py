@@ -64,9 +64,11 @@ class LayerCalibration:
 
     t_x: float
     t_h: float
-    x_density: float  # share of input channels whose |x| passes t_x
-    freq: np.ndarray  # (n_ff,) per neuron, the share of tokens whose |h| passes t_h
+    x_density: float  # share of input channels whose |x - centre_x| passes t_x
+    freq: np.ndarray  # (n_ff,) per neuron, the share of tokens whose |h - centre_h| passes t_h
     mass: np.ndarray  # (n_ff,) per neuron, mean |h| (breaks ties of freq in the hot-first order)
+    centre_x: np.ndarray | None = None  # (n_embd,) method "centred": the calibration text's mean of x
+    centre_h: np.ndarray | None = None  # (n_ff,) and of h
 
     @property
     def order(self) -> np.ndarray:
@@ -74,16 +76,18 @@ class LayerCalibration:
         return hot_first_order(self.freq, self.mass)
 
 
-def calibrate(layers, target: float, down_skip: float | None = None) -> list[LayerCalibration]:
+def calibrate(layers, target: float, down_skip: float | None = None, centred: bool = False) -> list[LayerCalibration]:
     """Per layer the thresholds from calibration samples: layers yields (x (n, n_embd), h (n, n_ff)) per layer;
-    down_skip as in split."""
+    down_skip as in split; centred: thresholds on the distance from each channel's and neuron's mean."""
     s_x, s_h = split(target, down_skip)
     out = []
     for x, h in layers:
-        ax, ah = np.abs(x), np.abs(h)
+        cx = np.mean(x, axis=0, dtype=np.float64).astype(np.float32) if centred else None
+        ch = np.mean(h, axis=0, dtype=np.float64).astype(np.float32) if centred else None
+        ax, ah = np.abs(x - cx if centred else x), np.abs(h - ch if centred else h)
         t_x, t_h = float(np.quantile(ax, s_x)), float(np.quantile(ah, s_h))
         out.append(LayerCalibration(t_x, t_h, float(np.mean(ax > t_x)), np.mean(ah > t_h, axis=0),
-                                    np.mean(ah, axis=0, dtype=np.float64)))
+                                    np.mean(np.abs(h), axis=0, dtype=np.float64), cx, ch))
     return out
 
 
@@ -132,6 +136,25 @@ def narrowed_down_t(g: GGUFFile, il: int, order: np.ndarray) -> OutTensor | None
     return OutTensor(name, (n_ff, n_embd), qtype, produce)
 
 
+def centring_tensors(g: GGUFFile, il: int, c: LayerCalibration, order: np.ndarray) -> list[OutTensor]:
+    """Method "centred": layer il's shifts (minus the centres, added to x and h before their thresholds) and the
+    biases that give back what the shifts take away (W centre: gate's and up's per neuron, down's per channel),
+    from the source's weights, neurons in order."""
+    p = f"blk.{il}."
+
+    def bias(name: str, centre: np.ndarray, rows: np.ndarray | slice) -> np.ndarray:
+        w = g.dequantize(p + name + ".weight")[rows].astype(np.float64)  # gate, up (n_ff, n_embd); down_t likewise
+        return (w @ centre if name != "ffn_down_t" else centre @ w).astype(np.float32)
+
+    cx, ch = c.centre_x.astype(np.float64), c.centre_h.astype(np.float64)
+    n_embd, n_ff = len(cx), len(ch)
+    return [OutTensor(p + "ffn_inp.shift", (n_embd,), Q.F32, lambda: -c.centre_x),
+            OutTensor(p + "ffn_down_t.shift", (n_ff,), Q.F32, lambda: np.ascontiguousarray(-c.centre_h[order])),
+            OutTensor(p + "ffn_gate_t.bias", (n_ff,), Q.F32, lambda: bias("ffn_gate", cx, order)),
+            OutTensor(p + "ffn_up_t.bias", (n_ff,), Q.F32, lambda: bias("ffn_up", cx, order)),
+            OutTensor(p + "ffn_down_t.bias", (n_embd,), Q.F32, lambda: bias("ffn_down_t", ch, slice(None)))]
+
+
 def check_source(g: GGUFFile) -> None:
     """A PowerGGUF of a gated FFN without biases and with no sparsity of its own."""
     cfg = g.config
@@ -165,6 +188,8 @@ def write(src: str, out: str, layers: list[LayerCalibration], target: float, cal
         freq = np.ascontiguousarray(c.freq[order], dtype=np.float32)
         tensors += [channel_major(g, f"blk.{il}.ffn_gate", order), channel_major(g, f"blk.{il}.ffn_up", order),
                     OutTensor(f"blk.{il}.ffn_act_freq", freq.shape, Q.F32, lambda f=freq: f)]
+        if c.centre_x is not None:
+            tensors += centring_tensors(g, il, c, order)
     arr, f32, s = GGUFValueType.ARRAY, GGUFValueType.FLOAT32, GGUFValueType.STRING
     kv = carried_metadata(g) + [("pyinfer.neuron_order", "hot_first", s, None),
                                 ("pyinfer.sparsity.kind", KIND, s, None),

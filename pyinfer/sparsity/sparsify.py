@@ -1,7 +1,8 @@
 """Sparsify a model in one command: profile it on calibration text, pick per-layer thresholds, store the
 FFN neurons hot-first, train activation predictors, and write the PowerGGUF with all of it. With `--method
-input` (SwiGLU/GeGLU, no training): thresholds on the FFN's input and activations for a target share of its
-weight bytes skipped, and channel-major gate and up (pyinfer.sparsity.input_sparsity).
+centred` (SwiGLU/GeGLU, no training): thresholds on the FFN's input and activations for a target share of its
+weight bytes skipped, each taken around the channel's or neuron's mean on the calibration text, and channel-major
+gate and up (pyinfer.sparsity.input_sparsity); `--method input` is the same around zero (TEAL's baseline).
 
 Written: blk.N.fc1.weight F16 ne [n_embd, r_l], blk.N.fc2.weight F16 ne
 [r_l, n_ff], blk.N.fc2.bias F32 [n_ff] (a neuron is predicted active where fc2 @ relu(fc1 @ x) + bias > 0),
@@ -75,9 +76,9 @@ def sparsity_kv(kind: str, target: float, thresholds: list[float], ranks: list[i
 
 
 def default_output(model: str, sparsity: float, method: str = "predictors") -> str:
-    """<cache>/sparse/<model stem>-s<percent>.gguf (--method input: -in<percent>)"""
+    """<cache>/sparse/<model stem>-s<percent>.gguf (--method input: -in<percent>, centred: -ce<percent>)"""
     stem = os.path.splitext(os.path.basename(model))[0].removesuffix("-power")
-    tag = "in" if method == "input" else "s"
+    tag = {"input": "in", "centred": "ce"}.get(method, "s")
     return str(cache_dir() / "sparse" / f"{stem}-{tag}{round(100 * sparsity)}.gguf")
 
 
@@ -118,7 +119,7 @@ def held_out_report(src: str, out: str, text: str, n_tokens: int, threads: int |
 
 
 def _input_sparsify(args: argparse.Namespace) -> int:
-    """--method input: calibration thresholds and channel-major gate and up, no predictors."""
+    """--method input or centred: calibration thresholds and channel-major gate and up, no predictors."""
     from pyinfer.hub.model_files import resolve_model
 
     t0 = time.perf_counter()
@@ -129,13 +130,13 @@ def _input_sparsify(args: argparse.Namespace) -> int:
     g = GGUFFile(path)
     input_sparsity.check_source(g)
     held_out = fetch_held_out() if args.eval_tokens else ""  # before calibration, after the checks of the input
-    out = args.output or default_output(path, args.sparsity, "input")
+    out = args.output or default_output(path, args.sparsity, args.method)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     chunks, calibration = calibration_chunks(path, args.corpus, args.tokens, args.ctx)
     profile = collect(path, chunks, calibration, n_threads=args.threads)
     layers = (profile.layer(il) for il in tqdm(range(profile.n_layer), desc="thresholds", file=sys.stderr,
                                                disable=None))
-    calibrated = input_sparsity.calibrate(layers, args.sparsity, args.down_skip)
+    calibrated = input_sparsity.calibrate(layers, args.sparsity, args.down_skip, centred=args.method == "centred")
     input_sparsity.write(path, out, calibrated, args.sparsity, calibration, narrow_down=not args.keep_down_type)
     GGUFFile(out)  # the written file must load
     rows = [{"layer": il, "t_x": c.t_x, "t_h": c.t_h, "channels read %": 100 * c.x_density,
@@ -143,7 +144,7 @@ def _input_sparsify(args: argparse.Namespace) -> int:
              "bytes skipped %": 100 * (1 - (2 * c.x_density + float(c.freq.mean())) / 3)}
             for il, c in enumerate(calibrated)]
     skipped = float(np.mean([r["bytes skipped %"] for r in rows]))
-    print(f"input sparsity, target {args.sparsity:.3f} of the FFN's weight bytes: per layer {100 * s_x:.1f} % of "
+    print(f"{args.method} input sparsity, target {args.sparsity:.3f} of the FFN's weight bytes: per layer {100 * s_x:.1f} % of "
           f"gate's and up's input channels and {100 * s_h:.1f} % of down's neurons skipped; measured on the "
           f"calibration text ({calibration}): {skipped:.1f} % of the FFN's bytes")
     print(layer_table(rows))
@@ -154,7 +155,7 @@ def _input_sparsify(args: argparse.Namespace) -> int:
 
 
 def _sparsify(args: argparse.Namespace) -> int:
-    if args.method == "input":
+    if args.method in ("input", "centred"):
         return _input_sparsify(args)
     t0 = time.perf_counter()
     if not 0.0 < args.sparsity < 1.0:
@@ -210,19 +211,20 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_profile_args(p)
     add_training_args(p)
-    p.add_argument("--method", choices=["predictors", "input"], default="predictors",
-                   help="predictors: trained per-layer predictors (ReLU-family models); input: no training, "
-                        "thresholds on the FFN's input and activations (SwiGLU/GeGLU) (default predictors)")
+    p.add_argument("--method", choices=["predictors", "centred", "input"], default="predictors",
+                   help="predictors: trained per-layer predictors (ReLU-family models); centred: no training, "
+                        "thresholds on the FFN's input and activations around their calibrated means (SwiGLU/GeGLU); "
+                        "input: the same around zero, TEAL's baseline (default predictors)")
     p.add_argument("--target", dest="sparsity", type=float, metavar="B",
-                   help="--method input: the share of the FFN's weight bytes a decoded token skips (as --sparsity)")
+                   help="--method input/centred: the share of the FFN's weight bytes a decoded token skips (as --sparsity)")
     p.add_argument("--down-skip", type=float, default=None, metavar="S",
-                   help="--method input: the share of down's neurons skipped (gate and up skip input channels for "
+                   help="--method input/centred: the share of down's neurons skipped (gate and up skip input channels for "
                         "the rest of the target; default min(0.95, 1.4 B))")
     p.add_argument("--keep-down-type", action="store_true",
-                   help="--method input: keep ffn_down_t's stored type (Q8_0 for sources below 8 bits) instead of "
+                   help="--method input/centred: keep ffn_down_t's stored type (Q8_0 for sources below 8 bits) instead of "
                         "requantizing it to the type of gate's and up's channel-major copies")
     p.add_argument("--eval-tokens", type=int, default=2 * HELD_OUT_CTX,
-                   help="--method input: held-out tokens on which to report the perplexity change (0: none; "
+                   help="--method input/centred: held-out tokens on which to report the perplexity change (0: none; "
                         f"default {2 * HELD_OUT_CTX})")
     p.add_argument("-o", "--output", help="output PowerGGUF (default: <cache>/sparse/<model>-s<percent>.gguf, "
                                           "with --method input -in<percent>.gguf)")
