@@ -56,6 +56,13 @@ def test_engine_equals_the_oracle_with_the_same_thresholds(tiny_files, variant, 
     assert np.abs(dense - ref).max() > 10 * tol  # the thresholds really change the function
     density = model.timings.extra["ffn_rows_active"] / model.timings.extra["ffn_rows_total"]
     assert 0.1 < density < 0.6  # down's share of neurons read, near 1 - s_h (s_h = 0.72)
+    # the channels the kernels read, as counted, against the oracle's: entries not set to their centre (or zero)
+    g, capture = GGUFFile(path), {}
+    reference_logits(g, TOKENS, capture=capture, input_sparsity=(t_x, t_h))
+    centres = [-g.dequantize(f"blk.{il}.ffn_inp.shift") if centred else 0.0 for il in range(len(t_x))]
+    kept = np.mean([np.mean(x != c) for x, c in zip(capture["ffn_in"], centres, strict=True)])
+    counted = model.timings.extra["ffn_channels_active"] / model.timings.extra["ffn_channels_total"]
+    assert counted == pytest.approx(kept, abs=0.01) and 0.2 < counted < 0.9
 
 
 def test_sparse_off_runs_the_dense_ffn(tiny_files, tmp_path):

@@ -190,4 +190,6 @@ def test_density_line_says_whose_neurons_it_counts():
     t = Timings(eval_ms=10.0, eval_tokens=5, extra={"ffn_rows_active": 0, "ffn_rows_total": 0, "predictor_ms": 0.1})
     assert "sparse FFN density = not counted (every neuron on the GPU)" in t.report()
     t.extra.update(ffn_rows_active=25, ffn_rows_total=100)
-    assert "sparse FFN density =  25.00 % of the CPU's neurons" in t.report()
+    assert "sparse FFN density =  25.00 % of the CPU's neurons, predictors" in t.report()
+    t.extra.update(ffn_channels_active=3, ffn_channels_total=4)  # an input file's
+    assert "sparse FFN density =  25.00 % of the CPU's neurons, 75.00 % of gate's and up's channels" in t.report()

@@ -123,7 +123,8 @@ class Timings:
     def reset(self) -> None:
         self.prompt_ms = self.eval_ms = self.sample_ms = 0.0
         self.prompt_tokens = self.eval_tokens = 0
-        for key in ("ffn_rows_active", "ffn_rows_total", "routings_gpu", "routings_total"):
+        for key in ("ffn_rows_active", "ffn_rows_total", "ffn_channels_active", "ffn_channels_total", "routings_gpu",
+                    "routings_total"):
             if key in self.extra:
                 self.extra[key] = 0
 
@@ -161,6 +162,9 @@ class Timings:
         # only the CPU's neurons are counted: the GPU's masks stay on the device
         density = (f"{100.0 * x['ffn_rows_active'] / x['ffn_rows_total']:6.2f} % of the CPU's neurons"
                    if x["ffn_rows_total"] else "not counted (every neuron on the GPU)")
+        if x.get("ffn_channels_total"):  # an input file's gate and up
+            channels = 100.0 * x["ffn_channels_active"] / x["ffn_channels_total"]
+            density += f", {channels:.2f} % of gate's and up's channels"
         pred_ms = x.get("predictor_ms", 0.0)
         per_token = self.eval_ms / self.eval_tokens if self.eval_tokens else 0.0
         share = 100.0 * pred_ms / per_token if per_token > 0 else 0.0
@@ -192,12 +196,15 @@ class _StepGraph:
         # the masks the host can count for free: per layer (n_tokens, rows) of the neurons the CPU computes
         # (the builder records no GPU layer's: reading one would cost a copy and a wait per layer and token)
         masks = list(spec.masks.values()) if spec else []
+        channels = list(spec.channel_masks.values()) if spec else []  # an input file's: (n_tokens, n_embd) each
         if stream:
             model.pin_host_weights()
-        self.graph = ggml.Graph(self.ctx, [self.logits, *self.captured.values(), *masks],
+        self.graph = ggml.Graph(self.ctx, [self.logits, *self.captured.values(), *masks, *channels],
                                 stream_min_cols=STREAM_MIN_TOKENS if stream else 0).plan()
         self.mask_tensors = masks
         self.mask_rows = sum(m.shape[-1] for m in masks)  # neurons the masks cover per token
+        self.channel_masks = [m.numpy() for m in channels]  # on the host, as the CPU's layers are
+        self.channel_rows = sum(m.shape[-1] for m in channels)
         # host masks are read through views made once (a strided view costs microseconds a layer a token)
         self._mask_views = [None if m.on_device else m.numpy() for m in masks]
         self._tokens, self._pos = tokens.numpy(), pos.numpy()
@@ -228,6 +235,10 @@ class _StepGraph:
     def active_rows(self) -> int:
         """Neurons (token, layer, row) the last compute's down projections summed."""
         return sum(int(np.count_nonzero(m > 0)) for m in self.masks)
+
+    def active_channels(self) -> int:
+        """Input channels (token, layer, channel) the last compute's gate and up read, in an input file."""
+        return sum(int(np.count_nonzero(m > 0)) for m in self.channel_masks)
 
 
 class Model:
@@ -330,6 +341,8 @@ class Model:
         self.timings = Timings(load_ms=1e3 * (time.perf_counter() - t0))
         if self.sparse_spec is not None:
             self.timings.extra.update(ffn_rows_active=0, ffn_rows_total=0, predictor_ms=self._predictor_ms())
+            if self.sparse_spec.kind == "input":
+                self.timings.extra.update(ffn_channels_active=0, ffn_channels_total=0)
 
     def _solve(self, vram_budget: int | str, machine: MachineProfile | None, kv_type: str) -> Plan:
         """The placement for a budget ("auto": the GPU's free memory less AUTO_MARGIN)."""
@@ -541,6 +554,9 @@ class Model:
             if graph.mask_tensors:
                 self.timings.extra["ffn_rows_active"] += graph.active_rows()
                 self.timings.extra["ffn_rows_total"] += len(chunk) * graph.mask_rows
+            if graph.channel_masks:
+                self.timings.extra["ffn_channels_active"] += graph.active_channels()
+                self.timings.extra["ffn_channels_total"] += len(chunk) * graph.channel_rows
             if graph.routes and len(tokens) == 1:  # a decoded token's (not a prompt's last chunk of one)
                 ids = {il: graph.captured[f"moe_ids.{il}"].numpy().reshape(-1) for il in range(self.config.n_layer)}
                 if self.timed:

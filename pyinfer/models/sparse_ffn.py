@@ -48,6 +48,8 @@ class SparseSpec:
     CPU computes, which the runtime keeps as a graph output to count the realised density.
     cold_thresholds: kind "input", per split layer (n_ff - k,) F32 filled with -t_h in host memory, for the CPU's
     neurons (engine.offload).
+    channel_masks: kind "input", filled as masks: layer -> (n_tokens, n_embd) the input channels gate and up read,
+    for the layers the CPU computes whole.
     """
 
     kind: str
@@ -59,6 +61,7 @@ class SparseSpec:
     masks: dict[int, ggml.Tensor] = field(default_factory=dict)
     neg_input_thresholds: dict[int, ggml.Tensor] = field(default_factory=dict)
     cold_thresholds: dict[int, ggml.Tensor] = field(default_factory=dict)
+    channel_masks: dict[int, ggml.Tensor] = field(default_factory=dict)
 
 
 def metadata_spec(meta: dict, n_layer: int) -> tuple[str, list[float]]:
@@ -264,10 +267,11 @@ def ffn_block(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
     if b.hot_rows.get(il):
         y = split_input_ffn(b, il, h, b.hot_rows[il])
     else:
-        y, mask, act = input_ffn(b, il, h)
+        centred = centred_input(b, il, h)
+        y, mask, act = input_ffn(b, il, h, centred=centred)
         up = b.weights.get(f"blk.{il}.ffn_up_t.weight")
         if up is None or not up.on_device:  # the realised density counts the CPU's layers, as for predictors
-            spec.masks[il] = mask
+            spec.masks[il], spec.channel_masks[il] = mask, centred[1]
         if b.capture is not None:
             b.capture[f"ffn_inp.{il}"] = h  # (n, n_embd)
             b.capture[f"ffn_act.{il}"] = act  # (n, n_ff), before the down mask

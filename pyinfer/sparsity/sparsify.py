@@ -93,9 +93,19 @@ def fetch_held_out() -> str:
         raise PyInferError(f"the held-out text for the perplexity report: {e}; --eval-tokens 0 skips the report") from e
 
 
+def bytes_skipped(path: str, channels: float, neurons: float) -> float:
+    """The share of the FFN's weight bytes (channel-major gate and up, ffn_down_t, as stored in path) not read when
+    gate and up read a share `channels` of their rows and down `neurons` of its."""
+    tensors = GGUFFile(path).tensors
+    size = {m: sum(int(info.data.nbytes) for name, info in tensors.items() if name.endswith(f".{m}.weight"))
+            for m in ("ffn_gate_t", "ffn_up_t", "ffn_down_t")}
+    read = channels * (size["ffn_gate_t"] + size["ffn_up_t"]) + neurons * size["ffn_down_t"]
+    return 1 - read / sum(size.values())
+
+
 def held_out_report(src: str, out: str, text: str, n_tokens: int, threads: int | None) -> str:
     """The perplexity of src and out on n_tokens of held-out text (fetch_held_out: no calibration corpus holds
-    it) in chunks of HELD_OUT_CTX, and the share of down's neurons out read there."""
+    it) in chunks of HELD_OUT_CTX, and the shares of gate's and up's channels and of down's neurons out read there."""
     from pyinfer.engine.driver import Model
     from pyinfer.engine.scoring import Stats, chunk_tokens, scored_logprobs
 
@@ -112,8 +122,13 @@ def held_out_report(src: str, out: str, text: str, n_tokens: int, threads: int |
             stats.add(scored_logprobs(model, chunk), chunk[HELD_OUT_CTX // 2 + 1:])
         ppl.append(Stats.ppl(stats.nll)[0])
         extra = model.timings.extra
-    read = (f"; {100 * extra['ffn_rows_active'] / extra['ffn_rows_total']:.1f} % of down's neurons read there"
-            if extra.get("ffn_rows_total") else "")
+    read = ""
+    if extra.get("ffn_rows_total") and extra.get("ffn_channels_total"):
+        channels = extra["ffn_channels_active"] / extra["ffn_channels_total"]
+        neurons = extra["ffn_rows_active"] / extra["ffn_rows_total"]
+        read = (f"; read there, as the kernels counted: {100 * channels:.1f} % of gate's and up's input channels, "
+                f"{100 * neurons:.1f} % of down's neurons: {100 * bytes_skipped(out, channels, neurons):.1f} % of "
+                "the FFN's weight bytes skipped")
     return (f"held-out perplexity (Britannica, {n_chunks} x {HELD_OUT_CTX} tokens, second halves scored): "
             f"{ppl[0]:.3f} dense, {ppl[1]:.3f} sparse: {100 * (ppl[1] / ppl[0] - 1):+.1f} %{read}")
 
@@ -144,8 +159,9 @@ def _input_sparsify(args: argparse.Namespace) -> int:
              "bytes skipped %": 100 * (1 - (2 * c.x_density + float(c.freq.mean())) / 3)}
             for il, c in enumerate(calibrated)]
     skipped = float(np.mean([r["bytes skipped %"] for r in rows]))
-    print(f"{args.method} input sparsity, target {args.sparsity:.3f} of the FFN's weight bytes: per layer {100 * s_x:.1f} % of "
-          f"gate's and up's input channels and {100 * s_h:.1f} % of down's neurons skipped; measured on the "
+    print(f"{args.method} input sparsity, target {args.sparsity:.3f} of the FFN's weight bytes: per layer "
+          f"{100 * s_x:.1f} % of gate's and up's input channels and {100 * s_h:.1f} % of down's neurons skipped; "
+          "measured on the "
           f"calibration text ({calibration}): {skipped:.1f} % of the FFN's bytes")
     print(layer_table(rows))
     if args.eval_tokens:
@@ -216,15 +232,15 @@ def main(argv: list[str] | None = None) -> int:
                         "thresholds on the FFN's input and activations around their calibrated means (SwiGLU/GeGLU); "
                         "input: the same around zero, TEAL's baseline (default predictors)")
     p.add_argument("--target", dest="sparsity", type=float, metavar="B",
-                   help="--method input/centred: the share of the FFN's weight bytes a decoded token skips (as --sparsity)")
+                   help="input, centred: the share of the FFN's weight bytes a decoded token skips (as --sparsity)")
     p.add_argument("--down-skip", type=float, default=None, metavar="S",
-                   help="--method input/centred: the share of down's neurons skipped (gate and up skip input channels for "
+                   help="input, centred: the share of down's neurons skipped (gate and up skip input channels for "
                         "the rest of the target; default min(0.95, 1.4 B))")
     p.add_argument("--keep-down-type", action="store_true",
-                   help="--method input/centred: keep ffn_down_t's stored type (Q8_0 for sources below 8 bits) instead of "
+                   help="input, centred: keep ffn_down_t's stored type (Q8_0 for sources below 8 bits) instead of "
                         "requantizing it to the type of gate's and up's channel-major copies")
     p.add_argument("--eval-tokens", type=int, default=2 * HELD_OUT_CTX,
-                   help="--method input/centred: held-out tokens on which to report the perplexity change (0: none; "
+                   help="input, centred: held-out tokens on which to report the perplexity change (0: none; "
                         f"default {2 * HELD_OUT_CTX})")
     p.add_argument("-o", "--output", help="output PowerGGUF (default: <cache>/sparse/<model>-s<percent>.gguf, "
                                           "with --method input -in<percent>.gguf)")
