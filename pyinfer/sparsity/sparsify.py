@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="input, centred: held-out tokens on which to report the perplexity change (0: none; "
                         f"default {2 * HELD_OUT_CTX})")
     p.add_argument("-o", "--output", help="output PowerGGUF (default: <cache>/sparse/<model>-s<percent>.gguf, "
-                                          "with --method input -in<percent>.gguf)")
+                                          "with --method input -in<percent>.gguf, centred -ce<percent>.gguf)")
     return run_cli(PROG, p, _sparsify, argv)
 
 
