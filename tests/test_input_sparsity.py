@@ -430,6 +430,35 @@ def test_budgets_split_the_ffn_and_equal_the_cpu(tiny_files, tmp_path, centred):
     assert split_seen, "no budget split a layer: the test does not test the split"
 
 
+def _q4_0_source(tmp_path) -> str:
+    """The tiny llama_silu model as a llama.cpp-style Q4_0 GGUF, converted to a PowerGGUF (ffn_down_t in Q8_0)."""
+    from hf_tiny import build
+
+    import pyinfer.converters.convert_hf_to_powergguf as conv
+
+    build("llama_silu", str(tmp_path / "hf"))
+    plain, src = str(tmp_path / "plain.gguf"), str(tmp_path / "q4_0.gguf")
+    assert conv.main([str(tmp_path / "hf"), "-o", str(tmp_path / "x.gguf"), "--outtype", "q4_0",
+                      "--dense-gguf", plain]) == 0
+    assert conv.main([plain, "-o", src]) == 0
+    return src
+
+
+@pytest.mark.parametrize("limit,narrowed", [(256 << 20, False), (0, True)])
+def test_small_models_keep_down_in_q8_0(tmp_path, monkeypatch, limit, narrowed):
+    """sparsify narrows ffn_down_t only for models above the precise-matmul size: a second 4-bit rounding of down
+    had doubled the loss of SmolLM2-135M and Gemma-3-270M at 30 %."""
+    from gguf import GGMLQuantizationType as Q
+
+    monkeypatch.setattr(input_sparsity, "PRECISE_MAX_BYTES", limit)
+    src, out = _q4_0_source(tmp_path), tmp_path / "out.gguf"
+    calib = tmp_path / "calib.txt"
+    calib.write_text(_words(3, 3000))
+    assert sparsify([src, "--method", "input", "--target", "0.3", "--corpus", str(calib), "--tokens", "512",
+                     "--ctx", "64", "--eval-tokens", "0", "-t", "2", "-o", str(out)]) == 0
+    assert GGUFFile(str(out)).tensors["blk.0.ffn_down_t.weight"].type == (Q.Q4_0 if narrowed else Q.Q8_0)
+
+
 @pytest.mark.parametrize("narrow", [True, False])
 def test_down_t_takes_the_copies_type_unless_kept(tmp_path, narrow):
     """A Q4_0 file's ffn_down_t in Q8_0 (as the converter stores it for GGUF sources below 8 bits) is written in
@@ -438,15 +467,8 @@ def test_down_t_takes_the_copies_type_unless_kept(tmp_path, narrow):
     stored rows reordered) with narrow_down=False."""
     from gguf import GGMLQuantizationType as Q
     from gguf import quants
-    from hf_tiny import build
 
-    import pyinfer.converters.convert_hf_to_powergguf as conv
-
-    build("llama_silu", str(tmp_path / "hf"))
-    plain, src = str(tmp_path / "plain.gguf"), str(tmp_path / "q4_0.gguf")  # a llama.cpp-style Q4_0 file, converted
-    hf = str(tmp_path / "hf")
-    assert conv.main([hf, "-o", str(tmp_path / "x.gguf"), "--outtype", "q4_0", "--dense-gguf", plain]) == 0
-    assert conv.main([plain, "-o", src]) == 0
+    src = _q4_0_source(tmp_path)
     g = GGUFFile(src)
     assert g.tensors["blk.0.ffn_down_t.weight"].type == Q.Q8_0 and g.tensors["blk.0.ffn_gate.weight"].type == Q.Q4_0
     cfg = g.config

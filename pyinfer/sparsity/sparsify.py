@@ -152,7 +152,8 @@ def _input_sparsify(args: argparse.Namespace) -> int:
     layers = (profile.layer(il) for il in tqdm(range(profile.n_layer), desc="thresholds", file=sys.stderr,
                                                disable=None))
     calibrated = input_sparsity.calibrate(layers, args.sparsity, args.down_skip, centred=args.method == "centred")
-    input_sparsity.write(path, out, calibrated, args.sparsity, calibration, narrow_down=not args.keep_down_type)
+    narrow = not args.keep_down_type and input_sparsity.narrows_down_by_default(g)
+    input_sparsity.write(path, out, calibrated, args.sparsity, calibration, narrow_down=narrow)
     GGUFFile(out)  # the written file must load
     rows = [{"layer": il, "t_x": c.t_x, "t_h": c.t_h, "channels read %": 100 * c.x_density,
              "neurons read %": 100 * float(c.freq.mean()),
@@ -238,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
                         "the rest of the target; default min(0.95, 1.4 B))")
     p.add_argument("--keep-down-type", action="store_true",
                    help="input, centred: keep ffn_down_t's stored type (Q8_0 for sources below 8 bits) instead of "
-                        "requantizing it to the type of gate's and up's channel-major copies")
+                        "requantizing it to the type of gate's and up's channel-major copies (kept by default for "
+                        "models of at most 256 MiB)")
     p.add_argument("--eval-tokens", type=int, default=2 * HELD_OUT_CTX,
                    help="input, centred: held-out tokens on which to report the perplexity change (0: none; "
                         f"default {2 * HELD_OUT_CTX})")
