@@ -4,6 +4,7 @@ that several test files share."""
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -96,9 +97,11 @@ def pytest_terminal_summary(terminalreporter):
     cpu1 = _cpu_times()
     deltas = [b - a for a, b in zip(cpu0, cpu1, strict=False)]
     steal = f"{100 * deltas[7] / max(1, sum(deltas)):.1f} %" if len(deltas) > 7 else "unknown"
-    load = " ".join(open("/proc/loadavg").read().split()[:3]) if os.path.exists("/proc/loadavg") else "unknown"
-    flags = open("/proc/cpuinfo").read().split() if os.path.exists("/proc/cpuinfo") else []
-    isa = "/".join(f for f in ("avx2", "avx512f", "avx512_vnni", "amx_int8") if f in flags) or "no AVX2"
+    from pyinfer.native.ggml import cpu_features  # the kernels the engine chose (the native library, built by now)
+
+    loadavg = Path("/proc/loadavg")
+    load = " ".join(loadavg.read_text().split()[:3]) if loadavg.exists() else "unknown"
+    isa = "/".join(name for name, on in cpu_features().items() if on) or "no AVX2"
     usable = len(os.sched_getaffinity(0))
     terminalreporter.write_line(
         f"machine: {machine.cpu_name()} ({isa}); {usable} CPUs usable, {threads.physical_cores()} cores, "

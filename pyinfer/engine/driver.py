@@ -234,11 +234,16 @@ class _StepGraph:
 
     def active_rows(self) -> int:
         """Neurons (token, layer, row) the last compute's down projections summed."""
-        return sum(int(np.count_nonzero(m > 0)) for m in self.masks)
+        return _selected(self.masks)
 
     def active_channels(self) -> int:
         """Input channels (token, layer, channel) the last compute's gate and up read, in an input file."""
-        return sum(int(np.count_nonzero(m > 0)) for m in self.channel_masks)
+        return _selected(self.channel_masks)
+
+
+def _selected(masks: list[np.ndarray]) -> int:
+    """Entries the masks select (positive) in all."""
+    return sum(int(np.count_nonzero(m > 0)) for m in masks)
 
 
 class Model:
@@ -278,8 +283,7 @@ class Model:
             raise InvalidArgumentError(f"precise must be True, False or 'auto', not {precise!r}")
         self.file = GGUFFile(path)
         self.config = cfg = self.file.config
-        weight_bytes = sum(info.data.nbytes for info in self.file.tensors.values())
-        self.precise = weight_bytes <= PRECISE_MAX_BYTES if precise == "auto" else precise
+        self.precise = self.file.tensor_bytes <= PRECISE_MAX_BYTES if precise == "auto" else precise
         self.tokenizer = Tokenizer.from_gguf_metadata(self.file.metadata)
         models.builder_for(cfg.arch)  # unsupported architectures fail before anything is allocated
         self.n_ctx = min(n_ctx or 4096, cfg.n_ctx_train) if cfg.pos_offset else (n_ctx or min(cfg.n_ctx_train, 4096))

@@ -203,6 +203,11 @@ class GGUFFile:
                                        "norms and biases must be F32")
 
     @property
+    def tensor_bytes(self) -> int:
+        """The bytes of all tensors' data (a model's weights)."""
+        return sum(int(info.data.nbytes) for info in self.tensors.values())
+
+    @property
     def has_predictors(self) -> bool:
         return "blk.0.fc1.weight" in self.tensors
 

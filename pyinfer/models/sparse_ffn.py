@@ -111,7 +111,6 @@ def _input_spec(ctx: ggml.Context, file_tensors, meta: dict, cfg, thresholds: li
             if info is None or info.ne != (cfg.n_ff, cfg.n_embd):
                 raise ModelFormatError(f"sparsity kind 'input' needs blk.{il}.{name}.weight of shape "
                                        f"[{cfg.n_ff}, {cfg.n_embd}]")
-    for il in range(cfg.n_layer):
         _check_centring(file_tensors, il, cfg)
     neg_t = {il: ctx.tensor_from_numpy(np.full(cfg.n_ff, -t, dtype=np.float32)) for il, t in enumerate(thresholds)}
     neg_x = {il: ctx.tensor_from_numpy(np.full(cfg.n_embd, -t, dtype=np.float32)) for il, t in enumerate(t_x)}

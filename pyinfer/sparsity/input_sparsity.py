@@ -87,8 +87,8 @@ def calibrate(layers, target: float, down_skip: float | None = None, centred: bo
         ch = np.mean(h, axis=0, dtype=np.float64).astype(np.float32) if centred else None
         ax, ah = np.abs(x - cx if centred else x), np.abs(h - ch if centred else h)
         t_x, t_h = float(np.quantile(ax, s_x)), float(np.quantile(ah, s_h))
-        out.append(LayerCalibration(t_x, t_h, float(np.mean(ax > t_x)), np.mean(ah > t_h, axis=0),
-                                    np.mean(np.abs(h), axis=0, dtype=np.float64), cx, ch))
+        mass = np.mean(np.abs(h) if centred else ah, axis=0, dtype=np.float64)
+        out.append(LayerCalibration(t_x, t_h, float(np.mean(ax > t_x)), np.mean(ah > t_h, axis=0), mass, cx, ch))
     return out
 
 
@@ -126,7 +126,7 @@ def narrows_down_by_default(g: GGUFFile) -> bool:
     precise matmuls (driver.PRECISE_MAX_BYTES), whose loss a second 4-bit rounding of down doubled at 30 %
     (SmolLM2-135M +15.0 % against +7.8 % kept in Q8_0, Gemma-3-270M +15.1 % against +8.4 %; the 1.5B model paid
     +0.7 % for 11 % fewer bytes a token: docs/BENCHMARKS.md)."""
-    return sum(int(info.data.nbytes) for info in g.tensors.values()) > PRECISE_MAX_BYTES
+    return g.tensor_bytes > PRECISE_MAX_BYTES
 
 
 def narrowed_down_t(g: GGUFFile, il: int, order: np.ndarray) -> OutTensor | None:
