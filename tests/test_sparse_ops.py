@@ -140,6 +140,43 @@ def test_axpy_rows_of_a_channel_major_matrix(type_, threads, precise):
         np.testing.assert_allclose(y, want, atol=tol)
 
 
+@pytest.mark.parametrize("type_", ggml.WEIGHT_TYPES)
+@pytest.mark.parametrize("threads", [1, 3])
+def test_axpy_rows_of_a_prompt_batch(type_, threads):
+    """Many columns (a prompt batch): the rows are summed a chunk at a time, dequantized once a piece of the
+    thread's slice, into every column, 8 rows a pass padded with zeros. Rows past one chunk (64), slices past one
+    piece (128 values, or a K-quant's block), densities from none to all, every row, and a weight row of inf that
+    no column takes: against float64."""
+    rng = np.random.default_rng(type_ * 10 + threads)
+    blk = ggml.block_size(type_)
+    n_rows, d, m = 150, 3 * max(blk, 128) + (blk if blk > 1 else 5), 23
+    ctx = ggml.Context(64 << 20)
+    w = rng.standard_normal((n_rows, d))
+    w[7] = np.inf if type_ in (ggml.F32, ggml.F16) else w[7]
+    wt, w64 = weights(ctx, w, type_)
+    h = rng.standard_normal((m, n_rows)).astype(np.float32)
+    density = np.linspace(0.0, 1.0, m)[:, None]
+    mask = np.where(rng.random((m, n_rows)) < density, 1.0, -1.0).astype(np.float32)
+    mask[:, 7] = -1.0
+    masked = ctx.axpy_rows(wt, tensor(ctx, h), tensor(ctx, mask))
+    finite = np.isfinite(w64).all(axis=1)
+    whole = ctx.axpy_rows(wt, tensor(ctx, np.where(finite, h, 0.0).astype(np.float32)), None, 8, n_rows)
+    y_masked, y_whole = compute(ctx, [masked, whole], threads)
+    w_finite = np.where(finite[:, None], w64, 0.0)
+    for y, coef in ((y_masked, np.where(mask > 0, h, 0.0)), (y_whole, np.where(np.arange(n_rows) >= 8, h, 0.0))):
+        want = coef @ w_finite
+        np.testing.assert_allclose(y, want, atol=1e-5 * (np.abs(coef) @ np.abs(w_finite)).max())
+    np.testing.assert_array_equal(y_masked[0], 0.0)  # a column that takes no row
+    for switch in (ggml.lib.ggml_cpu_set_avx512, ggml.lib.ggml_cpu_set_simd):  # the same sums on every ISA
+        try:
+            switch(False)
+            again = compute(ctx, [masked, whole], threads)
+        finally:
+            switch(True)
+        for got, first in zip(again, (y_masked, y_whole), strict=True):
+            np.testing.assert_array_equal(got, first)
+
+
 @pytest.mark.parametrize("op", ["mul_mat_rows", "axpy_rows"])
 def test_index_list_entry_out_of_range_is_an_error(op):
     ctx = ggml.Context(4 << 20)
@@ -221,7 +258,22 @@ def ffn_ambiguity(kind: str, g, u, dg, du, threshold: float):
 @SETTINGS
 @given(case=ffn_case())
 def test_sparse_ffn(case):
-    type_, d, n_ff, m, sel, kind, threshold, threads, rng = case
+    check_sparse_ffn(*case)
+
+
+@pytest.mark.parametrize("type_", ggml.WEIGHT_TYPES)
+def test_sparse_ffn_of_a_prompt_batch(type_):
+    """Many columns: down's rows summed a chunk at a time (as axpy_rows' prompt batches) past one chunk of neurons
+    and one piece of d, under a mask and without one."""
+    rng = np.random.default_rng(type_)
+    blk = ggml.block_size(type_)
+    d, n_ff, m = 2 * max(blk, 128) + (blk if blk > 1 else 7), 90, 9
+    mask = np.where(rng.random((m, n_ff)) < 0.4, 1.0, -1.0).astype(np.float32)
+    for sel in (mask, None):
+        check_sparse_ffn(type_, d, n_ff, m, sel, "swiglu", 0.05, 3, rng)
+
+
+def check_sparse_ffn(type_, d, n_ff, m, sel, kind, threshold, threads, rng):
     r = 2 if kind == "relu" else 3
     ctx = ggml.Context(32 << 20)
     bundle, b64 = weights(ctx, rng.standard_normal((r * n_ff, d)), type_)
@@ -274,7 +326,7 @@ def test_sparse_ffn_rejects_bad_arguments(bad, match):
         ctx.sparse_ffn(bundle, x, None, "tanh" if bad == "kind" else "swiglu", -1.0 if bad == "threshold" else 0.0)
 
 
-@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("m", [1, 3, 9])
 @pytest.mark.parametrize("density", [0.03, 0.5])
 def test_sums_do_not_depend_on_threads(m, density):
     # rows are summed per chunk of the mask and the chunks added in order: bit for bit the same output

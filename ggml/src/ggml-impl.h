@@ -73,6 +73,7 @@ const struct ggml_type_traits *ggml_get_type_traits(enum ggml_type type);
 // fills the traits table; picks SIMD kernels when the CPU has them (idempotent)
 void ggml_quants_init(void);
 bool ggml_quants_simd_in_use(void); // false while ggml_cpu_set_simd(false) holds
+bool ggml_quants_avx512_allowed(void); // false while ggml_cpu_set_simd(false) or ggml_cpu_set_avx512(false) holds
 // SIMD kernels (defined in *_avx2.c; installed by ggml_quants_init when the CPU supports them)
 // (avx512: also the AVX512 kernels where the CPU has them; false gives the AVX2 table ggml_cpu_set_avx512 offers)
 void ggml_quants_install_avx2(struct ggml_type_traits *traits, bool avx512);

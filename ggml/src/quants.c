@@ -707,6 +707,10 @@ bool ggml_quants_simd_in_use(void) {
     return quants_simd_on;
 }
 
+bool ggml_quants_avx512_allowed(void) {
+    return quants_simd_on && quants_avx512_on;
+}
+
 static void quants_use_simd(bool enabled) {
     quants_simd_on = enabled && quants_simd_available;
     const struct ggml_type_traits *src = !quants_simd_on ? traits_scalar : quants_avx512_on ? traits_simd : traits_avx2;
