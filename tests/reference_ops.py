@@ -86,6 +86,11 @@ def softplus(a) -> np.ndarray:
     return np.where(a > 20.0, a, np.log1p(np.exp(np.minimum(a, 20.0))))
 
 
+def step(a) -> np.ndarray:
+    """1 where a > 0, else 0 (NaN included)."""
+    return (_f64(a) > 0.0).astype(np.float64)
+
+
 # --- norms (over the last axis, no weight) ---
 
 def rms_norm(a, eps: float) -> np.ndarray:

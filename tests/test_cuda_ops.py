@@ -99,7 +99,7 @@ def assert_dot_close(got, want, bound, type_):
 @SETTINGS
 @given(rows=st.integers(1, 9), cols=st.integers(1, 700), seed=st.integers(0, 2**31),
        op=st.sampled_from(["add", "mul", "add_b", "mul_b", "scale", "silu", "gelu", "gelu_erf", "relu", "tanh",
-                           "abs", "sigmoid", "softplus", "view_add", "mul_per_row"]))
+                           "abs", "sigmoid", "softplus", "step", "view_add", "mul_per_row"]))
 def test_elementwise(rows, cols, seed, op):
     rng = np.random.default_rng(seed)
     a = (rng.standard_normal((rows, cols)) * 3).astype(np.float32)
@@ -125,7 +125,7 @@ def test_elementwise(rows, cols, seed, op):
             "scale": lambda: ref.scale(a, -1.75), "silu": lambda: ref.silu(a),
             "gelu": lambda: ref.gelu(a), "gelu_erf": lambda: ref.gelu_erf(a), "relu": lambda: ref.relu(a),
             "tanh": lambda: ref.tanh(a), "abs": lambda: ref.abs(a), "sigmoid": lambda: ref.sigmoid(a),
-            "softplus": lambda: ref.softplus(a),
+            "softplus": lambda: ref.softplus(a), "step": lambda: ref.step(a),
             "view_add": lambda: 2.0 * a}[op]()
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got, cpu, rtol=1e-5, atol=1e-6)
@@ -675,11 +675,12 @@ def test_streamed_weights_take_turns_in_one_copys_memory_whatever_their_size():
 
 @SETTINGS
 @given(n=st.integers(1, 5), k=st.integers(1, 700), seed=st.integers(0, 2**31),
-       act=st.sampled_from(["silu", "gelu", "sigmoid", "softplus"]), leak=st.booleans())
+       act=st.sampled_from(["silu", "gelu", "sigmoid", "softplus", "step"]), leak=st.booleans())
 def test_fused_input_sparsity_chains(n, k, seed, act, leak):
     """Input sparsity's |x| - t mask (abs, then add, as models.sparse_ffn.over_threshold builds it) and act(gate) * up
-    (as input_ffn orders them; sigmoid and softplus as Qwen3.5's gates) run as one kernel each on CUDA, against
-    float64 and the CPU graph; chains whose intermediates are outputs too (leak) are left unfused."""
+    (as input_ffn orders them; sigmoid and softplus as Qwen3.5's gates, step as a prompt's channel mask) run as one
+    kernel each on CUDA, against float64 and the CPU graph; chains whose intermediates are outputs too (leak) are
+    left unfused."""
     from pyinfer.models.sparse_ffn import over_threshold
 
     rng = np.random.default_rng(seed)

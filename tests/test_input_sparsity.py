@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from reference import reference_logits
+from split_harness import decode_steps
 
 from pyinfer.engine.driver import Model
 from pyinfer.errors import InvalidArgumentError, ModelFormatError, UnsupportedError
@@ -63,6 +64,29 @@ def test_engine_equals_the_oracle_with_the_same_thresholds(tiny_files, variant, 
     kept = np.mean([np.mean(x != c) for x, c in zip(capture["ffn_in"], centres, strict=True)])
     counted = model.timings.extra["ffn_channels_active"] / model.timings.extra["ffn_channels_total"]
     assert counted == pytest.approx(kept, abs=0.01) and 0.2 < counted < 0.9
+
+
+def test_cpu_batches_take_gate_and_up_from_the_row_major_originals(tiny_files, tmp_path):
+    """A CPU batch computes gate and up as a GEMM over the file's row-major originals under the channel masks, one
+    token sums the channel-major copies: with every original up zeroed in the file a batch's FFNs add nothing while
+    decoding still reads the copies; gemm_above past the batch (sparsify's held-out report) gives the decoder's
+    logits, and a batch of the file as written equals the float64 oracle under the same masks (the test above)."""
+    path, _, _ = _calibrated(tiny_files, "llama_silu", 0.4, tmp_path / "input.gguf")
+    g = GGUFFile(path)
+    base = np.frombuffer(g._mmap, np.uint8).ctypes.data
+    ups = [g.tensors[f"blk.{il}.ffn_up.weight"].data for il in range(g.config.n_layer)]
+    spans = [(up.ctypes.data - base, up.nbytes) for up in ups]
+    del g, ups
+    with open(path, "r+b") as f:
+        for offset, n in spans:
+            f.seek(offset)
+            f.write(bytes(n))
+    model = Model(path, n_ctx=64, n_threads=2, kv_type="f32")
+    steps = decode_steps(model, TOKENS)
+    assert np.abs(model.logits(TOKENS) - steps).max() > 0.1 * np.abs(steps).max()
+    decoder = Model(path, n_ctx=64, n_threads=2, kv_type="f32")
+    decoder.sparse_spec.gemm_above = len(TOKENS)
+    np.testing.assert_allclose(decoder.logits(TOKENS), steps, atol=2e-3 * np.abs(steps).max())
 
 
 def test_sparse_off_runs_the_dense_ffn(tiny_files, tmp_path):

@@ -324,7 +324,7 @@ def test_binary_ops_on_views(data, shape, threads):
 
 @SETTINGS
 @given(data=st.data(), shape=st.tuples(st.integers(1, 5), st.integers(1, 90)),
-       op=st.sampled_from(["silu", "gelu", "gelu_erf", "relu", "tanh", "abs", "sigmoid", "softplus", "scale"]),
+       op=st.sampled_from(["silu", "gelu", "gelu_erf", "relu", "tanh", "abs", "sigmoid", "softplus", "step", "scale"]),
        s=st.floats(-1e3, 1e3, width=32), threads=st.integers(1, 3))
 def test_unary_ops(data, shape, op, s, threads):
     a = data.draw(float_arrays(shape))

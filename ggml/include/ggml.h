@@ -60,6 +60,7 @@ enum ggml_op {
     GGML_OP_ABS,          // |x|: input sparsity's masks, |x| - t
     GGML_OP_SIGMOID,      // 1 / (1 + exp(-x)): gates (Qwen3.5's attention output, the delta rule's write strength)
     GGML_OP_SOFTPLUS,     // log(1 + exp(x)), x above 20 as is (torch's): the delta rule's decay step
+    GGML_OP_STEP,         // 1 where x > 0, else 0 (NaN too): a mask of |x| - t as the factor a dense matmul takes
     GGML_OP_RMS_NORM,     // x / sqrt(mean(x^2) + eps) per row
     GGML_OP_LAYER_NORM,   // (x - mean) / sqrt(var + eps) per row
     GGML_OP_MUL_MAT,      // y[n, m] = W[n, :] . x[:, m]
@@ -186,6 +187,7 @@ struct ggml_tensor *ggml_abs(struct ggml_context *ctx, struct ggml_tensor *a);
 struct ggml_tensor *ggml_relu(struct ggml_context *ctx, struct ggml_tensor *a);
 struct ggml_tensor *ggml_sigmoid(struct ggml_context *ctx, struct ggml_tensor *a);
 struct ggml_tensor *ggml_softplus(struct ggml_context *ctx, struct ggml_tensor *a);
+struct ggml_tensor *ggml_step(struct ggml_context *ctx, struct ggml_tensor *a);
 struct ggml_tensor *ggml_rms_norm(struct ggml_context *ctx, struct ggml_tensor *a, float eps);
 struct ggml_tensor *ggml_layer_norm(struct ggml_context *ctx, struct ggml_tensor *a, float eps);
 // w: [k, n] any weight type; x: [k, m] F32 -> [n, m] F32

@@ -439,6 +439,8 @@ struct ggml_tensor *ggml_softplus(struct ggml_context *ctx, struct ggml_tensor *
     return unary_op(ctx, GGML_OP_SOFTPLUS, a);
 }
 
+struct ggml_tensor *ggml_step(struct ggml_context *ctx, struct ggml_tensor *a) { return unary_op(ctx, GGML_OP_STEP, a); }
+
 static struct ggml_tensor *norm_op(struct ggml_context *ctx, enum ggml_op op, struct ggml_tensor *a, float eps) {
     CHECK_ARG(a && ggml_is_contiguous(a), "norms take a contiguous tensor");
     CHECK_ARG(eps >= 0.0f, "eps must be >= 0");

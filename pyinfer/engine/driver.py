@@ -441,7 +441,8 @@ class Model:
     # --- sparse FFN ---
     @property
     def reads_channel_major(self) -> bool:
-        """The FFN runs input sparsity: its graph reads the channel-major gate and up, not the row-major ones."""
+        """The FFN runs input sparsity: its decode reads the channel-major gate and up (a CPU layer's prompt batches
+        the row-major ones, which never go to the GPU)."""
         return self.sparse_spec is not None and self.sparse_spec.kind == "input"
 
     def _sparse_spec(self, sparse: bool | None, logit_threshold: float, oracle: bool):

@@ -90,7 +90,8 @@ def _attention_to_device(model, il: int) -> None:
 
 
 def _ffn_parts(model, il: int) -> list[str]:
-    """The FFN tensors layer il's graph reads (a file of input sparsity leaves its row-major gate and up unread)."""
+    """The FFN tensors layer il's graph reads on the GPU (a file of input sparsity's row-major gate and up serve CPU
+    batches only)."""
     if model.config.is_moe:  # gpt-oss' biases as moe_ffn reads them (the file's three stay in host memory)
         return [f"blk.{il}.{m}.weight" for m in EXPERT_MATRICES] + [f"blk.{il}.{name}" for name in BY_EXPERT]
     return _layer_parts(il, INPUT_FFN_MATRICES if model.reads_channel_major else FFN_MATRICES)

@@ -357,7 +357,8 @@ def _quiet_stdout():
 NEURON_MATRICES = ("ffn_gate", "ffn_up", "ffn_down_t")  # a neuron is row i of each (down_t: the transposed down)
 FFN_MATRICES = (*NEURON_MATRICES, "ffn_down")  # what a layer's FFN reads: one of ffn_down_t and ffn_down is there
 # what the FFN of a file of input sparsity (pyinfer.sparsity.input_sparsity) reads: a neuron is column i of the
-# channel-major gate and up and row i of ffn_down_t; its row-major gate and up stay unread in host memory
+# channel-major gate and up and row i of ffn_down_t; its row-major gate and up stay in host memory (a CPU layer's
+# prompt batches read them, sparse_ffn.reads_row_major)
 INPUT_FFN_MATRICES = ("ffn_gate_t", "ffn_up_t", "ffn_down_t")
 EXPERT_MATRICES = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")  # a mixture's experts, one matrix each a slice
 QKV_PARTS = ("attn_q", "attn_k", "attn_v")  # on the GPU one matrix where they share a type (offload.fuse_qkv)

@@ -32,6 +32,8 @@ DENSE_ABOVE = 1 << 30
 # on the GPU, beyond GEMV_MAX_COLS (8) columns mul_mat is a GEMM that reads each row once, while mul_mat_rows
 # reads the rows that any of a group of 8 columns selects once per group (a 512-token prompt: 64 times)
 GPU_DENSE_ABOVE = 8
+# kind "input" on the CPU: batches of more tokens than this take gate and up as a GEMM (reads_row_major)
+GEMM_ABOVE = 1
 
 
 @dataclass
@@ -44,6 +46,8 @@ class SparseSpec:
     neg_thresholds: per layer (n_ff,) F32 filled with -t_l, for layers whose t_l > 0.
     neg_input_thresholds: kind "input", per layer (n_embd,) F32 filled with -t_x.
     oracle: the mask is the true active set, computed densely (tests: sparse == dense).
+    dense_above, gemm_above: batches of more tokens than these compute gate and up densely (predicted kinds;
+    kind "input": a GEMM over the file's row-major originals, reads_row_major).
     masks: filled while building a graph, layer -> (n_tokens, rows) down-projection mask of the neurons the
     CPU computes, which the runtime keeps as a graph output to count the realised density.
     cold_thresholds: kind "input", per split layer (n_ff - k,) F32 filled with -t_h in host memory, for the CPU's
@@ -58,6 +62,7 @@ class SparseSpec:
     neg_thresholds: dict[int, ggml.Tensor]
     oracle: bool = False
     dense_above: int = DENSE_ABOVE
+    gemm_above: int = GEMM_ABOVE
     masks: dict[int, ggml.Tensor] = field(default_factory=dict)
     neg_input_thresholds: dict[int, ggml.Tensor] = field(default_factory=dict)
     cold_thresholds: dict[int, ggml.Tensor] = field(default_factory=dict)
@@ -156,9 +161,13 @@ def input_ffn(b, il: int, h: ggml.Tensor, part: str = "", centred: tuple[ggml.Te
     (n, rows), the activations before it)."""
     ctx, cfg, spec = b.ctx, b.cfg, b.sparse
     x, sel_x = centred_input(b, il, h) if centred is None else centred  # (n, n_embd), positive: channel read
+    kept = ctx.mul(x, ctx.step(sel_x)) if reads_row_major(b, il, h, part) else None  # x where a channel is read
 
     def gathered(name: str) -> ggml.Tensor:  # (n, rows)
-        y = b.axpy_rows(b.w(f"blk.{il}.{name}{part}"), x, sel_x)
+        if kept is not None:
+            y = b.matmul(b.w(f"blk.{il}.{name.removesuffix('_t')}"), kept)
+        else:
+            y = b.axpy_rows(b.w(f"blk.{il}.{name}{part}"), x, sel_x)
         bias = b.get(f"blk.{il}.{name}{part}.bias")
         return ctx.add(y, bias) if bias is not None else y
 
@@ -168,6 +177,19 @@ def input_ffn(b, il: int, h: ggml.Tensor, part: str = "", centred: tuple[ggml.Te
     act_c = shifted(b, f"blk.{il}.ffn_down_t{part}.shift", act)
     sel_h = over_threshold(ctx, act_c, spec.neg_thresholds[il] if neg_t is None else neg_t)  # positive: neuron read
     return b.axpy_rows(b.w(f"blk.{il}.ffn_down_t{part}"), act_c, sel_h), sel_h, act
+
+
+def reads_row_major(b, il: int, h: ggml.Tensor, part: str) -> bool:
+    """Kind "input": whether a batch of more than spec.gemm_above tokens in a whole CPU layer takes gate and up
+    from the file's row-major originals, a GEMM over x with its unread channels zeroed, instead of summing the
+    channel-major rows into every token (Qwen2.5-Coder-0.5B, 2 threads: pp128 143 -> 272 t/s). The masks are the
+    same; the weights are the originals, not the copies the decoder reads (each requantized along its other
+    axis), so sparsify's held-out report sets gemm_above past its batches to measure the decoder itself. One
+    token, and the GPU's layers (which hold only the copies), sum rows."""
+    n = h.shape[0] if len(h.shape) == 2 else 1
+    up_t, up = b.get(f"blk.{il}.ffn_up_t.weight"), b.get(f"blk.{il}.ffn_up.weight")
+    return (n > b.sparse.gemm_above and not part and up is not None and up_t is not None and not up_t.on_device
+            and not up.on_device)
 
 
 def split_input_ffn(b, il: int, h: ggml.Tensor, k: int) -> ggml.Tensor:

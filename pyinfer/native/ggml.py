@@ -282,6 +282,10 @@ class Context:
     def softplus(self, a: Tensor) -> Tensor:
         return self._t(lib.ggml_softplus(self.ptr, a.ptr))
 
+    def step(self, a: Tensor) -> Tensor:
+        """1 where a > 0, else 0."""
+        return self._t(lib.ggml_step(self.ptr, a.ptr))
+
     def rms_norm(self, a: Tensor, eps: float) -> Tensor:
         return self._t(lib.ggml_rms_norm(self.ptr, a.ptr, eps))
 

@@ -4,8 +4,9 @@ the input channels whose |x| passes t_x, down only the neurons whose |h| = |act(
 Skipping an input channel saves bytes only where a channel is a row, so the file gains channel-major copies of
 gate and up (`blk.N.ffn_gate_t`, `blk.N.ffn_up_t`, ne [n_ff, n_embd]: one row of n_ff values per input
 channel), quantized by the engine's own quantizer in the source's type where its blocks divide n_ff, else Q8_0.
-Prompt batches read the copies too, under the same masks (a batch's perplexity is the sparse decoder's); the
-row-major originals serve `--sparse off` and never reach the GPU. Down is `ffn_down_t` already; the converter
+Prompt batches run under the same masks: on the GPU over the copies too, on the CPU as a GEMM over the row-major
+originals with the unread channels zeroed (sparse_ffn.reads_row_major); the originals serve `--sparse off` too and
+never reach the GPU. Down is `ffn_down_t` already; the converter
 stores it as Q8_0 for sources below 8 bits, and it is requantized to the copies' type where that is narrower
 (Qwen2.5-Coder-1.5B Q4_K_M: 1.50 GB instead of 1.69 GB, +0.7 % held-out perplexity at 30 %, decode 10 % faster;
 `--keep-down-type` keeps it).

@@ -113,6 +113,8 @@ def held_out_report(src: str, out: str, text: str, n_tokens: int, threads: int |
     n_chunks = max(1, n_tokens // HELD_OUT_CTX)
     for path in tqdm((src, out), desc="held-out perplexity", file=sys.stderr, disable=None):
         model = Model(path, n_ctx=HELD_OUT_CTX, n_threads=threads)
+        if model.sparse_spec is not None:  # the batches as the decoder computes each token (reads_row_major)
+            model.sparse_spec.gemm_above = HELD_OUT_CTX
         tokens = model.tokenize(text)
         if len(tokens) < n_chunks * HELD_OUT_CTX:
             raise InvalidArgumentError(f"the held-out text has {len(tokens)} tokens, fewer than --eval-tokens")

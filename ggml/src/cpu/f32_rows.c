@@ -9,6 +9,10 @@
 #include <math.h>
 #include <stdbool.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 static inline __attribute__((always_inline)) void rows_add(int64_t n, float *restrict y, const float *c,
                                                            const int32_t *at, int k, const float *b, int64_t ld) {
     int q = 0;
@@ -40,6 +44,34 @@ __attribute__((target("avx2,fma"))) static void rows_add_avx2(int64_t n, float *
     rows_add(n, y, c, at, k, b, ld);
 }
 #endif
+
+#if defined(__x86_64__)
+// 16 values a compare and two compressing stores
+__attribute__((target("avx512f"))) static int nonzero_avx512(float *c, int n, int32_t *at) {
+    int k = 0, i = 0;
+    __m512i place = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (; i + 16 <= n; i += 16, place = _mm512_add_epi32(place, _mm512_set1_epi32(16))) {
+        const __m512 v = _mm512_loadu_ps(c + i);
+        const __mmask16 keep = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+        _mm512_mask_compressstoreu_ps(c + k, keep, v); // k <= i: the store lands on values already read
+        _mm512_mask_compressstoreu_epi32(at + k, keep, place);
+        k += __builtin_popcount(keep);
+    }
+    for (; i < n; i++)
+        if (c[i] != 0.0f) c[k] = c[i], at[k++] = i;
+    return k;
+}
+#endif
+
+int ggml_f32_nonzero(float *c, int n, int32_t *at) {
+#if defined(__x86_64__)
+    if (ggml_quants_avx512_allowed() && __builtin_cpu_supports("avx512f")) return nonzero_avx512(c, n, at);
+#endif
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (c[i] != 0.0f) c[k] = c[i], at[k++] = i;
+    return k;
+}
 
 void ggml_f32_rows_add(int64_t n, float *y, const float *c, const int32_t *at, int k, const float *b, int64_t ld) {
 #if defined(__x86_64__)

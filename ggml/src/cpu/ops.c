@@ -37,6 +37,7 @@ int ggml_cpu_forward(const struct ggml_compute_params *params, struct ggml_tenso
     case GGML_OP_ABS:
     case GGML_OP_SIGMOID:
     case GGML_OP_SOFTPLUS:
+    case GGML_OP_STEP:
     case GGML_OP_RELU: return ggml_cpu_op_unary(params, node);
     case GGML_OP_RMS_NORM:
     case GGML_OP_LAYER_NORM: return ggml_cpu_op_norm(params, node);

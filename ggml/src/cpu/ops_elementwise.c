@@ -117,7 +117,7 @@ int ggml_cpu_op_binary(const struct ggml_compute_params *p, struct ggml_tensor *
 }
 
 // ---------------------------------------------------------------------------------------------------
-// SCALE, SILU, GELU, RELU, GELU_ERF, TANH, ABS
+// SCALE, SILU, GELU, RELU, GELU_ERF, TANH, ABS, SIGMOID, SOFTPLUS, STEP
 // ---------------------------------------------------------------------------------------------------
 
 #if defined(__x86_64__)
@@ -172,6 +172,9 @@ static void unary_row(enum ggml_op op, float s, const float *x, float *y, int64_
         break;
     case GGML_OP_SOFTPLUS:
         for (int64_t i = 0; i < n; i++) y[i] = x[i] > 20.0f ? x[i] : log1pf(expf(x[i]));
+        break;
+    case GGML_OP_STEP:
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0.0f ? 1.0f : 0.0f;
         break;
     default: // RELU; NaN stays NaN
         for (int64_t i = 0; i < n; i++) y[i] = x[i] < 0.0f ? 0.0f : x[i];

@@ -435,9 +435,7 @@ static void batch_flush_rows(struct batch_rows *b) {
         float *c = b->coefs + j * BATCH_LIST;
         int32_t *at = b->at + j * BATCH_LIST;
         b->coefs_of(b->ctx, j, b->rows, b->n, c);
-        int k = 0;
-        for (int r = 0; r < b->n; r++)
-            if (c[r] != 0.0f) c[k] = c[r], at[k++] = r;
+        int k = ggml_f32_nonzero(c, b->n, at);
         while (k % BATCH_GROUP) c[k] = 0.0f, at[k++] = BATCH_ROWS; // 0 x the row of zeros: 0, whatever the weights hold
         b->taken[j] = k;
     }
@@ -524,9 +522,21 @@ static void axpy_coefs(const void *vctx, int64_t j, const int64_t *rows, int n, 
     const struct axpy_ctx *c = vctx;
     const char *hj = (const char *)c->h->data + j * (int64_t)c->h->nb[1];
     const struct ggml_tensor *sel = c->s->sel;
+    const char *mj = sel ? (const char *)sel->data + j * (int64_t)sel->nb[1] : NULL;
+    if (rows[n - 1] - rows[0] == n - 1 && c->h->nb[0] == sizeof(float) && (!sel || sel->nb[0] == sizeof(float))) {
+        // a run of rows (a prompt's mask lists nearly all): the loops vectorize
+        const float *restrict h = (const float *)hj + rows[0], *restrict m = mj ? (const float *)mj + rows[0] : NULL;
+        float *restrict o = out;
+        if (m)
+            for (int r = 0; r < n; r++) {
+                const float hr = h[r]; // read either way: a select, not a branch
+                o[r] = m[r] > 0.0f ? hr : 0.0f;
+            }
+        else memcpy(o, h, (size_t)n * sizeof(float));
+        return;
+    }
     for (int r = 0; r < n; r++) out[r] = *(const float *)(hj + rows[r] * (int64_t)c->h->nb[0]);
     if (!sel) return;
-    const char *mj = (const char *)sel->data + j * (int64_t)sel->nb[1];
     for (int r = 0; r < n; r++)
         if (!(*(const float *)(mj + rows[r] * (int64_t)sel->nb[0]) > 0.0f)) out[r] = 0.0f;
 }

@@ -88,6 +88,7 @@ static __device__ __forceinline__ float cuda_act(int op, float x) {
     if (op == GGML_OP_ABS) return fabsf(x);
     if (op == GGML_OP_SIGMOID) return 1.0f / (1.0f + expf(-x));
     if (op == GGML_OP_SOFTPLUS) return x > 20.0f ? x : log1pf(expf(x)); // torch's threshold
+    if (op == GGML_OP_STEP) return x > 0.0f ? 1.0f : 0.0f;
     return x < 0.0f ? 0.0f : x; // RELU; NaN stays NaN
 }
 

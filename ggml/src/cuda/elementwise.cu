@@ -1,5 +1,5 @@
 // elementwise.cu: cpy/convert, get_rows (every dequantizable type), add/mul with row broadcast (and, fused, of
-// a unary op of a), scale, silu, gelu (tanh), relu, tanh, abs, sigmoid, softplus, and the dequantization of weight
+// a unary op of a), scale, silu, gelu (tanh), relu, tanh, abs, sigmoid, softplus, step, and the dequantization of weight
 // rows to F16 used by the GEMM.
 // Sources may be views: rows are found through nb[1..3] (rows themselves are contiguous).
 #include "common.cuh"

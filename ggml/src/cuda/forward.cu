@@ -35,6 +35,7 @@ extern "C" int ggml_cuda_forward(struct ggml_tensor *node, void *wdata, void *st
     case GGML_OP_ABS:
     case GGML_OP_SIGMOID:
     case GGML_OP_SOFTPLUS:
+    case GGML_OP_STEP:
     case GGML_OP_RELU: return cuda_op_unary(node, st);
     case GGML_OP_RMS_NORM:
     case GGML_OP_LAYER_NORM: return cuda_op_norm(node, st);

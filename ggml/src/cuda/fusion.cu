@@ -100,10 +100,11 @@ static int match_rope_qkv(struct ggml_tensor *const *nd, const int *readers, int
 
 // the unary ops an add/mul applies to its first operand when fused (cuda_act computes each)
 static bool is_pre_op(const struct ggml_tensor *t) {
-    return is_act(t) || t->op == GGML_OP_ABS || t->op == GGML_OP_SIGMOID || t->op == GGML_OP_SOFTPLUS;
+    return is_act(t) || t->op == GGML_OP_ABS || t->op == GGML_OP_SIGMOID || t->op == GGML_OP_SOFTPLUS ||
+           t->op == GGML_OP_STEP;
 }
 
-// u = silu/gelu/relu/abs/sigmoid/softplus(a) -> add or mul of u and b: b of a's shape, or one row that u's op
+// u = silu/gelu/relu/abs/sigmoid/softplus/step(a) -> add or mul of u and b: b of a's shape, or one row that u's op
 // broadcasts as its second operand
 static int match_unary_binary(struct ggml_tensor *const *nd, const int *readers, int n) {
     if (n < 2 || !is_pre_op(nd[0]) || (nd[1]->op != GGML_OP_ADD && nd[1]->op != GGML_OP_MUL)) return 0;
