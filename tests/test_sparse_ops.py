@@ -144,9 +144,9 @@ def test_axpy_rows_of_a_channel_major_matrix(type_, threads, precise):
 @pytest.mark.parametrize("threads", [1, 3])
 def test_axpy_rows_of_a_prompt_batch(type_, threads):
     """Many columns (a prompt batch): the rows are summed a chunk at a time, dequantized once a piece of the
-    thread's slice, into every column, 8 rows a pass padded with zeros. Rows past one chunk (64), slices past one
-    piece (128 values, or a K-quant's block), densities from none to all, every row, and a weight row of inf that
-    no column takes: against float64."""
+    thread's slice, into every column that takes them. Rows past one chunk (64), slices past one piece (128 values,
+    or a K-quant's block), densities from none to all, every row, and a weight row of inf that no column takes:
+    against float64; the AVX-512, AVX2 and plain forms bit for bit."""
     rng = np.random.default_rng(type_ * 10 + threads)
     blk = ggml.block_size(type_)
     n_rows, d, m = 150, 3 * max(blk, 128) + (blk if blk > 1 else 5), 23

@@ -124,6 +124,62 @@ static void bf16_to_float_avx2(const void *src, float *dst, int64_t n) {
     halves_to_float(src, dst, n, true);
 }
 
+// 32 levels (signed bytes, or unsigned where !is_signed) to y[0..32) = d * level - m: the scalar forms' float
+// products and difference, rounded as they round them (no fused multiply-add), so the results are identical
+static inline __attribute__((always_inline)) void levels32_to_float(__m256i q, bool is_signed, __m256 d, __m256 m,
+                                                                    float *y) {
+    const __m128i halves[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
+    for (int h = 0; h < 2; h++)
+        for (int e = 0; e < 2; e++) {
+            const __m128i b = e ? _mm_srli_si128(halves[h], 8) : halves[h];
+            const __m256i w = is_signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
+            _mm256_storeu_ps(y + 16 * h + 8 * e, _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(w)), m));
+        }
+}
+
+// prompt batches dequantize the sparse rows they sum (ops_sparse.c's batch walk): these had been a fifth of it
+static void q4_0_to_float_avx2(const void *src, float *dst, int64_t n) {
+    const block_q4_0 *x = src; // (n / 32,)
+    for (int64_t i = 0; i < n / QK4_0; i++) {
+        const __m256i q = _mm256_sub_epi8(avx2_unpack_nibbles(x[i].qs), _mm256_set1_epi8(8));
+        levels32_to_float(q, true, _mm256_set1_ps(ggml_fp16_to_fp32(x[i].d)), _mm256_setzero_ps(), dst + i * QK4_0);
+    }
+}
+
+static void q5_0_to_float_avx2(const void *src, float *dst, int64_t n) {
+    const block_q5_0 *x = src; // (n / 32,)
+    for (int64_t i = 0; i < n / QK5_0; i++) {
+        const __m256i fifth = _mm256_and_si256(avx2_bits_to_bytes(x[i].qh), _mm256_set1_epi8(16));
+        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(avx2_unpack_nibbles(x[i].qs), fifth), _mm256_set1_epi8(16));
+        levels32_to_float(q, true, _mm256_set1_ps(ggml_fp16_to_fp32(x[i].d)), _mm256_setzero_ps(), dst + i * QK5_0);
+    }
+}
+
+static void q8_0_to_float_avx2(const void *src, float *dst, int64_t n) {
+    const block_q8_0 *x = src; // (n / 32,)
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)x[i].qs);
+        levels32_to_float(q, true, _mm256_set1_ps(ggml_fp16_to_fp32(x[i].d)), _mm256_setzero_ps(), dst + i * QK8_0);
+    }
+}
+
+static void q4_K_to_float_avx2(const void *src, float *dst, int64_t n) {
+    const block_q4_K *x = src; // (n / 256,)
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = ggml_fp16_to_fp32(x[i].d), dmin = ggml_fp16_to_fp32(x[i].dmin);
+        for (int p = 0; p < 4; p++) { // sub-blocks 2p (low nibbles of 32 bytes) and 2p + 1 (high)
+            const __m256i qs = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * p));
+            for (int h = 0; h < 2; h++) {
+                uint8_t sc, m;
+                ggml_q4_K_get_scale_min(x[i].scales, 2 * p + h, &sc, &m);
+                const __m256i q = _mm256_and_si256(h ? _mm256_srli_epi16(qs, 4) : qs, _mm256_set1_epi8(0x0F));
+                levels32_to_float(q, false, _mm256_set1_ps(d * (float)sc), _mm256_set1_ps(dmin * (float)m),
+                                  dst + i * QK_K + 32 * (2 * p + h));
+            }
+        }
+    }
+}
+
 static void f16_from_float_avx2(const float *src, void *dst, int64_t n) {
     uint16_t *y = dst; // (n,)
     int64_t i = 0;
@@ -1241,6 +1297,10 @@ void ggml_quants_install_avx2(struct ggml_type_traits *traits, bool avx512) {
     traits[GGML_TYPE_BF16].vec_dot = bf16_vec_dot_avx2;
     traits[GGML_TYPE_BF16].to_float = bf16_to_float_avx2;
     traits[GGML_TYPE_F16].to_float = f16_to_float_avx2;
+    traits[GGML_TYPE_Q4_0].to_float = q4_0_to_float_avx2;
+    traits[GGML_TYPE_Q5_0].to_float = q5_0_to_float_avx2;
+    traits[GGML_TYPE_Q8_0].to_float = q8_0_to_float_avx2;
+    traits[GGML_TYPE_Q4_K].to_float = q4_K_to_float_avx2;
     // F16 weights dot F16 activations: converting them is the same conversion (it had stayed scalar, ~20 % of a
     // small sparse FFN's time on one thread)
     traits[GGML_TYPE_F16].from_float = traits[GGML_TYPE_F16].quantize_act = f16_from_float_avx2;

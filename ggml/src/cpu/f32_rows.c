@@ -1,6 +1,6 @@
-// f32_rows.c: see f32_rows.h. One body, compiled three times (AVX-512, AVX2 with FMA, plain) and chosen at run
-// time, as ggml_cpu_set_simd and ggml_cpu_set_avx512 allow, so that the rest of the library runs on any x86-64.
-// Every row goes into y through one fused multiply-add per value (fmaf, which plain x86-64 computes in software:
+// f32_rows.c: see f32_rows.h. Three forms (AVX-512, AVX2 with FMA, plain C) chosen at run time, as
+// ggml_cpu_set_simd and ggml_cpu_set_avx512 allow, so that the rest of the library runs on any x86-64. Every row
+// goes into y through one fused multiply-add per value in q order (fmaf, which plain x86-64 computes in software:
 // it only serves CPUs without FMA), so the three agree bit for bit.
 #include "f32_rows.h"
 
@@ -13,36 +13,46 @@
 #include <immintrin.h>
 #endif
 
-static inline __attribute__((always_inline)) void rows_add(int64_t n, float *restrict y, const float *c,
-                                                           const int32_t *at, int k, const float *b, int64_t ld) {
-    int q = 0;
-    for (; q + 8 <= k; q += 8) {
-        const float *restrict r[8];
-        float cq[8];
-        for (int t = 0; t < 8; t++) r[t] = b + at[q + t] * ld, cq[t] = c[q + t];
-        for (int64_t v = 0; v < n; v++) {
-            float s = y[v];
-            for (int t = 0; t < 8; t++) s = fmaf(cq[t], r[t][v], s);
-            y[v] = s;
-        }
-    }
-    for (; q < k; q++) {
-        const float cq = c[q], *restrict bq = b + at[q] * ld;
-        for (int64_t v = 0; v < n; v++) y[v] = fmaf(cq, bq[v], y[v]);
+// the plain form: every value's sum in q order, fused multiply-adds
+static void rows_add_plain(int64_t n, float *restrict y, const float *c, const int32_t *at, int k, const float *b,
+                           int64_t ld) {
+    for (int64_t v = 0; v < n; v++) {
+        float s = y[v];
+        for (int q = 0; q < k; q++) s = fmaf(c[q], b[at[q] * ld + v], s);
+        y[v] = s;
     }
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx512f,avx512vl,fma"))) static void rows_add_avx512(int64_t n, float *y, const float *c,
-                                                                             const int32_t *at, int k, const float *b,
-                                                                             int64_t ld) {
-    rows_add(n, y, c, at, k, b, ld);
-}
+// W vectors of y held in registers across all k rows (one load and store of y a call, and W independent chains
+// of fused multiply-adds, where a pass of rows through memory had made each pass wait on the last one's store);
+// the same sums in the same order as the plain form
+#define ROWS_ADD_SIMD(NAME, TARGET, VEC, LANES, W, LOAD, STORE, SET1, FMA)                                        \
+    __attribute__((target(TARGET))) static void NAME(int64_t n, float *y, const float *c, const int32_t *at, int k,  \
+                                                     const float *b, int64_t ld) {                                \
+        int64_t v = 0;                                                                                          \
+        for (; v + W * LANES <= n; v += W * LANES) {                                                             \
+            VEC acc[W];                                                                                         \
+            for (int t = 0; t < W; t++) acc[t] = LOAD(y + v + t * LANES);                                       \
+            for (int q = 0; q < k; q++) {                                                                       \
+                const VEC cq = SET1(c[q]);                                                                      \
+                const float *bq = b + at[q] * ld + v;                                                           \
+                for (int t = 0; t < W; t++) acc[t] = FMA(cq, LOAD(bq + t * LANES), acc[t]);                     \
+            }                                                                                                   \
+            for (int t = 0; t < W; t++) STORE(y + v + t * LANES, acc[t]);                                       \
+        }                                                                                                       \
+        for (; v + LANES <= n; v += LANES) {                                                                    \
+            VEC acc = LOAD(y + v);                                                                              \
+            for (int q = 0; q < k; q++) acc = FMA(SET1(c[q]), LOAD(b + at[q] * ld + v), acc);                    \
+            STORE(y + v, acc);                                                                                  \
+        }                                                                                                       \
+        if (v < n) rows_add_plain(n - v, y + v, c, at, k, b + v, ld);                                           \
+    }
 
-__attribute__((target("avx2,fma"))) static void rows_add_avx2(int64_t n, float *y, const float *c, const int32_t *at,
-                                                              int k, const float *b, int64_t ld) {
-    rows_add(n, y, c, at, k, b, ld);
-}
+ROWS_ADD_SIMD(rows_add_avx512, "avx512f,fma", __m512, 16, 8, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps,
+              _mm512_fmadd_ps)
+ROWS_ADD_SIMD(rows_add_avx2, "avx2,fma", __m256, 8, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps,
+              _mm256_fmadd_ps)
 #endif
 
 #if defined(__x86_64__)
@@ -85,5 +95,5 @@ void ggml_f32_rows_add(int64_t n, float *y, const float *c, const int32_t *at, i
         return;
     }
 #endif
-    rows_add(n, y, c, at, k, b, ld);
+    rows_add_plain(n, y, c, at, k, b, ld);
 }

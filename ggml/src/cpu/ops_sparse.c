@@ -373,7 +373,7 @@ static void block_slice(enum ggml_type type, int64_t d, int ith, int nth, int64_
 // ---------------------------------------------------------------------------------------------------
 // Many columns (a prompt batch), with a mask or every row: a thread owns a block-aligned slice [v0, v1) of d
 // in every column (block_slice) and walks all the selected rows, BATCH_ROWS at a time: their slices are
-// dequantized to floats once, then every column takes those it selects, four rows a pass (f32_rows.h). Summing
+// dequantized to floats once, then every column takes those it selects (f32_rows.h). Summing
 // row by row into each column instead dequantized a row's slice again for every column that took it
 // (a 128-token batch over 4864 rows of 896 Q5_0 values, 2 threads: 16x the dense GEMM's time).
 // ---------------------------------------------------------------------------------------------------
@@ -382,7 +382,6 @@ static void block_slice(enum ggml_type type, int64_t d, int ith, int nth, int64_
 #define BATCH_PIECE 128 // values of a slice dequantized at a time (a block where blocks are longer, QK_K at most):
                         // BATCH_ROWS x BATCH_PIECE floats (32 KB) stay in L1
 #define BATCH_PIECE_MAX 256 // the longest block (QK_K)
-#define BATCH_GROUP 8   // rows a pass of f32_rows: a column's list is padded to a multiple with a row of zeros
 
 struct batch_rows {
     const char *(*row)(const void *ctx, int64_t i);       // row i's bytes
@@ -393,17 +392,16 @@ struct batch_rows {
     struct ggml_tensor *dst;
     int64_t v0, v1;
     int64_t piece; // values a row's piece: BATCH_PIECE or the type's block
-    float *values; // (BATCH_ROWS + 1) x piece dequantized, the last row zeros
-    float *coefs;  // (m, BATCH_ROWS + BATCH_GROUP): each column's nonzero coefficients in the chunk, padded
-    int32_t *at;   // (m, BATCH_ROWS + BATCH_GROUP): and their rows' places in it
+    float *values; // BATCH_ROWS x piece dequantized
+    float *coefs;  // (m, BATCH_ROWS): each column's nonzero coefficients in the chunk
+    int32_t *at;   // (m, BATCH_ROWS): and their rows' places in it
     int32_t *taken; // (m): how many
     int64_t rows[BATCH_ROWS];
     int n;
 };
 
-#define BATCH_LIST (BATCH_ROWS + BATCH_GROUP)
 static size_t batch_scratch_bytes(int64_t m) {
-    return ggml_cpu_align_up(((size_t)(BATCH_ROWS + 1) * BATCH_PIECE_MAX + (size_t)m * (2 * BATCH_LIST + 1)) * sizeof(float));
+    return ggml_cpu_align_up(((size_t)BATCH_ROWS * BATCH_PIECE_MAX + (size_t)m * (2 * BATCH_ROWS + 1)) * sizeof(float));
 }
 
 // whether a walk over m columns with this selector sums a batch (index lists keep the row-by-row sums)
@@ -416,13 +414,12 @@ static struct batch_rows batch_rows_at(const struct ggml_compute_params *p, size
                                        enum ggml_type type, int64_t v0, int64_t v1) {
     const int64_t m = dst->ne[1];
     float *values = (float *)((char *)p->wdata + offset + (size_t)p->ith * batch_scratch_bytes(m));
-    float *coefs = values + (BATCH_ROWS + 1) * BATCH_PIECE_MAX;
-    int32_t *at = (int32_t *)(coefs + m * BATCH_LIST);
+    float *coefs = values + BATCH_ROWS * BATCH_PIECE_MAX;
+    int32_t *at = (int32_t *)(coefs + m * BATCH_ROWS);
     const struct ggml_type_traits *tw = ggml_get_type_traits(type);
     const int64_t piece = tw->blck_size > BATCH_PIECE ? tw->blck_size : BATCH_PIECE;
-    memset(values + BATCH_ROWS * piece, 0, (size_t)piece * sizeof(float));
     return (struct batch_rows){.tw = tw, .dst = dst, .v0 = v0, .v1 = v1, .piece = piece,
-                               .values = values, .coefs = coefs, .at = at, .taken = at + m * BATCH_LIST};
+                               .values = values, .coefs = coefs, .at = at, .taken = at + m * BATCH_ROWS};
 }
 
 // the chunk's rows into every column: each column's nonzero coefficients listed once, then a piece of the slice
@@ -432,12 +429,9 @@ static void batch_flush_rows(struct batch_rows *b) {
     const int64_t m = b->dst->ne[1];
     if (!b->n) return;
     for (int64_t j = 0; j < m; j++) {
-        float *c = b->coefs + j * BATCH_LIST;
-        int32_t *at = b->at + j * BATCH_LIST;
+        float *c = b->coefs + j * BATCH_ROWS;
         b->coefs_of(b->ctx, j, b->rows, b->n, c);
-        int k = ggml_f32_nonzero(c, b->n, at);
-        while (k % BATCH_GROUP) c[k] = 0.0f, at[k++] = BATCH_ROWS; // 0 x the row of zeros: 0, whatever the weights hold
-        b->taken[j] = k;
+        b->taken[j] = ggml_f32_nonzero(c, b->n, b->at + j * BATCH_ROWS);
     }
     for (int64_t p0 = b->v0; p0 < b->v1; p0 += b->piece) {
         const int64_t len = b->v1 - p0 < b->piece ? b->v1 - p0 : b->piece;
@@ -447,7 +441,7 @@ static void batch_flush_rows(struct batch_rows *b) {
         for (int64_t j = 0; j < m; j++) {
             float *y = (float *)((char *)b->dst->data + j * (int64_t)b->dst->nb[1]) + p0;
             if (b->taken[j])
-                ggml_f32_rows_add(len, y, b->coefs + j * BATCH_LIST, b->at + j * BATCH_LIST, b->taken[j], b->values,
+                ggml_f32_rows_add(len, y, b->coefs + j * BATCH_ROWS, b->at + j * BATCH_ROWS, b->taken[j], b->values,
                                   b->piece);
         }
     }
