@@ -72,6 +72,20 @@ def test_levels_oracle_follows_the_tiles(type_):
     assert np.all(np.abs(y - tiles) <= EMU_TOL.get(type_, 2e-6) * bound)
 
 
+@pytest.mark.parametrize("type_", LEVELS_TYPES)
+def test_simd_levels_equal_the_scalar_ones(type_):
+    """The AVX2 rows of levels (Q4_0, Q5_0, Q4_K, Q6_K; the rest stay scalar) write the scalar rows' levels and
+    scales: the oracle's GEMM over either gives the same bits."""
+    k = 4 * max(ggml.block_size(type_), 128)
+    simd, _, _ = levels_mul_mat(type_, 37, 20, k, 2, type_, ggml.lib.GGML_LEVELS_GEMM_REF)
+    try:
+        ggml.lib.ggml_cpu_set_simd(False)
+        scalar, _, _ = levels_mul_mat(type_, 37, 20, k, 2, type_, ggml.lib.GGML_LEVELS_GEMM_REF)
+    finally:
+        ggml.lib.ggml_cpu_set_simd(True)
+    np.testing.assert_array_equal(simd, scalar)
+
+
 @pytest.mark.skipif(not ggml.lib.ggml_cpu_has_amx(), reason="needs a CPU with AMX int8 tiles")
 @pytest.mark.parametrize("type_,precise", CASES)
 @SETTINGS

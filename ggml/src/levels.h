@@ -19,8 +19,10 @@ struct levels_traits {
     bool offset;   // an offset per group (the activations then carry their block sums)
     levels_row_fn row;
 };
-// NULL where the type has no levels form
+// NULL where the type has no levels form; its AVX2 rows where SIMD is in use and the type has them
 const struct levels_traits *levels_traits_for(enum ggml_type type);
+// quants_avx2.c: rows as the scalar ones write them, bytes and scales alike (NULL where a type has none)
+extern const levels_row_fn levels_rows_avx2[GGML_TYPE_COUNT];
 
 // LEVELS_ROWS weight rows, group-major: group g's levels of row r at levels + (g * LEVELS_ROWS + r) * group, so
 // that a tile's 16 rows are contiguous bytes; scale and offset (g, r) at [g * LEVELS_ROWS + r] (offset NULL

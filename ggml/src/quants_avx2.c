@@ -3,6 +3,7 @@
 // Several float accumulators are kept and summed once at the end; every result is checked against
 // the scalar kernels of quants.c (tests/test_quants.py).
 #include "ggml-impl.h"
+#include "levels.h"
 #include "quants.h"
 #include "quants_avx2.h"
 
@@ -1289,6 +1290,75 @@ static bool cpu_has_avx512_vnni(void) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
 }
+
+// --- weight rows as levels (levels.h) for a prompt's AMX GEMM: the scalar rows' bytes and scales, 32 levels a
+// store ---
+
+static void q4_0_levels_avx2(const void *row, int64_t k, int8_t *q, float *scale, float *offset, int64_t gs) {
+    (void)offset;
+    const block_q4_0 *b = row; // (k / 32,)
+    for (int64_t i = 0; i < k / QK4_0; i++, q += QK4_0) {
+        scale[i * gs] = ggml_fp16_to_fp32(b[i].d);
+        _mm256_storeu_si256((__m256i *)q, _mm256_sub_epi8(avx2_unpack_nibbles(b[i].qs), _mm256_set1_epi8(8)));
+    }
+}
+
+static void q5_0_levels_avx2(const void *row, int64_t k, int8_t *q, float *scale, float *offset, int64_t gs) {
+    (void)offset;
+    const block_q5_0 *b = row; // (k / 32,)
+    for (int64_t i = 0; i < k / QK5_0; i++, q += QK5_0) {
+        scale[i * gs] = ggml_fp16_to_fp32(b[i].d);
+        const __m256i fifth = _mm256_and_si256(avx2_bits_to_bytes(b[i].qh), _mm256_set1_epi8(16));
+        const __m256i u = _mm256_or_si256(avx2_unpack_nibbles(b[i].qs), fifth);
+        _mm256_storeu_si256((__m256i *)q, _mm256_sub_epi8(u, _mm256_set1_epi8(16)));
+    }
+}
+
+static void q4_K_levels_avx2(const void *row, int64_t k, int8_t *q, float *scale, float *offset, int64_t gs) {
+    const block_q4_K *b = row; // (k / 256,)
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = ggml_fp16_to_fp32(b[i].d), dmin = ggml_fp16_to_fp32(b[i].dmin);
+        for (int s = 0; s < 8; s++, q += 32) {
+            uint8_t sc, m;
+            ggml_q4_K_get_scale_min(b[i].scales, s, &sc, &m);
+            scale[(8 * i + s) * gs] = d * (float)sc;
+            offset[(8 * i + s) * gs] = -(dmin * (float)m);
+            const __m256i qs = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * (s / 2)));
+            _mm256_storeu_si256((__m256i *)q, _mm256_and_si256(s % 2 ? _mm256_srli_epi16(qs, 4) : qs, low4));
+        }
+    }
+}
+
+// Q6_K: a half of 128 values from 64 bytes of ql (low nibbles, then high) and 32 of qh (2 bits each)
+static void q6_K_levels_avx2(const void *row, int64_t k, int8_t *q, float *scale, float *offset, int64_t gs) {
+    (void)offset;
+    const block_q6_K *b = row; // (k / 256,)
+    const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3), bias = _mm256_set1_epi8(32);
+    for (int64_t i = 0; i < k / QK_K; i++, q += QK_K) {
+        const float d = ggml_fp16_to_fp32(b[i].d);
+        for (int s = 0; s < QK_K / 16; s++) scale[(16 * i + s) * gs] = d * (float)b[i].scales[s];
+        for (int h = 0; h < 2; h++) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b[i].ql + 64 * h));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b[i].ql + 64 * h + 32));
+            const __m256i hi = _mm256_loadu_si256((const __m256i *)(b[i].qh + 32 * h));
+            const __m256i lows[4] = {_mm256_and_si256(l0, low4), _mm256_and_si256(l1, low4),
+                                     _mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                                     _mm256_and_si256(_mm256_srli_epi16(l1, 4), low4)};
+            for (int g = 0; g < 4; g++) {
+                const __m256i top = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hi, 2 * g), two), 4);
+                _mm256_storeu_si256((__m256i *)(q + 128 * h + 32 * g), _mm256_sub_epi8(_mm256_or_si256(lows[g], top), bias));
+            }
+        }
+    }
+}
+
+const levels_row_fn levels_rows_avx2[GGML_TYPE_COUNT] = {
+    [GGML_TYPE_Q4_0] = q4_0_levels_avx2,
+    [GGML_TYPE_Q5_0] = q5_0_levels_avx2,
+    [GGML_TYPE_Q4_K] = q4_K_levels_avx2,
+    [GGML_TYPE_Q6_K] = q6_K_levels_avx2,
+};
 
 void ggml_quants_install_avx2(struct ggml_type_traits *traits, bool avx512) {
     traits[GGML_TYPE_F32].vec_dot = f32_vec_dot_avx2;
