@@ -4,6 +4,8 @@ engine against the float64 oracle with the same thresholds, the copies against t
 `pyinfer sparsify --method input`'s bad input."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -372,6 +374,32 @@ def test_sparsify_reports_the_held_out_perplexity_change(tiny_files, tmp_path, c
     assert sparse == pytest.approx(_oracle_ppl(str(out), tokens, bos, thresholds), rel=2e-3)
     assert change == pytest.approx(100 * (sparse / dense - 1), abs=0.11)
     assert sparse != dense
+
+
+def test_auto_keeps_the_method_with_the_lower_perplexity_on_chunks_set_apart(tiny_files, tmp_path, capsys):
+    """The default method of a gated FFN writes both files from the first three quarters of the calibration chunks,
+    measures each on the last quarter (the decoder's numerics) and keeps the better one: its printed perplexity is
+    the output file's on those chunks, the other's is higher, no partial file stays behind."""
+    from pyinfer.sparsity.profiler import calibration_chunks
+    from pyinfer.sparsity.sparsify import chunks_perplexity
+
+    calib = tmp_path / "calib.txt"
+    calib.write_text(_words(5, 3000))
+    src, out = tiny_files("llama_silu", False), tmp_path / "out.gguf"
+    argv = ["--target", "0.4", "--corpus", str(calib), "--tokens", "512", "--ctx", "64", "--eval-tokens", "0", "-t", "2"]
+    assert sparsify([src, *argv, "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    ppl = {m: float(v) for m, v in re.findall(r"(input|centred) ([\d.]+)", printed.split("method auto:")[1])}
+    chosen = re.search(r": (input|centred)\n", printed).group(1)
+    assert set(ppl) == {"input", "centred"} and ppl[chosen] <= min(ppl.values())
+    assert ("blk.0.ffn_inp.shift" in GGUFFile(str(out)).tensors) == (chosen == "centred")
+    chunks, _ = calibration_chunks(src, [str(calib)], 512, 64, progress=False)
+    assert len(chunks) == 8
+    assert chunks_perplexity(str(out), chunks[6:], 2)[0] == pytest.approx(ppl[chosen], rel=1e-6)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.txt", "out.gguf"]
+    # too few chunks to set a quarter apart: one line, nothing written
+    assert sparsify([src, *argv[:4], "--tokens", "64", *argv[6:], "-o", str(tmp_path / "few.gguf")]) == 1
+    assert "--method auto" in capsys.readouterr().err and not (tmp_path / "few.gguf").exists()
 
 
 def test_a_centred_file_missing_a_centring_tensor_is_refused(tiny_files, tmp_path, monkeypatch):

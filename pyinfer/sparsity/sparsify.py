@@ -2,7 +2,10 @@
 FFN neurons hot-first, train activation predictors, and write the PowerGGUF with all of it. With `--method
 centred` (SwiGLU/GeGLU, no training): thresholds on the FFN's input and activations for a target share of its
 weight bytes skipped, each taken around the channel's or neuron's mean on the calibration text, and channel-major
-gate and up (pyinfer.sparsity.input_sparsity); `--method input` is the same around zero (TEAL's baseline).
+gate and up (pyinfer.sparsity.input_sparsity); `--method input` is the same around zero (TEAL's baseline). Which
+of the two loses less is the model's (centring won on Qwen2.5-Coder-0.5B and lost on the 1.5B, SmolLM2 and
+Gemma-3): the default, `--method auto`, calibrates both on three quarters of the calibration chunks and keeps the
+one with the lower perplexity on the last quarter (a ReLU-family FFN gets predictors).
 
 Written: blk.N.fc1.weight F16 ne [n_embd, r_l], blk.N.fc2.weight F16 ne
 [r_l, n_ff], blk.N.fc2.bias F32 [n_ff] (a neuron is predicted active where fc2 @ relu(fc1 @ x) + bias > 0),
@@ -76,9 +79,10 @@ def sparsity_kv(kind: str, target: float, thresholds: list[float], ranks: list[i
 
 
 def default_output(model: str, sparsity: float, method: str = "predictors") -> str:
-    """<cache>/sparse/<model stem>-s<percent>.gguf (--method input: -in<percent>, centred: -ce<percent>)"""
+    """<cache>/sparse/<model stem>-s<percent>.gguf (--method input: -in<percent>, centred: -ce<percent>, auto
+    between them: -au<percent>)"""
     stem = os.path.splitext(os.path.basename(model))[0].removesuffix("-power")
-    tag = {"input": "in", "centred": "ce"}.get(method, "s")
+    tag = {"input": "in", "centred": "ce", "auto": "au"}.get(method, "s")
     return str(cache_dir() / "sparse" / f"{stem}-{tag}{round(100 * sparsity)}.gguf")
 
 
@@ -103,27 +107,38 @@ def bytes_skipped(path: str, channels: float, neurons: float) -> float:
     return 1 - read / sum(size.values())
 
 
+def chunks_perplexity(path: str, chunks, threads: int | None) -> tuple[float, dict]:
+    """The perplexity of the model at path over token chunks, second halves scored (llama.cpp's), a sparse file's
+    batches computed as its decoder computes each token (reads_row_major); and the model's counters after."""
+    from pyinfer.engine.driver import Model
+    from pyinfer.engine.scoring import Stats, scored_logprobs
+
+    n_ctx = max(len(c) for c in chunks)
+    model = Model(path, n_ctx=n_ctx, n_threads=threads)
+    if model.sparse_spec is not None:
+        model.sparse_spec.gemm_above = n_ctx
+    stats = Stats()
+    for chunk in chunks:
+        stats.add(scored_logprobs(model, chunk), chunk[len(chunk) // 2 + 1:])
+    return Stats.ppl(stats.nll)[0], model.timings.extra
+
+
 def held_out_report(src: str, out: str, text: str, n_tokens: int, threads: int | None) -> str:
     """The perplexity of src and out on n_tokens of held-out text (fetch_held_out: no calibration corpus holds
     it) in chunks of HELD_OUT_CTX, and the shares of gate's and up's channels and of down's neurons out read there."""
-    from pyinfer.engine.driver import Model
-    from pyinfer.engine.scoring import Stats, chunk_tokens, scored_logprobs
+    from pyinfer.engine.scoring import chunk_tokens
+    from pyinfer.formats.tokenizer import Tokenizer
 
-    ppl = []
     n_chunks = max(1, n_tokens // HELD_OUT_CTX)
+    tok = Tokenizer.from_gguf_metadata(GGUFFile(src).metadata)
+    tokens = tok.encode(text)
+    if len(tokens) < n_chunks * HELD_OUT_CTX:
+        raise InvalidArgumentError(f"the held-out text has {len(tokens)} tokens, fewer than --eval-tokens")
+    chunks = chunk_tokens(tokens, HELD_OUT_CTX, tok.bos_id if tok.add_bos else None, n_chunks)
+    ppl = []
     for path in tqdm((src, out), desc="held-out perplexity", file=sys.stderr, disable=None):
-        model = Model(path, n_ctx=HELD_OUT_CTX, n_threads=threads)
-        if model.sparse_spec is not None:  # the batches as the decoder computes each token (reads_row_major)
-            model.sparse_spec.gemm_above = HELD_OUT_CTX
-        tokens = model.tokenize(text)
-        if len(tokens) < n_chunks * HELD_OUT_CTX:
-            raise InvalidArgumentError(f"the held-out text has {len(tokens)} tokens, fewer than --eval-tokens")
-        stats = Stats()
-        for chunk in chunk_tokens(tokens, HELD_OUT_CTX, model.tokenizer.bos_id if model.tokenizer.add_bos else None,
-                                  n_chunks):
-            stats.add(scored_logprobs(model, chunk), chunk[HELD_OUT_CTX // 2 + 1:])
-        ppl.append(Stats.ppl(stats.nll)[0])
-        extra = model.timings.extra
+        value, extra = chunks_perplexity(path, chunks, threads)
+        ppl.append(value)
     read = ""
     if extra.get("ffn_rows_total") and extra.get("ffn_channels_total"):
         channels = extra["ffn_channels_active"] / extra["ffn_channels_total"]
@@ -135,8 +150,13 @@ def held_out_report(src: str, out: str, text: str, n_tokens: int, threads: int |
             f"{ppl[0]:.3f} dense, {ppl[1]:.3f} sparse: {100 * (ppl[1] / ppl[0] - 1):+.1f} %{read}")
 
 
+INPUT_METHODS = ("input", "centred")  # what --method auto chooses between for a gated FFN
+VALIDATION_SHARE = 4  # --method auto: one calibration chunk in this many (the last ones) validates, the rest calibrate
+
+
 def _input_sparsify(args: argparse.Namespace) -> int:
-    """--method input or centred: calibration thresholds and channel-major gate and up, no predictors."""
+    """--method input or centred (or auto, the better of the two on calibration text set apart): calibration
+    thresholds and channel-major gate and up, no predictors."""
     from pyinfer.hub.model_files import resolve_model
 
     t0 = time.perf_counter()
@@ -150,19 +170,38 @@ def _input_sparsify(args: argparse.Namespace) -> int:
     out = args.output or default_output(path, args.sparsity, args.method)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     chunks, calibration = calibration_chunks(path, args.corpus, args.tokens, args.ctx)
-    profile = collect(path, chunks, calibration, n_threads=args.threads)
-    layers = (profile.layer(il) for il in tqdm(range(profile.n_layer), desc="thresholds", file=sys.stderr,
-                                               disable=None))
-    calibrated = input_sparsity.calibrate(layers, args.sparsity, args.down_skip, centred=args.method == "centred")
+    methods = INPUT_METHODS if args.method == "auto" else (args.method,)
+    validation = chunks[len(chunks) - len(chunks) // VALIDATION_SHARE:] if len(methods) > 1 else []
+    if len(methods) > 1 and not validation:
+        raise InvalidArgumentError(f"--method auto sets a quarter of the calibration chunks apart to choose the "
+                                   f"method: {len(chunks)} chunks are too few (raise --tokens)")
+    fit = chunks[:len(chunks) - len(validation)]
+    if validation:
+        calibration += f", of which the last {len(validation)} chose the method"
+    profile = collect(path, fit, calibration, n_threads=args.threads)
     narrow = not args.keep_down_type and input_sparsity.narrows_down_by_default(g)
-    input_sparsity.write(path, out, calibrated, args.sparsity, calibration, narrow_down=narrow)
-    GGUFFile(out)  # the written file must load
+    written = {}
+    for method in methods:
+        layers = (profile.layer(il) for il in tqdm(range(profile.n_layer), desc=f"{method} thresholds",
+                                                   file=sys.stderr, disable=None))
+        calibrated = input_sparsity.calibrate(layers, args.sparsity, args.down_skip, centred=method == "centred")
+        target = out if len(methods) == 1 else f"{out}.{method}.part"
+        input_sparsity.write(path, target, calibrated, args.sparsity, calibration, narrow_down=narrow)
+        GGUFFile(target)  # the written file must load
+        written[method] = target, calibrated
+    if len(methods) > 1:
+        method, line = _choose(written, validation, args.threads)
+        os.replace(written[method][0], out)
+        calibrated = written[method][1]
+        print(line)
+    else:
+        method = methods[0]
     rows = [{"layer": il, "t_x": c.t_x, "t_h": c.t_h, "channels read %": 100 * c.x_density,
              "neurons read %": 100 * float(c.freq.mean()),
              "bytes skipped %": 100 * (1 - (2 * c.x_density + float(c.freq.mean())) / 3)}
             for il, c in enumerate(calibrated)]
     skipped = float(np.mean([r["bytes skipped %"] for r in rows]))
-    print(f"{args.method} input sparsity, target {args.sparsity:.3f} of the FFN's weight bytes: per layer "
+    print(f"{method} input sparsity, target {args.sparsity:.3f} of the FFN's weight bytes: per layer "
           f"{100 * s_x:.1f} % of gate's and up's input channels and {100 * s_h:.1f} % of down's neurons skipped; "
           "measured on the "
           f"calibration text ({calibration}): {skipped:.1f} % of the FFN's bytes")
@@ -173,8 +212,32 @@ def _input_sparsify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _choose(written: dict, validation, threads: int | None) -> tuple[str, str]:
+    """(the method whose file has the lower perplexity on the validation chunks, the line that says so); the other
+    files are removed, and all of them if the measurement fails."""
+    try:
+        ppl = {m: chunks_perplexity(target, validation, threads)[0]
+               for m, (target, _) in tqdm(written.items(), desc="choosing the method", file=sys.stderr, disable=None)}
+    except BaseException:
+        for target, _ in written.values():
+            os.remove(target)
+        raise
+    best = min(ppl, key=ppl.get)
+    for m, (target, _) in written.items():
+        if m != best:
+            os.remove(target)
+    said = ", ".join(f"{m} {p:.3f}" for m, p in ppl.items())
+    return best, (f"method auto: perplexity on {len(validation)} calibration chunks set apart from the thresholds: "
+                  f"{said}: {best}")
+
+
 def _sparsify(args: argparse.Namespace) -> int:
-    if args.method in ("input", "centred"):
+    if args.method == "auto":
+        from pyinfer.hub.model_files import resolve_model
+
+        gated = GGUFFile(resolve_model(args.model)).config.ffn_kind in input_sparsity.GATED_KINDS
+        args.method = "auto" if gated else "predictors"
+    if args.method in ("input", "centred", "auto"):
         return _input_sparsify(args)
     t0 = time.perf_counter()
     if not 0.0 < args.sparsity < 1.0:
@@ -230,24 +293,27 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_profile_args(p)
     add_training_args(p)
-    p.add_argument("--method", choices=["predictors", "centred", "input"], default="predictors",
+    p.add_argument("--method", choices=["auto", "predictors", "centred", "input"], default="auto",
                    help="predictors: trained per-layer predictors (ReLU-family models); centred: no training, "
                         "thresholds on the FFN's input and activations around their calibrated means (SwiGLU/GeGLU); "
-                        "input: the same around zero, TEAL's baseline (default predictors)")
+                        "input: the same around zero, TEAL's baseline; auto (default): predictors for a ReLU-family "
+                        "FFN, else the better of input and centred on a quarter of the calibration text set apart")
     p.add_argument("--target", dest="sparsity", type=float, metavar="B",
-                   help="input, centred: the share of the FFN's weight bytes a decoded token skips (as --sparsity)")
+                   help="input, centred, auto: the share of the FFN's weight bytes a decoded token skips (as "
+                        "--sparsity)")
     p.add_argument("--down-skip", type=float, default=None, metavar="S",
-                   help="input, centred: the share of down's neurons skipped (gate and up skip input channels for "
-                        "the rest of the target; default min(0.95, 1.4 B))")
+                   help="input, centred, auto: the share of down's neurons skipped (gate and up skip input channels "
+                        "for the rest of the target; default min(0.95, 1.4 B))")
     p.add_argument("--keep-down-type", action="store_true",
-                   help="input, centred: keep ffn_down_t's stored type (Q8_0 for sources below 8 bits) instead of "
-                        "requantizing it to the type of gate's and up's channel-major copies (kept by default for "
-                        "models of at most 256 MiB)")
+                   help="input, centred, auto: keep ffn_down_t's stored type (Q8_0 for sources below 8 bits) "
+                        "instead of requantizing it to the type of gate's and up's channel-major copies (kept by "
+                        "default for models of at most 256 MiB)")
     p.add_argument("--eval-tokens", type=int, default=2 * HELD_OUT_CTX,
-                   help="input, centred: held-out tokens on which to report the perplexity change (0: none; "
+                   help="input, centred, auto: held-out tokens on which to report the perplexity change (0: none; "
                         f"default {2 * HELD_OUT_CTX})")
     p.add_argument("-o", "--output", help="output PowerGGUF (default: <cache>/sparse/<model>-s<percent>.gguf, "
-                                          "with --method input -in<percent>.gguf, centred -ce<percent>.gguf)")
+                                          "with --method input -in<percent>.gguf, centred -ce<percent>.gguf, auto "
+                                          "between them -au<percent>.gguf)")
     return run_cli(PROG, p, _sparsify, argv)
 
 
