@@ -386,7 +386,8 @@ def test_auto_keeps_the_method_with_the_lower_perplexity_on_chunks_set_apart(tin
     calib = tmp_path / "calib.txt"
     calib.write_text(_words(5, 3000))
     src, out = tiny_files("llama_silu", False), tmp_path / "out.gguf"
-    argv = ["--target", "0.4", "--corpus", str(calib), "--tokens", "512", "--ctx", "64", "--eval-tokens", "0", "-t", "2"]
+    argv = ["--target", "0.4", "--corpus", str(calib), "--tokens", "512", "--ctx", "64", "--eval-tokens", "0",
+            "-t", "2"]
     assert sparsify([src, *argv, "-o", str(out)]) == 0
     printed = capsys.readouterr().out
     ppl = {m: float(v) for m, v in re.findall(r"(input|centred) ([\d.]+)", printed.split("method auto:")[1])}
