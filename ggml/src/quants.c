@@ -485,14 +485,10 @@ static void q4_K_from_float(const float *src, void *dst, int64_t n) {
 static void q4_K_to_float(const void *src, float *dst, int64_t n) {
     const block_q4_K *x = src; // (n / 256,)
     for (int64_t i = 0; i < n / QK_K; i++) {
-        const float d = ggml_fp16_to_fp32(x[i].d);
-        const float dmin = ggml_fp16_to_fp32(x[i].dmin);
         float *y = dst + i * QK_K; // (256,)
         for (int s = 0; s < 8; s++) {
-            uint8_t sc, m;
-            ggml_q4_K_get_scale_min(x[i].scales, s, &sc, &m);
-            const float dl = d * (float)sc;
-            const float ml = dmin * (float)m;
+            float dl, ml;
+            ggml_q4_K_sub_block(&x[i], s, &dl, &ml);
             const uint8_t *qs = x[i].qs + 32 * (s / 2); // (32,) nibbles shared by sub-blocks 2c, 2c + 1
             const int shift = 4 * (s % 2);
             for (int l = 0; l < 32; l++) {

@@ -204,6 +204,14 @@ GGML_QFN float ggml_fp16_to_fp32(uint16_t h) {
     return ggml_f32_from_bits(sign | ((exp + 112) << 23) | (man << 13));
 }
 
+// Q4_K sub-block s of b: value = *step * level - *minimum, the two products as to_float rounds them (d * sc, dmin * m)
+GGML_QFN void ggml_q4_K_sub_block(const block_q4_K *b, int s, float *step, float *minimum) {
+    uint8_t sc, m;
+    ggml_q4_K_get_scale_min(b->scales, s, &sc, &m);
+    *step = ggml_fp16_to_fp32(b->d) * (float)sc;
+    *minimum = ggml_fp16_to_fp32(b->dmin) * (float)m;
+}
+
 // round to nearest even (as numpy's astype(float16)); overflow gives inf, NaN stays NaN (quieted)
 GGML_QFN uint16_t ggml_fp32_to_fp16(float f) {
     uint32_t u = ggml_f32_bits(f);

@@ -167,15 +167,13 @@ static void q8_0_to_float_avx2(const void *src, float *dst, int64_t n) {
 static void q4_K_to_float_avx2(const void *src, float *dst, int64_t n) {
     const block_q4_K *x = src; // (n / 256,)
     for (int64_t i = 0; i < n / QK_K; i++) {
-        const float d = ggml_fp16_to_fp32(x[i].d), dmin = ggml_fp16_to_fp32(x[i].dmin);
         for (int p = 0; p < 4; p++) { // sub-blocks 2p (low nibbles of 32 bytes) and 2p + 1 (high)
             const __m256i qs = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * p));
             for (int h = 0; h < 2; h++) {
-                uint8_t sc, m;
-                ggml_q4_K_get_scale_min(x[i].scales, 2 * p + h, &sc, &m);
+                float step, minimum;
+                ggml_q4_K_sub_block(&x[i], 2 * p + h, &step, &minimum);
                 const __m256i q = _mm256_and_si256(h ? _mm256_srli_epi16(qs, 4) : qs, _mm256_set1_epi8(0x0F));
-                levels32_to_float(q, false, _mm256_set1_ps(d * (float)sc), _mm256_set1_ps(dmin * (float)m),
-                                  dst + i * QK_K + 32 * (2 * p + h));
+                levels32_to_float(q, false, _mm256_set1_ps(step), _mm256_set1_ps(minimum), dst + i * QK_K + 32 * (2 * p + h));
             }
         }
     }
@@ -1318,12 +1316,10 @@ static void q4_K_levels_avx2(const void *row, int64_t k, int8_t *q, float *scale
     const block_q4_K *b = row; // (k / 256,)
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     for (int64_t i = 0; i < k / QK_K; i++) {
-        const float d = ggml_fp16_to_fp32(b[i].d), dmin = ggml_fp16_to_fp32(b[i].dmin);
         for (int s = 0; s < 8; s++, q += 32) {
-            uint8_t sc, m;
-            ggml_q4_K_get_scale_min(b[i].scales, s, &sc, &m);
-            scale[(8 * i + s) * gs] = d * (float)sc;
-            offset[(8 * i + s) * gs] = -(dmin * (float)m);
+            float minimum;
+            ggml_q4_K_sub_block(&b[i], s, &scale[(8 * i + s) * gs], &minimum);
+            offset[(8 * i + s) * gs] = -minimum;
             const __m256i qs = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * (s / 2)));
             _mm256_storeu_si256((__m256i *)q, _mm256_and_si256(s % 2 ? _mm256_srli_epi16(qs, 4) : qs, low4));
         }

@@ -76,12 +76,10 @@ static void mxfp4_levels(const void *row, int64_t k, int8_t *q, float *scale, fl
 static void q4_K_levels(const void *row, int64_t k, int8_t *q, float *scale, float *offset, int64_t gs) {
     const block_q4_K *b = row; // (k / 256,)
     for (int64_t i = 0; i < k / QK_K; i++) {
-        const float d = ggml_fp16_to_fp32(b[i].d), dmin = ggml_fp16_to_fp32(b[i].dmin);
         for (int s = 0; s < 8; s++, q += 32) {
-            uint8_t sc, m;
-            ggml_q4_K_get_scale_min(b[i].scales, s, &sc, &m);
-            scale[(8 * i + s) * gs] = d * (float)sc;
-            offset[(8 * i + s) * gs] = -(dmin * (float)m);
+            float minimum;
+            ggml_q4_K_sub_block(&b[i], s, &scale[(8 * i + s) * gs], &minimum);
+            offset[(8 * i + s) * gs] = -minimum;
             const uint8_t *qs = b[i].qs + 32 * (s / 2); // (32,) nibbles shared by sub-blocks 2c, 2c + 1
             for (int l = 0; l < 32; l++) q[l] = (int8_t)((qs[l] >> (4 * (s % 2))) & 0x0F);
         }
