@@ -18,11 +18,15 @@ struct levels_traits {
     int group;     // values under one scale: 16 or 32
     bool offset;   // an offset per group (the activations then carry their block sums)
     levels_row_fn row;
+    levels_row_fn row_avx2; // the same bytes and scales with AVX2 (quants_avx2.c), taken while SIMD is in use; or NULL
 };
-// NULL where the type has no levels form; its AVX2 rows where SIMD is in use and the type has them
+// NULL where the type has no levels form
 const struct levels_traits *levels_traits_for(enum ggml_type type);
-// quants_avx2.c: rows as the scalar ones write them, bytes and scales alike (NULL where a type has none)
-extern const levels_row_fn levels_rows_avx2[GGML_TYPE_COUNT];
+// quants_avx2.c's rows
+void q4_0_levels_avx2(const void *row, int64_t k, int8_t *q, float *scale, float *offset, int64_t gs);
+void q5_0_levels_avx2(const void *row, int64_t k, int8_t *q, float *scale, float *offset, int64_t gs);
+void q4_K_levels_avx2(const void *row, int64_t k, int8_t *q, float *scale, float *offset, int64_t gs);
+void q6_K_levels_avx2(const void *row, int64_t k, int8_t *q, float *scale, float *offset, int64_t gs);
 
 // LEVELS_ROWS weight rows, group-major: group g's levels of row r at levels + (g * LEVELS_ROWS + r) * group, so
 // that a tile's 16 rows are contiguous bytes; scale and offset (g, r) at [g * LEVELS_ROWS + r] (offset NULL

@@ -173,7 +173,8 @@ static void q4_K_to_float_avx2(const void *src, float *dst, int64_t n) {
                 float step, minimum;
                 ggml_q4_K_sub_block(&x[i], 2 * p + h, &step, &minimum);
                 const __m256i q = _mm256_and_si256(h ? _mm256_srli_epi16(qs, 4) : qs, _mm256_set1_epi8(0x0F));
-                levels32_to_float(q, false, _mm256_set1_ps(step), _mm256_set1_ps(minimum), dst + i * QK_K + 32 * (2 * p + h));
+                levels32_to_float(q, false, _mm256_set1_ps(step), _mm256_set1_ps(minimum),
+                                  dst + i * QK_K + 32 * (2 * p + h));
             }
         }
     }
@@ -1292,7 +1293,7 @@ static bool cpu_has_avx512_vnni(void) {
 // --- weight rows as levels (levels.h) for a prompt's AMX GEMM: the scalar rows' bytes and scales, 32 levels a
 // store ---
 
-static void q4_0_levels_avx2(const void *row, int64_t k, int8_t *q, float *scale, float *offset, int64_t gs) {
+void q4_0_levels_avx2(const void *row, int64_t k, int8_t *q, float *scale, float *offset, int64_t gs) {
     (void)offset;
     const block_q4_0 *b = row; // (k / 32,)
     for (int64_t i = 0; i < k / QK4_0; i++, q += QK4_0) {
@@ -1301,7 +1302,7 @@ static void q4_0_levels_avx2(const void *row, int64_t k, int8_t *q, float *scale
     }
 }
 
-static void q5_0_levels_avx2(const void *row, int64_t k, int8_t *q, float *scale, float *offset, int64_t gs) {
+void q5_0_levels_avx2(const void *row, int64_t k, int8_t *q, float *scale, float *offset, int64_t gs) {
     (void)offset;
     const block_q5_0 *b = row; // (k / 32,)
     for (int64_t i = 0; i < k / QK5_0; i++, q += QK5_0) {
@@ -1312,7 +1313,7 @@ static void q5_0_levels_avx2(const void *row, int64_t k, int8_t *q, float *scale
     }
 }
 
-static void q4_K_levels_avx2(const void *row, int64_t k, int8_t *q, float *scale, float *offset, int64_t gs) {
+void q4_K_levels_avx2(const void *row, int64_t k, int8_t *q, float *scale, float *offset, int64_t gs) {
     const block_q4_K *b = row; // (k / 256,)
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     for (int64_t i = 0; i < k / QK_K; i++) {
@@ -1327,7 +1328,7 @@ static void q4_K_levels_avx2(const void *row, int64_t k, int8_t *q, float *scale
 }
 
 // Q6_K: a half of 128 values from 64 bytes of ql (low nibbles, then high) and 32 of qh (2 bits each)
-static void q6_K_levels_avx2(const void *row, int64_t k, int8_t *q, float *scale, float *offset, int64_t gs) {
+void q6_K_levels_avx2(const void *row, int64_t k, int8_t *q, float *scale, float *offset, int64_t gs) {
     (void)offset;
     const block_q6_K *b = row; // (k / 256,)
     const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3), bias = _mm256_set1_epi8(32);
@@ -1343,18 +1344,12 @@ static void q6_K_levels_avx2(const void *row, int64_t k, int8_t *q, float *scale
                                      _mm256_and_si256(_mm256_srli_epi16(l1, 4), low4)};
             for (int g = 0; g < 4; g++) {
                 const __m256i top = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hi, 2 * g), two), 4);
-                _mm256_storeu_si256((__m256i *)(q + 128 * h + 32 * g), _mm256_sub_epi8(_mm256_or_si256(lows[g], top), bias));
+                const __m256i level = _mm256_sub_epi8(_mm256_or_si256(lows[g], top), bias);
+                _mm256_storeu_si256((__m256i *)(q + 128 * h + 32 * g), level);
             }
         }
     }
 }
-
-const levels_row_fn levels_rows_avx2[GGML_TYPE_COUNT] = {
-    [GGML_TYPE_Q4_0] = q4_0_levels_avx2,
-    [GGML_TYPE_Q5_0] = q5_0_levels_avx2,
-    [GGML_TYPE_Q4_K] = q4_K_levels_avx2,
-    [GGML_TYPE_Q6_K] = q6_K_levels_avx2,
-};
 
 void ggml_quants_install_avx2(struct ggml_type_traits *traits, bool avx512) {
     traits[GGML_TYPE_F32].vec_dot = f32_vec_dot_avx2;

@@ -4,7 +4,6 @@
 #include "quants.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <string.h>
 
 // ---------------------------------------------------------------------------------------------------
@@ -108,32 +107,17 @@ static void q6_K_levels(const void *row, int64_t k, int8_t *q, float *scale, flo
 }
 
 static const struct levels_traits levels_table[GGML_TYPE_COUNT] = {
-    [GGML_TYPE_Q4_0] = {32, false, q4_0_levels},
+    [GGML_TYPE_Q4_0] = {32, false, q4_0_levels, q4_0_levels_avx2},
     [GGML_TYPE_Q4_1] = {32, true, q4_1_levels},
-    [GGML_TYPE_Q5_0] = {32, false, q5_0_levels},
+    [GGML_TYPE_Q5_0] = {32, false, q5_0_levels, q5_0_levels_avx2},
     [GGML_TYPE_Q8_0] = {32, false, q8_0_levels},
     [GGML_TYPE_MXFP4] = {32, false, mxfp4_levels},
-    [GGML_TYPE_Q4_K] = {32, true, q4_K_levels},
-    [GGML_TYPE_Q6_K] = {16, false, q6_K_levels},
+    [GGML_TYPE_Q4_K] = {32, true, q4_K_levels, q4_K_levels_avx2},
+    [GGML_TYPE_Q6_K] = {16, false, q6_K_levels, q6_K_levels_avx2},
 };
 
-// levels_table with the AVX2 rows where there are some (a small batch's panels are unpacked for every call: the
-// scalar Q5_0 rows had been 10 % of a 128-token prompt)
-static struct levels_traits levels_simd_table[GGML_TYPE_COUNT];
-static pthread_once_t levels_simd_once = PTHREAD_ONCE_INIT;
-
-static void levels_simd_fill(void) {
-    for (int t = 0; t < GGML_TYPE_COUNT; t++) {
-        levels_simd_table[t] = levels_table[t];
-        if (levels_rows_avx2[t]) levels_simd_table[t].row = levels_rows_avx2[t];
-    }
-}
-
 const struct levels_traits *levels_traits_for(enum ggml_type type) {
-    if (type < 0 || type >= GGML_TYPE_COUNT || !levels_table[type].row) return NULL;
-    if (!ggml_quants_simd_in_use()) return &levels_table[type];
-    pthread_once(&levels_simd_once, levels_simd_fill);
-    return &levels_simd_table[type];
+    return type >= 0 && type < GGML_TYPE_COUNT && levels_table[type].row ? &levels_table[type] : NULL;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -158,9 +142,12 @@ void levels_panel_fill(const struct levels_traits *lt, const char *w, size_t bw,
     float *scale = (float *)((char *)buf + align64((size_t)LEVELS_ROWS * (size_t)k));
     float *offset = lt->offset ? (float *)((char *)scale + per_group) : NULL;
     int8_t *row = (int8_t *)scale + (lt->offset ? 2 : 1) * per_group; // (k,)
+    // the AVX2 rows where SIMD is on (a small batch unpacks every panel per call: the scalar Q5_0 rows had been
+    // 10 % of a 128-token prompt)
+    const levels_row_fn row_fn = lt->row_avx2 && ggml_quants_simd_in_use() ? lt->row_avx2 : lt->row;
     for (int64_t r = 0; r < LEVELS_ROWS; r++) {
         if (r < rows) {
-            lt->row(w + r * (int64_t)bw, k, row, scale + r, offset ? offset + r : NULL, LEVELS_ROWS);
+            row_fn(w + r * (int64_t)bw, k, row, scale + r, offset ? offset + r : NULL, LEVELS_ROWS);
         } else {
             // the matrix's last rows: zero levels and scales, whose outputs the caller drops
             memset(row, 0, (size_t)k);

@@ -270,7 +270,8 @@ int ggml_cpu_op_mul_mat_rows(const struct ggml_compute_params *p, struct ggml_te
 // the prefetchers follow) into a [d, m] buffer per unit of work, then split d to add the buffers up. More
 // columns, or rows longer than there are rows (a channel-major gate or up: n_embd rows of n_ff, where ~64
 // buffers of d floats to zero and add up had cost as many bytes as the rows read): the threads split d into
-// block-aligned slices instead, each owning its slice of dst and walking every selected row.
+// block-aligned slices instead, each owning its slice of dst and walking every selected row (with more columns
+// under a mask or none, a chunk of rows at a time: the batch form below).
 // ---------------------------------------------------------------------------------------------------
 
 #define UNIT_SUMS_MAX_M 4 // columns up to which the sparse sums are kept per unit of work
@@ -404,9 +405,9 @@ static size_t batch_scratch_bytes(int64_t m) {
     return ggml_cpu_align_up(((size_t)BATCH_ROWS * BATCH_PIECE_MAX + (size_t)m * (2 * BATCH_ROWS + 1)) * sizeof(float));
 }
 
-// whether a walk over m columns with this selector sums a batch (index lists keep the row-by-row sums)
-static bool sums_batch(const struct sparse_sel *s) {
-    return s->m > UNIT_SUMS_MAX_M && !(s->sel && s->sel->type == GGML_TYPE_I32);
+// whether a walk over m columns with selector sel sums a batch (index lists keep the row-by-row sums)
+static bool sums_batch(const struct ggml_tensor *sel, int64_t m) {
+    return m > UNIT_SUMS_MAX_M && !(sel && sel->type == GGML_TYPE_I32);
 }
 
 // thread ith's batch over its slice [v0, v1) of dst, scratch at wdata + offset (nth x batch_scratch_bytes)
@@ -539,8 +540,8 @@ size_t ggml_cpu_axpy_rows_wsize(const struct ggml_tensor *dst, int n_threads) {
     const int64_t n_rows = dst->src[0]->ne[1], m = dst->ne[1];
     const struct ggml_tensor *sel = dst->src[2];
     size_t sums = !axpy_slices_d(dst->src[0], m) ? (size_t)sel_max_units(n_rows, n_threads) * unit_sum_bytes(dst->ne[0], m)
-                  : m > UNIT_SUMS_MAX_M && !(sel && sel->type == GGML_TYPE_I32) ? (size_t)n_threads * batch_scratch_bytes(m)
-                                                                                 : 0;
+                  : sums_batch(sel, m)                  ? (size_t)n_threads * batch_scratch_bytes(m)
+                                                        : 0;
     return sel_wsize(sel, n_rows, n_threads) + sums;
 }
 
@@ -561,7 +562,7 @@ int ggml_cpu_op_axpy_rows(const struct ggml_compute_params *p, struct ggml_tenso
     int64_t v0, v1;
     block_slice(wt->type, d, ith, nth, &v0, &v1);
     const int64_t dst_stride = (int64_t)(dst->nb[1] / sizeof(float));
-    if (sums_batch(&s)) {
+    if (sums_batch(s.sel, m)) {
         struct axpy_ctx c = {.wt = wt, .h = h, .s = &s};
         struct batch_rows b = batch_rows_at(p, sel_wsize(s.sel, s.n_rows, nth), dst, wt->type, v0, v1);
         b.row = axpy_row, b.coefs_of = axpy_coefs, b.ctx = &c;
@@ -700,9 +701,9 @@ static int ffn_rows_per_neuron(const struct ggml_tensor *dst) { return dst->op_p
 size_t ggml_cpu_sparse_ffn_wsize(const struct ggml_tensor *dst, int n_threads) {
     const struct ggml_tensor *bundle = dst->src[0], *x = dst->src[1];
     const int64_t n_ff = bundle->ne[1] / ffn_rows_per_neuron(dst), d = x->ne[0], m = x->ne[1];
+    const size_t batch = sums_batch(dst->src[2], m) ? (size_t)n_threads * batch_scratch_bytes(m) : 0;
     const size_t sums = m <= UNIT_SUMS_MAX_M ? (size_t)sel_max_units(n_ff, n_threads) * unit_sum_bytes(d, m)
-                                            : ggml_cpu_align_up((size_t)(n_ff * m) * sizeof(float)) +
-                                                  (size_t)n_threads * batch_scratch_bytes(m);
+                                            : ggml_cpu_align_up((size_t)(n_ff * m) * sizeof(float)) + batch;
     return ggml_cpu_xcols_wsize(bundle, x) + sel_wsize(dst->src[2], n_ff, n_threads) + sums;
 }
 
@@ -736,7 +737,7 @@ int ggml_cpu_op_sparse_ffn(const struct ggml_compute_params *p, struct ggml_tens
         unit_sums_add(&c.t.sums, sel_units(&s, p->nth), dst, v0, v1);
         return GGML_STATUS_OK;
     }
-    if (sums_batch(&s)) {
+    if (sums_batch(s.sel, m)) {
         const size_t act_bytes = ggml_cpu_align_up((size_t)(n_ff * m) * sizeof(float));
         struct batch_rows b = batch_rows_at(p, sums_at + act_bytes, dst, bundle->type, v0, v1);
         b.row = ffn_down_row, b.coefs_of = ffn_down_coefs, b.ctx = &c;
