@@ -308,6 +308,48 @@ def test_rope_and_store_of_one_projections_q_k_v(cache_type, n_kv, group, hd, n_
 
 
 @SETTINGS
+@given(n_kv=st.integers(1, 3), group=st.integers(1, 3), hd=st.sampled_from([8, 40, 64, 128, 256]),
+       n_tokens=st.sampled_from([1, 2, 5, 20]), mode=st.sampled_from([ggml.ROPE_NORMAL, ggml.ROPE_NEOX]),
+       partial=st.booleans(), seed=st.integers(0, 2**31))
+def test_q_and_k_norms_fuse_with_their_rope(n_kv, group, hd, n_tokens, mode, partial, seed):
+    """Qwen3's and Gemma's attention (models.common.attention_block): q and k RMS-normed per head times a weight,
+    then rotated, k into the cache. On CUDA each norm, mul and rope (and k's kv_store) is one kernel; the attention
+    over the cache equals float64 and the CPU."""
+    rng = np.random.default_rng(seed)
+    n_ctx = 64
+    n_head = n_kv * group
+    n_dims = 2 * max(1, hd // 4) if partial else hd
+    q0 = (3.0 * rng.standard_normal((n_tokens, n_head, hd))).astype(np.float32)
+    k0 = (3.0 * rng.standard_normal((n_tokens, n_kv, hd))).astype(np.float32)
+    v0 = rng.standard_normal((n_tokens, n_kv, hd)).astype(np.float32)
+    qw, kw = ((1.0 + 0.3 * rng.standard_normal(hd)).astype(np.float32) for _ in range(2))
+    kc0, vc0 = (rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float32) for _ in range(2))
+    pos = np.sort(rng.choice(n_ctx, n_tokens, replace=False)).astype(np.int32)
+    scale = 1.0 / np.sqrt(hd)
+
+    def build(ctx):
+        def made(a):  # by a node, as the projection's GEMV makes it
+            return ctx.scale(tensor(ctx, a), 1.0)
+
+        p = tensor(ctx, pos)
+        q = ctx.rope(ctx.mul(ctx.rms_norm(made(q0), 1e-6), tensor(ctx, qw)), p, n_dims, mode, 10000.0)
+        k = ctx.rope(ctx.mul(ctx.rms_norm(made(k0), 1e-6), tensor(ctx, kw)), p, n_dims, mode, 10000.0)
+        kc = ctx.kv_store(tensor(ctx, kc0), k, p)
+        vc = ctx.kv_store(tensor(ctx, vc0), tensor(ctx, v0), p)
+        return [ctx.attention(q, kc, vc, p, scale, 0)]
+
+    n_fused = []
+    (got,), (cpu,) = run(build, "cuda", n_fused), run(build, "cpu")
+    assert n_fused == [2 + 3]  # q's norm, mul and rope; k's norm, mul, rope and kv_store
+    kc, vc = kc0.astype(np.float64), vc0.astype(np.float64)
+    kc[pos] = ref.rope(ref.rms_norm(k0, 1e-6) * kw, pos, n_dims, mode, 10000.0)
+    vc[pos] = v0
+    want = ref.attention(ref.rope(ref.rms_norm(q0, 1e-6) * qw, pos, n_dims, mode, 10000.0), kc, vc, pos, scale)
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(got, cpu, rtol=1e-3, atol=1e-4)
+
+
+@SETTINGS
 @given(n_tokens=st.integers(1, 5), n_head=st.integers(1, 4), hd=st.sampled_from([4, 8, 40]), part=st.integers(0, 2),
        seed=st.integers(0, 2**31))
 def test_heads_of_a_fused_projection_cross_devices(n_tokens, n_head, hd, part, seed):

@@ -196,6 +196,51 @@ def test_moe_ffn_of_mxfp4_experts(backend, case):
     test_moe_ffn_matches_float64.hypothesis.inner_test(backend, case)
 
 
+@needs_gpu
+@pytest.mark.parametrize("gate_type", [ggml.Q4_0, ggml.Q8_0, ggml.F16])
+@pytest.mark.parametrize("m", [1, 3, 17])
+def test_a_layers_mixture_fuses_on_the_gpu(gate_type, m):
+    """The chain a layer's FFN builds (models/moe.py): RMS norm times its weight, the router (precise F32), top_k,
+    moe_ffn and the residual's add. On CUDA the norm runs as one kernel that leaves its output quantized for the
+    experts across the router and top_k (a decoded token's), and the add is the experts' sum's: two nodes fused;
+    against float64 and the CPU's graph."""
+    rng = np.random.default_rng(m)
+    d, n_ff, n_expert, k = 64, 96, 8, 3
+    h = rng.normal(size=(m, d)).astype(np.float32)
+    norm_w = (1.0 + 0.1 * rng.normal(size=d)).astype(np.float32)
+    router = (3.0 * rng.normal(size=(n_expert, d)) / np.sqrt(d)).astype(np.float32)  # logits far from ties
+    mats = [rng.normal(size=(n_expert, n_ff, d)) / np.sqrt(d), rng.normal(size=(n_expert, n_ff, d)) / np.sqrt(d),
+            rng.normal(size=(n_expert, d, n_ff)) / np.sqrt(n_ff)]
+
+    def build(ctx):
+        hh = tensor(ctx, h)
+        xn = ctx.mul(ctx.rms_norm(hh, 1e-6), tensor(ctx, norm_w))
+        logits = ctx.mul_mat(tensor(ctx, router), xn, True)
+        ids = ctx.top_k(logits, k)
+        gate, up, down = (weights(ctx, w, gate_type)[0] for w in mats)
+        return ctx.add(hh, ctx.moe_ffn(gate, up, down, xn, ids, logits, None, "swiglu", True))
+
+    ctx = ggml.Context(16 << 20)
+    (cpu,) = compute(ctx, [build(ctx)], 2)
+    ctx = ggml.Context(16 << 20)
+    out = build(ctx)
+    g = ggml.Graph(ctx, [out], backend="cuda").plan()
+    assert g.n_fused == 2
+    g.compute(pool(2))
+    raw = np.empty(out.nbytes, np.uint8)
+    check(lib.ggml_tensor_read(out.ptr, ffi.from_buffer(raw), 0, out.nbytes))
+    got = raw.view(np.float32).reshape(m, d)
+
+    h64 = h.astype(np.float64)
+    xn = h64 / np.sqrt((h64**2).mean(axis=1, keepdims=True) + 1e-6) * norm_w
+    logits = (xn @ router.T.astype(np.float64)).astype(np.float32)
+    gate64, up64, down64 = (weights(ggml.Context(16 << 20), w, gate_type)[1] for w in mats)
+    want, bound = moe_reference(xn.astype(np.float32), top_k_reference(logits, k), logits, None, gate64, up64, down64,
+                                "swiglu", True, gate_type, gate_type)
+    for y, tol in ((cpu.reshape(m, d), 1e-2), (got, 3e-2)):
+        np.testing.assert_allclose(y, h64 + want, rtol=0, atol=1e-5 + tol * bound.max())
+
+
 def test_moe_ffn_halves_add_up_to_the_whole():
     """Two ops holding complementary experts (a CPU and a GPU share) sum to the op that holds all."""
     rng = np.random.default_rng(7)

@@ -43,11 +43,13 @@ llama_cpu_bg() {  # llama.cpp's CPU-only build (~2 min on 16 cores) for the CPU 
         > "$W/llama-build.log" 2>&1 < /dev/null &
 }
 
-base_build() {  # TAR: an earlier tree's engine (`git archive REV ggml native setup.py | xz > .carry/base.tar.xz` here)
-    # built CPU-only in $W/base, so that cpu_ab can swap its library in: the Python side must be the same
+base_build() {  # TAR [cuda]: an earlier tree's engine (`git archive REV ggml native setup.py | xz > .carry/base.tar.xz`
+    # here) built in $W/base, CPU-only unless `cuda`, so that cpu_ab / whole_ab can swap its library in: the Python
+    # side must be the same
     rm -rf "$W/base"; mkdir -p "$W/base/pyinfer"
     xz -dc "$1" | tar x -C "$W/base"
-    (cd "$W/base" && PYINFER_NO_CUDA=1 python3 setup.py build_native 2>&1 | tail -1)
+    if [ "$2" = cuda ]; then (cd "$W/base" && python3 setup.py build_native 2>&1 | tail -1)
+    else (cd "$W/base" && PYINFER_NO_CUDA=1 python3 setup.py build_native 2>&1 | tail -1); fi
 }
 
 cpu_ab() {  # NAME [ROUNDS] [BENCH ARGS...]: $W/NAME.gguf on this host's CPU, base_build's engine, this tree's and
@@ -195,6 +197,24 @@ whole() {  # NAME [ROUNDS] [BENCH ARGS...]: $W/NAME.gguf whole on the GPU, ours 
         python3 -m pyinfer bench -m "$W/$name.gguf" -ngl 99 $a 2>&1 | grep -E "\| (pp|tg)[0-9]|rror" | sed "s|^|ours round $r |"
         "$lb" -m "$W/$name.gguf" -ngl 99 $a 2>&1 | grep -E "\| +(pp|tg)[0-9]|rror" | sed "s|^|llama.cpp round $r |"
     done | tee "$OUT/$name-whole.md"
+}
+
+whole_ab() {  # NAME [ROUNDS] [BENCH ARGS...]: $W/NAME.gguf whole on the GPU: base_build's engine (built with cuda),
+    # this tree's and llama.cpp alternating (default -p 512 -n 128 -r 2), appended to $OUT/NAME-whole-ab.md
+    local name=$1 rounds=${2:-2} lb=$W/llama-src/build/bin/llama-bench r v so; shift 2
+    local a="${*:--p 512 -n 128 -r 2}"
+    so=$(ls pyinfer/_pyinfer_native*.so)
+    wait_for "$W/$name.done" && wait_for "$W/llama.done" 500 || return 1
+    cp "$so" "$W/new.so"
+    for r in $(seq "$rounds"); do
+        for v in base new; do
+            if [ $v = base ]; then cp "$W"/base/pyinfer/_pyinfer_native*.so "$so"; else cp "$W/new.so" "$so"; fi
+            python3 -m pyinfer bench -m "$W/$name.gguf" -ngl 99 $a 2>&1 | grep -E "\| (pp|tg)[0-9]|rror" |
+                sed "s|^|$v round $r |"
+        done
+        "$lb" -m "$W/$name.gguf" -ngl 99 $a 2>&1 | grep -E "\| +(pp|tg)[0-9]|rror" | sed "s|^|llama.cpp round $r |"
+    done | tee -a "$OUT/$name-whole-ab.md"
+    cp "$W/new.so" "$so"
 }
 
 synthetic_bg() {  # NAME SHAPE TYPE LAYERS [FLAGS...]: a random model of make_synthetic_model's SHAPE (one file both

@@ -164,7 +164,15 @@ struct moe_rows {
 // phase 2, one pair whose x (in vec_dot_type) is at xq: act[r] = act(gate[r] . x) * (up[r] . x), rows [r0, r1)
 static void moe_up_rows(const struct moe_rows *m, enum ggml_ffn_kind kind, const char *xq, float *act, int64_t r0,
                         int64_t r1) {
-    for (int64_t r = r0; r < r1; r++) {
+    int64_t r = r0;
+    for (; m->t->vec_dot4 && r + 4 <= r1; r += 4) { // 4 rows a call where the type has it, as a decode GEMV's
+        float g[4], u[4];
+        m->t->vec_dot4(m->k, g, m->w + r * (int64_t)m->nb1, m->nb1, xq);
+        m->t->vec_dot4(m->k, u, m->w2 + r * (int64_t)m->nb1, m->nb1, xq);
+        for (int i = 0; i < 4; i++)
+            act[r + i] = m->b ? moe_act(kind, g[i] + m->b[r + i], u[i] + m->b2[r + i]) : moe_act(kind, g[i], u[i]);
+    }
+    for (; r < r1; r++) {
         float g, u;
         if (r + MOE_PREFETCH_ROWS < r1) {
             ggml_cpu_prefetch(m->w + (r + MOE_PREFETCH_ROWS) * (int64_t)m->nb1, m->nb1);
@@ -178,7 +186,13 @@ static void moe_up_rows(const struct moe_rows *m, enum ggml_ffn_kind kind, const
 
 // phase 4, one pair whose activations (in vec_dot_type) are at aq: y[r] += weight * down[r] . act, rows [r0, r1)
 static void moe_down_rows(const struct moe_rows *m, const char *aq, float weight, float *y, int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; r++) {
+    int64_t r = r0;
+    for (; m->t->vec_dot4 && r + 4 <= r1; r += 4) {
+        float v[4];
+        m->t->vec_dot4(m->k, v, m->w + r * (int64_t)m->nb1, m->nb1, aq);
+        for (int i = 0; i < 4; i++) y[r + i] += weight * (m->b ? v[i] + m->b[r + i] : v[i]);
+    }
+    for (; r < r1; r++) {
         float v;
         if (r + MOE_PREFETCH_ROWS < r1) ggml_cpu_prefetch(m->w + (r + MOE_PREFETCH_ROWS) * (int64_t)m->nb1, m->nb1);
         m->t->vec_dot(m->k, &v, m->w + r * (int64_t)m->nb1, aq);

@@ -228,6 +228,9 @@ int cuda_rope_store(const struct ggml_tensor *rope, struct ggml_tensor *store, c
 // views of one projection: the rope -> kv_store fusion for all three)
 int cuda_rope_qkv_store(const struct ggml_tensor *rope_q, const struct ggml_tensor *rope_k,
                         const struct ggml_tensor *store_k, const struct ggml_tensor *store_v, cudaStream_t st);
+// rms_norm of each head of the rope's input times w, then the rope, into store's cache slots unless store is NULL
+int cuda_norm_rope(const struct ggml_tensor *norm, const struct ggml_tensor *w, const struct ggml_tensor *rope,
+                   struct ggml_tensor *store, cudaStream_t st);
 int cuda_op_soft_max(struct ggml_tensor *dst, cudaStream_t st);
 int cuda_op_kv_store(struct ggml_tensor *dst, cudaStream_t st);
 int cuda_op_attention(struct ggml_tensor *dst, void *wdata, cudaStream_t st);
@@ -242,6 +245,9 @@ int cuda_op_axpy_rows(struct ggml_tensor *dst, void *wdata, cudaStream_t st);
 size_t cuda_axpy_rows_wsize(const struct ggml_tensor *dst);
 int cuda_op_top_k(struct ggml_tensor *dst, cudaStream_t st);
 int cuda_op_moe_ffn(struct ggml_tensor *dst, void *wdata, cudaStream_t st);
+// moe_ffn into y, plus add (a fused add's other operand, [d, m]) unless NULL; x already quantized in wdata if xq_ready
+int cuda_moe_ffn(const struct ggml_tensor *dst, float *y, const float *add, bool xq_ready, void *wdata,
+                 cudaStream_t st);
 size_t cuda_moe_ffn_wsize(const struct ggml_tensor *dst);
 int cuda_op_ssm_conv(struct ggml_tensor *dst, cudaStream_t st);
 int cuda_op_delta_net(struct ggml_tensor *dst, cudaStream_t st);

@@ -53,11 +53,13 @@ enum ggml_cuda_fusion {
     GGML_CUDA_FUSE_SPARSE_FFN, // one token's mul_mat_rows gate, act, mul_mat_rows up, mul, axpy_rows down
     GGML_CUDA_FUSE_UNARY_BINARY, // a unary op of a (fusion.cu's is_pre_op), then add or mul by a tensor of a's shape
                                  // or a row
+    GGML_CUDA_FUSE_MOE_ADD,      // moe_ffn, then add of a tensor of its shape (the residual)
+    GGML_CUDA_FUSE_NORM_ROPE,    // rms_norm of each head, mul by a head-sized weight, rope [, kv_store of its rows]
 };
 struct ggml_cuda_group {
     int kind;      // ggml_cuda_fusion
     int len;       // nodes the group covers; 0 for the nodes after a group's first
-    bool xq_ready;  // its GEMV finds x already quantized in the device scratch (by the previous GEMV or norm)
+    bool xq_ready;  // its GEMV (or moe_ffn) finds x already quantized in the device scratch (by a GEMV or norm)
     bool writes_xq; // (norm -> mul) also leaves its output quantized in the scratch, for the GEMVs after it
 };
 // groups[i] for nodes[0..n); readers[i]: how many nodes read nodes[i] (one more for graph outputs)

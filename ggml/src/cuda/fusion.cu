@@ -6,12 +6,14 @@
 //   GEMV -> silu/gelu/relu                         (the GEMV applies it when it writes a row)
 //   GEMV gate, act, GEMV up of the same x -> mul   (one GEMV over both matrices, act(gate) * up per row)
 //   rope -> kv_store                               (rotated rows written into their cache slots)
+//   rms_norm -> mul -> rope [-> kv_store]          (Qwen3's and Gemma's q and k norms: a warp norms its head)
 //   rope q, rope k -> kv_store, kv_store v         (q, k, v views of one projection: one kernel for all three)
 //   one token's gate rows, act, up rows, mul -> axpy of down_t under the predictor's mask (sparse_ffn.cu), and
 //   the residual add after it (the sum starts from the residual instead of 0)
 //   silu/gelu/relu/abs/sigmoid/softplus -> add or mul (input sparsity's |x| - t, act(gate) * up, Qwen3.5's gates)
-// and quantized GEMVs of the same x (q, k, v) quantize it once, or not at all when the norm that made x
-// left it quantized.
+//   moe_ffn -> add                                 (the experts' sum starts the residual's add)
+// and quantized GEMVs of the same x (q, k, v; across Qwen3's q and k norms too) quantize it once, or not at all
+// when the norm that made x left it quantized (a mixture's experts too, across the router and top_k).
 #include "common.cuh"
 
 static bool is_f32_vector(const struct ggml_tensor *t, int64_t n) {
@@ -74,6 +76,17 @@ static int match_glu(struct ggml_tensor *const *nd, const int *readers, int n) {
 static int match_rope_store(struct ggml_tensor *const *nd, const int *readers, int n) {
     if (n < 2 || nd[0]->op != GGML_OP_ROPE || nd[1]->op != GGML_OP_KV_STORE || nd[1]->src[1] != nd[0]) return 0;
     return private_run(nd, readers, 2) ? 2 : 0;
+}
+
+// rms_norm of each head (the rope's rows), mul by a weight of the head's size, rope, and the kv_store of its rows
+// where one follows
+static int match_norm_rope(struct ggml_tensor *const *nd, const int *readers, int n) {
+    if (n < 3 || nd[0]->op != GGML_OP_RMS_NORM || nd[1]->op != GGML_OP_MUL || nd[2]->op != GGML_OP_ROPE) return 0;
+    const struct ggml_tensor *w = other_src(nd[1], nd[0]);
+    if (!w || !is_f32_vector(w, nd[0]->ne[0]) || nd[2]->src[0] != nd[1] || nd[0]->src[0]->type != GGML_TYPE_F32)
+        return 0;
+    if (n > 3 && nd[3]->op == GGML_OP_KV_STORE && nd[3]->src[1] == nd[2] && private_run(nd, readers, 4)) return 4;
+    return private_run(nd, readers, 3) ? 3 : 0;
 }
 
 // models/common.py's attention over a fused projection (q, k and v views of one GEMV's output): rope q, k's view,
@@ -155,8 +168,24 @@ static int match_sparse_ffn(struct ggml_tensor *const *nd, const int *readers, i
     return 5;
 }
 
-// the x that node's GEMV (alone or heading a run) quantizes into the scratch; NULL if it leaves none there
+// moe_ffn, then an add of a contiguous F32 tensor of its shape (the residual)
+static int match_moe_add(struct ggml_tensor *const *nd, const int *readers, int n) {
+    if (n < 2 || nd[0]->op != GGML_OP_MOE_FFN || nd[1]->op != GGML_OP_ADD || nd[1]->type != GGML_TYPE_F32) return 0;
+    const struct ggml_tensor *v = other_src(nd[1], nd[0]);
+    if (!v || v == nd[0] || v->type != GGML_TYPE_F32 || !ggml_is_contiguous(v) || !ggml_is_contiguous(nd[1])) return 0;
+    for (int d = 0; d < GGML_MAX_DIMS; d++)
+        if (v->ne[d] != nd[0]->ne[d]) return 0;
+    return private_run(nd, readers, 2) ? 2 : 0;
+}
+
+// the x that node's GEMV (alone or heading a run) or few-token moe_ffn quantizes into the scratch; NULL if it
+// leaves none there
 static const struct ggml_tensor *quantized_x(const struct ggml_tensor *node) {
+    if (node->op == GGML_OP_MOE_FFN) {
+        const struct ggml_tensor *gate = node->src[0], *x = node->src[3];
+        const bool q = cuda_type_is_weight(gate->type) && !cuda_type_is_float(gate->type);
+        return q && x->ne[1] <= GEMV_MAX_COLS && ggml_is_contiguous(x) ? x : NULL;
+    }
     const struct ggml_tensor *w = node->src[0], *x = node->src[1];
     const bool gemv = node->op == GGML_OP_MUL_MAT_ROWS || (node->op == GGML_OP_MUL_MAT && x->ne[1] <= GEMV_MAX_COLS);
     return gemv && cuda_type_is_weight(w->type) && !cuda_type_is_float(w->type) ? x : NULL;
@@ -165,7 +194,7 @@ static const struct ggml_tensor *quantized_x(const struct ggml_tensor *node) {
 extern "C" void ggml_cuda_plan_groups(struct ggml_tensor *const *nodes, int n, const int *readers,
                                       struct ggml_cuda_group *groups) {
     const struct ggml_tensor *xq_of = NULL; // the x whose Q8_1 copy the scratch holds (or will)
-    int xq_norm = -1;                       // the norm group that would write it, if one does
+    int xq_norm = -1;                       // a norm group whose output a later GEMV may find quantized there
     for (int i = 0; i < n;) {
         struct ggml_cuda_group g = {GGML_CUDA_FUSE_NONE, 1, false, false};
         int len;
@@ -177,6 +206,8 @@ extern "C" void ggml_cuda_plan_groups(struct ggml_tensor *const *nodes, int n, c
             g.kind = GGML_CUDA_FUSE_GEMV_ADD;
         else if ((len = match_gemv_act(nodes + i, readers + i, n - i)))
             g.kind = GGML_CUDA_FUSE_GEMV_ACT;
+        else if ((len = match_norm_rope(nodes + i, readers + i, n - i)))
+            g.kind = GGML_CUDA_FUSE_NORM_ROPE;
         else if ((len = match_norm_mul(nodes + i, readers + i, n - i)))
             g.kind = GGML_CUDA_FUSE_NORM_MUL;
         else if ((len = match_rope_qkv(nodes + i, readers + i, n - i)))
@@ -185,16 +216,21 @@ extern "C" void ggml_cuda_plan_groups(struct ggml_tensor *const *nodes, int n, c
             g.kind = GGML_CUDA_FUSE_ROPE_STORE;
         else if ((len = match_unary_binary(nodes + i, readers + i, n - i)))
             g.kind = GGML_CUDA_FUSE_UNARY_BINARY;
+        else if ((len = match_moe_add(nodes + i, readers + i, n - i)))
+            g.kind = GGML_CUDA_FUSE_MOE_ADD;
         g.len = len ? len : 1;
         if (on_cuda(nodes[i])) { // CPU nodes do not touch the device scratch
             const struct ggml_tensor *x = quantized_x(nodes[i]);
-            if (g.kind == GGML_CUDA_FUSE_NORM_MUL) { // a candidate: it writes Q8_1 only if a GEMV reads it next
-                xq_of = nodes[i + g.len - 1];
+            if (g.kind == GGML_CUDA_FUSE_NORM_MUL) { // a candidate: it writes Q8_1 only if a GEMV reads it
                 xq_norm = i;
             } else if (x) {
-                g.xq_ready = x == xq_of;
-                if (g.xq_ready && xq_norm >= 0) groups[xq_norm].writes_xq = true;
-                if (!g.xq_ready) xq_norm = -1;
+                // the candidate's output, or what the scratch holds already (then the candidate can no longer
+                // write there: this GEMV reads the older copy after it); else this GEMV quantizes x itself.
+                // Qwen3's q and k norms sit between q, k and v, which so quantize the layer's x once.
+                const bool from_norm = xq_norm >= 0 && x == nodes[xq_norm + groups[xq_norm].len - 1];
+                g.xq_ready = from_norm || x == xq_of;
+                if (from_norm) groups[xq_norm].writes_xq = true;
+                xq_norm = -1;
                 xq_of = x;
             } else if (ggml_cuda_op_wsize(nodes[i]) || g.kind == GGML_CUDA_FUSE_SPARSE_FFN) {
                 xq_of = NULL; // e.g. a GEMM's dequantized tiles, or a float sparse FFN's row list, overwrite it
@@ -218,6 +254,8 @@ extern "C" int ggml_cuda_forward_group(const struct ggml_cuda_group *group, stru
     case GGML_CUDA_FUSE_NORM_MUL:
         return cuda_norm_mul(node, other_src(last, node), last, group->writes_xq ? wdata : NULL, st);
     case GGML_CUDA_FUSE_ROPE_STORE: return cuda_rope_store(node, last, st);
+    case GGML_CUDA_FUSE_NORM_ROPE:
+        return cuda_norm_rope(node, other_src(nodes[1], node), nodes[2], group->len == 4 ? last : NULL, st);
     case GGML_CUDA_FUSE_ROPE_QKV: return cuda_rope_qkv_store(node, nodes[2], nodes[3], last, st);
     case GGML_CUDA_FUSE_SPARSE_FFN:
         return cuda_sparse_ffn(nodes, last, group->len == 6 ? (const float *)other_src(last, nodes[4])->data : NULL,
@@ -234,7 +272,11 @@ extern "C" int ggml_cuda_forward_group(const struct ggml_cuda_group *group, stru
         e.up = nodes[2]->src[0];
         e.act = nodes[1]->op;
         return cuda_rows_dot(node->src[0], node->src[1], last, all, wdata, st, e);
+    case GGML_CUDA_FUSE_MOE_ADD:
+        return cuda_moe_ffn(node, (float *)last->data, (const float *)other_src(last, node)->data, group->xq_ready,
+                            wdata, st);
     default:
+        if (node->op == GGML_OP_MOE_FFN) return cuda_moe_ffn(node, (float *)node->data, NULL, group->xq_ready, wdata, st);
         if (!group->xq_ready) return ggml_cuda_forward(node, wdata, stream);
         if (node->op == GGML_OP_MUL_MAT_ROWS) return cuda_op_mul_mat_rows(node, wdata, st, e);
         return cuda_rows_dot(node->src[0], node->src[1], node, all, wdata, st, e);

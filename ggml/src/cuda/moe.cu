@@ -6,8 +6,12 @@
 //  - the activations quantized to Q8_1 where down is quantized;
 //  - down: block (row group, pair): a warp per row: the pair's routing weight (a warp per token computed them
 //    first: softmax over the token's k or all logits) * down_e[row] . act into the pair's part;
-//  - sum: each token's held parts added in rank order (deterministic, no atomics). A token's 8 experts give 8x
-//    the blocks a block per token would, which one decoded token needs to fill the GPU.
+//  - sum: each token's held parts added in rank order (deterministic, no atomics), plus the residual where the add
+//    after the op is fused into it. A token's 8 experts give 8x the blocks a block per token would, which one
+//    decoded token needs to fill the GPU.
+// A decoded token's op is a few microseconds of work in each of its kernels, so launches are what it saves: the up
+// kernel computes its pairs' routing weights, x comes quantized from the norm before the router where the graph
+// allows (fusion.cu), and the residual add is the sum's.
 // Prompts (more than GEMV_MAX_COLS tokens) take moe_gemm.cu's grouped GEMMs for up and down instead.
 // Scratch: [x as Q8_1][act: (pairs, n_ff) floats][act as Q8_1][parts: (pairs, d) floats][weights][the batch's].
 #include "moe.cuh"
@@ -24,6 +28,32 @@ static __device__ __forceinline__ float float_row_dot(const uint8_t *row, const 
     return warp_sum(s);
 }
 
+// a warp's routing softmax of token j: the largest logit and the sum of exps over its k chosen (norm) or all experts
+static __device__ __forceinline__ float2 moe_softmax_of(const moe_params &p, int64_t j, int lane) {
+    const float *l = p.logits + j * p.n_expert;
+    const int32_t *ids = p.ids + j * p.k;
+    const int64_t n = p.norm ? p.k : p.n_expert;
+    float top = -INFINITY, z = 0.0f;
+    for (int64_t i = lane; i < n; i += 32) {
+        const int32_t e = p.norm ? ids[i] : (int32_t)i;
+        if (e >= 0 && e < p.n_expert) top = fmaxf(top, l[e]);
+    }
+    top = warp_max(top);
+    for (int64_t i = lane; i < n; i += 32) {
+        const int32_t e = p.norm ? ids[i] : (int32_t)i;
+        if (e >= 0 && e < p.n_expert) z += expf(l[e] - top);
+    }
+    return make_float2(top, warp_sum(z));
+}
+
+// the routing weight of token j's s-th pair: its softmax share, times the expert's scale where there are scales
+static __device__ __forceinline__ float moe_weight(const moe_params &p, int64_t j, int64_t s, float2 top_z) {
+    const int32_t e = p.ids[j * p.k + s];
+    return e >= 0 && e < p.n_expert
+               ? expf(p.logits[j * p.n_expert + e] - top_z.x) / top_z.y * (p.scales ? p.scales[e] : 1.0f)
+               : 0.0f;
+}
+
 template <int TYPE>
 __global__ void __launch_bounds__(MOE_WARPS * 32) moe_up_kernel(moe_params p) {
     for (int64_t pair = blockIdx.y; pair < p.k * p.m; pair += gridDim.y) {
@@ -31,6 +61,10 @@ __global__ void __launch_bounds__(MOE_WARPS * 32) moe_up_kernel(moe_params p) {
     const int32_t e = moe_slot(p, pair);
     if (e < 0) continue;
     const int lane = threadIdx.x % 32;
+    if (p.weights_in_up && blockIdx.x == 0 && threadIdx.x < 32) { // the pair's first block: its routing weight
+        const float2 top_z = moe_softmax_of(p, j, lane);
+        if (lane == 0) p.wts[pair] = moe_weight(p, j, pair % p.k, top_z);
+    }
     const uint8_t *wg = p.wg + e * p.g_nb2, *wu = p.wu + e * p.g_nb2;
     const float *b = moe_bias(p, pair);
     for (int64_t r = (int64_t)blockIdx.x * MOE_ROWS + threadIdx.x / 32; r < p.n_ff && r < (int64_t)(blockIdx.x + 1) * MOE_ROWS;
@@ -58,24 +92,8 @@ __global__ void moe_weights_kernel(moe_params p) {
     const int64_t j = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (j >= p.m) return;
-    const float *l = p.logits + j * p.n_expert;
-    const int32_t *ids = p.ids + j * p.k;
-    const int64_t n = p.norm ? p.k : p.n_expert;
-    float top = -INFINITY, z = 0.0f;
-    for (int64_t i = lane; i < n; i += 32) {
-        const int32_t e = p.norm ? ids[i] : (int32_t)i;
-        if (e >= 0 && e < p.n_expert) top = fmaxf(top, l[e]);
-    }
-    top = warp_max(top);
-    for (int64_t i = lane; i < n; i += 32) {
-        const int32_t e = p.norm ? ids[i] : (int32_t)i;
-        if (e >= 0 && e < p.n_expert) z += expf(l[e] - top);
-    }
-    z = warp_sum(z);
-    for (int64_t s = lane; s < p.k; s += 32) {
-        const int32_t e = ids[s];
-        p.wts[j * p.k + s] = e >= 0 && e < p.n_expert ? expf(l[e] - top) / z * (p.scales ? p.scales[e] : 1.0f) : 0.0f;
-    }
+    const float2 top_z = moe_softmax_of(p, j, lane);
+    for (int64_t s = lane; s < p.k; s += 32) p.wts[j * p.k + s] = moe_weight(p, j, s, top_z);
 }
 
 // block (row group, pair): part[pair][r] = weight * down_e[r] . act[pair] (0 where the expert is held elsewhere)
@@ -105,14 +123,15 @@ __global__ void __launch_bounds__(MOE_WARPS * 32) moe_down_kernel(moe_params p) 
     }
 }
 
-// y[j][r] = the sum of the parts of the token's held experts, in rank order (deterministic, no atomics)
+// y[j][r] = the sum of the parts of the token's held experts, in rank order (deterministic, no atomics), then
+// plus the fused add's operand (as the add computes it)
 __global__ void moe_sum_kernel(moe_params p) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < p.d * p.m; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t j = i / p.d, r = i % p.d;
         float sum = 0.0f;
         for (int64_t s = 0; s < p.k; s++)
             if (moe_slot(p, j * p.k + s) >= 0) sum += p.part[(j * p.k + s) * p.d + r];
-        p.y[i] = sum;
+        p.y[i] = p.add ? p.add[i] + sum : sum;
     }
 }
 
@@ -223,18 +242,19 @@ static moe_scratch moe_scratch_of(const struct ggml_tensor *dst) {
 
 size_t cuda_moe_ffn_wsize(const struct ggml_tensor *dst) { return moe_scratch_of(dst).end; }
 
-// a few tokens: GEMVs per pair (x and act quantized to Q8_1 for quantized experts)
-static int moe_gemv(moe_params p, enum ggml_type gate_type, enum ggml_type down_type, char *xq_at, char *aq_at,
-                    cudaStream_t st) {
+// a few tokens: GEMVs per pair (x and act quantized to Q8_1 for quantized experts; x already, where xq_ready)
+static int moe_gemv(moe_params p, enum ggml_type gate_type, enum ggml_type down_type, char *xq_at, bool xq_ready,
+                    char *aq_at, cudaStream_t st) {
     const int64_t pairs = p.k * p.m;
     int rc;
     if (!cuda_type_is_float(gate_type)) {
         int8_t *xq;
         float2 *xds;
         cuda_xq_at(xq_at, p.d, p.m, &xq, &xds);
-        if ((rc = cuda_quantize_q8_1(p.x, p.d, p.d, p.m, xq_at, st))) return rc;
+        if (!xq_ready && (rc = cuda_quantize_q8_1(p.x, p.d, p.d, p.m, xq_at, st))) return rc;
         p.xq = xq, p.xds = xds;
     }
+    p.weights_in_up = true;
     const dim3 grid((unsigned)((p.n_ff + MOE_ROWS - 1) / MOE_ROWS), (unsigned)(pairs < 65535 ? pairs : 65535));
     with_weight_type(gate_type, moe_up_launch{p, grid, st});
     if ((rc = cuda_launch_status("moe_ffn gate and up"))) return rc;
@@ -249,7 +269,8 @@ static int moe_gemv(moe_params p, enum ggml_type gate_type, enum ggml_type down_
     return cuda_launch_status("moe_ffn down");
 }
 
-int cuda_op_moe_ffn(struct ggml_tensor *dst, void *wdata, cudaStream_t st) {
+int cuda_moe_ffn(const struct ggml_tensor *dst, float *y, const float *add, bool xq_ready, void *wdata,
+                 cudaStream_t st) {
     const struct ggml_tensor *gate = dst->src[0], *up = dst->src[1], *down = dst->src[2], *x = dst->src[3];
     const struct ggml_tensor *ids = dst->src[4], *logits = dst->src[5], *slots = dst->src[6], *biases = dst->src[7];
     const struct ggml_tensor *scales = dst->src[8];
@@ -273,7 +294,8 @@ int cuda_op_moe_ffn(struct ggml_tensor *dst, void *wdata, cudaStream_t st) {
     p.act = (float *)(w + sc.act);
     p.part = (float *)(w + sc.part);
     p.wts = (float *)(w + sc.wts);
-    p.y = (float *)dst->data;
+    p.y = y;
+    p.add = add;
     p.biases = biases ? (const float *)biases->data : NULL;
     p.scales = scales ? (const float *)scales->data : NULL;
     p.kind = dst->op_params[0];
@@ -281,14 +303,18 @@ int cuda_op_moe_ffn(struct ggml_tensor *dst, void *wdata, cudaStream_t st) {
     const int64_t pairs = p.k * p.m;
     if (pairs == 0) return GGML_STATUS_OK;
     int rc;
-    moe_weights_kernel<<<(unsigned)((p.m + 3) / 4), 128, 0, st>>>(p);
-    if ((rc = cuda_launch_status("moe_ffn weights"))) return rc;
     if (p.m > GEMV_MAX_COLS) { // a prompt: each expert's rows read once per tile of its tokens
+        moe_weights_kernel<<<(unsigned)((p.m + 3) / 4), 128, 0, st>>>(p);
+        if ((rc = cuda_launch_status("moe_ffn weights"))) return rc;
         if ((rc = moe_gemm(p, gate->type, down->type, w + sc.batch, st))) return rc;
     } else {
-        if ((rc = moe_gemv(p, gate->type, down->type, w + sc.xq, w + sc.aq, st))) return rc;
+        if ((rc = moe_gemv(p, gate->type, down->type, w + sc.xq, xq_ready, w + sc.aq, st))) return rc;
     }
     const int64_t n = p.d * p.m, blocks = (n + 255) / 256;
     moe_sum_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, st>>>(p);
     return cuda_launch_status("moe_ffn sum");
+}
+
+int cuda_op_moe_ffn(struct ggml_tensor *dst, void *wdata, cudaStream_t st) {
+    return cuda_moe_ffn(dst, (float *)dst->data, NULL, false, wdata, st);
 }

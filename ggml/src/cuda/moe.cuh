@@ -23,10 +23,12 @@ struct moe_params {
     float *part;                     // [d, k m] each pair's weighted down output
     float *wts;                      // [k m] each pair's routing weight
     float *y;                        // [d, m]
+    const float *add;                // [d, m] added to y (a fused add's other operand), or NULL
     const float *biases;             // [2 n_ff + d, n_expert] by expert (gate's, up's, down's), or NULL
     const float *scales;             // [n_expert] each expert's weight multiplier, or NULL
     int kind;                        // enum ggml_ffn_kind: SWIGLU, GEGLU or SWIGLU_OAI
     bool norm;
+    bool weights_in_up;              // the up kernel computes wts (the GEMV path's: no kernel of their own)
 };
 
 // the biases of a pair's expert (gate's n_ff, up's n_ff, down's d), or nullptr

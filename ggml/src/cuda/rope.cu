@@ -2,7 +2,8 @@
 // and ROPE_WARPS heads, a warp a head: the token's pairs' angles once a block, in double as the CPU kernel (positions
 // reach thousands of radians), their sin and cos in float, each frequency divided by its factor where the model has
 // them (Llama 3's rope_freqs), YaRN's blend (rope.h). Fused with a following kv_store, the rotated rows go straight
-// into their cache slots.
+// into their cache slots; fused after an RMS norm of each head times a weight (Qwen3's and Gemma's q and k norms), a
+// warp norms its head in registers first.
 #include "common.cuh"
 #include "../rope.h"
 
@@ -34,6 +35,8 @@ struct rope_job {
     bool neox;
     double base, fscale, ext, mscale, lo, hi;
     const float *factors;
+    const float *norm_w; // RMS-norm each head first, times this weight (of the head's size), or NULL
+    float norm_eps;
 };
 
 // heads h0 .. h0 + ROPE_WARPS - 1 of token group g (token g % n_tok of batch g / n_tok): each warp's values loaded
@@ -58,6 +61,23 @@ static __device__ __forceinline__ void rope_heads(const rope_job &a, int64_t g, 
             x1[j] = src[a.neox ? i + half : 2 * i + 1];
         } else {
             x0[j] = src[a.n_dims + i - half];
+        }
+    }
+    if (a.norm_w && mine) { // warp-uniform: the head is this warp's (values past it are zeros)
+        float s2 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < ITEMS; j++) s2 += x0[j] * x0[j] + x1[j] * x1[j];
+        const float inv = rsqrtf(warp_sum(s2) / (float)hd + a.norm_eps);
+#pragma unroll
+        for (int j = 0; j < ITEMS; j++) {
+            const int i = lane + 32 * j;
+            if (i >= per_row) break;
+            if (i < half) {
+                x0[j] = x0[j] * inv * a.norm_w[a.neox ? i : 2 * i];
+                x1[j] = x1[j] * inv * a.norm_w[a.neox ? i + half : 2 * i + 1];
+            } else {
+                x0[j] = x0[j] * inv * a.norm_w[a.n_dims + i - half];
+            }
         }
     }
     const double pt = (double)*(const int32_t *)(a.pos + t * a.pos_nb0);
@@ -150,6 +170,20 @@ int cuda_rope_store(const struct ggml_tensor *rope, struct ggml_tensor *store, c
     rope_out o = {};
     int rc = store_out(store, &o);
     return rc ? rc : rope_launch(rope, o, st);
+}
+
+int cuda_norm_rope(const struct ggml_tensor *norm, const struct ggml_tensor *w, const struct ggml_tensor *rope,
+                   struct ggml_tensor *store, cudaStream_t st) {
+    rope_out o = {cuda_view_of(rope), false, false, NULL, 0};
+    rope_job a = {};
+    int rc = store ? store_out(store, &o) : GGML_STATUS_OK;
+    if (!rc) rc = rope_job_of(rope, o, &a);
+    if (rc) return rc;
+    a.x = cuda_view_of(norm->src[0]); // the norm's input, of the rope's shape
+    a.norm_w = (const float *)w->data;
+    a.norm_eps = ggml_op_param_f32(norm, 0);
+    rope_kernel<<<rope_grid(a), ROPE_WARPS * 32, 0, st>>>(a);
+    return cuda_launch_status("norm and rope");
 }
 
 int cuda_rope_qkv_store(const struct ggml_tensor *rope_q, const struct ggml_tensor *rope_k,
