@@ -526,6 +526,47 @@ def test_fused_decode_chains(type_, data, seed, act, layer):
             assert not bad.any(), f"{name}: {bad.sum()} of {bad.size} off, got {result[bad][:3]} want {want[bad][:3]}"
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(type_=st.sampled_from(ggml.WEIGHT_TYPES), cache_type=st.sampled_from([ggml.F32, ggml.F16]),
+       n_kv=st.integers(1, 3), hd=st.sampled_from([8, 64, 128]), biased=st.booleans(), data=st.data(),
+       seed=st.integers(0, 2**31))
+def test_v_projection_goes_straight_into_its_cache_slot(type_, cache_type, n_kv, hd, biased, data, seed):
+    """A decode step's v (models.common.attention_block): GEMV, Qwen2's bias, its rows viewed as heads, kv_store. On
+    CUDA the GEMV writes each row into the cache slot (one kernel) where its rows fuse; the slot equals float64 and
+    the CPU's, the other slots untouched."""
+    rng = np.random.default_rng(seed)
+    k = row_len(type_, data.draw)
+    n_ctx = 16
+    x = rng.standard_normal(k).astype(np.float32)
+    w = rng.standard_normal((n_kv * hd, k)).astype(np.float32)
+    bias = rng.standard_normal(n_kv * hd).astype(np.float32)
+    cache0 = rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float32)
+    pos = data.draw(st.sampled_from([0, 5, n_ctx - 1]))
+
+    def build(ctx):
+        v = ctx.mul_mat(tensor(ctx, w, type_), ctx.scale(tensor(ctx, x), 1.0))
+        if biased:
+            v = ctx.add(v, tensor(ctx, bias))
+        v = ctx.reshape(v, (1, n_kv, hd))
+        store = ctx.kv_store(tensor(ctx, cache0, cache_type), v, tensor(ctx, np.array([pos], np.int32)))
+        return [ctx.cpy(store, ggml.F32)]  # the whole cache, read as F32
+
+    n_fused = []
+    (got,), (cpu,) = run(build, "cuda", n_fused), run(build, "cpu")
+    fuses = type_ in QUANT_TYPES or k % (4 if type_ == ggml.F32 else 8) == 0  # float rows: 16-byte aligned
+    assert n_fused == [(3 if biased else 2) if fuses else 0]
+    cast = (lambda a: a.astype(np.float16).astype(np.float64)) if cache_type == ggml.F16 else np.float64
+    w64 = weight_values(type_, w)
+    v = w64 @ x + (bias if biased else 0.0)
+    want = cast(cache0)
+    got, cpu = (a.reshape(want.shape).astype(np.float64) for a in (got, cpu))
+    tol = DOT_TOL[type_] * (np.abs(w64) @ np.abs(x)).reshape(n_kv, hd) + 1e-3 * np.abs(v.reshape(n_kv, hd)) + 1e-4
+    others = np.arange(n_ctx) != pos
+    for result in (got, cpu):
+        assert (np.abs(result[pos] - v.reshape(n_kv, hd)) <= tol).all()
+        np.testing.assert_array_equal(result[others], want[others])
+
+
 def sparse_ffn_mask(n: int, density: float, hot_first: bool, rng) -> tuple[np.ndarray, np.ndarray]:
     """(selected, predictor logits): a dense head and a sparser tail when hot_first (the hot neurons stored
     first), else scattered; some unselected logits exactly 0 (they select nothing)."""

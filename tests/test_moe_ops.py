@@ -114,6 +114,18 @@ def test_top_k_of_long_rows(backend, n):
     np.testing.assert_array_equal(got.reshape(5, 20), top_k_reference(np.nan_to_num(a, nan=-np.inf), 20))
 
 
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=needs_gpu)])
+def test_top_k_of_signed_zeros_infinities_and_nans(backend):
+    """-0 ties +0 (the lower index first), a NaN ranks as -inf (ties with it likewise), infinities at the ends; k = n
+    takes every value (the GPU's warp kernel compares order-preserving bit patterns, where -0 sorts below +0)."""
+    a = np.array([[-0.0, 0.0, np.nan, -np.inf, np.inf, 0.0, -0.0, -1.0, np.nan, -np.inf, 3.0, -0.0],
+                  [np.nan, -np.inf, -0.0, np.nan, 0.0, -np.inf, np.inf, np.inf, 1e-38, -1e-38, 0.0, -0.0]], np.float32)
+    ctx = ggml.Context(1 << 20)
+    out = ctx.top_k(tensor(ctx, a), a.shape[1])
+    (got,) = compute(ctx, [out], 2) if backend == "cpu" else compute_on_gpu(ctx, [out])
+    np.testing.assert_array_equal(got.reshape(a.shape), top_k_reference(np.where(np.isnan(a), -np.inf, a), a.shape[1]))
+
+
 def test_top_k_rejects_k_outside_the_row():
     ctx = ggml.Context(1 << 20)
     a = tensor(ctx, np.zeros((2, 4), np.float32))

@@ -290,6 +290,7 @@ struct cuda_gemv_extra {
     int act;                      // GGML_OP_SILU, _GELU, _GELU_ERF or _RELU: of the GLU's gate, or (no up) of W x
     const float *add;             // y += add[row] (one column)
     bool xq_ready;                // wdata already holds x as Q8_1 (the previous GEMV quantized the same x)
+    const struct ggml_tensor *store; // a kv_store of the rows as (heads, head size): they go into its cache slot
 };
 // y[n_rows, m] = W x over the rows `s` selects (zeros elsewhere); x converted into wdata as needed
 int cuda_rows_dot(const struct ggml_tensor *w, const struct ggml_tensor *x, struct ggml_tensor *y,

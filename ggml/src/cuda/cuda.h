@@ -55,6 +55,7 @@ enum ggml_cuda_fusion {
                                  // or a row
     GGML_CUDA_FUSE_MOE_ADD,      // moe_ffn, then add of a tensor of its shape (the residual)
     GGML_CUDA_FUSE_NORM_ROPE,    // rms_norm of each head, mul by a head-sized weight, rope [, kv_store of its rows]
+    GGML_CUDA_FUSE_GEMV_STORE,   // one-column mul_mat [, add of a bias], its rows viewed as heads, kv_store of them
 };
 struct ggml_cuda_group {
     int kind;      // ggml_cuda_fusion

@@ -7,6 +7,7 @@
 //   GEMV gate, act, GEMV up of the same x -> mul   (one GEMV over both matrices, act(gate) * up per row)
 //   rope -> kv_store                               (rotated rows written into their cache slots)
 //   rms_norm -> mul -> rope [-> kv_store]          (Qwen3's and Gemma's q and k norms: a warp norms its head)
+//   GEMV [-> add] -> view -> kv_store              (v's projection written straight into its cache slot)
 //   rope q, rope k -> kv_store, kv_store v         (q, k, v views of one projection: one kernel for all three)
 //   one token's gate rows, act, up rows, mul -> axpy of down_t under the predictor's mask (sparse_ffn.cu), and
 //   the residual add after it (the sum starts from the residual instead of 0)
@@ -87,6 +88,28 @@ static int match_norm_rope(struct ggml_tensor *const *nd, const int *readers, in
         return 0;
     if (n > 3 && nd[3]->op == GGML_OP_KV_STORE && nd[3]->src[1] == nd[2] && private_run(nd, readers, 4)) return 4;
     return private_run(nd, readers, 3) ? 3 : 0;
+}
+
+// a one-column mul_mat [, add of a bias], its rows viewed in order as (heads, head size), their kv_store: v
+static int match_gemv_store(struct ggml_tensor *const *nd, const int *readers, int n) {
+    if (n < 3 || nd[0]->op != GGML_OP_MUL_MAT || !cuda_gemv_takes_extra(nd[0]->src[0], nd[0]->src[1])) return 0;
+    int i = 1; // the view's place
+    if (nd[1]->op == GGML_OP_ADD) {
+        const struct ggml_tensor *bias = other_src(nd[1], nd[0]);
+        if (!bias || !is_f32_vector(bias, nd[0]->ne[0]) || nd[1]->type != GGML_TYPE_F32) return 0;
+        i = 2;
+    }
+    if (n < i + 2) return 0;
+    const struct ggml_tensor *view = nd[i], *store = nd[i + 1];
+    if (view->op != GGML_OP_VIEW || view->src[0] != nd[i - 1] || store->op != GGML_OP_KV_STORE || store->src[1] != view)
+        return 0;
+    const bool in_order = view->view_offs == 0 && view->nb[0] == sizeof(float) &&
+                          view->nb[1] == (size_t)view->ne[0] * sizeof(float) && view->ne[2] == 1 && view->ne[3] == 1 &&
+                          view->ne[0] * view->ne[1] == nd[0]->ne[0];
+    if (!in_order || store->ne[0] != view->ne[0] || store->ne[1] != view->ne[1] ||
+        (store->type != GGML_TYPE_F32 && store->type != GGML_TYPE_F16))
+        return 0;
+    return private_run(nd, readers, i + 2) ? i + 2 : 0;
 }
 
 // models/common.py's attention over a fused projection (q, k and v views of one GEMV's output): rope q, k's view,
@@ -200,6 +223,8 @@ extern "C" void ggml_cuda_plan_groups(struct ggml_tensor *const *nodes, int n, c
         int len;
         if ((len = match_sparse_ffn(nodes + i, readers + i, n - i)))
             g.kind = GGML_CUDA_FUSE_SPARSE_FFN;
+        else if ((len = match_gemv_store(nodes + i, readers + i, n - i)))
+            g.kind = GGML_CUDA_FUSE_GEMV_STORE;
         else if ((len = match_glu(nodes + i, readers + i, n - i)))
             g.kind = GGML_CUDA_FUSE_GLU;
         else if ((len = match_gemv_add(nodes + i, readers + i, n - i)))
@@ -262,6 +287,10 @@ extern "C" int ggml_cuda_forward_group(const struct ggml_cuda_group *group, stru
                                group->xq_ready, wdata, st);
     case GGML_CUDA_FUSE_GEMV_ADD:
         e.add = (const float *)other_src(last, node)->data;
+        return cuda_rows_dot(node->src[0], node->src[1], last, all, wdata, st, e);
+    case GGML_CUDA_FUSE_GEMV_STORE:
+        if (group->len == 4) e.add = (const float *)other_src(nodes[1], node)->data;
+        e.store = last;
         return cuda_rows_dot(node->src[0], node->src[1], last, all, wdata, st, e);
     case GGML_CUDA_FUSE_GEMV_ACT:
         e.act = last->op;

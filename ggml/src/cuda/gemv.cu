@@ -32,12 +32,30 @@ struct rows_params {
     const uint8_t *w2; // GLU (dense, m = 1): y = act(w x) * (w2 x), w2 laid out like w
     int act;           // GLU's activation; without w2 (dense, m = 1) y = act(w x); 0: none
     const float *add; // (m = 1) y[row] += add[row]
+    cuda_view kv;     // (m = 1) where kv.data: rows go into this cache's slot *kv_pos instead of y, row r as value
+    const char *kv_pos; // r % head size of head r / head size (a fused kv_store of v)
+    bool kv_f16;
 };
 
 // a row's output from its dot product (and the up row's, for GLU) with the fused epilogue
 static __device__ __forceinline__ float row_out(const rows_params &p, int64_t row, float dot, float up) {
     const float v = p.w2 ? cuda_act(p.act, dot) * up : p.act ? cuda_act(p.act, dot) : dot;
     return p.add ? v + p.add[row] : v;
+}
+
+// writes a dense one-column GEMV's row: into y, or into its cache slot (a position outside the cache is skipped)
+static __device__ __forceinline__ void row_put(const rows_params &p, int64_t row, float v) {
+    if (!p.kv.data) {
+        p.y[row] = v;
+        return;
+    }
+    const int64_t slot = *(const int32_t *)p.kv_pos, hd = p.kv.ne[0];
+    if (slot < 0 || slot >= p.kv.ne[2]) return;
+    char *at = p.kv.data + row / hd * p.kv.nb[1] + slot * p.kv.nb[2];
+    if (p.kv_f16)
+        ((__half *)at)[row % hd] = __float2half_rn(v);
+    else
+        ((float *)at)[row % hd] = v;
 }
 
 static __device__ __forceinline__ bool mask_on(const cuda_rows_sel &s, int64_t i, int64_t j) {
@@ -208,8 +226,8 @@ __global__ void __launch_bounds__(GEMV_F_THREADS) gemv_f_kernel(rows_params p) {
         const int4 *w0 = (const int4 *)p.w + r0 * rs;
         pair_dot<TYPE>(p, w0, glu ? (const int4 *)p.w2 + r0 * rs : two ? w0 + rs : w0, &s0, &s1);
         if (threadIdx.x != 0) return;
-        p.y[r0] = row_out(p, r0, s0, s1);
-        if (two) p.y[r0 + 1] = row_out(p, r0 + 1, s1, 0.0f);
+        row_put(p, r0, row_out(p, r0, s0, s1));
+        if (two) row_put(p, r0 + 1, row_out(p, r0 + 1, s1, 0.0f));
         return;
     }
     __shared__ int s_rows[GEMV_F_MASK_ROWS], s_cnt;
@@ -318,7 +336,7 @@ __global__ void __launch_bounds__(QROWS_WARPS * 32, qrows_min_blocks<TYPE>) qrow
             if constexpr (NC == 1 && NR == 2) {
                 if (glu) {
                     const float gate = warp_sum(acc[0][0]), up = warp_sum(acc[1][0]);
-                    if (lane == 0) p.y[r_of[0]] = row_out(p, r_of[0], gate, up);
+                    if (lane == 0) row_put(p, r_of[0], row_out(p, r_of[0], gate, up));
                     continue;
                 }
             }
@@ -331,8 +349,8 @@ __global__ void __launch_bounds__(QROWS_WARPS * 32, qrows_min_blocks<TYPE>) qrow
                     if (lane != 0 || g + r >= total) continue;
                     if (list)
                         p.y[r_of[r] + col * p.y_ld] = v;
-                    else if (p.add || p.act)
-                        p.y[r_of[r]] = row_out(p, r_of[r], v, 0.0f); // m = 1, dense
+                    else if (p.add || p.act || p.kv.data)
+                        row_put(p, r_of[r], row_out(p, r_of[r], v, 0.0f)); // m = 1, dense
                     else
                         p.y[r_of[r] + j * p.y_ld] = s.mode != CUDA_SEL_MASK || mm == 1 || mask_on(s, r_of[r], j) ? v : 0.0f;
                 }
@@ -501,7 +519,10 @@ int cuda_rows_dot(const struct ggml_tensor *w, const struct ggml_tensor *x, stru
     p.w2 = e.up ? (const uint8_t *)e.up->data : NULL;
     p.act = e.act;
     p.add = e.add;
-    if ((p.w2 || p.add || p.act) && (s.mode != CUDA_SEL_ALL || !cuda_gemv_takes_extra(w, x)))
+    p.kv = e.store ? cuda_view_of(e.store) : cuda_view{};
+    p.kv_pos = e.store ? (const char *)e.store->src[2]->data : NULL;
+    p.kv_f16 = e.store && e.store->type == GGML_TYPE_F16;
+    if ((p.w2 || p.add || p.act || e.store) && (s.mode != CUDA_SEL_ALL || !cuda_gemv_takes_extra(w, x)))
         return ggml_set_error(GGML_STATUS_INVALID_ARG, "CUDA GEMV: fused epilogue on an unsupported shape");
     const bool is_float = cuda_type_is_float(type);
     bool aligned = ((uintptr_t)p.w % 16 == 0) && p.w_nb1 % 16 == 0;

@@ -4,15 +4,15 @@
 //    returns), a warp per row, gate and up dotted with the token's x together (they share the x loads),
 //    act(gate) * up stored per pair;
 //  - the activations quantized to Q8_1 where down is quantized;
-//  - down: block (row group, pair): a warp per row: the pair's routing weight (a warp per token computed them
-//    first: softmax over the token's k or all logits) * down_e[row] . act into the pair's part;
-//  - sum: each token's held parts added in rank order (deterministic, no atomics), plus the residual where the add
-//    after the op is fused into it. A token's 8 experts give 8x the blocks a block per token would, which one
-//    decoded token needs to fill the GPU.
-// A decoded token's op is a few microseconds of work in each of its kernels, so launches are what it saves: the up
-// kernel computes its pairs' routing weights, x comes quantized from the norm before the router where the graph
-// allows (fusion.cu), and the residual add is the sum's.
-// Prompts (more than GEMV_MAX_COLS tokens) take moe_gemm.cu's grouped GEMMs for up and down instead.
+//  - down and sum: block (8 output rows, token): a warp per pair, its routing weight * down_e[row] . act for the 8
+//    rows at once (their loads in flight together), then each row's parts added in rank order (deterministic, no
+//    atomics), plus the residual where the add after the op is fused into it.
+// The up kernel's blocks (row group, pair) and the down kernel's warps per pair give one decoded token's few
+// experts enough blocks to fill the GPU. Its op is a few microseconds of work in each kernel, so launches are what
+// it saves: the up kernel computes its pairs' routing weights (softmax over the token's k or all logits), x comes
+// quantized from the norm before the router where the graph allows (fusion.cu), and the sum is the down kernel's.
+// Prompts (more than GEMV_MAX_COLS tokens) take moe_gemm.cu's grouped GEMMs, which leave each pair's weighted
+// down output as a part; a sum kernel adds them.
 // Scratch: [x as Q8_1][act: (pairs, n_ff) floats][act as Q8_1][parts: (pairs, d) floats][weights][the batch's].
 #include "moe.cuh"
 
@@ -96,35 +96,50 @@ __global__ void moe_weights_kernel(moe_params p) {
     for (int64_t s = lane; s < p.k; s += 32) p.wts[j * p.k + s] = moe_weight(p, j, s, top_z);
 }
 
-// block (row group, pair): part[pair][r] = weight * down_e[r] . act[pair] (0 where the expert is held elsewhere)
+// block (MOE_DOWN_ROWS output rows, token j), a warp per pair s (w, w + warps, ...): weight * (down_e[r] . act + bias)
+// for the block's rows into shared memory; then each row's held parts in rank order (as moe_sum_kernel adds a
+// prompt's), plus the fused add's operand
 template <int TYPE>
-__global__ void __launch_bounds__(MOE_WARPS * 32) moe_down_kernel(moe_params p) {
+__global__ void __launch_bounds__(MOE_DOWN_WARPS * 32) moe_down_sum_kernel(moe_params p) {
+    __shared__ float part[GGML_TOP_K_MAX][MOE_DOWN_ROWS];
+    const int64_t j = blockIdx.y, r0 = (int64_t)blockIdx.x * MOE_DOWN_ROWS;
     const int lane = threadIdx.x % 32;
-    for (int64_t pair = blockIdx.y; pair < p.k * p.m; pair += gridDim.y) {
+    for (int64_t s = threadIdx.x / 32; s < p.k; s += blockDim.x / 32) {
+        const int64_t pair = j * p.k + s;
         const int32_t e = moe_slot(p, pair);
         if (e < 0) continue; // the sum skips it
+        const uint8_t *wr[MOE_DOWN_ROWS]; // rows past the end: the last one again, unused
+#pragma unroll
+        for (int i = 0; i < MOE_DOWN_ROWS; i++) wr[i] = p.wd + e * p.d_nb2 + min(r0 + i, p.d - 1) * p.d_nb1;
+        float v[MOE_DOWN_ROWS];
+        if constexpr (moe_float<TYPE>) {
+#pragma unroll
+            for (int i = 0; i < MOE_DOWN_ROWS; i++) v[i] = float_row_dot<TYPE>(wr[i], p.act + pair * p.n_ff, p.n_ff, lane);
+        } else {
+            float acc[MOE_DOWN_ROWS][1] = {};
+            qrow_dots<TYPE, false, 1, MOE_DOWN_ROWS>(wr, p.aq + pair * p.n_ff, p.ads + pair * (p.n_ff / 32), p.n_ff, 1,
+                                                     lane, acc);
+#pragma unroll
+            for (int i = 0; i < MOE_DOWN_ROWS; i++) v[i] = warp_sum(acc[i][0]);
+        }
         const float w = p.wts[pair];
         const float *b = moe_bias(p, pair);
-        for (int64_t r = (int64_t)blockIdx.x * MOE_ROWS + threadIdx.x / 32;
-             r < p.d && r < (int64_t)(blockIdx.x + 1) * MOE_ROWS; r += MOE_WARPS) {
-            const uint8_t *row = p.wd + e * p.d_nb2 + r * p.d_nb1;
-            float v;
-            if constexpr (moe_float<TYPE>) {
-                v = float_row_dot<TYPE>(row, p.act + pair * p.n_ff, p.n_ff, lane);
-            } else {
-                const uint8_t *wr[1] = {row};
-                float acc[1][1] = {{0.0f}};
-                qrow_dots<TYPE, false, 1, 1>(wr, p.aq + pair * p.n_ff, p.ads + pair * (p.n_ff / 32), p.n_ff, 1,
-                                             lane, acc);
-                v = warp_sum(acc[0][0]);
-            }
-            if (lane == 0) p.part[pair * p.d + r] = w * (b ? v + b[2 * p.n_ff + r] : v);
-        }
+        if (lane == 0)
+#pragma unroll
+            for (int i = 0; i < MOE_DOWN_ROWS; i++)
+                if (r0 + i < p.d) part[s][i] = w * (b ? v[i] + b[2 * p.n_ff + r0 + i] : v[i]);
     }
+    __syncthreads();
+    const int64_t r = r0 + threadIdx.x;
+    if (threadIdx.x >= MOE_DOWN_ROWS || r >= p.d) return;
+    float sum = 0.0f;
+    for (int64_t s = 0; s < p.k; s++)
+        if (moe_slot(p, j * p.k + s) >= 0) sum += part[s][threadIdx.x];
+    p.y[j * p.d + r] = p.add ? p.add[j * p.d + r] + sum : sum;
 }
 
-// y[j][r] = the sum of the parts of the token's held experts, in rank order (deterministic, no atomics), then
-// plus the fused add's operand (as the add computes it)
+// a prompt's y[j][r] = the sum of the parts of the token's held experts, in rank order (deterministic, no atomics),
+// then plus the fused add's operand (as the add computes it)
 __global__ void moe_sum_kernel(moe_params p) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < p.d * p.m; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t j = i / p.d, r = i % p.d;
@@ -135,38 +150,40 @@ __global__ void moe_sum_kernel(moe_params p) {
     }
 }
 
-// --- TOP_K: a warp per column (n <= TOP_K_WARP_MAX): k rounds of a warp-wide arg-max over the values not yet
-// taken (a taken value becomes NaN in shared memory; the input's NaNs enter as -inf); longer rows: a thread per
-// column, insertion into a sorted list. Both: largest first, ties to the lower index ---
+// --- TOP_K: a warp per row (n <= TOP_K_WARP_MAX): the row's values in registers as order-preserving keys, k rounds
+// of the warp's largest key not yet taken (__reduce_max_sync), the lowest index holding it (__reduce_min_sync), which
+// its lane then takes (key 0, below every value); the input's NaNs enter as -inf, -0 as +0 (they tie, as values).
+// Longer rows: a thread per row, insertion into a sorted list. Both: largest first, ties to the lower index ---
 #define TOP_K_WARP_MAX 512
+
+static __device__ __forceinline__ uint32_t top_k_key(float x) {
+    if (isnan(x)) x = -INFINITY;
+    if (x == 0.0f) x = 0.0f;
+    const uint32_t u = __float_as_uint(x);
+    return u & 0x80000000u ? ~u : u | 0x80000000u; // -inf -> 0x007fffff: every value's key is above 0
+}
 
 __global__ void __launch_bounds__(128) top_k_warp_kernel(const float *a, int64_t n, int64_t a_ld, int k, int64_t m,
                                                          int32_t *out) {
-    __shared__ float s_v[4][TOP_K_WARP_MAX];
-    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t j = (int64_t)blockIdx.x * 4 + w;
+    constexpr int ITEMS = TOP_K_WARP_MAX / 32;
+    const int lane = threadIdx.x % 32;
+    const int64_t j = (int64_t)blockIdx.x * 4 + threadIdx.x / 32;
     if (j >= m) return; // warp-uniform
-    float *v = s_v[w];
-    for (int64_t i = lane; i < n; i += 32) {
-        const float x = a[j * a_ld + i];
-        v[i] = isnan(x) ? -INFINITY : x;
-    }
-    __syncwarp();
+    uint32_t key[ITEMS]; // value lane + 32 t
+#pragma unroll
+    for (int t = 0; t < ITEMS; t++) key[t] = lane + 32 * t < n ? top_k_key(a[j * a_ld + lane + 32 * t]) : 0u;
     for (int s = 0; s < k; s++) {
-        float best = NAN;
+        uint32_t best = 0u;
         int at = INT_MAX;
-        for (int64_t i = lane; i < n; i += 32) // a lane's own values ascend: the first best keeps the lower index
-            if (!isnan(v[i]) && (isnan(best) || v[i] > best)) best = v[i], at = (int)i;
-        for (int off = 16; off > 0; off >>= 1) {
-            const float ob = __shfl_xor_sync(0xffffffffu, best, off);
-            const int oa = __shfl_xor_sync(0xffffffffu, at, off);
-            if (!isnan(ob) && (isnan(best) || ob > best || (ob == best && oa < at))) best = ob, at = oa;
-        }
-        if (lane == 0) {
-            out[j * k + s] = at;
-            v[at] = NAN;
-        }
-        __syncwarp();
+#pragma unroll
+        for (int t = 0; t < ITEMS; t++) // a lane's own values ascend: the first best keeps the lower index
+            if (key[t] > best) best = key[t], at = lane + 32 * t;
+        const uint32_t top = __reduce_max_sync(0xffffffffu, best);
+        const int idx = __reduce_min_sync(0xffffffffu, best == top ? at : INT_MAX);
+        if (lane == 0) out[j * k + s] = idx;
+#pragma unroll
+        for (int t = 0; t < ITEMS; t++)
+            if (lane + 32 * t == idx) key[t] = 0u;
     }
 }
 
@@ -215,11 +232,12 @@ struct moe_up_launch {
     template <int TYPE> void run() const { moe_up_kernel<TYPE><<<grid, MOE_WARPS * 32, 0, st>>>(p); }
 };
 
-struct moe_down_launch {
+struct moe_down_sum_launch {
     const moe_params &p;
     dim3 grid;
+    unsigned threads;
     cudaStream_t st;
-    template <int TYPE> void run() const { moe_down_kernel<TYPE><<<grid, MOE_WARPS * 32, 0, st>>>(p); }
+    template <int TYPE> void run() const { moe_down_sum_kernel<TYPE><<<grid, threads, 0, st>>>(p); }
 };
 
 struct moe_scratch {
@@ -265,7 +283,9 @@ static int moe_gemv(moe_params p, enum ggml_type gate_type, enum ggml_type down_
         if ((rc = cuda_quantize_q8_1(p.act, p.n_ff, p.n_ff, pairs, aq_at, st))) return rc;
         p.aq = aq, p.ads = ads;
     }
-    with_weight_type(down_type, moe_down_launch{p, dim3((unsigned)((p.d + MOE_ROWS - 1) / MOE_ROWS), grid.y), st});
+    const dim3 down_grid((unsigned)((p.d + MOE_DOWN_ROWS - 1) / MOE_DOWN_ROWS), (unsigned)p.m);
+    const unsigned warps = (unsigned)(p.k < MOE_DOWN_WARPS ? p.k : MOE_DOWN_WARPS);
+    with_weight_type(down_type, moe_down_sum_launch{p, down_grid, warps * 32, st});
     return cuda_launch_status("moe_ffn down");
 }
 
@@ -303,13 +323,11 @@ int cuda_moe_ffn(const struct ggml_tensor *dst, float *y, const float *add, bool
     const int64_t pairs = p.k * p.m;
     if (pairs == 0) return GGML_STATUS_OK;
     int rc;
-    if (p.m > GEMV_MAX_COLS) { // a prompt: each expert's rows read once per tile of its tokens
-        moe_weights_kernel<<<(unsigned)((p.m + 3) / 4), 128, 0, st>>>(p);
-        if ((rc = cuda_launch_status("moe_ffn weights"))) return rc;
-        if ((rc = moe_gemm(p, gate->type, down->type, w + sc.batch, st))) return rc;
-    } else {
-        if ((rc = moe_gemv(p, gate->type, down->type, w + sc.xq, xq_ready, w + sc.aq, st))) return rc;
-    }
+    if (p.m <= GEMV_MAX_COLS) return moe_gemv(p, gate->type, down->type, w + sc.xq, xq_ready, w + sc.aq, st);
+    // a prompt: each expert's rows read once per tile of its tokens
+    moe_weights_kernel<<<(unsigned)((p.m + 3) / 4), 128, 0, st>>>(p);
+    if ((rc = cuda_launch_status("moe_ffn weights"))) return rc;
+    if ((rc = moe_gemm(p, gate->type, down->type, w + sc.batch, st))) return rc;
     const int64_t n = p.d * p.m, blocks = (n + 255) / 256;
     moe_sum_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, st>>>(p);
     return cuda_launch_status("moe_ffn sum");

@@ -6,6 +6,8 @@
 
 #define MOE_WARPS 4       // warps per block; warp w takes rows w, w + MOE_WARPS, ... of the block's
 #define MOE_ROWS 8        // rows per block: many blocks, so one token's few experts fill the GPU
+#define MOE_DOWN_ROWS 8   // output rows per block of the down kernel (a warp per pair dots all of them at once)
+#define MOE_DOWN_WARPS 8  // warps per block of the down kernel, a token's pairs taken in turn
 
 struct moe_params {
     const uint8_t *wg, *wu, *wd;     // gate, up [d, n_ff, n_local], down [n_ff, d, n_local]
@@ -20,7 +22,7 @@ struct moe_params {
     float *act;                      // [n_ff, k m]
     const int8_t *aq;                // act as Q8_1 (quantized down)
     const float2 *ads;
-    float *part;                     // [d, k m] each pair's weighted down output
+    float *part;                     // [d, k m] each pair's weighted down output (a prompt's)
     float *wts;                      // [k m] each pair's routing weight
     float *y;                        // [d, m]
     const float *add;                // [d, m] added to y (a fused add's other operand), or NULL
