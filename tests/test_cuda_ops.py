@@ -177,6 +177,25 @@ def test_norms(rows, cols, seed, layer, offset):
 
 
 @SETTINGS
+@given(rows=st.integers(1, 6), cols=st.sampled_from([4, 64, 128, 300]), gap=st.sampled_from([0, 1, 4, 96]),
+       seed=st.integers(0, 2**31), layer=st.booleans())
+def test_norms_of_rows_apart(rows, cols, gap, seed, layer):
+    """Norms of rows spaced wider than they are (a head of q in a fused projection's rows, whose norm reads the
+    view itself: it had been copied first), against float64 and the CPU."""
+    a = np.random.default_rng(seed).standard_normal((rows, cols + gap)).astype(np.float32)
+    op = "layer_norm" if layer else "rms_norm"
+
+    def build(ctx):
+        wide = ctx.scale(tensor(ctx, a), 1.0)
+        return [getattr(ctx, op)(ctx.view(wide, (rows, cols), (4 * (cols + gap), 4), offset=4 * gap), 1e-5)]
+
+    (got,), (cpu,) = both(build)
+    want = getattr(ref, op)(a[:, gap:], 1e-5)
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(cpu.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
+
+
+@SETTINGS
 @given(n_tokens=st.integers(1, 5), n_head=st.integers(1, 4),
        half_hd=st.one_of(st.integers(1, 40), st.sampled_from([64, 128, 256])), seed=st.integers(0, 2**31),
        mode=st.sampled_from([ggml.ROPE_NORMAL, ggml.ROPE_NEOX]), partial=st.booleans(), scaled=st.booleans(),
@@ -345,6 +364,49 @@ def test_q_and_k_norms_fuse_with_their_rope(n_kv, group, hd, n_tokens, mode, par
     kc[pos] = ref.rope(ref.rms_norm(k0, 1e-6) * kw, pos, n_dims, mode, 10000.0)
     vc[pos] = v0
     want = ref.attention(ref.rope(ref.rms_norm(q0, 1e-6) * qw, pos, n_dims, mode, 10000.0), kc, vc, pos, scale)
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(got, cpu, rtol=1e-3, atol=1e-4)
+
+
+@SETTINGS
+@given(n_kv=st.integers(1, 3), group=st.integers(1, 3), hd=st.sampled_from([8, 64, 128]), n_tokens=st.integers(1, 4),
+       mode=st.sampled_from([ggml.ROPE_NORMAL, ggml.ROPE_NEOX]), seed=st.integers(0, 2**31))
+def test_norms_rope_and_store_of_one_projections_q_k_v(n_kv, group, hd, n_tokens, mode, seed):
+    """Qwen3's attention on the GPU (offload.fuse_qkv with per-head norms): q, k and v views of one projection, q's
+    and k's heads RMS-normed times their weights, rotated, k and v into the cache: one kernel for the ten nodes."""
+    rng = np.random.default_rng(seed)
+    n_ctx = 32
+    n_head = n_kv * group
+    q_dim, kv_dim = n_head * hd, n_kv * hd
+    proj = (3.0 * rng.standard_normal((n_tokens, q_dim + 2 * kv_dim))).astype(np.float32)
+    qw, kw = ((1.0 + 0.3 * rng.standard_normal(hd)).astype(np.float32) for _ in range(2))
+    kc0, vc0 = (rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float32) for _ in range(2))
+    pos = np.sort(rng.choice(n_ctx, n_tokens, replace=False)).astype(np.int32)
+    scale = 1.0 / np.sqrt(hd)
+
+    def build(ctx):
+        x = ctx.scale(tensor(ctx, proj), 1.0)  # made by a node, as the projection's GEMV makes it
+
+        def heads(c0: int, n: int) -> ggml.Tensor:
+            return ctx.view(x, (n_tokens, n, hd), (4 * (q_dim + 2 * kv_dim), 4 * hd, 4), offset=4 * c0)
+
+        def normed(t, w):
+            return ctx.mul(ctx.rms_norm(t, 1e-6), tensor(ctx, w))
+
+        p = tensor(ctx, pos)
+        q = ctx.rope(normed(heads(0, n_head), qw), p, hd, mode, 10000.0)
+        k = ctx.kv_store(tensor(ctx, kc0), ctx.rope(normed(heads(q_dim, n_kv), kw), p, hd, mode, 10000.0), p)
+        v = ctx.kv_store(tensor(ctx, vc0), heads(q_dim + kv_dim, n_kv), p)
+        return [ctx.attention(q, k, v, p, scale, 0)]
+
+    n_fused = []
+    (got,), (cpu,) = run(build, "cuda", n_fused), run(build, "cpu")
+    assert n_fused == [9]  # q's norm, mul, rope; k's view, norm, mul, rope, store; v's view, store
+    qkv = proj.reshape(n_tokens, n_kv * (group + 2), hd)
+    kc, vc = kc0.astype(np.float64), vc0.astype(np.float64)
+    kc[pos] = ref.rope(ref.rms_norm(qkv[:, n_head:n_head + n_kv], 1e-6) * kw, pos, hd, mode, 10000.0)
+    vc[pos] = qkv[:, n_head + n_kv:]
+    want = ref.attention(ref.rope(ref.rms_norm(qkv[:, :n_head], 1e-6) * qw, pos, hd, mode, 10000.0), kc, vc, pos, scale)
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-3, atol=1e-4)
     np.testing.assert_allclose(got, cpu, rtol=1e-3, atol=1e-4)
 

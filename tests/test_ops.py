@@ -363,6 +363,20 @@ def test_norms(shape, magnitude, eps, op, threads, seed):
     assert_close(y, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(initial=0))
 
 
+@SETTINGS
+@given(rows=st.integers(1, 5), cols=st.integers(1, 70), gap=st.integers(1, 9),
+       op=st.sampled_from(["rms_norm", "layer_norm"]), threads=st.integers(1, 3), seed=st.integers(0, 2**31))
+def test_norms_of_rows_apart(rows, cols, gap, op, threads, seed):
+    """Rows spaced wider than they are (q's heads in a fused projection's rows) are normed where they lie."""
+    rng = rng_for(seed)
+    a = rng.standard_normal((rows, cols + gap)).astype(np.float32)
+    ctx = ggml.Context(8 << 20)
+    view = ctx.view(tensor(ctx, a), (rows, cols), (4 * (cols + gap), 4), offset=4 * gap)
+    (y,) = compute(ctx, [getattr(ctx, op)(view, 1e-5)], threads)
+    want = getattr(ref, op)(a[:, gap:], 1e-5)
+    assert_close(y.reshape(want.shape), want, rtol=1e-5, atol=1e-5 * np.abs(want).max(initial=0))
+
+
 # ---------------------------------------------------------------------------------------------------
 # rope, soft_max
 # ---------------------------------------------------------------------------------------------------

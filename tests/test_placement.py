@@ -485,9 +485,11 @@ def test_the_reserve_counts_the_dequantized_rows_of_non_f16_weights(tmp_path, mo
     assert costs.dequantized_bytes == seen[0]  # what bench_hybrid leaves out of llama.cpp's reserve
 
 
-def test_q_k_and_v_fuse_only_when_alike_and_without_head_norms():
+def test_q_k_and_v_fuse_only_when_alike_and_their_norms_are_read_per_head():
     """placement.fusable_qkv, offload.fuse_qkv's rule: the three present and of one type, their biases all there
-    (of one type) or none, no per-head q or k norm; otherwise they stay three matrices."""
+    (of one type) or none, q or k norms only where the graph norms the fused projection's heads (models.
+    reads_fused_qkv: llama's and Gemma 3's builders, not OLMoE's whole-projection norms nor Gemma 4's and Qwen3.5's
+    builders); otherwise they stay three matrices."""
     from types import SimpleNamespace
 
     from pyinfer.engine import placement
@@ -503,6 +505,17 @@ def test_q_k_and_v_fuse_only_when_alike_and_without_head_norms():
                layer(norm="attn_q_norm"), layer(norm="attn_k_norm"), {}]
     assert [placement.fusable_qkv(t, 0) for t in refused] == [None] * len(refused)
     assert placement.fusable_qkv(layer(), 1) is None  # no such layer
+    for norm in ("attn_q_norm", "attn_k_norm"):
+        assert placement.fusable_qkv(layer(norm=norm), 0, head_norms=True) is not None
+
+    from pyinfer.models import reads_fused_qkv
+
+    def cfg(arch, whole=False):
+        return SimpleNamespace(arch=arch, qk_norm_whole=whole)
+
+    assert [reads_fused_qkv(cfg(a)) for a in ("qwen3", "qwen3moe", "llama", "gemma3", "falcon")] == [True] * 5
+    assert [reads_fused_qkv(c) for c in (cfg("olmoe", True), cfg("gemma4"), cfg("qwen35"), cfg("qwen35moe"))] == [
+        False] * 4
 
 
 def test_the_dequantized_rows_count_q_k_and_v_as_one_matrix(tmp_path, monkeypatch):

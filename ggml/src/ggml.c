@@ -442,7 +442,8 @@ struct ggml_tensor *ggml_softplus(struct ggml_context *ctx, struct ggml_tensor *
 struct ggml_tensor *ggml_step(struct ggml_context *ctx, struct ggml_tensor *a) { return unary_op(ctx, GGML_OP_STEP, a); }
 
 static struct ggml_tensor *norm_op(struct ggml_context *ctx, enum ggml_op op, struct ggml_tensor *a, float eps) {
-    CHECK_ARG(a && ggml_is_contiguous(a), "norms take a contiguous tensor");
+    // rows of consecutive values, however far apart (q's heads in a fused projection's rows)
+    CHECK_ARG(a && a->nb[0] == ggml_type_size(a->type), "norms take rows of consecutive values");
     CHECK_ARG(eps >= 0.0f, "eps must be >= 0");
     struct ggml_tensor *t = unary_op(ctx, op, a);
     if (t) ggml_set_op_param_f32(t, 0, eps);

@@ -22,6 +22,7 @@ from pyinfer.engine.placement import (
     fusable_qkv,
 )
 from pyinfer.errors import UnsupportedError
+from pyinfer.models import reads_fused_qkv
 from pyinfer.models.moe import BY_EXPERT
 from pyinfer.native import ggml
 
@@ -57,7 +58,7 @@ def fuse_qkv(model, il: int) -> bool:
     likewise), which the graph reads through views (models.common.fused_qkv): on the GPU one GEMV instead of
     three, each of which costs a launch and a latency-bound tail in a decode step. Where
     placement.fusable_qkv allows it; whether it fused them."""
-    parts = fusable_qkv(model.file.tensors, il)
+    parts = fusable_qkv(model.file.tensors, il, reads_fused_qkv(model.config))
     if parts is None:
         return False
     for suffix, infos in parts.items():

@@ -24,6 +24,7 @@ from gguf import GGMLQuantizationType
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from pyinfer.errors import InvalidArgumentError, PyInferError
+from pyinfer.models import reads_fused_qkv
 from pyinfer.models.common import STREAM_ROWS
 from pyinfer.models.moe import stream_experts
 from pyinfer.native import ggml
@@ -398,16 +399,16 @@ def logit_rows(n_batch: int) -> int:
     return min(n_batch, LOGIT_ROWS)
 
 
-def fusable_qkv(tensors, il: int) -> dict[str, list] | None:
+def fusable_qkv(tensors, il: int, head_norms: bool = False) -> dict[str, list] | None:
     """Layer il's q, k and v tensors {"weight": [q, k, v], "bias": [q, k, v] or [None] * 3} where they can be one
-    matrix (and one bias): every part present, of one type, and no per-head norm reading q or k (it would copy
-    their views first); else None."""
+    matrix (and one bias): every part present, of one type, and no q or k norm unless head_norms (the graph then
+    norms each head of the fused projection's views: models.reads_fused_qkv); else None."""
     parts = {suffix: [tensors.get(f"blk.{il}.{part}.{suffix}") for part in QKV_PARTS] for suffix in ("weight", "bias")}
     for infos in parts.values():
         if (None in infos and any(infos)) or len({i.type for i in infos if i is not None}) > 1:
             return None
     norms = any(f"blk.{il}.{part}.weight" in tensors for part in ("attn_q_norm", "attn_k_norm"))
-    return None if parts["weight"][0] is None or norms else parts
+    return None if parts["weight"][0] is None or (norms and not head_norms) else parts
 
 
 def reserve_bytes(cfg, n_batch: int, largest_matrix: int = 0, neuron_row: int = 0, dequantized: int = 0,
@@ -562,7 +563,7 @@ def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch
     not_f16 = [math.prod(info.ne) for info in tensors.values()
                if len(info.ne) == 2 and info.type != GGMLQuantizationType.F16]
     for il in range(cfg.n_layer):  # q, k and v fused on the GPU: one matrix of all their rows
-        qkv = fusable_qkv(tensors, il)
+        qkv = fusable_qkv(tensors, il, reads_fused_qkv(cfg))
         if qkv is not None and qkv["weight"][0].type != GGMLQuantizationType.F16:
             not_f16.append(sum(math.prod(i.ne) for i in qkv["weight"]))
     dequantized = min(GEMM_CHUNK, 2 * max(not_f16, default=0)) if n_batch > GEMV_MAX_COLS else 0

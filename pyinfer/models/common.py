@@ -81,8 +81,6 @@ class Builder:
     def norm(self, x: ggml.Tensor, name: str) -> ggml.Tensor:
         """RMSNorm or LayerNorm per row, times the weight (+ bias)."""
         cfg = self.cfg
-        if not x.contiguous:  # a view (the CPU bundle's output, before Gemma's post-FFN norm)
-            x = self.ctx.cpy(x, ggml.F32)
         if cfg.norm_kind == "rms":
             y = self.ctx.rms_norm(x, cfg.norm_eps)
         else:

@@ -225,8 +225,10 @@ int cuda_op_rope(struct ggml_tensor *dst, cudaStream_t st);
 // rope's rows written into the cache slots of the kv_store that reads them (the rope -> kv_store fusion)
 int cuda_rope_store(const struct ggml_tensor *rope, struct ggml_tensor *store, cudaStream_t st);
 // rope of q into its rows, rope of k and v as they are into their kv_stores' cache slots, one kernel (q, k and v
-// views of one projection: the rope -> kv_store fusion for all three)
-int cuda_rope_qkv_store(const struct ggml_tensor *rope_q, const struct ggml_tensor *rope_k,
+// views of one projection: the rope -> kv_store fusion for all three); q's and k's heads RMS-normed first where
+// norm_q / norm_k (the rms_norm whose output, times a weight, the rope reads) is not NULL
+int cuda_rope_qkv_store(const struct ggml_tensor *rope_q, const struct ggml_tensor *norm_q,
+                        const struct ggml_tensor *rope_k, const struct ggml_tensor *norm_k,
                         const struct ggml_tensor *store_k, const struct ggml_tensor *store_v, cudaStream_t st);
 // rms_norm of each head of the rope's input times w, then the rope, into store's cache slots unless store is NULL
 int cuda_norm_rope(const struct ggml_tensor *norm, const struct ggml_tensor *w, const struct ggml_tensor *rope,

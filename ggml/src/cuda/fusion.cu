@@ -79,15 +79,22 @@ static int match_rope_store(struct ggml_tensor *const *nd, const int *readers, i
     return private_run(nd, readers, 2) ? 2 : 0;
 }
 
-// rms_norm of each head (the rope's rows), mul by a weight of the head's size, rope, and the kv_store of its rows
-// where one follows
-static int match_norm_rope(struct ggml_tensor *const *nd, const int *readers, int n) {
+// nodes a head rotation takes at nd[0]: a rope (1), or rms_norm of each head, mul by a weight of the head's size,
+// rope (3: Qwen3's and Gemma's q and k norms, which the rope kernel applies); 0 if neither
+static int rope_part(struct ggml_tensor *const *nd, const int *readers, int n) {
+    if (n >= 1 && nd[0]->op == GGML_OP_ROPE) return 1;
     if (n < 3 || nd[0]->op != GGML_OP_RMS_NORM || nd[1]->op != GGML_OP_MUL || nd[2]->op != GGML_OP_ROPE) return 0;
     const struct ggml_tensor *w = other_src(nd[1], nd[0]);
     if (!w || !is_f32_vector(w, nd[0]->ne[0]) || nd[2]->src[0] != nd[1] || nd[0]->src[0]->type != GGML_TYPE_F32)
         return 0;
+    return readers[0] == 1 && readers[1] == 1 ? 3 : 0;
+}
+
+// a normed head rotation [, the kv_store of its rows]
+static int match_norm_rope(struct ggml_tensor *const *nd, const int *readers, int n) {
+    if (rope_part(nd, readers, n) != 3 || !private_run(nd, readers, 2) || !on_cuda(nd[2])) return 0;
     if (n > 3 && nd[3]->op == GGML_OP_KV_STORE && nd[3]->src[1] == nd[2] && private_run(nd, readers, 4)) return 4;
-    return private_run(nd, readers, 3) ? 3 : 0;
+    return 3;
 }
 
 // a one-column mul_mat [, add of a bias], its rows viewed in order as (heads, head size), their kv_store: v
@@ -113,25 +120,27 @@ static int match_gemv_store(struct ggml_tensor *const *nd, const int *readers, i
 }
 
 // models/common.py's attention over a fused projection (q, k and v views of one GEMV's output): rope q, k's view,
-// rope k, its kv_store, v's view, its kv_store. Rope q is read later (by attention) and written as usual; the
-// views are read by the next node only, and every node's inputs come from before the run
+// rope k, its kv_store, v's view, its kv_store, q's and k's ropes each after their heads' norms where the model has
+// them (rope_part). Rope q is read later (by attention) and written as usual; the views are read by the next node
+// only, and every node's inputs come from before the run
 static int match_rope_qkv(struct ggml_tensor *const *nd, const int *readers, int n) {
-    if (n < 6) return 0;
-    const struct ggml_tensor *rq = nd[0], *vk = nd[1], *rk = nd[2], *sk = nd[3], *vv = nd[4], *sv = nd[5];
-    if (rq->op != GGML_OP_ROPE || vk->op != GGML_OP_VIEW || rk->op != GGML_OP_ROPE || sk->op != GGML_OP_KV_STORE ||
-        vv->op != GGML_OP_VIEW || sv->op != GGML_OP_KV_STORE)
-        return 0;
-    if (rk->src[0] != vk || sk->src[1] != rk || sv->src[1] != vv || vk->src[0] == rq) return 0;
-    for (int j = 0; j < 4; j++)
-        if (vv->src[0] == nd[j]) return 0;
+    const int a = rope_part(nd, readers, n); // q's rotation, then k's view
+    if (!a || n < a + 1 || nd[a]->op != GGML_OP_VIEW) return 0;
+    const int b = rope_part(nd + a + 1, readers + a + 1, n - a - 1), i = a + 1 + b; // k's rotation at a + 1
+    if (!b || n < i + 3) return 0;
+    const struct ggml_tensor *rq = nd[a - 1], *vk = nd[a], *rk = nd[i - 1], *sk = nd[i], *vv = nd[i + 1], *sv = nd[i + 2];
+    if (sk->op != GGML_OP_KV_STORE || vv->op != GGML_OP_VIEW || sv->op != GGML_OP_KV_STORE) return 0;
+    if (nd[a + 1]->src[0] != vk || sk->src[1] != rk || sv->src[1] != vv) return 0;
+    for (int j = 0; j < i; j++) // the views are of the projection, not of a node inside the run
+        if (vv->src[0] == nd[j] || (j < a && vk->src[0] == nd[j])) return 0;
     // the same rotation for q and k
     if (rq->src[1] != rk->src[1] || rq->src[2] != rk->src[2] ||
         memcmp(rq->op_params, rk->op_params, sizeof rq->op_params))
         return 0;
     if (vv->type != GGML_TYPE_F32 || vv->nb[0] != sizeof(float)) return 0;
-    for (int j = 0; j < 6; j++)
+    for (int j = 0; j < i + 3; j++)
         if (!on_cuda(nd[j])) return 0;
-    return readers[1] == 1 && readers[2] == 1 && readers[4] == 1 ? 6 : 0;
+    return readers[a] == 1 && readers[i - 1] == 1 && readers[i + 1] == 1 ? i + 3 : 0;
 }
 
 // the unary ops an add/mul applies to its first operand when fused (cuda_act computes each)
@@ -231,12 +240,12 @@ extern "C" void ggml_cuda_plan_groups(struct ggml_tensor *const *nodes, int n, c
             g.kind = GGML_CUDA_FUSE_GEMV_ADD;
         else if ((len = match_gemv_act(nodes + i, readers + i, n - i)))
             g.kind = GGML_CUDA_FUSE_GEMV_ACT;
+        else if ((len = match_rope_qkv(nodes + i, readers + i, n - i)))
+            g.kind = GGML_CUDA_FUSE_ROPE_QKV;
         else if ((len = match_norm_rope(nodes + i, readers + i, n - i)))
             g.kind = GGML_CUDA_FUSE_NORM_ROPE;
         else if ((len = match_norm_mul(nodes + i, readers + i, n - i)))
             g.kind = GGML_CUDA_FUSE_NORM_MUL;
-        else if ((len = match_rope_qkv(nodes + i, readers + i, n - i)))
-            g.kind = GGML_CUDA_FUSE_ROPE_QKV;
         else if ((len = match_rope_store(nodes + i, readers + i, n - i)))
             g.kind = GGML_CUDA_FUSE_ROPE_STORE;
         else if ((len = match_unary_binary(nodes + i, readers + i, n - i)))
@@ -281,7 +290,11 @@ extern "C" int ggml_cuda_forward_group(const struct ggml_cuda_group *group, stru
     case GGML_CUDA_FUSE_ROPE_STORE: return cuda_rope_store(node, last, st);
     case GGML_CUDA_FUSE_NORM_ROPE:
         return cuda_norm_rope(node, other_src(nodes[1], node), nodes[2], group->len == 4 ? last : NULL, st);
-    case GGML_CUDA_FUSE_ROPE_QKV: return cuda_rope_qkv_store(node, nodes[2], nodes[3], last, st);
+    case GGML_CUDA_FUSE_ROPE_QKV: {
+        const int a = node->op == GGML_OP_ROPE ? 1 : 3, i = a + 1 + (nodes[a + 1]->op == GGML_OP_ROPE ? 1 : 3);
+        return cuda_rope_qkv_store(nodes[a - 1], a == 3 ? node : NULL, nodes[i - 1], i - a == 4 ? nodes[a + 1] : NULL,
+                                   nodes[i], last, st);
+    }
     case GGML_CUDA_FUSE_SPARSE_FFN:
         return cuda_sparse_ffn(nodes, last, group->len == 6 ? (const float *)other_src(last, nodes[4])->data : NULL,
                                group->xq_ready, wdata, st);

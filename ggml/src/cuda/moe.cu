@@ -1,16 +1,16 @@
 // moe.cu: a mixture of experts on the GPU: the router's choice (top_k) and the routed experts' FFN (moe_ffn),
 // with the CPU backend's semantics (ops_moe.c). The expert ids stay on the device, so the kernels read them:
-//  - up: block (row group, pair): the pair's expert (through slots; a pair whose expert is held elsewhere
-//    returns), a warp per row, gate and up dotted with the token's x together (they share the x loads),
-//    act(gate) * up stored per pair;
-//  - the activations quantized to Q8_1 where down is quantized;
+//  - up: block (32 rows, pair): the pair's expert (through slots; a pair whose expert is held elsewhere
+//    returns), a warp per 4 rows, their gate and up rows dotted with the token's x at once, act(gate) * up stored
+//    per pair, and as one Q8_1 block where down is quantized;
 //  - down and sum: block (8 output rows, token): a warp per pair, its routing weight * down_e[row] . act for the 8
 //    rows at once (their loads in flight together), then each row's parts added in rank order (deterministic, no
 //    atomics), plus the residual where the add after the op is fused into it.
 // The up kernel's blocks (row group, pair) and the down kernel's warps per pair give one decoded token's few
 // experts enough blocks to fill the GPU. Its op is a few microseconds of work in each kernel, so launches are what
-// it saves: the up kernel computes its pairs' routing weights (softmax over the token's k or all logits), x comes
-// quantized from the norm before the router where the graph allows (fusion.cu), and the sum is the down kernel's.
+// it saves: the up kernel computes its pairs' routing weights (softmax over the token's k or all logits) and
+// quantizes the activations, x comes quantized from the norm before the router where the graph allows (fusion.cu),
+// and the sum is the down kernel's.
 // Prompts (more than GEMV_MAX_COLS tokens) take moe_gemm.cu's grouped GEMMs, which leave each pair's weighted
 // down output as a part; a sum kernel adds them.
 // Scratch: [x as Q8_1][act: (pairs, n_ff) floats][act as Q8_1][parts: (pairs, d) floats][weights][the batch's].
@@ -54,35 +54,62 @@ static __device__ __forceinline__ float moe_weight(const moe_params &p, int64_t 
                : 0.0f;
 }
 
+// block (MOE_UP_ROWS rows, pair): a warp per MOE_UP_WARP_ROWS rows, their gate and up rows dotted with the pair's x
+// at once (all their loads in flight together); act(gate) * up stored per pair and, where down is quantized, the
+// block's 32 values as one Q8_1 block (quantize_q8_1_kernel's rounding: the activations need no kernel of their own)
 template <int TYPE>
-__global__ void __launch_bounds__(MOE_WARPS * 32) moe_up_kernel(moe_params p) {
+__global__ void __launch_bounds__(MOE_UP_WARPS * 32) moe_up_kernel(moe_params p) {
+    __shared__ float s_act[MOE_UP_ROWS];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int64_t rb = (int64_t)blockIdx.x * MOE_UP_ROWS, r0 = rb + warp * MOE_UP_WARP_ROWS;
     for (int64_t pair = blockIdx.y; pair < p.k * p.m; pair += gridDim.y) {
-    const int64_t j = pair / p.k;
-    const int32_t e = moe_slot(p, pair);
-    if (e < 0) continue;
-    const int lane = threadIdx.x % 32;
-    if (p.weights_in_up && blockIdx.x == 0 && threadIdx.x < 32) { // the pair's first block: its routing weight
-        const float2 top_z = moe_softmax_of(p, j, lane);
-        if (lane == 0) p.wts[pair] = moe_weight(p, j, pair % p.k, top_z);
-    }
-    const uint8_t *wg = p.wg + e * p.g_nb2, *wu = p.wu + e * p.g_nb2;
-    const float *b = moe_bias(p, pair);
-    for (int64_t r = (int64_t)blockIdx.x * MOE_ROWS + threadIdx.x / 32; r < p.n_ff && r < (int64_t)(blockIdx.x + 1) * MOE_ROWS;
-         r += MOE_WARPS) {
-        float g, u;
-        if constexpr (moe_float<TYPE>) {
-            g = float_row_dot<TYPE>(wg + r * p.g_nb1, p.x + j * p.d, p.d, lane);
-            u = float_row_dot<TYPE>(wu + r * p.g_nb1, p.x + j * p.d, p.d, lane);
-        } else {
-            const uint8_t *wr[2] = {wg + r * p.g_nb1, wu + r * p.g_nb1};
-            float acc[2][1] = {{0.0f}, {0.0f}};
-            qrow_dots<TYPE, false, 1, 2>(wr, p.xq + j * p.d, p.xds + j * (p.d / 32), p.d, 1, lane, acc);
-            g = warp_sum(acc[0][0]);
-            u = warp_sum(acc[1][0]);
+        const int64_t j = pair / p.k;
+        const int32_t e = moe_slot(p, pair);
+        if (e < 0) continue; // block-uniform
+        if (blockIdx.x == 0 && warp == 0) { // the pair's first block: its routing weight
+            const float2 top_z = moe_softmax_of(p, j, lane);
+            if (lane == 0) p.wts[pair] = moe_weight(p, j, pair % p.k, top_z);
         }
-        if (lane == 0) p.act[pair * p.n_ff + r] = b ? moe_act(p.kind, g + b[r], u + b[p.n_ff + r])
-                                                    : moe_act(p.kind, g, u);
-    }
+        const uint8_t *wr[2 * MOE_UP_WARP_ROWS]; // gate's rows, then up's (past the end: the last row again, unused)
+#pragma unroll
+        for (int i = 0; i < MOE_UP_WARP_ROWS; i++) {
+            const int64_t r = min(r0 + i, p.n_ff - 1);
+            wr[i] = p.wg + e * p.g_nb2 + r * p.g_nb1;
+            wr[MOE_UP_WARP_ROWS + i] = p.wu + e * p.g_nb2 + r * p.g_nb1;
+        }
+        float v[2 * MOE_UP_WARP_ROWS];
+        if constexpr (moe_float<TYPE>) {
+#pragma unroll
+            for (int i = 0; i < 2 * MOE_UP_WARP_ROWS; i++) v[i] = float_row_dot<TYPE>(wr[i], p.x + j * p.d, p.d, lane);
+        } else {
+            float acc[2 * MOE_UP_WARP_ROWS][1] = {};
+            qrow_dots<TYPE, false, 1, 2 * MOE_UP_WARP_ROWS>(wr, p.xq + j * p.d, p.xds + j * (p.d / 32), p.d, 1, lane,
+                                                              acc);
+#pragma unroll
+            for (int i = 0; i < 2 * MOE_UP_WARP_ROWS; i++) v[i] = warp_sum(acc[i][0]);
+        }
+        const float *b = moe_bias(p, pair);
+        if (lane == 0)
+#pragma unroll
+            for (int i = 0; i < MOE_UP_WARP_ROWS; i++) {
+                const int64_t r = r0 + i;
+                if (r >= p.n_ff) break;
+                const float g = v[i], u = v[MOE_UP_WARP_ROWS + i];
+                const float a = b ? moe_act(p.kind, g + b[r], u + b[p.n_ff + r]) : moe_act(p.kind, g, u);
+                p.act[pair * p.n_ff + r] = a;
+                s_act[r - rb] = a;
+            }
+        if (!p.aq) continue; // down reads the float activations
+        __syncthreads();
+        if (warp == 0) { // n_ff % 32 == 0 where down is quantized: the block's rows are one Q8_1 block
+            const float a = s_act[lane];
+            const float d = warp_max(fabsf(a)) / 127.0f;
+            const int q = d > 0.0f ? (int)roundf(a / d) : 0;
+            p.aq[pair * p.n_ff + rb + lane] = (int8_t)q;
+            const int sum = (int)warp_sum((float)q); // |sum| <= 32 * 127: exact in F32
+            if (lane == 0) p.ads[(pair * p.n_ff + rb) / 32] = make_float2(d, d * (float)sum);
+        }
+        __syncthreads(); // s_act is the next pair's
     }
 }
 
@@ -229,7 +256,7 @@ struct moe_up_launch {
     const moe_params &p;
     dim3 grid;
     cudaStream_t st;
-    template <int TYPE> void run() const { moe_up_kernel<TYPE><<<grid, MOE_WARPS * 32, 0, st>>>(p); }
+    template <int TYPE> void run() const { moe_up_kernel<TYPE><<<grid, MOE_UP_WARPS * 32, 0, st>>>(p); }
 };
 
 struct moe_down_sum_launch {
@@ -260,7 +287,8 @@ static moe_scratch moe_scratch_of(const struct ggml_tensor *dst) {
 
 size_t cuda_moe_ffn_wsize(const struct ggml_tensor *dst) { return moe_scratch_of(dst).end; }
 
-// a few tokens: GEMVs per pair (x and act quantized to Q8_1 for quantized experts; x already, where xq_ready)
+// a few tokens: GEMVs per pair (x quantized to Q8_1 for quantized gate and up, unless xq_ready; the activations by
+// the up kernel for a quantized down)
 static int moe_gemv(moe_params p, enum ggml_type gate_type, enum ggml_type down_type, char *xq_at, bool xq_ready,
                     char *aq_at, cudaStream_t st) {
     const int64_t pairs = p.k * p.m;
@@ -272,17 +300,10 @@ static int moe_gemv(moe_params p, enum ggml_type gate_type, enum ggml_type down_
         if (!xq_ready && (rc = cuda_quantize_q8_1(p.x, p.d, p.d, p.m, xq_at, st))) return rc;
         p.xq = xq, p.xds = xds;
     }
-    p.weights_in_up = true;
-    const dim3 grid((unsigned)((p.n_ff + MOE_ROWS - 1) / MOE_ROWS), (unsigned)(pairs < 65535 ? pairs : 65535));
-    with_weight_type(gate_type, moe_up_launch{p, grid, st});
+    if (!cuda_type_is_float(down_type)) cuda_xq_at(aq_at, p.n_ff, pairs, &p.aq, &p.ads);
+    const unsigned pair_blocks = (unsigned)(pairs < 65535 ? pairs : 65535);
+    with_weight_type(gate_type, moe_up_launch{p, dim3((unsigned)((p.n_ff + MOE_UP_ROWS - 1) / MOE_UP_ROWS), pair_blocks), st});
     if ((rc = cuda_launch_status("moe_ffn gate and up"))) return rc;
-    if (!cuda_type_is_float(down_type)) {
-        int8_t *aq;
-        float2 *ads;
-        cuda_xq_at(aq_at, p.n_ff, pairs, &aq, &ads);
-        if ((rc = cuda_quantize_q8_1(p.act, p.n_ff, p.n_ff, pairs, aq_at, st))) return rc;
-        p.aq = aq, p.ads = ads;
-    }
     const dim3 down_grid((unsigned)((p.d + MOE_DOWN_ROWS - 1) / MOE_DOWN_ROWS), (unsigned)p.m);
     const unsigned warps = (unsigned)(p.k < MOE_DOWN_WARPS ? p.k : MOE_DOWN_WARPS);
     with_weight_type(down_type, moe_down_sum_launch{p, down_grid, warps * 32, st});

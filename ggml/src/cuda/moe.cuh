@@ -4,8 +4,9 @@
 #include "rowdot.cuh"
 #include "../swiglu_oai.h"
 
-#define MOE_WARPS 4       // warps per block; warp w takes rows w, w + MOE_WARPS, ... of the block's
-#define MOE_ROWS 8        // rows per block: many blocks, so one token's few experts fill the GPU
+#define MOE_UP_ROWS 32    // gate and up rows per block of the up kernel: their activations are one Q8_1 block
+#define MOE_UP_WARPS 8    // warps per block of the up kernel
+#define MOE_UP_WARP_ROWS (MOE_UP_ROWS / MOE_UP_WARPS) // rows a warp dots at once (gate's and up's: twice as many)
 #define MOE_DOWN_ROWS 8   // output rows per block of the down kernel (a warp per pair dots all of them at once)
 #define MOE_DOWN_WARPS 8  // warps per block of the down kernel, a token's pairs taken in turn
 
@@ -20,8 +21,8 @@ struct moe_params {
     const float *logits;             // [n_expert, m]
     const int32_t *slots;            // [n_expert] or NULL
     float *act;                      // [n_ff, k m]
-    const int8_t *aq;                // act as Q8_1 (quantized down)
-    const float2 *ads;
+    int8_t *aq;                      // act as Q8_1 (quantized down; the up kernel writes it in the GEMV path)
+    float2 *ads;
     float *part;                     // [d, k m] each pair's weighted down output (a prompt's)
     float *wts;                      // [k m] each pair's routing weight
     float *y;                        // [d, m]
@@ -30,7 +31,6 @@ struct moe_params {
     const float *scales;             // [n_expert] each expert's weight multiplier, or NULL
     int kind;                        // enum ggml_ffn_kind: SWIGLU, GEGLU or SWIGLU_OAI
     bool norm;
-    bool weights_in_up;              // the up kernel computes wts (the GEMV path's: no kernel of their own)
 };
 
 // the biases of a pair's expert (gate's n_ff, up's n_ff, down's d), or nullptr

@@ -172,6 +172,13 @@ int cuda_rope_store(const struct ggml_tensor *rope, struct ggml_tensor *store, c
     return rc ? rc : rope_launch(rope, o, st);
 }
 
+// the job's rows RMS-normed per head first: norm's input (the rope's shape) times its mul's weight
+static void rope_job_normed(rope_job *a, const struct ggml_tensor *norm, const struct ggml_tensor *w) {
+    a->x = cuda_view_of(norm->src[0]);
+    a->norm_w = (const float *)w->data;
+    a->norm_eps = ggml_op_param_f32(norm, 0);
+}
+
 int cuda_norm_rope(const struct ggml_tensor *norm, const struct ggml_tensor *w, const struct ggml_tensor *rope,
                    struct ggml_tensor *store, cudaStream_t st) {
     rope_out o = {cuda_view_of(rope), false, false, NULL, 0};
@@ -179,14 +186,13 @@ int cuda_norm_rope(const struct ggml_tensor *norm, const struct ggml_tensor *w, 
     int rc = store ? store_out(store, &o) : GGML_STATUS_OK;
     if (!rc) rc = rope_job_of(rope, o, &a);
     if (rc) return rc;
-    a.x = cuda_view_of(norm->src[0]); // the norm's input, of the rope's shape
-    a.norm_w = (const float *)w->data;
-    a.norm_eps = ggml_op_param_f32(norm, 0);
+    rope_job_normed(&a, norm, w);
     rope_kernel<<<rope_grid(a), ROPE_WARPS * 32, 0, st>>>(a);
     return cuda_launch_status("norm and rope");
 }
 
-int cuda_rope_qkv_store(const struct ggml_tensor *rope_q, const struct ggml_tensor *rope_k,
+int cuda_rope_qkv_store(const struct ggml_tensor *rope_q, const struct ggml_tensor *norm_q,
+                        const struct ggml_tensor *rope_k, const struct ggml_tensor *norm_k,
                         const struct ggml_tensor *store_k, const struct ggml_tensor *store_v, cudaStream_t st) {
     rope_out ok = {}, ov = {};
     rope_job q = {}, k = {}, v;
@@ -195,6 +201,8 @@ int cuda_rope_qkv_store(const struct ggml_tensor *rope_q, const struct ggml_tens
     if (!rc) rc = rope_job_of(rope_q, rope_out{cuda_view_of(rope_q), false, false, NULL, 0}, &q);
     if (!rc) rc = rope_job_of(rope_k, ok, &k);
     if (rc) return rc;
+    if (norm_q) rope_job_normed(&q, norm_q, rope_q->src[0]->src[0] == norm_q ? rope_q->src[0]->src[1] : rope_q->src[0]->src[0]);
+    if (norm_k) rope_job_normed(&k, norm_k, rope_k->src[0]->src[0] == norm_k ? rope_k->src[0]->src[1] : rope_k->src[0]->src[0]);
     const struct ggml_tensor *vx = store_v->src[1];
     v = rope_job{cuda_view_of(vx), ov.pos, ov.pos_nb0, ov, 0, false, 0, 0, 0, 0, 0, 0, NULL};
     dim3 grid = rope_grid(q);
