@@ -48,12 +48,12 @@ def test_split_layers_equal_the_unsplit_model(tiny_files, host_only, variant, sp
     assert a == b
 
 
-@pytest.mark.parametrize("variant,fused", [("llama_silu", True), ("qwen2", True), ("opt", True),
-                                           ("gemma3", False), ("falcon_relu", False)])
+@pytest.mark.parametrize("variant,fused", [("llama_silu", True), ("qwen2", True), ("opt", True), ("qwen3", True),
+                                           ("gemma3", True), ("falcon_relu", False)])
 def test_attention_on_the_gpu_takes_q_k_v_as_one_matrix(tiny_files, host_only, variant, fused):
     """A layer whose attention goes to the GPU gets q, k and v (and their biases: Qwen2, OPT) as one attn_qkv
-    matrix, read through views; not where per-head q/k norms read them (Gemma 3) or the file has one already
-    (Falcon). Logits and greedy tokens equal the model with three matrices."""
+    matrix, read through views, per-head q and k norms (Qwen3, Gemma 3) normalizing the views' heads where they lie;
+    not where the file has one already (Falcon). Logits and greedy tokens equal the model with three matrices."""
     path = tiny_files(variant, False)
     whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2)
     cfg = whole.config
