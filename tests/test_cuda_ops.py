@@ -286,17 +286,21 @@ def test_kv_store_and_attention(cache_type, n_kv, group, hd, n_ctx, n_tokens, se
 @SETTINGS
 @given(cache_type=st.sampled_from([ggml.F32, ggml.F16]), n_kv=st.integers(1, 3), group=st.integers(1, 3),
        hd=st.sampled_from([8, 40, 64, 128]), n_ctx=st.integers(4, 300), n_tokens=st.integers(1, 4),
-       mode=st.sampled_from([ggml.ROPE_NORMAL, ggml.ROPE_NEOX]), partial=st.booleans(), seed=st.integers(0, 2**31))
-def test_rope_and_store_of_one_projections_q_k_v(cache_type, n_kv, group, hd, n_ctx, n_tokens, mode, partial, seed):
+       mode=st.sampled_from([ggml.ROPE_NORMAL, ggml.ROPE_NEOX]), partial=st.booleans(), normed=st.booleans(),
+       seed=st.integers(0, 2**31))
+def test_rope_and_store_of_one_projections_q_k_v(cache_type, n_kv, group, hd, n_ctx, n_tokens, mode, partial, normed,
+                                                  seed):
     """q, k and v as views of one projection (models.common.fused_qkv: a layer's attention on the GPU): rope q,
-    rope k into the cache and v into the cache run as one kernel; the attention over the caches equals float64
-    and the CPU."""
+    rope k into the cache and v into the cache run as one kernel, normed: q's and k's heads RMS-normed times their
+    weights first (Qwen3's, Gemma 3's), in the same kernel; the attention over the caches equals float64 and the
+    CPU."""
     rng = np.random.default_rng(seed)
     n_tokens = min(n_tokens, n_ctx)
     n_head = n_kv * group
     q_dim, kv_dim = n_head * hd, n_kv * hd
     n_dims = 2 * max(1, hd // 4) if partial else hd
-    proj = rng.standard_normal((n_tokens, q_dim + 2 * kv_dim)).astype(np.float32)
+    proj = ((3.0 if normed else 1.0) * rng.standard_normal((n_tokens, q_dim + 2 * kv_dim))).astype(np.float32)
+    qw, kw = ((1.0 + 0.3 * rng.standard_normal(hd)).astype(np.float32) for _ in range(2))
     kc0, vc0 = (rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float32) for _ in range(2))
     pos = np.sort(rng.choice(n_ctx, n_tokens, replace=False)).astype(np.int32)
     scale = 1.0 / np.sqrt(hd)
@@ -307,21 +311,29 @@ def test_rope_and_store_of_one_projections_q_k_v(cache_type, n_kv, group, hd, n_
         def heads(c0: int, n: int) -> ggml.Tensor:
             return ctx.view(x, (n_tokens, n, hd), (4 * (q_dim + 2 * kv_dim), 4 * hd, 4), offset=4 * c0)
 
+        def heads_of(c0: int, n: int, w: np.ndarray) -> ggml.Tensor:
+            return ctx.mul(ctx.rms_norm(heads(c0, n), 1e-6), tensor(ctx, w)) if normed else heads(c0, n)
+
         p = tensor(ctx, pos)
-        q = ctx.rope(heads(0, n_head), p, n_dims, mode, 10000.0)
-        k = ctx.kv_store(tensor(ctx, kc0, cache_type), ctx.rope(heads(q_dim, n_kv), p, n_dims, mode, 10000.0), p)
+        q = ctx.rope(heads_of(0, n_head, qw), p, n_dims, mode, 10000.0)
+        k = ctx.kv_store(tensor(ctx, kc0, cache_type), ctx.rope(heads_of(q_dim, n_kv, kw), p, n_dims, mode, 10000.0),
+                         p)
         v = ctx.kv_store(tensor(ctx, vc0, cache_type), heads(q_dim + kv_dim, n_kv), p)
         return [ctx.attention(q, k, v, p, scale, 0)]
 
     n_fused = []
     (got,), (cpu,) = run(build, "cuda", n_fused), run(build, "cpu")
-    assert n_fused == [5]  # six nodes (rope q, k's view, rope k, its store, v's view, its store), one kernel
+    # six nodes (rope q, k's view, rope k, its store, v's view, its store), ten with q's and k's norms: one kernel
+    assert n_fused == [9 if normed else 5]
     cast = (lambda a: a.astype(np.float16).astype(np.float64)) if cache_type == ggml.F16 else np.float64
     qkv = proj.reshape(n_tokens, n_kv * (group + 2), hd)
+    q64, k64 = qkv[:, :n_head], qkv[:, n_head:n_head + n_kv]
+    if normed:
+        q64, k64 = ref.rms_norm(q64, 1e-6) * qw, ref.rms_norm(k64, 1e-6) * kw
     kc, vc = cast(kc0), cast(vc0)
-    kc[pos] = cast(ref.rope(qkv[:, n_head:n_head + n_kv], pos, n_dims, mode, 10000.0).astype(np.float32))
+    kc[pos] = cast(ref.rope(k64, pos, n_dims, mode, 10000.0).astype(np.float32))
     vc[pos] = cast(qkv[:, n_head + n_kv:])
-    want = ref.attention(ref.rope(qkv[:, :n_head], pos, n_dims, mode, 10000.0), kc, vc, pos, scale)
+    want = ref.attention(ref.rope(q64, pos, n_dims, mode, 10000.0), kc, vc, pos, scale)
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-3, atol=1e-4)
     np.testing.assert_allclose(got, cpu, rtol=1e-3, atol=1e-4)
 
@@ -364,49 +376,6 @@ def test_q_and_k_norms_fuse_with_their_rope(n_kv, group, hd, n_tokens, mode, par
     kc[pos] = ref.rope(ref.rms_norm(k0, 1e-6) * kw, pos, n_dims, mode, 10000.0)
     vc[pos] = v0
     want = ref.attention(ref.rope(ref.rms_norm(q0, 1e-6) * qw, pos, n_dims, mode, 10000.0), kc, vc, pos, scale)
-    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-3, atol=1e-4)
-    np.testing.assert_allclose(got, cpu, rtol=1e-3, atol=1e-4)
-
-
-@SETTINGS
-@given(n_kv=st.integers(1, 3), group=st.integers(1, 3), hd=st.sampled_from([8, 64, 128]), n_tokens=st.integers(1, 4),
-       mode=st.sampled_from([ggml.ROPE_NORMAL, ggml.ROPE_NEOX]), seed=st.integers(0, 2**31))
-def test_norms_rope_and_store_of_one_projections_q_k_v(n_kv, group, hd, n_tokens, mode, seed):
-    """Qwen3's attention on the GPU (offload.fuse_qkv with per-head norms): q, k and v views of one projection, q's
-    and k's heads RMS-normed times their weights, rotated, k and v into the cache: one kernel for the ten nodes."""
-    rng = np.random.default_rng(seed)
-    n_ctx = 32
-    n_head = n_kv * group
-    q_dim, kv_dim = n_head * hd, n_kv * hd
-    proj = (3.0 * rng.standard_normal((n_tokens, q_dim + 2 * kv_dim))).astype(np.float32)
-    qw, kw = ((1.0 + 0.3 * rng.standard_normal(hd)).astype(np.float32) for _ in range(2))
-    kc0, vc0 = (rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float32) for _ in range(2))
-    pos = np.sort(rng.choice(n_ctx, n_tokens, replace=False)).astype(np.int32)
-    scale = 1.0 / np.sqrt(hd)
-
-    def build(ctx):
-        x = ctx.scale(tensor(ctx, proj), 1.0)  # made by a node, as the projection's GEMV makes it
-
-        def heads(c0: int, n: int) -> ggml.Tensor:
-            return ctx.view(x, (n_tokens, n, hd), (4 * (q_dim + 2 * kv_dim), 4 * hd, 4), offset=4 * c0)
-
-        def normed(t, w):
-            return ctx.mul(ctx.rms_norm(t, 1e-6), tensor(ctx, w))
-
-        p = tensor(ctx, pos)
-        q = ctx.rope(normed(heads(0, n_head), qw), p, hd, mode, 10000.0)
-        k = ctx.kv_store(tensor(ctx, kc0), ctx.rope(normed(heads(q_dim, n_kv), kw), p, hd, mode, 10000.0), p)
-        v = ctx.kv_store(tensor(ctx, vc0), heads(q_dim + kv_dim, n_kv), p)
-        return [ctx.attention(q, k, v, p, scale, 0)]
-
-    n_fused = []
-    (got,), (cpu,) = run(build, "cuda", n_fused), run(build, "cpu")
-    assert n_fused == [9]  # q's norm, mul, rope; k's view, norm, mul, rope, store; v's view, store
-    qkv = proj.reshape(n_tokens, n_kv * (group + 2), hd)
-    kc, vc = kc0.astype(np.float64), vc0.astype(np.float64)
-    kc[pos] = ref.rope(ref.rms_norm(qkv[:, n_head:n_head + n_kv], 1e-6) * kw, pos, hd, mode, 10000.0)
-    vc[pos] = qkv[:, n_head + n_kv:]
-    want = ref.attention(ref.rope(ref.rms_norm(qkv[:, :n_head], 1e-6) * qw, pos, hd, mode, 10000.0), kc, vc, pos, scale)
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-3, atol=1e-4)
     np.testing.assert_allclose(got, cpu, rtol=1e-3, atol=1e-4)
 
