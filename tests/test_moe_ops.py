@@ -253,6 +253,25 @@ def test_a_layers_mixture_fuses_on_the_gpu(gate_type, m):
         np.testing.assert_allclose(y, h64 + want, rtol=0, atol=1e-5 + tol * bound.max())
 
 
+LEVELS_TYPES = (ggml.Q4_0, ggml.Q4_1, ggml.Q5_0, ggml.Q8_0, ggml.MXFP4, ggml.Q4_K, ggml.Q6_K)  # test_levels_gemm's
+
+
+@pytest.mark.parametrize("mode", ["REF", pytest.param("AUTO", marks=pytest.mark.skipif(
+    not ggml.lib.ggml_cpu_has_amx(), reason="needs a CPU with AMX int8 tiles"))])
+@given(case=moe_case(types=LEVELS_TYPES, max_blocks=3), m=st.sampled_from([4, 17, 40]))
+@SETTINGS
+def test_a_batchs_experts_through_levels_gemms(mode, case, m):
+    """A batch's expert with 4 pairs or more runs as int8 tile GEMMs over its rows' levels (levels.h), its pairs' x and
+    activations packed in groups of 16: through the oracle kernel (REF, on any host) and the AMX tiles (AUTO), against
+    float64 as the tiles' and dots' path is."""
+    case = (*case[:6], m, *case[7:])
+    try:
+        ggml.lib.ggml_cpu_set_levels_gemm(getattr(ggml.lib, "GGML_LEVELS_GEMM_" + mode))
+        test_moe_ffn_matches_float64.hypothesis.inner_test("cpu", case)
+    finally:
+        ggml.lib.ggml_cpu_set_levels_gemm(ggml.lib.GGML_LEVELS_GEMM_AUTO)
+
+
 def test_moe_ffn_halves_add_up_to_the_whole():
     """Two ops holding complementary experts (a CPU and a GPU share) sum to the op that holds all."""
     rng = np.random.default_rng(7)

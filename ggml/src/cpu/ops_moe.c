@@ -5,14 +5,19 @@
 // weights; barrier. Phase 2: chunks of an expert's gate and up rows, first come, first served: act(gate x) * up x
 // per pair; barrier. Phase 3: the activations converted to down's vec_dot_type; barrier. Phase 4: chunks of the
 // output rows: each expert's down rows dotted with its pairs' activations, weighted, summed per token. An expert's
-// pairs go 4 at a time through the type's 4 x 4 gemm tiles where it has them (a prompt's). Biases (gpt-oss) are
-// found by expert: thread 0 also lists which expert each matrix holds.
+// pairs go 4 at a time through the type's 4 x 4 gemm tiles where it has them (a prompt's), or, an expert with 4 pairs
+// or more on a CPU with AMX, through int8 tile GEMMs over its rows' levels (levels.h), as a dense prompt's mul_mat:
+// its pairs' x (and later their activations) packed in groups of 16 columns once (phases 1b and 3b, each with a
+// barrier), each panel of 16 rows unpacked once and multiplied by every group. Biases (gpt-oss) are found by expert:
+// thread 0 also lists which expert each matrix holds.
 #include "ops_kernels.h"
+#include "../levels.h"
 #include "../swiglu_oai.h"
 
 #include <string.h>
 
-#define MOE_ROWS 32 // gate/up rows (phase 2) and down rows (phase 4) per chunk
+#define MOE_ROWS 32 // gate/up rows (phase 2) and down rows (phase 4) per chunk: two panels of LEVELS_ROWS
+#define MOE_LEVELS_MIN_PAIRS GGML_GEMM_TILE_COLS // an expert's pairs from which its rows go through levels GEMMs
 
 // ---------------------------------------------------------------------------------------------------
 // TOP_K: a [n, m] -> [k, m] I32, largest first, ties to the lower index, NaN below everything
@@ -59,23 +64,43 @@ struct moe_pairs {
 };
 
 struct moe_layout { // scratch offsets in wdata
-    size_t xq, pairs, act, actq, tiles, tile_bytes, end;
+    size_t xq, pairs, act, actq, xgroups, agroups, tiles, tile_bytes, panels, panel_bytes, end;
+    size_t xgroup_bytes, agroup_bytes; // one group of 16 packed columns of x (gate's levels) and of act (down's)
 };
+
+// the levels form of w for a batch's experts, or NULL (the tiles and dots). The scratch is laid out for it whether or
+// not a levels kernel runs at compute time (tests switch it between planning and computing, as for a mul_mat)
+static const struct levels_traits *moe_levels_for(const struct ggml_tensor *w, const struct ggml_tensor *x) {
+    const struct levels_traits *lt = levels_traits_for(w->type);
+    const bool x_ok = levels_x_type_ok(ggml_get_type_traits(w->type)->vec_dot_type);
+    return lt && x_ok && x->ne[1] >= MOE_LEVELS_MIN_PAIRS ? lt : NULL;
+}
 
 static struct moe_layout moe_layout_of(const struct ggml_tensor *dst, int n_threads) {
     const struct ggml_tensor *gate = dst->src[0], *down = dst->src[2], *x = dst->src[3], *ids = dst->src[4];
-    const int64_t n_pairs = ggml_nelements(ids), n_local = gate->ne[2], n_ff = gate->ne[1];
+    const int64_t n_pairs = ggml_nelements(ids), n_local = gate->ne[2], n_ff = gate->ne[1], d = x->ne[0];
     const enum ggml_type vdt = ggml_get_type_traits(down->type)->vec_dot_type;
+    const struct levels_traits *lg = moe_levels_for(gate, x), *ld = moe_levels_for(down, x);
+    const int64_t groups = n_pairs / LEVELS_COLS + n_local; // an expert's last group may be partial
     struct moe_layout l;
     l.xq = 0;
     l.pairs = l.xq + ggml_cpu_xcols_wsize(gate, x);
     l.act = l.pairs + ggml_cpu_align_up(sizeof(int32_t) * (size_t)(2 * n_local + 1 + 2 * n_pairs));
     l.actq = l.act + ggml_cpu_align_up(sizeof(float) * (size_t)(n_pairs * n_ff));
-    l.tiles = l.actq + (vdt == GGML_TYPE_F32 ? 0 : ggml_cpu_align_up((size_t)n_pairs * ggml_row_size(vdt, n_ff)));
-    // per thread: GGML_GEMM_TILE_COLS tokens' x gathered for gate's and up's gemm tiles
+    l.xgroups = l.actq + (vdt == GGML_TYPE_F32 ? 0 : ggml_cpu_align_up((size_t)n_pairs * ggml_row_size(vdt, n_ff)));
+    l.xgroup_bytes = lg ? ggml_cpu_align_up(levels_x_group_bytes(d, lg->offset, false)) : 0;
+    l.agroups = l.xgroups + (size_t)groups * l.xgroup_bytes;
+    l.agroup_bytes = ld ? ggml_cpu_align_up(levels_x_group_bytes(n_ff, ld->offset, false)) : 0;
+    l.tiles = l.agroups + (size_t)groups * l.agroup_bytes;
+    // per thread: the tokens' x gathered for gate's and up's gemm tiles (4) or a levels group (16)
     const enum ggml_type xdt = ggml_get_type_traits(gate->type)->vec_dot_type;
-    l.tile_bytes = ggml_cpu_align_up(GGML_GEMM_TILE_COLS * ggml_row_size(xdt, x->ne[0]));
-    l.end = l.tiles + (size_t)n_threads * l.tile_bytes;
+    l.tile_bytes = ggml_cpu_align_up((lg ? LEVELS_COLS : GGML_GEMM_TILE_COLS) * ggml_row_size(xdt, d));
+    l.panels = l.tiles + (size_t)n_threads * l.tile_bytes;
+    // per thread: gate's and up's panels of 16 rows, or down's
+    const size_t gate_panels = lg ? 2 * ggml_cpu_align_up(levels_panel_bytes(lg, d)) : 0;
+    const size_t down_panel = ld ? ggml_cpu_align_up(levels_panel_bytes(ld, n_ff)) : 0;
+    l.panel_bytes = gate_panels > down_panel ? gate_panels : down_panel;
+    l.end = l.panels + (size_t)n_threads * l.panel_bytes;
     return l;
 }
 
@@ -200,6 +225,87 @@ static void moe_down_rows(const struct moe_rows *m, const char *aq, float weight
     }
 }
 
+// the levels GEMMs' groups: those of the matrices with MOE_LEVELS_MIN_PAIRS pairs or more, in matrix order, each
+// matrix's pairs LEVELS_COLS a group (its last one partial); every thread lays them out alike from the sorted pairs
+struct moe_groups {
+    int64_t *first; // [n_local] a matrix's first group, or -1 (its pairs take the tiles and dots)
+    int64_t n;      // groups in all
+};
+
+static void moe_groups_of(const struct moe_pairs *mp, const int32_t *active, int64_t n_active, int64_t n_local,
+                          struct moe_groups *gr) {
+    for (int64_t e = 0; e < n_local; e++) gr->first[e] = -1;
+    gr->n = 0;
+    for (int64_t a = 0; a < n_active; a++) {
+        const int32_t e = active[a], pairs = mp->first[e + 1] - mp->first[e];
+        if (pairs < MOE_LEVELS_MIN_PAIRS) continue;
+        gr->first[e] = gr->n;
+        gr->n += (pairs + LEVELS_COLS - 1) / LEVELS_COLS;
+    }
+}
+
+// group u's matrix and its place among that matrix's groups
+static int32_t moe_group_at(const struct moe_groups *gr, const int32_t *active, int64_t n_active, int64_t u, int64_t *g) {
+    int32_t e = -1;
+    for (int64_t a = 0; a < n_active; a++)
+        if (gr->first[active[a]] >= 0 && gr->first[active[a]] <= u) e = active[a];
+    *g = u - gr->first[e];
+    return e;
+}
+
+// group g of matrix e's pairs: its first pair (q0) and how many
+static inline int64_t moe_group_pairs(const struct moe_pairs *mp, int32_t e, int64_t g, int64_t *q0) {
+    *q0 = mp->first[e] + g * LEVELS_COLS;
+    const int64_t left = mp->first[e + 1] - *q0;
+    return left < LEVELS_COLS ? left : LEVELS_COLS;
+}
+
+// phase 2 on levels: rows [r0, r1) of matrix e's gate and up, a panel of 16 of each at a time, times each group of its
+// pairs' x (packed in phase 1b); panels: this thread's two panel buffers, panel_bytes apart
+static void moe_up_levels(levels_gemm_fn gemm, const struct levels_traits *lt, const struct moe_rows *m,
+                          enum ggml_ffn_kind kind, const struct moe_pairs *mp, int32_t e, int64_t first_group,
+                          const char *groups, size_t group_bytes, char *panels, size_t panel_bytes, float *act,
+                          int64_t n_ff, int64_t r0, int64_t r1) {
+    for (int64_t rr = r0; rr < r1; rr += LEVELS_ROWS) {
+        const int64_t rows = r1 - rr < LEVELS_ROWS ? r1 - rr : LEVELS_ROWS;
+        struct levels_panel pg, pu;
+        levels_panel_fill(lt, m->w + rr * (int64_t)m->nb1, m->nb1, rows, m->k, panels, &pg);
+        levels_panel_fill(lt, m->w2 + rr * (int64_t)m->nb1, m->nb1, rows, m->k, panels + panel_bytes, &pu);
+        int64_t q0, cnt;
+        for (int64_t g = 0; (cnt = moe_group_pairs(mp, e, g, &q0)) > 0; g++) {
+            float og[LEVELS_ROWS * LEVELS_COLS], ou[LEVELS_ROWS * LEVELS_COLS]; // (row, column)
+            gemm(&pg, groups + (first_group + g) * group_bytes, false, og);
+            gemm(&pu, groups + (first_group + g) * group_bytes, false, ou);
+            for (int64_t c = 0; c < cnt; c++)
+                for (int64_t i = 0; i < rows; i++)
+                    act[(q0 + c) * n_ff + rr + i] = moe_act(kind, og[i * LEVELS_COLS + c] + (m->b ? m->b[rr + i] : 0.0f),
+                                                            ou[i * LEVELS_COLS + c] + (m->b ? m->b2[rr + i] : 0.0f));
+        }
+    }
+}
+
+// phase 4 on levels: y[token][r] += weight * (down_e[r] . act + bias) for rows [r0, r1) of matrix e, a panel of 16 at
+// a time, times each group of its pairs' activations (packed in phase 3b)
+static void moe_down_levels(levels_gemm_fn gemm, const struct levels_traits *lt, const struct moe_rows *m,
+                            const struct moe_pairs *mp, int32_t e, int64_t first_group, const char *groups,
+                            size_t group_bytes, char *panel, struct ggml_tensor *dst, int64_t r0, int64_t r1) {
+    for (int64_t rr = r0; rr < r1; rr += LEVELS_ROWS) {
+        const int64_t rows = r1 - rr < LEVELS_ROWS ? r1 - rr : LEVELS_ROWS;
+        struct levels_panel pd;
+        levels_panel_fill(lt, m->w + rr * (int64_t)m->nb1, m->nb1, rows, m->k, panel, &pd);
+        int64_t q0, cnt;
+        for (int64_t g = 0; (cnt = moe_group_pairs(mp, e, g, &q0)) > 0; g++) {
+            float out[LEVELS_ROWS * LEVELS_COLS]; // (row, column)
+            gemm(&pd, groups + (first_group + g) * group_bytes, false, out);
+            for (int64_t c = 0; c < cnt; c++) {
+                float *y = moe_out(dst, mp->token[q0 + c]);
+                for (int64_t i = 0; i < rows; i++)
+                    y[rr + i] += mp->weight[q0 + c] * (out[i * LEVELS_COLS + c] + (m->b ? m->b[rr + i] : 0.0f));
+            }
+        }
+    }
+}
+
 int ggml_cpu_op_moe_ffn(const struct ggml_compute_params *p, struct ggml_tensor *dst) {
     const struct ggml_tensor *gate = dst->src[0], *up = dst->src[1], *down = dst->src[2], *x = dst->src[3];
     const struct ggml_tensor *ids = dst->src[4], *slots = dst->src[6], *biases = dst->src[7];
@@ -229,13 +335,34 @@ int ggml_cpu_op_moe_ffn(const struct ggml_compute_params *p, struct ggml_tensor 
     int64_t n_active = 0;
     for (int64_t e = 0; e < n_local; e++)
         if (mp.first[e + 1] > mp.first[e]) active[n_active++] = (int32_t)e;
+    const struct ggml_type_traits *tw = ggml_get_type_traits(gate->type), *td = ggml_get_type_traits(down->type);
+    const levels_gemm_fn gemm = levels_gemm_current();
+    const struct levels_traits *lg = gemm ? moe_levels_for(gate, x) : NULL, *ld = gemm ? moe_levels_for(down, x) : NULL;
+    int64_t group_first[n_local];
+    struct moe_groups gr = {group_first, 0};
+    moe_groups_of(&mp, active, n_active, n_local, &gr);
+    char *xgroups = (char *)p->wdata + l.xgroups, *agroups = (char *)p->wdata + l.agroups;
+    char *panels = (char *)p->wdata + l.panels + (size_t)p->ith * l.panel_bytes; // this thread's
+    char *xt = (char *)p->wdata + l.tiles + (size_t)p->ith * l.tile_bytes;      // this thread's gathered x
+    int64_t g;
+
+    // phase 1b: the levels experts' x, their tokens' columns gathered and packed a group at a time
+    if (lg && gr.n) {
+        for (int64_t u = p->ith; u < gr.n; u += p->nth) {
+            const int32_t e = moe_group_at(&gr, active, n_active, u, &g);
+            int64_t q0;
+            const int64_t cnt = moe_group_pairs(&mp, e, g, &q0);
+            for (int64_t c = 0; c < cnt; c++)
+                memcpy(xt + c * xc.stride, xc.base + (size_t)mp.token[q0 + c] * xc.stride, xc.stride);
+            levels_x_pack(tw->vec_dot_type, false, xt, xc.stride, cnt, d, lg->offset, 0, xgroups + u * l.xgroup_bytes);
+        }
+        ggml_barrier(p->tp);
+    }
 
     // phase 2: act[pair][r] = act(gate_e[r] . x_j) * (up_e[r] . x_j)
-    const struct ggml_type_traits *tw = ggml_get_type_traits(gate->type), *td = ggml_get_type_traits(down->type);
     float *act = (float *)((char *)p->wdata + l.act);
     const int64_t chunks = (n_ff + MOE_ROWS - 1) / MOE_ROWS;
     int64_t u0, u1;
-    char *xt = (char *)p->wdata + l.tiles + (size_t)p->ith * l.tile_bytes; // this thread's gathered x
     while (ggml_next_chunk(p->chunk_next, n_active * chunks, 1, &u0, &u1)) {
         const int32_t e = active[u0 / chunks];
         const int64_t r0 = u0 % chunks * MOE_ROWS, r1 = r0 + MOE_ROWS < n_ff ? r0 + MOE_ROWS : n_ff;
@@ -243,6 +370,11 @@ int ggml_cpu_op_moe_ffn(const struct ggml_compute_params *p, struct ggml_tensor 
         const struct moe_rows m = {(const char *)gate->data + e * (int64_t)gate->nb[2],
                                    (const char *)up->data + e * (int64_t)up->nb[2], gate->nb[1], d, tw, b,
                                    b ? b + n_ff : NULL};
+        if (lg && gr.first[e] >= 0) {
+            moe_up_levels(gemm, lg, &m, kind, &mp, e, gr.first[e], xgroups, l.xgroup_bytes, panels,
+                          ggml_cpu_align_up(levels_panel_bytes(lg, d)), act, n_ff, r0, r1);
+            continue;
+        }
         int32_t q = mp.first[e];
         // the expert's pairs 4 at a time through 4 x 4 tiles (their x gathered side by side), the rest one by one
         for (; tw->gemm_tile && q + TILE_C <= mp.first[e + 1]; q += TILE_C) {
@@ -280,6 +412,16 @@ int ggml_cpu_op_moe_ffn(const struct ggml_compute_params *p, struct ggml_tensor 
     }
     ggml_barrier(p->tp);
 
+    // phase 3b: the levels experts' activations packed a group at a time (each expert's lie side by side)
+    if (ld && gr.n) {
+        for (int64_t u = p->ith; u < gr.n; u += p->nth) {
+            const int32_t e = moe_group_at(&gr, active, n_active, u, &g);
+            levels_x_pack(td->vec_dot_type, false, aq + (size_t)mp.first[e] * aq_row, aq_row,
+                          mp.first[e + 1] - mp.first[e], n_ff, ld->offset, g, agroups + u * l.agroup_bytes);
+        }
+        ggml_barrier(p->tp);
+    }
+
     // phase 4: y[j][r] = sum over j's pairs q of weight[q] * down_e[r] . act[q]
     const int64_t out_chunks = (d + MOE_ROWS - 1) / MOE_ROWS;
     while (ggml_next_chunk(p->chunk_next, out_chunks, 1, &u0, &u1)) {
@@ -293,6 +435,10 @@ int ggml_cpu_op_moe_ffn(const struct ggml_compute_params *p, struct ggml_tensor 
                                     : NULL;
             const struct moe_rows m = {(const char *)down->data + e * (int64_t)down->nb[2], NULL, down->nb[1], n_ff, td,
                                        b, NULL};
+            if (ld && gr.first[e] >= 0) {
+                moe_down_levels(gemm, ld, &m, &mp, e, gr.first[e], agroups, l.agroup_bytes, panels, dst, r0, r1);
+                continue;
+            }
             int32_t q = mp.first[e];
             for (; td->gemm_tile && q + TILE_C <= mp.first[e + 1]; q += TILE_C) { // the act rows lie side by side
                 int64_t r = r0;
@@ -312,5 +458,6 @@ int ggml_cpu_op_moe_ffn(const struct ggml_compute_params *p, struct ggml_tensor 
                 moe_down_rows(&m, aq + (size_t)q * aq_row, mp.weight[q], moe_out(dst, mp.token[q]), r0, r1);
         }
     }
+    if (lg || ld) levels_gemm_done(gemm);
     return GGML_STATUS_OK;
 }
