@@ -259,13 +259,15 @@ shape_rows() {  # NAME SHAPE [TYPE] [LAYERS]: a family's rows (docs/BENCHMARKS.m
 }
 
 sanitize() {  # LOG "PYTEST ARGS"...: those tests under compute-sanitizer memcheck and racecheck, summed up in $OUT/LOG
-    # (the MoE and attention kernels': sanitize moe-sanitizer.log "tests/test_moe_ops.py -k cuda" \
-    # "tests/test_cuda_ops.py -k attention"; the recurrent ones': "tests/test_recurrent_ops.py -k cuda")
+    # (the MoE and attention kernels': sanitize moe-sanitizer.log "tests/test_moe_ops.py -k 'fuses or signed'" \
+    # "tests/test_cuda_ops.py -k attention"; the recurrent ones': "tests/test_recurrent_ops.py -k cuda"). Each
+    # string is split as a shell line (quotes keep a -k expression whole); a string that selects no test says so
     local log=$1 tool args; shift
     for tool in memcheck racecheck; do
         for args in "$@"; do
-            echo "$tool $args: $(compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q \
-                -p no:cacheprovider $args 2>&1 | grep -E 'passed|failed|ERROR SUMMARY|RACECHECK SUMMARY' | tr '\n' ' ')"
+            echo "$tool $args: $(eval "compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q \
+                -p no:cacheprovider $args" 2>&1 | grep -E 'passed|failed|no tests ran|deselected|ERROR SUMMARY|RACECHECK SUMMARY' |
+                tr '\n' ' ')"
         done
     done | tee "$OUT/$log"
 }
