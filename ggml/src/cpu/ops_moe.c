@@ -66,6 +66,7 @@ struct moe_pairs {
 struct moe_layout { // scratch offsets in wdata
     size_t xq, pairs, act, actq, xgroups, agroups, tiles, tile_bytes, panels, panel_bytes, end;
     size_t xgroup_bytes, agroup_bytes; // one group of 16 packed columns of x (gate's levels) and of act (down's)
+    size_t gate_panel_bytes;           // one panel of gate's (or up's) rows: up's lies this far after gate's
 };
 
 // the levels form of w for a batch's experts, or NULL (the tiles and dots). The scratch is laid out for it whether or
@@ -97,9 +98,9 @@ static struct moe_layout moe_layout_of(const struct ggml_tensor *dst, int n_thre
     l.tile_bytes = ggml_cpu_align_up((lg ? LEVELS_COLS : GGML_GEMM_TILE_COLS) * ggml_row_size(xdt, d));
     l.panels = l.tiles + (size_t)n_threads * l.tile_bytes;
     // per thread: gate's and up's panels of 16 rows, or down's
-    const size_t gate_panels = lg ? 2 * ggml_cpu_align_up(levels_panel_bytes(lg, d)) : 0;
+    l.gate_panel_bytes = lg ? ggml_cpu_align_up(levels_panel_bytes(lg, d)) : 0;
     const size_t down_panel = ld ? ggml_cpu_align_up(levels_panel_bytes(ld, n_ff)) : 0;
-    l.panel_bytes = gate_panels > down_panel ? gate_panels : down_panel;
+    l.panel_bytes = 2 * l.gate_panel_bytes > down_panel ? 2 * l.gate_panel_bytes : down_panel;
     l.end = l.panels + (size_t)n_threads * l.panel_bytes;
     return l;
 }
@@ -340,17 +341,16 @@ int ggml_cpu_op_moe_ffn(const struct ggml_compute_params *p, struct ggml_tensor 
     const struct levels_traits *lg = gemm ? moe_levels_for(gate, x) : NULL, *ld = gemm ? moe_levels_for(down, x) : NULL;
     int64_t group_first[n_local];
     struct moe_groups gr = {group_first, 0};
-    moe_groups_of(&mp, active, n_active, n_local, &gr);
+    if (lg || ld) moe_groups_of(&mp, active, n_active, n_local, &gr); // (read only where a levels path runs)
     char *xgroups = (char *)p->wdata + l.xgroups, *agroups = (char *)p->wdata + l.agroups;
     char *panels = (char *)p->wdata + l.panels + (size_t)p->ith * l.panel_bytes; // this thread's
     char *xt = (char *)p->wdata + l.tiles + (size_t)p->ith * l.tile_bytes;      // this thread's gathered x
-    int64_t g;
 
     // phase 1b: the levels experts' x, their tokens' columns gathered and packed a group at a time
     if (lg && gr.n) {
         for (int64_t u = p->ith; u < gr.n; u += p->nth) {
+            int64_t g, q0;
             const int32_t e = moe_group_at(&gr, active, n_active, u, &g);
-            int64_t q0;
             const int64_t cnt = moe_group_pairs(&mp, e, g, &q0);
             for (int64_t c = 0; c < cnt; c++)
                 memcpy(xt + c * xc.stride, xc.base + (size_t)mp.token[q0 + c] * xc.stride, xc.stride);
@@ -372,7 +372,7 @@ int ggml_cpu_op_moe_ffn(const struct ggml_compute_params *p, struct ggml_tensor 
                                    b ? b + n_ff : NULL};
         if (lg && gr.first[e] >= 0) {
             moe_up_levels(gemm, lg, &m, kind, &mp, e, gr.first[e], xgroups, l.xgroup_bytes, panels,
-                          ggml_cpu_align_up(levels_panel_bytes(lg, d)), act, n_ff, r0, r1);
+                          l.gate_panel_bytes, act, n_ff, r0, r1);
             continue;
         }
         int32_t q = mp.first[e];
@@ -415,6 +415,7 @@ int ggml_cpu_op_moe_ffn(const struct ggml_compute_params *p, struct ggml_tensor 
     // phase 3b: the levels experts' activations packed a group at a time (each expert's lie side by side)
     if (ld && gr.n) {
         for (int64_t u = p->ith; u < gr.n; u += p->nth) {
+            int64_t g;
             const int32_t e = moe_group_at(&gr, active, n_active, u, &g);
             levels_x_pack(td->vec_dot_type, false, aq + (size_t)mp.first[e] * aq_row, aq_row,
                           mp.first[e + 1] - mp.first[e], n_ff, ld->offset, g, agroups + u * l.agroup_bytes);

@@ -230,9 +230,10 @@ int cuda_rope_store(const struct ggml_tensor *rope, struct ggml_tensor *store, c
 int cuda_rope_qkv_store(const struct ggml_tensor *rope_q, const struct ggml_tensor *norm_q,
                         const struct ggml_tensor *rope_k, const struct ggml_tensor *norm_k,
                         const struct ggml_tensor *store_k, const struct ggml_tensor *store_v, cudaStream_t st);
-// rms_norm of each head of the rope's input times w, then the rope, into store's cache slots unless store is NULL
-int cuda_norm_rope(const struct ggml_tensor *norm, const struct ggml_tensor *w, const struct ggml_tensor *rope,
-                   struct ggml_tensor *store, cudaStream_t st);
+// rms_norm of each head of the rope's input times the mul's weight between them, then the rope, into store's cache
+// slots unless store is NULL
+int cuda_norm_rope(const struct ggml_tensor *norm, const struct ggml_tensor *rope, struct ggml_tensor *store,
+                   cudaStream_t st);
 int cuda_op_soft_max(struct ggml_tensor *dst, cudaStream_t st);
 int cuda_op_kv_store(struct ggml_tensor *dst, cudaStream_t st);
 int cuda_op_attention(struct ggml_tensor *dst, void *wdata, cudaStream_t st);

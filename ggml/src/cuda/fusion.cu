@@ -289,7 +289,7 @@ extern "C" int ggml_cuda_forward_group(const struct ggml_cuda_group *group, stru
         return cuda_norm_mul(node, other_src(last, node), last, group->writes_xq ? wdata : NULL, st);
     case GGML_CUDA_FUSE_ROPE_STORE: return cuda_rope_store(node, last, st);
     case GGML_CUDA_FUSE_NORM_ROPE:
-        return cuda_norm_rope(node, other_src(nodes[1], node), nodes[2], group->len == 4 ? last : NULL, st);
+        return cuda_norm_rope(node, nodes[2], group->len == 4 ? last : NULL, st);
     case GGML_CUDA_FUSE_ROPE_QKV: {
         const int a = node->op == GGML_OP_ROPE ? 1 : 3, i = a + 1 + (nodes[a + 1]->op == GGML_OP_ROPE ? 1 : 3);
         return cuda_rope_qkv_store(nodes[a - 1], a == 3 ? node : NULL, nodes[i - 1], i - a == 4 ? nodes[a + 1] : NULL,

@@ -32,8 +32,9 @@ struct rows_params {
     const uint8_t *w2; // GLU (dense, m = 1): y = act(w x) * (w2 x), w2 laid out like w
     int act;           // GLU's activation; without w2 (dense, m = 1) y = act(w x); 0: none
     const float *add; // (m = 1) y[row] += add[row]
-    cuda_view kv;     // (m = 1) where kv.data: rows go into this cache's slot *kv_pos instead of y, row r as value
-    const char *kv_pos; // r % head size of head r / head size (a fused kv_store of v)
+    cuda_view kv;     // (m = 1) where kv.data, a fused kv_store of v: row r goes into this cache's slot as value
+                      // r % head size of head r / head size, not into y
+    const char *kv_pos; // the slot: the token's cache position
     bool kv_f16;
 };
 

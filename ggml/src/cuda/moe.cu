@@ -123,6 +123,16 @@ __global__ void moe_weights_kernel(moe_params p) {
     for (int64_t s = lane; s < p.k; s += 32) p.wts[j * p.k + s] = moe_weight(p, j, s, top_z);
 }
 
+// y[i] of token j: its held experts' parts (part s at parts[s * stride]) added in rank order (deterministic, no
+// atomics), then plus the fused add's operand (as the add computes it)
+static __device__ __forceinline__ void moe_put_sum(const moe_params &p, int64_t j, const float *parts, int64_t stride,
+                                                   int64_t i) {
+    float sum = 0.0f;
+    for (int64_t s = 0; s < p.k; s++)
+        if (moe_slot(p, j * p.k + s) >= 0) sum += parts[s * stride];
+    p.y[i] = p.add ? p.add[i] + sum : sum;
+}
+
 // block (MOE_DOWN_ROWS output rows, token j), a warp per pair s (w, w + warps, ...): weight * (down_e[r] . act + bias)
 // for the block's rows into shared memory; then each row's held parts in rank order (as moe_sum_kernel adds a
 // prompt's), plus the fused add's operand
@@ -158,22 +168,14 @@ __global__ void __launch_bounds__(MOE_DOWN_WARPS * 32) moe_down_sum_kernel(moe_p
     }
     __syncthreads();
     const int64_t r = r0 + threadIdx.x;
-    if (threadIdx.x >= MOE_DOWN_ROWS || r >= p.d) return;
-    float sum = 0.0f;
-    for (int64_t s = 0; s < p.k; s++)
-        if (moe_slot(p, j * p.k + s) >= 0) sum += part[s][threadIdx.x];
-    p.y[j * p.d + r] = p.add ? p.add[j * p.d + r] + sum : sum;
+    if (threadIdx.x < MOE_DOWN_ROWS && r < p.d) moe_put_sum(p, j, &part[0][threadIdx.x], MOE_DOWN_ROWS, j * p.d + r);
 }
 
-// a prompt's y[j][r] = the sum of the parts of the token's held experts, in rank order (deterministic, no atomics),
-// then plus the fused add's operand (as the add computes it)
+// a prompt's y[j][r] from the grouped GEMMs' parts
 __global__ void moe_sum_kernel(moe_params p) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < p.d * p.m; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t j = i / p.d, r = i % p.d;
-        float sum = 0.0f;
-        for (int64_t s = 0; s < p.k; s++)
-            if (moe_slot(p, j * p.k + s) >= 0) sum += p.part[(j * p.k + s) * p.d + r];
-        p.y[i] = p.add ? p.add[i] + sum : sum;
+        moe_put_sum(p, j, p.part + j * p.k * p.d + r, p.d, i);
     }
 }
 

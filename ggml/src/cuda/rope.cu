@@ -154,41 +154,41 @@ static dim3 rope_grid(const rope_job &a) {
     return dim3((unsigned)(n > 0 ? n : 1), (unsigned)((a.x.ne[1] + ROPE_WARPS - 1) / ROPE_WARPS));
 }
 
-static int rope_launch(const struct ggml_tensor *rope, const rope_out &o, cudaStream_t st) {
-    rope_job a = {};
-    int rc = rope_job_of(rope, o, &a);
-    if (rc) return rc;
-    rope_kernel<<<rope_grid(a), ROPE_WARPS * 32, 0, st>>>(a);
-    return cuda_launch_status("rope");
-}
-
-int cuda_op_rope(struct ggml_tensor *dst, cudaStream_t st) {
-    return rope_launch(dst, rope_out{cuda_view_of(dst), false, false, NULL, 0}, st);
-}
-
-int cuda_rope_store(const struct ggml_tensor *rope, struct ggml_tensor *store, cudaStream_t st) {
-    rope_out o = {};
-    int rc = store_out(store, &o);
-    return rc ? rc : rope_launch(rope, o, st);
-}
-
-// the job's rows RMS-normed per head first: norm's input (the rope's shape) times its mul's weight
-static void rope_job_normed(rope_job *a, const struct ggml_tensor *norm, const struct ggml_tensor *w) {
+// the job's rows RMS-normed per head first: norm's input (the rope's shape) times the weight of the mul between
+// them (the rope's input)
+static void rope_job_normed(rope_job *a, const struct ggml_tensor *norm, const struct ggml_tensor *rope) {
+    const struct ggml_tensor *mul = rope->src[0], *w = mul->src[0] == norm ? mul->src[1] : mul->src[0];
     a->x = cuda_view_of(norm->src[0]);
     a->norm_w = (const float *)w->data;
     a->norm_eps = ggml_op_param_f32(norm, 0);
 }
 
-int cuda_norm_rope(const struct ggml_tensor *norm, const struct ggml_tensor *w, const struct ggml_tensor *rope,
-                   struct ggml_tensor *store, cudaStream_t st) {
-    rope_out o = {cuda_view_of(rope), false, false, NULL, 0};
+// one rope into o, its heads RMS-normed first where norm is not NULL
+static int rope_launch(const struct ggml_tensor *rope, const rope_out &o, const struct ggml_tensor *norm,
+                       cudaStream_t st) {
     rope_job a = {};
-    int rc = store ? store_out(store, &o) : GGML_STATUS_OK;
-    if (!rc) rc = rope_job_of(rope, o, &a);
+    int rc = rope_job_of(rope, o, &a);
     if (rc) return rc;
-    rope_job_normed(&a, norm, w);
+    if (norm) rope_job_normed(&a, norm, rope);
     rope_kernel<<<rope_grid(a), ROPE_WARPS * 32, 0, st>>>(a);
-    return cuda_launch_status("norm and rope");
+    return cuda_launch_status("rope");
+}
+
+int cuda_op_rope(struct ggml_tensor *dst, cudaStream_t st) {
+    return rope_launch(dst, rope_out{cuda_view_of(dst), false, false, NULL, 0}, NULL, st);
+}
+
+int cuda_rope_store(const struct ggml_tensor *rope, struct ggml_tensor *store, cudaStream_t st) {
+    rope_out o = {};
+    int rc = store_out(store, &o);
+    return rc ? rc : rope_launch(rope, o, NULL, st);
+}
+
+int cuda_norm_rope(const struct ggml_tensor *norm, const struct ggml_tensor *rope, struct ggml_tensor *store,
+                   cudaStream_t st) {
+    rope_out o = {cuda_view_of(rope), false, false, NULL, 0};
+    const int rc = store ? store_out(store, &o) : GGML_STATUS_OK;
+    return rc ? rc : rope_launch(rope, o, norm, st);
 }
 
 int cuda_rope_qkv_store(const struct ggml_tensor *rope_q, const struct ggml_tensor *norm_q,
@@ -201,8 +201,8 @@ int cuda_rope_qkv_store(const struct ggml_tensor *rope_q, const struct ggml_tens
     if (!rc) rc = rope_job_of(rope_q, rope_out{cuda_view_of(rope_q), false, false, NULL, 0}, &q);
     if (!rc) rc = rope_job_of(rope_k, ok, &k);
     if (rc) return rc;
-    if (norm_q) rope_job_normed(&q, norm_q, rope_q->src[0]->src[0] == norm_q ? rope_q->src[0]->src[1] : rope_q->src[0]->src[0]);
-    if (norm_k) rope_job_normed(&k, norm_k, rope_k->src[0]->src[0] == norm_k ? rope_k->src[0]->src[1] : rope_k->src[0]->src[0]);
+    if (norm_q) rope_job_normed(&q, norm_q, rope_q);
+    if (norm_k) rope_job_normed(&k, norm_k, rope_k);
     const struct ggml_tensor *vx = store_v->src[1];
     v = rope_job{cuda_view_of(vx), ov.pos, ov.pos_nb0, ov, 0, false, 0, 0, 0, 0, 0, 0, NULL};
     dim3 grid = rope_grid(q);
