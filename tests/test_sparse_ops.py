@@ -328,15 +328,17 @@ def test_sparse_ffn_rejects_bad_arguments(bad, match):
 
 @pytest.mark.parametrize("m", [1, 3, 9])
 @pytest.mark.parametrize("density", [0.03, 0.5])
-def test_sums_do_not_depend_on_threads(m, density):
+@pytest.mark.parametrize("type_", [ggml.Q4_0, ggml.Q5_0])
+def test_sums_do_not_depend_on_threads(m, density, type_):
     # rows are summed per chunk of the mask and the chunks added in order: bit for bit the same output
     # at every thread count and run, however the chunks were shared out (greedy decoding repeats itself);
-    # a few selected rows (a split layer's cold neurons) are cut into smaller chunks than many
+    # a few selected rows (a split layer's cold neurons) are cut into smaller chunks than many, and short rows
+    # into longer ones (Q5_0's one-column axpy groups 8 rows with coefficients rounded per group)
     rng = np.random.default_rng(m)
     n_ff, d = 1000, 256
     ctx = ggml.Context(32 << 20)
-    bundle = tensor(ctx, rng.standard_normal((3 * n_ff, d)).astype(np.float32), ggml.Q4_0)
-    down_t = tensor(ctx, rng.standard_normal((n_ff, d)).astype(np.float32), ggml.Q4_0)
+    bundle = tensor(ctx, rng.standard_normal((3 * n_ff, d)).astype(np.float32), type_)
+    down_t = tensor(ctx, rng.standard_normal((n_ff, d)).astype(np.float32), type_)
     x = tensor(ctx, rng.standard_normal((m, d)).astype(np.float32))
     h = tensor(ctx, rng.standard_normal((m, n_ff)).astype(np.float32))
     mask = tensor(ctx, (rng.random((m, n_ff)) < density).astype(np.float32))
