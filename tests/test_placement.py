@@ -643,6 +643,29 @@ def test_bench_hybrid_leaves_our_dequantized_rows_out_of_llamas_reserve(tmp_path
     assert reserves == [costs.reserve_bytes - costs.dequantized_bytes]
 
 
+def test_bench_hybrid_counts_the_head_in_llama_cpps_ngl(tmp_path):
+    # llama.cpp's -ngl N puts the output head and the last N - 1 layers on the GPU (the head counts as the layer
+    # after the last): counting N layers had given it a head larger than a layer (Qwen3.5's) beyond the budget,
+    # and a smaller one less than the budget allows
+    import tools.bench_hybrid as bench_hybrid
+    from pyinfer.converters import synthetic
+    from pyinfer.formats.gguf_file import GGUFFile
+
+    path = str(tmp_path / "dense.gguf")
+    synthetic.make_llama(path, "small", synthetic.Q.Q4_0, n_layer=2, dense=True, share_weights=True)
+    g = GGUFFile(path)
+    nbytes = {n: t.data.nbytes for n, t in g.tensors.items()}
+    layer = [sum(v for n, v in nbytes.items() if n.startswith(f"blk.{il}.")) for il in range(2)]
+    head = sum(v for n, v in nbytes.items() if n.startswith("output"))
+    assert "output.weight" in nbytes and head < layer[0]
+    assert dict(bench_hybrid.llama_configs(g, head - 1, 0)) == {"-ngl 0": ["-ngl", "0"]}
+    assert dict(bench_hybrid.llama_configs(g, head + layer[1], 0))["-ngl 2"] == ["-ngl", "2"]
+    both = dict(bench_hybrid.llama_configs(g, layer[0] + layer[1], 0))  # not with the head as well
+    assert both["-ngl 2"] == ["-ngl", "2"]
+    assert both["-ngl 3, the head on the CPU"] == ["-ngl", "3", "-ot", "output\\.weight=CPU"]
+    assert bench_hybrid.llama_configs(g, head + sum(layer), 0) == [("-ngl 3", ["-ngl", "3"])]
+
+
 def test_bench_hybrid_gives_llama_cpp_a_mixtures_experts_by_layer(tmp_path):
     # a mixture's llama.cpp configurations had counted its router (ffn_gate_inp) as FFN weight and kept the
     # experts on the CPU by -ot patterns that match no expert tensor

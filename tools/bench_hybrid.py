@@ -34,8 +34,11 @@ from pyinfer.formats.gguf_file import GGUFFile
 
 
 def llama_configs(dense: GGUFFile, budget: int, reserve: int) -> list[tuple[str, list[str]]]:
-    """(label, llama-bench flags) of the two ways llama.cpp can use `budget` bytes of GPU memory (a mixture's second:
-    the experts of the first K layers on the CPU, -ncmoe K)."""
+    """(label, llama-bench flags) of the ways llama.cpp can use `budget` bytes of GPU memory: -ngl N, which counts
+    the output head as the layer after the last (N puts the head and the last N - 1 layers on the GPU: a head larger
+    than a layer, as Qwen3.5's 248k x 4096, had been given to llama.cpp beyond the budget); the most whole layers
+    with the head on the CPU (-ot), where that differs; all but the FFN of the first K layers (a mixture's experts:
+    -ncmoe K)."""
     n_layer = dense.config.n_layer
 
     def size(prefix: str, parts=None) -> int:
@@ -46,13 +49,23 @@ def llama_configs(dense: GGUFFile, budget: int, reserve: int) -> list[tuple[str,
     moe = "blk.0.ffn_up_exps.weight" in dense.tensors  # llama.cpp keeps a mixture's experts on the CPU by -ncmoe
     layer = [size(f"blk.{il}.") for il in range(n_layer)]
     ffn = [size(f"blk.{il}.", EXPERT_MATRICES if moe else ("ffn_up", "ffn_gate", "ffn_down")) for il in range(n_layer)]
-    head = size("output")
-    ngl = 0
-    while ngl < n_layer and sum(layer[n_layer - ngl - 1:]) <= room:
+    # a tied head is token_embd duplicated onto the output's device
+    untied = "output.weight" in dense.tensors
+    head = size("output") + (0 if untied else size("token_embd"))
+
+    def last_layers(n: int) -> int:  # bytes of the last n layers
+        return sum(layer[n_layer - n:]) if n else 0
+
+    ngl = 0  # the head and ngl - 1 layers
+    while ngl <= n_layer and head + last_layers(ngl) <= room:
         ngl += 1
-    if ngl == n_layer and sum(layer) + head <= room:
-        ngl = n_layer + 1
     configs = [(f"-ngl {ngl}", ["-ngl", str(ngl)])]
+    whole = 0  # layers without the head
+    while whole < n_layer and last_layers(whole + 1) <= room:
+        whole += 1
+    if untied and whole > max(ngl - 1, 0):
+        configs.append((f"-ngl {whole + 1}, the head on the CPU",
+                        ["-ngl", str(whole + 1), "-ot", "output\\.weight=CPU"]))
     cpu_ffn = 0
     while cpu_ffn <= n_layer and sum(layer) + head - sum(ffn[:cpu_ffn]) > room:
         cpu_ffn += 1
