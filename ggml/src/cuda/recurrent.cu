@@ -78,6 +78,10 @@ int cuda_op_ssm_conv(struct ggml_tensor *dst, cudaStream_t st) {
 // there read as zeros, so those stay zero and add nothing to the dots). The inputs of the DN_AHEAD tokens after the
 // current one are in flight while it is computed: a prompt's tokens are a chain of dependent steps, each shorter
 // than a load from global memory (loading only the next token's, a step still waited: 1.2 us a token on an H200).
+// Four rows' sums go through one transposed butterfly (warp_sum4; 512 tokens of the Qwen3.5-9B shape's 32 heads:
+// 323 -> 307 us, the same bits). The step is bound by what a warp issues, not by its chain: a row per 8 or 16
+// lanes (fewer shuffles, more loads and norms per row) measured 397-636 us; the chunked form (matrix products over
+// chunks of tokens, as llama.cpp's) is what would move a prompt's scan further.
 // ---------------------------------------------------------------------------------------------------
 
 template <int NPL> struct dn_token {
@@ -102,11 +106,38 @@ static __device__ __forceinline__ void dn_load(dn_token<NPL> &in, const cuda_vie
     in.beta = beta[t * H + h];
 }
 
+// warp sums of values each lane holds for several rows, as a transposed butterfly: at each level a lane keeps half
+// of its rows and sends the other half, so four rows take 6 shuffles where four warp_sums take 20. The adds are
+// warp_sum's (partners lane ^ 16, 8, 4, 2, 1, in that order), so each row's sum has its bits.
+// v[0..4) -> row (lane / 8) % 4's sum
+static __device__ __forceinline__ float warp_sum4(const float v[4], int lane) {
+    const bool upper = lane & 16, odd = lane & 8;
+    float x0 = upper ? v[2] : v[0], x1 = upper ? v[3] : v[1];
+    x0 += __shfl_xor_sync(0xffffffffu, upper ? v[0] : v[2], 16);
+    x1 += __shfl_xor_sync(0xffffffffu, upper ? v[1] : v[3], 16);
+    float z = odd ? x1 : x0;
+    z += __shfl_xor_sync(0xffffffffu, odd ? x0 : x1, 8);
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
+    return z;
+}
+
+// (a, b) -> their warp sums, in every lane
+static __device__ __forceinline__ float2 warp_sum2(float a, float b, int lane) {
+    const bool upper = lane & 16;
+    float z = upper ? b : a;
+    z += __shfl_xor_sync(0xffffffffu, upper ? a : b, 16);
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
+    return make_float2(__shfl_sync(0xffffffffu, z, 0), __shfl_sync(0xffffffffu, z, 16));
+}
+
 template <int NPL, int ROWS>
 __global__ void __launch_bounds__(DN_WARPS * 32) delta_net_kernel(float *state, cuda_view q, cuda_view k, cuda_view v,
                                                                   const float *g, const float *beta,
                                                                   const int32_t *pos, cuda_view dst, float scale,
                                                                   float l2_eps) {
+    static_assert(ROWS == 1 || ROWS == 4, "a warp's rows: one, or four summed by warp_sum4");
     const int dk = (int)k.ne[0], lane = threadIdx.x % 32;
     const int64_t hk = k.ne[1], dv = v.ne[0], H = v.ne[1], n = v.ne[2];
     const int64_t r0 = (blockIdx.x * (int64_t)DN_WARPS + threadIdx.x / 32) * ROWS; // the warp's first row
@@ -141,8 +172,9 @@ __global__ void __launch_bounds__(DN_WARPS * 32) delta_net_kernel(float *state, 
                     kk += cur.k[i] * cur.k[i];
                     qq += cur.q[i] * cur.q[i];
                 }
-                k_scale = rsqrtf(warp_sum(kk) + l2_eps);
-                q_scale = scale * rsqrtf(warp_sum(qq) + l2_eps);
+                const float2 norms = warp_sum2(kk, qq, lane);
+                k_scale = rsqrtf(norms.x + l2_eps);
+                q_scale = scale * rsqrtf(norms.y + l2_eps);
             }
             const float decay = expf(cur.decay);
             float sk[ROWS];
@@ -155,8 +187,14 @@ __global__ void __launch_bounds__(DN_WARPS * 32) delta_net_kernel(float *state, 
                     sk[row] += s[row][i] * cur.k[i];
                 }
             }
+            if constexpr (ROWS == 4) {
+                const float own = warp_sum4(sk, lane); // row lane / 8's
 #pragma unroll
-            for (int row = 0; row < ROWS; row++) sk[row] = warp_sum(sk[row]) * k_scale;
+                for (int row = 0; row < ROWS; row++) sk[row] = __shfl_sync(0xffffffffu, own, 8 * row) * k_scale;
+            } else {
+#pragma unroll
+                for (int row = 0; row < ROWS; row++) sk[row] = warp_sum(sk[row]) * k_scale;
+            }
             float sq[ROWS];
 #pragma unroll
             for (int row = 0; row < ROWS; row++) {
@@ -168,14 +206,12 @@ __global__ void __launch_bounds__(DN_WARPS * 32) delta_net_kernel(float *state, 
                     sq[row] += s[row][i] * cur.q[i];
                 }
             }
-#pragma unroll
-            for (int row = 0; row < ROWS; row++) sq[row] = warp_sum(sq[row]);
-            if (lane < ROWS) {
-                float out = sq[0];
-#pragma unroll
-                for (int row = 1; row < ROWS; row++)
-                    if (lane == row) out = sq[row];
-                ((float *)(dst.data + t * dst.nb[2] + h * dst.nb[1]))[j0 + lane] = q_scale * out;
+            if constexpr (ROWS == 4) {
+                const float own = warp_sum4(sq, lane); // row lane / 8's
+                if (lane % 8 == 0) ((float *)(dst.data + t * dst.nb[2] + h * dst.nb[1]))[j0 + lane / 8] = q_scale * own;
+            } else {
+                const float out = warp_sum(sq[0]);
+                if (lane == 0) ((float *)(dst.data + t * dst.nb[2] + h * dst.nb[1]))[j0] = q_scale * out;
             }
         }
     }
