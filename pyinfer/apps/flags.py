@@ -56,7 +56,8 @@ def add_placement_args(p: argparse.ArgumentParser) -> None:
                         "on this machine once, then cached)")
     p.add_argument("-ngl", "--n-gpu-layers", type=int, default=None,
                    help="instead of a budget: whole layers on the GPU, counted from the last (above n_layer: the "
-                        "output head too), as llama.cpp")
+                        "output head too; llama.cpp's -ngl N counts the head as the layer after the last, so its N "
+                        "holds the head and N - 1 layers)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="cpu, or cuda for the whole model on the GPU (same as -ngl 999)")
     p.add_argument("-ncmoe", "--n-cpu-moe", type=int, default=0, metavar="N",
