@@ -1,4 +1,4 @@
-// quants_levels_vnni.c: a few columns of the levels GEMM (levels.h) straight from Q4_K blocks on AVX512-VNNI. The
+// quants_levels_vnni.c: a few columns of the levels GEMM (levels.h) straight from Q4_K and Q6_K blocks on AVX512-VNNI. The
 // tile GEMM unpacks each panel of 16 weight rows to levels for every batch, which a batch of a few tokens cannot
 // repay (Qwen2.5-Coder-1.5B, 2 threads: 4 tokens a batch at 14 t/s where decoding runs 15). Here 16 rows' bytes
 // are transposed in registers, a lane a row, their nibbles dotted with a column's broadcast values by vpdpbusd,
@@ -39,6 +39,17 @@ VNNI_TARGET static inline void transpose16x8(const __m256i lo[8], const __m256i 
     }
 }
 
+// 32 bytes at byte offset `at` of block i of each of rows [0, rows) (bw bytes apart), transposed: t[j] dword j of
+// every row, lane r row r (rows past them zero)
+VNNI_TARGET static inline void load_transposed(const char *blk, size_t bw, int64_t rows, size_t at, __m512i t[8]) {
+    __m256i lo[8], hi[8];
+    for (int r = 0; r < 8; r++) {
+        lo[r] = r < rows ? _mm256_loadu_si256((const __m256i *)(blk + r * bw + at)) : _mm256_setzero_si256();
+        hi[r] = r + 8 < rows ? _mm256_loadu_si256((const __m256i *)(blk + (r + 8) * bw + at)) : _mm256_setzero_si256();
+    }
+    transpose16x8(lo, hi, t);
+}
+
 // byte s % 4 of w (the sub-block's six-bit scale or minimum) as floats
 VNNI_TARGET static inline __m512 byte_as_float(__m512i w, int s) {
     return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(w, 8 * (s % 4)), _mm512_set1_epi32(0xFF)));
@@ -74,14 +85,8 @@ VNNI_TARGET static void q4_K_levels_direct(const char *w, size_t bw, int64_t row
         const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
         const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
         for (int p = 0; p < 4; p++) { // qs[32 p ..]: sub-blocks 2p (low nibbles) and 2p + 1 (high)
-            __m256i lo[8], hi[8];
-            for (int r = 0; r < 8; r++) {
-                const block_q4_K *b0 = (const block_q4_K *)(blk + r * bw), *b1 = (const block_q4_K *)(blk + (r + 8) * bw);
-                lo[r] = r < rows ? _mm256_loadu_si256((const __m256i *)(b0->qs + 32 * p)) : _mm256_setzero_si256();
-                hi[r] = r + 8 < rows ? _mm256_loadu_si256((const __m256i *)(b1->qs + 32 * p)) : _mm256_setzero_si256();
-            }
             __m512i t[8];
-            transpose16x8(lo, hi, t);
+            load_transposed(blk, bw, rows, offsetof(block_q4_K, qs) + 32 * p, t);
             for (int half = 0; half < 2; half++) {
                 const int s = 2 * p + half;     // the sub-block
                 const int64_t g = 8 * i + s;    // its scale group, and the activations' block
@@ -105,12 +110,74 @@ VNNI_TARGET static void q4_K_levels_direct(const char *w, size_t bw, int64_t row
     for (int c = 0; c < ncols; c++) _mm512_mask_storeu_ps(y + c * y_stride, live, acc[c]);
 }
 
+// Q6_K: levels q - 32 with q in 0..63, a scale d * scales[s] per 16 values (levels_gemm_ref's groups). vpdpbusd
+// multiplies unsigned bytes by signed ones, so the dots take q and give back 32 times the group's activation sum
+// (16 columns' sums at once: the activation bytes dotted with ones)
+VNNI_TARGET static void q6_K_levels_direct(const char *w, size_t bw, int64_t rows, int64_t k, const char *xgroup,
+                                           int ncols, float *y, size_t y_stride) {
+    const int64_t nb = k / LEVELS_XBLOCK;
+    const float *xd = (const float *)(xgroup + nb * LEVELS_XBLOCK_BYTES); // (nb, LEVELS_COLS)
+    const __mmask16 live = (__mmask16)((1u << rows) - 1);
+    const __m512i index = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                             _mm512_set1_epi32((int)bw));
+    const __m512i low4 = _mm512_set1_epi32(0x0F0F0F0F), two = _mm512_set1_epi32(0x03030303);
+    const __m512i ones = _mm512_set1_epi32(0x01010101), zero = _mm512_setzero_si512();
+    __m512 acc[LEVELS_COLS];
+    for (int c = 0; c < ncols; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const char *blk = w + i * (int64_t)sizeof(block_q6_K);
+        // every row's sixteen int8 scales (four dwords) and d (the high half of the dword that ends the block)
+        __m512i sc[4];
+        for (int q = 0; q < 4; q++)
+            sc[q] = _mm512_mask_i32gather_epi32(zero, live, index, blk + offsetof(block_q6_K, scales) + 4 * q, 1);
+        const __m512i dd = _mm512_mask_i32gather_epi32(zero, live, index, blk + sizeof(block_q6_K) - 4, 1);
+        const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
+        for (int h = 0; h < 2; h++) { // values 128 h ..: ql[64 h ..], ql[64 h + 32 ..], qh[32 h ..]
+            __m512i l0[8], l1[8], qh[8];
+            load_transposed(blk, bw, rows, offsetof(block_q6_K, ql) + 64 * h, l0);
+            load_transposed(blk, bw, rows, offsetof(block_q6_K, ql) + 64 * h + 32, l1);
+            load_transposed(blk, bw, rows, offsetof(block_q6_K, qh) + 32 * h, qh);
+            for (int quarter = 0; quarter < 4; quarter++) { // values 128 h + 32 quarter + l: one activation block
+                const int64_t b = 8 * i + 4 * h + quarter;
+                __m512i q[8];
+                for (int j = 0; j < 8; j++) {
+                    const __m512i nib = quarter % 2 ? l1[j] : l0[j];
+                    const __m512i lown = _mm512_and_si512(quarter < 2 ? nib : _mm512_srli_epi32(nib, 4), low4);
+                    const __m512i top = _mm512_and_si512(_mm512_srli_epi32(qh[j], 2 * quarter), two);
+                    q[j] = _mm512_or_si512(lown, _mm512_slli_epi32(top, 4));
+                }
+                const int32_t *x = (const int32_t *)(xgroup + b * LEVELS_XBLOCK_BYTES); // (8, LEVELS_COLS) dwords
+                for (int sub = 0; sub < 2; sub++) { // the block's two groups of 16 (x rows 4 sub .. 4 sub + 3)
+                    const int s = 8 * h + 2 * quarter + sub; // the group's scale in the super-block
+                    __m512i xsum = zero;                     // lane c: column c's sum over the group
+                    for (int j = 4 * sub; j < 4 * sub + 4; j++)
+                        xsum = _mm512_dpbusd_epi32(xsum, ones, _mm512_loadu_si512(x + j * LEVELS_COLS));
+                    int32_t sums[LEVELS_COLS];
+                    _mm512_storeu_si512(sums, _mm512_slli_epi32(xsum, 5));
+                    const __m512i word = sc[s / 4];
+                    const __m512 scale = _mm512_mul_ps(
+                        d, _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(word, 24 - 8 * (s % 4)), 24)));
+                    for (int c = 0; c < ncols; c++) {
+                        __m512i dot = _mm512_set1_epi32(-sums[c]);
+                        for (int j = 4 * sub; j < 4 * sub + 4; j++)
+                            dot = _mm512_dpbusd_epi32(dot, q[j], _mm512_set1_epi32(x[j * LEVELS_COLS + c]));
+                        const __m512 tc = _mm512_mul_ps(_mm512_set1_ps(xd[b * LEVELS_COLS + c]), scale);
+                        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), tc, acc[c]);
+                    }
+                }
+            }
+        }
+    }
+    for (int c = 0; c < ncols; c++) _mm512_mask_storeu_ps(y + c * y_stride, live, acc[c]);
+}
+
 levels_direct_fn levels_direct_for(enum ggml_type type) {
     static int vnni = -1;
     if (vnni < 0)
         vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-    return vnni && type == GGML_TYPE_Q4_K ? q4_K_levels_direct : NULL;
+    if (!vnni) return NULL;
+    return type == GGML_TYPE_Q4_K ? q4_K_levels_direct : type == GGML_TYPE_Q6_K ? q6_K_levels_direct : NULL;
 }
 
 #else
