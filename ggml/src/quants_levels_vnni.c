@@ -55,6 +55,34 @@ VNNI_TARGET static inline __m512 byte_as_float(__m512i w, int s) {
     return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(w, 8 * (s % 4)), _mm512_set1_epi32(0xFF)));
 }
 
+// byte offsets of rows 0..15, bw bytes apart (the gathers' index)
+VNNI_TARGET static inline __m512i row_offsets(size_t bw) {
+    return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                              _mm512_set1_epi32((int)bw));
+}
+
+// sums[c] = 2^shift times column c's activations over rows [j0, j0 + n) of a block (each 4 values of 16 columns):
+// what a level's unsigned form adds, given back
+VNNI_TARGET static inline void column_sums(const int32_t *x, int j0, int n, int shift, int32_t sums[LEVELS_COLS]) {
+    __m512i sum = _mm512_setzero_si512();
+    for (int j = j0; j < j0 + n; j++)
+        sum = _mm512_dpbusd_epi32(sum, _mm512_set1_epi32(0x01010101), _mm512_loadu_si512(x + j * LEVELS_COLS));
+    _mm512_storeu_si512(sums, _mm512_slli_epi32(sum, shift));
+}
+
+// one scale group into columns [0, ncols): acc[c] += (q[j0 .. j0 + n) . column c's values less sums[c] (or 0))
+// * (xd[c] * scale), then (offsets) + xs[c] * offset: levels_gemm_ref's two fmas
+VNNI_TARGET static inline void add_group(__m512 *acc, int ncols, const __m512i *q, const int32_t *x, int j0, int n,
+                                         const int32_t *sums, const float *xd, __m512 scale, const float *xs,
+                                         __m512 offset) {
+    for (int c = 0; c < ncols; c++) {
+        __m512i dot = _mm512_set1_epi32(sums ? -sums[c] : 0);
+        for (int j = j0; j < j0 + n; j++) dot = _mm512_dpbusd_epi32(dot, q[j], _mm512_set1_epi32(x[j * LEVELS_COLS + c]));
+        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(_mm512_set1_ps(xd[c]), scale), acc[c]);
+        if (xs) acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(xs[c]), offset, acc[c]);
+    }
+}
+
 // rows [0, rows) (rows <= LEVELS_ROWS, bw bytes apart) of a Q4_K matrix of k columns times columns [0, ncols) of a
 // levels activation group (levels_x_pack, Q8_K with sums): y[c * y_stride + r]
 VNNI_TARGET static void q4_K_levels_direct(const char *w, size_t bw, int64_t rows, int64_t k, const char *xgroup,
@@ -63,9 +91,7 @@ VNNI_TARGET static void q4_K_levels_direct(const char *w, size_t bw, int64_t row
     const float *xd = (const float *)(xgroup + nb * LEVELS_XBLOCK_BYTES); // (nb, LEVELS_COLS)
     const float *xs = xd + nb * LEVELS_COLS;                            // (nb, LEVELS_COLS)
     const __mmask16 live = (__mmask16)((1u << rows) - 1);
-    const __m512i index = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                             _mm512_set1_epi32((int)bw));
-    const __m512i low4 = _mm512_set1_epi32(0x0F0F0F0F);
+    const __m512i index = row_offsets(bw), low4 = _mm512_set1_epi32(0x0F0F0F0F);
     __m512 acc[LEVELS_COLS];
     for (int c = 0; c < ncols; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t i = 0; i < k / QK_K; i++) {
@@ -97,13 +123,7 @@ VNNI_TARGET static void q4_K_levels_direct(const char *w, size_t bw, int64_t row
                 for (int j = 0; j < 8; j++)
                     lv[j] = _mm512_and_si512(half ? _mm512_srli_epi32(t[j], 4) : t[j], low4);
                 const int32_t *x = (const int32_t *)(xgroup + g * LEVELS_XBLOCK_BYTES); // (8, LEVELS_COLS) dwords
-                for (int c = 0; c < ncols; c++) {
-                    __m512i dot = _mm512_setzero_si512();
-                    for (int j = 0; j < 8; j++) dot = _mm512_dpbusd_epi32(dot, lv[j], _mm512_set1_epi32(x[j * LEVELS_COLS + c]));
-                    const __m512 tc = _mm512_mul_ps(_mm512_set1_ps(xd[g * LEVELS_COLS + c]), scale);
-                    acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), tc, acc[c]);
-                    acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(xs[g * LEVELS_COLS + c]), offset, acc[c]);
-                }
+                add_group(acc, ncols, lv, x, 0, 8, NULL, xd + g * LEVELS_COLS, scale, xs + g * LEVELS_COLS, offset);
             }
         }
     }
@@ -118,10 +138,8 @@ VNNI_TARGET static void q6_K_levels_direct(const char *w, size_t bw, int64_t row
     const int64_t nb = k / LEVELS_XBLOCK;
     const float *xd = (const float *)(xgroup + nb * LEVELS_XBLOCK_BYTES); // (nb, LEVELS_COLS)
     const __mmask16 live = (__mmask16)((1u << rows) - 1);
-    const __m512i index = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                             _mm512_set1_epi32((int)bw));
+    const __m512i index = row_offsets(bw), zero = _mm512_setzero_si512();
     const __m512i low4 = _mm512_set1_epi32(0x0F0F0F0F), two = _mm512_set1_epi32(0x03030303);
-    const __m512i ones = _mm512_set1_epi32(0x01010101), zero = _mm512_setzero_si512();
     __m512 acc[LEVELS_COLS];
     for (int c = 0; c < ncols; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t i = 0; i < k / QK_K; i++) {
@@ -149,21 +167,12 @@ VNNI_TARGET static void q6_K_levels_direct(const char *w, size_t bw, int64_t row
                 const int32_t *x = (const int32_t *)(xgroup + b * LEVELS_XBLOCK_BYTES); // (8, LEVELS_COLS) dwords
                 for (int sub = 0; sub < 2; sub++) { // the block's two groups of 16 (x rows 4 sub .. 4 sub + 3)
                     const int s = 8 * h + 2 * quarter + sub; // the group's scale in the super-block
-                    __m512i xsum = zero;                     // lane c: column c's sum over the group
-                    for (int j = 4 * sub; j < 4 * sub + 4; j++)
-                        xsum = _mm512_dpbusd_epi32(xsum, ones, _mm512_loadu_si512(x + j * LEVELS_COLS));
                     int32_t sums[LEVELS_COLS];
-                    _mm512_storeu_si512(sums, _mm512_slli_epi32(xsum, 5));
+                    column_sums(x, 4 * sub, 4, 5, sums);
                     const __m512i word = sc[s / 4];
                     const __m512 scale = _mm512_mul_ps(
                         d, _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(word, 24 - 8 * (s % 4)), 24)));
-                    for (int c = 0; c < ncols; c++) {
-                        __m512i dot = _mm512_set1_epi32(-sums[c]);
-                        for (int j = 4 * sub; j < 4 * sub + 4; j++)
-                            dot = _mm512_dpbusd_epi32(dot, q[j], _mm512_set1_epi32(x[j * LEVELS_COLS + c]));
-                        const __m512 tc = _mm512_mul_ps(_mm512_set1_ps(xd[b * LEVELS_COLS + c]), scale);
-                        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), tc, acc[c]);
-                    }
+                    add_group(acc, ncols, q, x, 4 * sub, 4, sums, xd + b * LEVELS_COLS, scale, NULL, scale);
                 }
             }
         }
@@ -186,9 +195,7 @@ VNNI_TARGET static void q5_0_levels_direct(const char *w, size_t bw, int64_t row
     const int64_t nb = k / LEVELS_XBLOCK;
     const float *xd = (const float *)(xgroup + nb * LEVELS_XBLOCK_BYTES); // (nb, LEVELS_COLS)
     const __mmask16 live = (__mmask16)((1u << rows) - 1);
-    const __m512i index = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                             _mm512_set1_epi32((int)bw));
-    const __m512i low4 = _mm512_set1_epi32(0x0F0F0F0F), ones = _mm512_set1_epi32(0x01010101), zero = _mm512_setzero_si512();
+    const __m512i index = row_offsets(bw), low4 = _mm512_set1_epi32(0x0F0F0F0F), zero = _mm512_setzero_si512();
     __m512 acc[LEVELS_COLS];
     for (int c = 0; c < ncols; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t ib = 0; ib < nb; ib++) {
@@ -218,16 +225,9 @@ VNNI_TARGET static void q5_0_levels_direct(const char *w, size_t bw, int64_t row
             u[j + 4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(t[j], 4), low4), fifth_bits(qh, 16 + 4 * j));
         }
         const int32_t *x = (const int32_t *)(xgroup + ib * LEVELS_XBLOCK_BYTES); // (8, LEVELS_COLS) dwords
-        __m512i xsum = zero; // lane c: column c's sum over the block
-        for (int j = 0; j < 8; j++) xsum = _mm512_dpbusd_epi32(xsum, ones, _mm512_loadu_si512(x + j * LEVELS_COLS));
         int32_t sums[LEVELS_COLS];
-        _mm512_storeu_si512(sums, _mm512_slli_epi32(xsum, 4));
-        for (int c = 0; c < ncols; c++) {
-            __m512i dot = _mm512_set1_epi32(-sums[c]);
-            for (int j = 0; j < 8; j++) dot = _mm512_dpbusd_epi32(dot, u[j], _mm512_set1_epi32(x[j * LEVELS_COLS + c]));
-            const __m512 tc = _mm512_mul_ps(_mm512_set1_ps(xd[ib * LEVELS_COLS + c]), scale);
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), tc, acc[c]);
-        }
+        column_sums(x, 0, 8, 4, sums);
+        add_group(acc, ncols, u, x, 0, 8, sums, xd + ib * LEVELS_COLS, scale, NULL, scale);
     }
     for (int c = 0; c < ncols; c++) _mm512_mask_storeu_ps(y + c * y_stride, live, acc[c]);
 }
