@@ -105,9 +105,9 @@ def test_amx_equals_its_oracle(type_, precise, n, m, threads, seed):
 @pytest.mark.parametrize("n", [1, 15, 16, 17, 40])
 @pytest.mark.parametrize("m", [4, 15, 16, 17, 64, 65])
 def test_few_columns_straight_from_the_blocks_equal_the_tiles(type_, n, m):
-    """Up to 64 columns of a Q4_K, Q6_K or Q5_0 matrix skip the panel of levels (quants_levels_vnni.c: 16 rows transposed
-    in registers, a lane a row): the oracle's bits, at the edges of a panel's rows, of a group's 16 columns and of
-    the 64 (65 takes the tiles), so that a token's result does not depend on how many came with it."""
+    """Up to 64 columns of a Q4_K, Q6_K or Q5_0 matrix skip the panel of levels (quants_levels_vnni.c: 16 rows
+    transposed in registers, a lane a row): the oracle's bits, at the edges of a panel's rows, of a group's 16
+    columns and of the 64 (65 takes the tiles), so that a token's result does not depend on how many came with it."""
     direct, want, bound = levels_mul_mat(type_, n, m, 768, 2, n * 1000 + m, ggml.lib.GGML_LEVELS_GEMM_AUTO)
     oracle, _, _ = levels_mul_mat(type_, n, m, 768, 2, n * 1000 + m, ggml.lib.GGML_LEVELS_GEMM_REF)
     np.testing.assert_array_equal(direct, oracle)
