@@ -101,17 +101,19 @@ def test_amx_equals_its_oracle(type_, precise, n, m, threads, seed):
 
 
 @pytest.mark.skipif(not ggml.lib.ggml_cpu_has_amx(), reason="needs a CPU with AMX int8 tiles")
-@pytest.mark.parametrize("type_", [ggml.Q4_K, ggml.Q6_K, ggml.Q5_0])
-@pytest.mark.parametrize("n", [1, 15, 16, 17, 40])
-@pytest.mark.parametrize("m", [4, 15, 16, 17, 64, 65])
-def test_few_columns_straight_from_the_blocks_equal_the_tiles(type_, n, m):
-    """Up to 64 columns of a Q4_K, Q6_K or Q5_0 matrix skip the panel of levels (quants_levels_vnni.c: 16 rows
-    transposed in registers, a lane a row): the oracle's bits, at the edges of a panel's rows, of a group's 16
-    columns and of the 64 (65 takes the tiles), so that a token's result does not depend on how many came with it."""
-    direct, want, bound = levels_mul_mat(type_, n, m, 768, 2, n * 1000 + m, ggml.lib.GGML_LEVELS_GEMM_AUTO)
-    oracle, _, _ = levels_mul_mat(type_, n, m, 768, 2, n * 1000 + m, ggml.lib.GGML_LEVELS_GEMM_REF)
+@pytest.mark.parametrize("type_,precise", [c for c in CASES if c[0] != ggml.MXFP4])
+@pytest.mark.parametrize("n", [1, 15, 17, 40])
+@pytest.mark.parametrize("m", [4, 16, 17, 64, 65])
+def test_few_columns_straight_from_the_blocks_equal_the_tiles(type_, precise, n, m):
+    """Up to 64 columns skip the panel of levels (quants_levels_vnni.c: 16 rows transposed in registers, a lane a
+    row), rounded or precise (two planes of activation bytes): the oracle's bits, at the edges of a panel's rows, of
+    a group's 16 columns and of the 64 (65 takes the tiles), so that a token's result does not depend on how many
+    came with it."""
+    seed = n * 1000 + m
+    direct, want, bound = levels_mul_mat(type_, n, m, 768, 2, seed, ggml.lib.GGML_LEVELS_GEMM_AUTO, precise)
+    oracle, _, _ = levels_mul_mat(type_, n, m, 768, 2, seed, ggml.lib.GGML_LEVELS_GEMM_REF, precise)
     np.testing.assert_array_equal(direct, oracle)
-    assert np.all(np.abs(direct - want) <= tolerance(type_, False) * bound + 1e-30)
+    assert np.all(np.abs(direct - want) <= tolerance(type_, precise) * bound + 1e-30)
 
 
 @pytest.mark.skipif(not ggml.lib.ggml_cpu_has_amx(), reason="needs a CPU with AMX int8 tiles")

@@ -63,11 +63,11 @@ typedef void (*levels_gemm_fn)(const struct levels_panel *w, const char *xgroup,
 void levels_gemm_ref(const struct levels_panel *w, const char *xgroup, bool wide, float *out);
 
 // quants_levels_vnni.c: rows [0, rows) (at most LEVELS_ROWS, bw bytes apart, straight from the weight type's blocks)
-// times columns [0, ncols) of a group (levels_x_pack's, not wide) into y[c * y_stride + r]: levels_gemm_ref's
-// arithmetic in its order, so the same bits as the tile GEMM, for the few columns a panel's unpacking would not
-// repay. NULL where the type or the CPU has none (AVX512-VNNI; Q4_K)
-typedef void (*levels_direct_fn)(const char *w, size_t bw, int64_t rows, int64_t k, const char *xgroup, int ncols,
-                                 float *y, size_t y_stride);
+// times columns [0, ncols) of a group (levels_x_pack's) into y[c * y_stride + r]: levels_gemm_ref's arithmetic in
+// its order, so the same bits as the tile GEMM, for the few columns a panel's unpacking would not repay. NULL where
+// the type or the CPU has none (AVX512-VNNI; the types with levels but MXFP4)
+typedef void (*levels_direct_fn)(const char *w, size_t bw, int64_t rows, int64_t k, const char *xgroup, bool wide,
+                                 int ncols, float *y, size_t y_stride);
 levels_direct_fn levels_direct_for(enum ggml_type type);
 
 // quants_amx.c: which kernel a prompt's mul_mat takes (ggml_cpu_set_levels_gemm, set between computes): the AMX

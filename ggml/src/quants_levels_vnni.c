@@ -1,4 +1,5 @@
-// quants_levels_vnni.c: a few columns of the levels GEMM (levels.h) straight from Q4_K, Q6_K and Q5_0 blocks on AVX512-VNNI. The
+// quants_levels_vnni.c: a few columns of the levels GEMM (levels.h) straight from the weights' blocks (Q4_0, Q4_1,
+// Q5_0, Q8_0, Q4_K, Q6_K) on AVX512-VNNI, rounded or precise (two planes of activation bytes). The
 // tile GEMM unpacks each panel of 16 weight rows to levels for every batch, which a batch of a few tokens cannot
 // repay (Qwen2.5-Coder-1.5B, 2 threads: 4 tokens a batch at 14 t/s where decoding runs 15). Here 16 rows' bytes
 // are transposed in registers, a lane a row, their nibbles dotted with a column's broadcast values by vpdpbusd,
@@ -70,26 +71,128 @@ VNNI_TARGET static inline void column_sums(const int32_t *x, int j0, int n, int 
     _mm512_storeu_si512(sums, _mm512_slli_epi32(sum, shift));
 }
 
-// one scale group into columns [0, ncols): acc[c] += (q[j0 .. j0 + n) . column c's values less sums[c] (or 0))
-// * (xd[c] * scale), then (offsets) + xs[c] * offset: levels_gemm_ref's two fmas
-VNNI_TARGET static inline void add_group(__m512 *acc, int ncols, const __m512i *q, const int32_t *x, int j0, int n,
-                                         const int32_t *sums, const float *xd, __m512 scale, const float *xs,
-                                         __m512 offset) {
+// an activation block's planes (levels.h): its values, or a precise batch's high bytes then low bytes, each
+// (8, LEVELS_COLS) dwords; the group's d, and s where the weights have offsets
+struct xblock {
+    const int32_t *plane[2];
+    int planes;
+    const float *d, *s;
+};
+
+// block b of a group of k values (levels_x_pack's layout)
+static inline struct xblock xblock_at(const char *xgroup, int64_t k, bool wide, bool sums, int64_t b) {
+    const int64_t nb = k / LEVELS_XBLOCK, planes = wide ? 2 : 1;
+    const char *at = xgroup + b * planes * LEVELS_XBLOCK_BYTES;
+    const float *d = (const float *)(xgroup + nb * planes * LEVELS_XBLOCK_BYTES) + b * LEVELS_COLS;
+    return (struct xblock){{(const int32_t *)at, (const int32_t *)(at + LEVELS_XBLOCK_BYTES)}, (int)planes, d,
+                           sums ? d + nb * LEVELS_COLS : NULL};
+}
+
+// one scale group into columns [0, ncols): the int32 dot of q[j0 .. j0 + n) with column c's values of each plane,
+// less 2^shift times their sum where the levels went in unsigned (shift >= 0), planes as 255 hi + lo; then
+// acc[c] += dot * (d[c] * scale) and, with offsets, + s[c] * offset: levels_gemm_ref's integers and two fmas
+VNNI_TARGET static inline void add_group(__m512 *acc, int ncols, const __m512i *q, struct xblock x, int j0, int n,
+                                         int shift, __m512 scale, __m512 offset) {
+    int32_t sums[2][LEVELS_COLS] = {{0}};
+    for (int p = 0; p < x.planes && shift >= 0; p++) column_sums(x.plane[p], j0, n, shift, sums[p]);
     for (int c = 0; c < ncols; c++) {
-        __m512i dot = _mm512_set1_epi32(sums ? -sums[c] : 0);
-        for (int j = j0; j < j0 + n; j++) dot = _mm512_dpbusd_epi32(dot, q[j], _mm512_set1_epi32(x[j * LEVELS_COLS + c]));
-        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(_mm512_set1_ps(xd[c]), scale), acc[c]);
-        if (xs) acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(xs[c]), offset, acc[c]);
+        __m512i dot[2];
+        for (int p = 0; p < x.planes; p++) {
+            dot[p] = _mm512_set1_epi32(-sums[p][c]);
+            for (int j = j0; j < j0 + n; j++)
+                dot[p] = _mm512_dpbusd_epi32(dot[p], q[j], _mm512_set1_epi32(x.plane[p][j * LEVELS_COLS + c]));
+        }
+        if (x.planes == 2) // 255 hi + lo = (hi << 8) - hi + lo
+            dot[0] = _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(dot[0], 8), dot[0]), dot[1]);
+        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[0]), _mm512_mul_ps(_mm512_set1_ps(x.d[c]), scale), acc[c]);
+        if (x.s) acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(x.s[c]), offset, acc[c]);
     }
+}
+
+// 16 bytes at byte offset `at` of each of rows [0, rows) (bw bytes apart), transposed: t[j] dword j of every row,
+// lane r row r (4 x 4 dword transposes in each 128-bit lane, whose rows are q, q + 4, q + 8, q + 12 before)
+VNNI_TARGET static inline void load_transposed16(const char *blk, size_t bw, int64_t rows, size_t at, __m512i t[4]) {
+    __m512i z[4];
+    for (int q = 0; q < 4; q++) {
+        __m128i part[4];
+        for (int l = 0; l < 4; l++) {
+            const int64_t r = q + 4 * l;
+            part[l] = r < rows ? _mm_loadu_si128((const __m128i *)(blk + r * bw + at)) : _mm_setzero_si128();
+        }
+        z[q] = _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(part[0]), part[1], 1),
+                                                     part[2], 2), part[3], 3);
+    }
+    const __m512i u0 = _mm512_unpacklo_epi32(z[0], z[1]), u1 = _mm512_unpackhi_epi32(z[0], z[1]);
+    const __m512i u2 = _mm512_unpacklo_epi32(z[2], z[3]), u3 = _mm512_unpackhi_epi32(z[2], z[3]);
+    t[0] = _mm512_unpacklo_epi64(u0, u2), t[1] = _mm512_unpackhi_epi64(u0, u2);
+    t[2] = _mm512_unpacklo_epi64(u1, u3), t[3] = _mm512_unpackhi_epi64(u1, u3);
+}
+
+// a Q4_0/Q4_1-style block's 16 bytes of nibbles, transposed, as 8 dwords of levels 0..15: u[j] values 4 j ..
+// 4 j + 3 (low nibbles, j < 4) and 16 + 4 (j - 4) .. (high nibbles)
+VNNI_TARGET static inline void nibble_levels16(const __m512i t[4], __m512i u[8]) {
+    const __m512i low4 = _mm512_set1_epi32(0x0F0F0F0F);
+    for (int j = 0; j < 4; j++) {
+        u[j] = _mm512_and_si512(t[j], low4);
+        u[j + 4] = _mm512_and_si512(_mm512_srli_epi32(t[j], 4), low4);
+    }
+}
+
+// Q4_0 (levels nibble - 8: 8 times the activation sum given back; scale d) and Q4_1 (levels the nibbles, scale d,
+// offset m): blocks of 32, one activation block each
+VNNI_TARGET static void q4_levels_direct(const char *w, size_t bw, int64_t rows, int64_t k, const char *xgroup,
+                                         bool wide, int ncols, float *y, size_t y_stride, bool q4_1) {
+    const size_t block = q4_1 ? sizeof(block_q4_1) : sizeof(block_q4_0);
+    const __mmask16 live = (__mmask16)((1u << rows) - 1);
+    const __m512i index = row_offsets(bw), zero = _mm512_setzero_si512();
+    __m512 acc[LEVELS_COLS];
+    for (int c = 0; c < ncols; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t ib = 0; ib < k / LEVELS_XBLOCK; ib++) {
+        const char *blk = w + ib * (int64_t)block;
+        __m512i t[4], u[8];
+        load_transposed16(blk, bw, rows, q4_1 ? offsetof(block_q4_1, qs) : offsetof(block_q4_0, qs), t);
+        nibble_levels16(t, u);
+        // d, and Q4_1's m above it (Q4_0: its first two nibble bytes, unused)
+        const __m512i dm = _mm512_mask_i32gather_epi32(zero, live, index, blk, 1);
+        const __m512 scale = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+        const __m512 offset = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
+        add_group(acc, ncols, u, xblock_at(xgroup, k, wide, q4_1, ib), 0, 8, q4_1 ? -1 : 3, scale, offset);
+    }
+    for (int c = 0; c < ncols; c++) _mm512_mask_storeu_ps(y + c * y_stride, live, acc[c]);
+}
+
+VNNI_TARGET static void q4_0_levels_direct(const char *w, size_t bw, int64_t rows, int64_t k, const char *xgroup,
+                                           bool wide, int ncols, float *y, size_t y_stride) {
+    q4_levels_direct(w, bw, rows, k, xgroup, wide, ncols, y, y_stride, false);
+}
+
+VNNI_TARGET static void q4_1_levels_direct(const char *w, size_t bw, int64_t rows, int64_t k, const char *xgroup,
+                                           bool wide, int ncols, float *y, size_t y_stride) {
+    q4_levels_direct(w, bw, rows, k, xgroup, wide, ncols, y, y_stride, true);
+}
+
+// Q8_0: levels the signed bytes, in as unsigned (top bit flipped: + 128, 128 times the activation sum given back)
+VNNI_TARGET static void q8_0_levels_direct(const char *w, size_t bw, int64_t rows, int64_t k, const char *xgroup,
+                                           bool wide, int ncols, float *y, size_t y_stride) {
+    const __mmask16 live = (__mmask16)((1u << rows) - 1);
+    const __m512i index = row_offsets(bw), zero = _mm512_setzero_si512(), flip = _mm512_set1_epi32((int)0x80808080u);
+    __m512 acc[LEVELS_COLS];
+    for (int c = 0; c < ncols; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t ib = 0; ib < k / LEVELS_XBLOCK; ib++) {
+        const char *blk = w + ib * (int64_t)sizeof(block_q8_0);
+        __m512i u[8];
+        load_transposed(blk, bw, rows, offsetof(block_q8_0, qs), u);
+        for (int j = 0; j < 8; j++) u[j] = _mm512_xor_si512(u[j], flip);
+        const __m512 scale = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_mask_i32gather_epi32(zero, live, index, blk, 1)));
+        add_group(acc, ncols, u, xblock_at(xgroup, k, wide, false, ib), 0, 8, 7, scale, scale);
+    }
+    for (int c = 0; c < ncols; c++) _mm512_mask_storeu_ps(y + c * y_stride, live, acc[c]);
 }
 
 // rows [0, rows) (rows <= LEVELS_ROWS, bw bytes apart) of a Q4_K matrix of k columns times columns [0, ncols) of a
 // levels activation group (levels_x_pack, Q8_K with sums): y[c * y_stride + r]
 VNNI_TARGET static void q4_K_levels_direct(const char *w, size_t bw, int64_t rows, int64_t k, const char *xgroup,
-                                           int ncols, float *y, size_t y_stride) {
-    const int64_t nb = k / LEVELS_XBLOCK;
-    const float *xd = (const float *)(xgroup + nb * LEVELS_XBLOCK_BYTES); // (nb, LEVELS_COLS)
-    const float *xs = xd + nb * LEVELS_COLS;                            // (nb, LEVELS_COLS)
+                                           bool wide, int ncols, float *y, size_t y_stride) {
     const __mmask16 live = (__mmask16)((1u << rows) - 1);
     const __m512i index = row_offsets(bw), low4 = _mm512_set1_epi32(0x0F0F0F0F);
     __m512 acc[LEVELS_COLS];
@@ -122,8 +225,7 @@ VNNI_TARGET static void q4_K_levels_direct(const char *w, size_t bw, int64_t row
                 __m512i lv[8];
                 for (int j = 0; j < 8; j++)
                     lv[j] = _mm512_and_si512(half ? _mm512_srli_epi32(t[j], 4) : t[j], low4);
-                const int32_t *x = (const int32_t *)(xgroup + g * LEVELS_XBLOCK_BYTES); // (8, LEVELS_COLS) dwords
-                add_group(acc, ncols, lv, x, 0, 8, NULL, xd + g * LEVELS_COLS, scale, xs + g * LEVELS_COLS, offset);
+                add_group(acc, ncols, lv, xblock_at(xgroup, k, wide, true, g), 0, 8, -1, scale, offset);
             }
         }
     }
@@ -134,9 +236,7 @@ VNNI_TARGET static void q4_K_levels_direct(const char *w, size_t bw, int64_t row
 // multiplies unsigned bytes by signed ones, so the dots take q and give back 32 times the group's activation sum
 // (16 columns' sums at once: the activation bytes dotted with ones)
 VNNI_TARGET static void q6_K_levels_direct(const char *w, size_t bw, int64_t rows, int64_t k, const char *xgroup,
-                                           int ncols, float *y, size_t y_stride) {
-    const int64_t nb = k / LEVELS_XBLOCK;
-    const float *xd = (const float *)(xgroup + nb * LEVELS_XBLOCK_BYTES); // (nb, LEVELS_COLS)
+                                           bool wide, int ncols, float *y, size_t y_stride) {
     const __mmask16 live = (__mmask16)((1u << rows) - 1);
     const __m512i index = row_offsets(bw), zero = _mm512_setzero_si512();
     const __m512i low4 = _mm512_set1_epi32(0x0F0F0F0F), two = _mm512_set1_epi32(0x03030303);
@@ -164,15 +264,13 @@ VNNI_TARGET static void q6_K_levels_direct(const char *w, size_t bw, int64_t row
                     const __m512i top = _mm512_and_si512(_mm512_srli_epi32(qh[j], 2 * quarter), two);
                     q[j] = _mm512_or_si512(lown, _mm512_slli_epi32(top, 4));
                 }
-                const int32_t *x = (const int32_t *)(xgroup + b * LEVELS_XBLOCK_BYTES); // (8, LEVELS_COLS) dwords
+                const struct xblock x = xblock_at(xgroup, k, wide, false, b);
                 for (int sub = 0; sub < 2; sub++) { // the block's two groups of 16 (x rows 4 sub .. 4 sub + 3)
                     const int s = 8 * h + 2 * quarter + sub; // the group's scale in the super-block
-                    int32_t sums[LEVELS_COLS];
-                    column_sums(x, 4 * sub, 4, 5, sums);
                     const __m512i word = sc[s / 4];
                     const __m512 scale = _mm512_mul_ps(
                         d, _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(word, 24 - 8 * (s % 4)), 24)));
-                    add_group(acc, ncols, q, x, 4 * sub, 4, sums, xd + b * LEVELS_COLS, scale, NULL, scale);
+                    add_group(acc, ncols, q, x, 4 * sub, 4, 5, scale, scale);
                 }
             }
         }
@@ -191,43 +289,26 @@ VNNI_TARGET static inline __m512i fifth_bits(__m512i x, int shift) {
 // the 16 nibble bytes of 16 rows transposed as 4 x 4 dwords in each 128-bit lane, the fifth bits and the scales
 // gathered, 16 times the block's activation sum given back
 VNNI_TARGET static void q5_0_levels_direct(const char *w, size_t bw, int64_t rows, int64_t k, const char *xgroup,
-                                           int ncols, float *y, size_t y_stride) {
+                                           bool wide, int ncols, float *y, size_t y_stride) {
     const int64_t nb = k / LEVELS_XBLOCK;
-    const float *xd = (const float *)(xgroup + nb * LEVELS_XBLOCK_BYTES); // (nb, LEVELS_COLS)
     const __mmask16 live = (__mmask16)((1u << rows) - 1);
-    const __m512i index = row_offsets(bw), low4 = _mm512_set1_epi32(0x0F0F0F0F), zero = _mm512_setzero_si512();
+    const __m512i index = row_offsets(bw), zero = _mm512_setzero_si512();
     __m512 acc[LEVELS_COLS];
     for (int c = 0; c < ncols; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t ib = 0; ib < nb; ib++) {
         const char *blk = w + ib * (int64_t)sizeof(block_q5_0);
-        // z[q]: rows q, q + 4, q + 8, q + 12 in its 128-bit lanes, 16 nibble bytes each
-        __m512i z[4];
-        for (int q = 0; q < 4; q++) {
-            __m128i part[4];
-            for (int l = 0; l < 4; l++) {
-                const int64_t r = q + 4 * l;
-                part[l] = r < rows ? _mm_loadu_si128((const __m128i *)(blk + r * bw + offsetof(block_q5_0, qs)))
-                                   : _mm_setzero_si128();
-            }
-            z[q] = _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(part[0]), part[1], 1),
-                                                         part[2], 2), part[3], 3);
-        }
-        const __m512i u0 = _mm512_unpacklo_epi32(z[0], z[1]), u1 = _mm512_unpackhi_epi32(z[0], z[1]);
-        const __m512i u2 = _mm512_unpacklo_epi32(z[2], z[3]), u3 = _mm512_unpackhi_epi32(z[2], z[3]);
-        const __m512i t[4] = {_mm512_unpacklo_epi64(u0, u2), _mm512_unpackhi_epi64(u0, u2),
-                              _mm512_unpacklo_epi64(u1, u3), _mm512_unpackhi_epi64(u1, u3)}; // dword j, lane r row r
+        __m512i t[4];
+        load_transposed16(blk, bw, rows, offsetof(block_q5_0, qs), t);
         const __m512i dq = _mm512_mask_i32gather_epi32(zero, live, index, blk, 1); // d, then qh's first two bytes
         const __m512i qh = _mm512_mask_i32gather_epi32(zero, live, index, blk + offsetof(block_q5_0, qh), 1);
         const __m512 scale = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dq));
-        __m512i u[8]; // values 4 j .. 4 j + 3 (j < 4: low nibbles; j >= 4: high, values 16 + 4 (j - 4) ..)
+        __m512i u[8];
+        nibble_levels16(t, u);
         for (int j = 0; j < 4; j++) {
-            u[j] = _mm512_or_si512(_mm512_and_si512(t[j], low4), fifth_bits(qh, 4 * j));
-            u[j + 4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(t[j], 4), low4), fifth_bits(qh, 16 + 4 * j));
+            u[j] = _mm512_or_si512(u[j], fifth_bits(qh, 4 * j));
+            u[j + 4] = _mm512_or_si512(u[j + 4], fifth_bits(qh, 16 + 4 * j));
         }
-        const int32_t *x = (const int32_t *)(xgroup + ib * LEVELS_XBLOCK_BYTES); // (8, LEVELS_COLS) dwords
-        int32_t sums[LEVELS_COLS];
-        column_sums(x, 0, 8, 4, sums);
-        add_group(acc, ncols, u, x, 0, 8, sums, xd + ib * LEVELS_COLS, scale, NULL, scale);
+        add_group(acc, ncols, u, xblock_at(xgroup, k, wide, false, ib), 0, 8, 4, scale, scale);
     }
     for (int c = 0; c < ncols; c++) _mm512_mask_storeu_ps(y + c * y_stride, live, acc[c]);
 }
@@ -239,9 +320,12 @@ levels_direct_fn levels_direct_for(enum ggml_type type) {
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
     if (!vnni) return NULL;
     switch (type) {
+    case GGML_TYPE_Q4_0: return q4_0_levels_direct;
+    case GGML_TYPE_Q4_1: return q4_1_levels_direct;
+    case GGML_TYPE_Q5_0: return q5_0_levels_direct;
+    case GGML_TYPE_Q8_0: return q8_0_levels_direct;
     case GGML_TYPE_Q4_K: return q4_K_levels_direct;
     case GGML_TYPE_Q6_K: return q6_K_levels_direct;
-    case GGML_TYPE_Q5_0: return q5_0_levels_direct;
     default: return NULL;
     }
 }

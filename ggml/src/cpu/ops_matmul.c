@@ -309,15 +309,15 @@ static void mul_mat_levels(const struct ggml_compute_params *p, struct ggml_tens
     void *panel_buf = groups + levels_groups_bytes(dst, lt) + (size_t)p->ith * levels_panel_bytes(lt, k);
     int64_t t0, t1;
     ggml_thread_range((n + LEVELS_ROWS - 1) / LEVELS_ROWS, p->ith, p->nth, &t0, &t1);
-    const levels_direct_fn direct = m <= LEVELS_DIRECT_MAX_COLS && !wide && gemm != levels_gemm_ref
-                                        ? levels_direct_for(w->type) : NULL;
+    const levels_direct_fn direct =
+        m <= LEVELS_DIRECT_MAX_COLS && gemm != levels_gemm_ref ? levels_direct_for(w->type) : NULL;
     if (direct) { // a few columns: the rows straight from their blocks, no panel (the same bits)
         for (int64_t t = t0; t < t1; t++) {
             const int64_t r0 = t * LEVELS_ROWS, rows = n - r0 < LEVELS_ROWS ? n - r0 : LEVELS_ROWS;
             for (int64_t g = 0; g * LEVELS_COLS < m; g++) {
                 const int cols = m - g * LEVELS_COLS < LEVELS_COLS ? (int)(m - g * LEVELS_COLS) : LEVELS_COLS;
                 direct((const char *)w->data + r0 * (int64_t)w->nb[1], w->nb[1], rows, k, groups + g * group_bytes,
-                       cols, (float *)((char *)dst->data + g * LEVELS_COLS * (int64_t)dst->nb[1]) + r0,
+                       wide, cols, (float *)((char *)dst->data + g * LEVELS_COLS * (int64_t)dst->nb[1]) + r0,
                        dst->nb[1] / sizeof(float));
             }
         }
