@@ -103,12 +103,12 @@ def test_amx_equals_its_oracle(type_, precise, n, m, threads, seed):
 @pytest.mark.skipif(not ggml.lib.ggml_cpu_has_amx(), reason="needs a CPU with AMX int8 tiles")
 @pytest.mark.parametrize("type_,precise", [c for c in CASES if c[0] != ggml.MXFP4])
 @pytest.mark.parametrize("n", [1, 15, 17, 40])
-@pytest.mark.parametrize("m", [4, 16, 17, 64, 65])
+@pytest.mark.parametrize("m", [4, 16, 17, 32, 33, 64, 65])
 def test_few_columns_straight_from_the_blocks_equal_the_tiles(type_, precise, n, m):
-    """Up to 64 columns skip the panel of levels (quants_levels_vnni.c: 16 rows transposed in registers, a lane a
-    row), rounded or precise (two planes of activation bytes): the oracle's bits, at the edges of a panel's rows, of
-    a group's 16 columns and of the 64 (65 takes the tiles), so that a token's result does not depend on how many
-    came with it."""
+    """Up to 64 columns (a precise batch's 32) skip the panel of levels (quants_levels_vnni.c: 16 rows transposed in
+    registers, a lane a row), rounded or precise (two planes of activation bytes): the oracle's bits, at the edges
+    of a panel's rows, of a group's 16 columns and of the 32 and 64 (past them the tiles), so that a token's result
+    does not depend on how many came with it."""
     seed = n * 1000 + m
     direct, want, bound = levels_mul_mat(type_, n, m, 768, 2, seed, ggml.lib.GGML_LEVELS_GEMM_AUTO, precise)
     oracle, _, _ = levels_mul_mat(type_, n, m, 768, 2, seed, ggml.lib.GGML_LEVELS_GEMM_REF, precise)

@@ -287,8 +287,10 @@ static size_t levels_groups_bytes(const struct ggml_tensor *dst, const struct le
 
 // the most columns that take levels_direct_for's kernel instead of the tiles over a panel of levels: the tiles
 // repay a panel's unpacking from about 128 columns on (Qwen2.5-Coder-1.5B, 2 threads, direct / tiles: pp16 97 / 55
-// t/s, pp32 124 / 84, pp64 121 / 107, pp128 131 / 121, pp512 110 / 122)
+// t/s, pp32 124 / 84, pp64 121 / 107, pp128 131 / 121, pp512 110 / 122), a precise batch's two planes from about 48
+// (Gemma-3-270M: pp32 611 / 586, pp64 661-710 / 702-771)
 #define LEVELS_DIRECT_MAX_COLS 64
+#define LEVELS_DIRECT_MAX_COLS_WIDE 32
 
 // after phase 1 (x's columns in the weight type's vec_dot_type, or a precise mul_mat's in their 16-bit form): the
 // threads repack x's columns in groups of 16, barrier, then take panels of 16 weight rows, each unpacked once to
@@ -309,8 +311,8 @@ static void mul_mat_levels(const struct ggml_compute_params *p, struct ggml_tens
     void *panel_buf = groups + levels_groups_bytes(dst, lt) + (size_t)p->ith * levels_panel_bytes(lt, k);
     int64_t t0, t1;
     ggml_thread_range((n + LEVELS_ROWS - 1) / LEVELS_ROWS, p->ith, p->nth, &t0, &t1);
-    const levels_direct_fn direct =
-        m <= LEVELS_DIRECT_MAX_COLS && gemm != levels_gemm_ref ? levels_direct_for(w->type) : NULL;
+    const levels_direct_fn direct = m <= (wide ? LEVELS_DIRECT_MAX_COLS_WIDE : LEVELS_DIRECT_MAX_COLS) &&
+                                            gemm != levels_gemm_ref ? levels_direct_for(w->type) : NULL;
     if (direct) { // a few columns: the rows straight from their blocks, no panel (the same bits)
         for (int64_t t = t0; t < t1; t++) {
             const int64_t r0 = t * LEVELS_ROWS, rows = n - r0 < LEVELS_ROWS ? n - r0 : LEVELS_ROWS;
