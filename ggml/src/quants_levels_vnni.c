@@ -2,7 +2,7 @@
 // Q5_0, Q8_0, Q4_K, Q6_K) on AVX512-VNNI, rounded or precise (two planes of activation bytes). The
 // tile GEMM unpacks each panel of 16 weight rows to levels for every batch, which a batch of a few tokens cannot
 // repay (Qwen2.5-Coder-1.5B, 2 threads: 4 tokens a batch at 14 t/s where decoding runs 15). Here 16 rows' bytes
-// are transposed in registers, a lane a row, their nibbles dotted with a column's broadcast values by vpdpbusd,
+// are transposed in registers, a lane a row, their levels dotted with a column's broadcast values by vpdpbusd,
 // and the int32 dots scaled in levels_gemm_ref's order: the tile GEMM's bits for every column, so that a token's
 // result still does not depend on the batch it came in.
 #include "levels.h"
@@ -314,11 +314,9 @@ VNNI_TARGET static void q5_0_levels_direct(const char *w, size_t bw, int64_t row
 }
 
 levels_direct_fn levels_direct_for(enum ggml_type type) {
-    static int vnni = -1;
-    if (vnni < 0)
-        vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-    if (!vnni) return NULL;
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+        !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512vnni"))
+        return NULL;
     switch (type) {
     case GGML_TYPE_Q4_0: return q4_0_levels_direct;
     case GGML_TYPE_Q4_1: return q4_1_levels_direct;
