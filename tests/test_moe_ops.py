@@ -272,6 +272,32 @@ def test_a_batchs_experts_through_levels_gemms(mode, case, m):
         ggml.lib.ggml_cpu_set_levels_gemm(ggml.lib.GGML_LEVELS_GEMM_AUTO)
 
 
+@pytest.mark.skipif(not ggml.lib.ggml_cpu_has_amx(), reason="needs a CPU with AMX int8 tiles")
+@pytest.mark.parametrize("type_", [ggml.Q4_0, ggml.Q4_1, ggml.Q5_0, ggml.Q8_0, ggml.Q4_K, ggml.Q6_K])
+@pytest.mark.parametrize("m", [12, 90])
+def test_a_batchs_few_pairs_straight_from_the_blocks_equal_the_tiles(type_, m):
+    """An expert with at most 64 pairs skips the panel of levels (levels_direct_for, as a small prompt's mul_mat):
+    bit for bit the oracle's sums, with experts on both paths in one batch (90 tokens: a few have more than 64)."""
+    rng = np.random.default_rng(m)
+    d, n_ff, n_expert, k = 256, 512, 4, 3
+    logits = rng.normal(size=(m, n_expert)).astype(np.float32)
+    logits[:, 0] += 2.0  # expert 0 in every token's choice: 90 pairs there, fewer for the others
+    ctx = ggml.Context(64 << 20)
+    x_t, l_t = tensor(ctx, rng.normal(size=(m, d)).astype(np.float32)), tensor(ctx, logits)
+    ids_t = ctx.tensor_from_numpy(top_k_reference(logits, k))
+    ws = [tensor(ctx, rng.normal(size=shape).astype(np.float32), type_)
+          for shape in ((n_expert, n_ff, d), (n_expert, n_ff, d), (n_expert, d, n_ff))]
+    y = ctx.moe_ffn(*ws, x_t, ids_t, l_t, None, "swiglu", True)
+    outs = []
+    for mode in ("AUTO", "REF"):
+        try:
+            ggml.lib.ggml_cpu_set_levels_gemm(getattr(ggml.lib, "GGML_LEVELS_GEMM_" + mode))
+            outs.append(compute(ctx, [y], 2)[0].copy())
+        finally:
+            ggml.lib.ggml_cpu_set_levels_gemm(ggml.lib.GGML_LEVELS_GEMM_AUTO)
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
 def test_moe_ffn_halves_add_up_to_the_whole():
     """Two ops holding complementary experts (a CPU and a GPU share) sum to the op that holds all."""
     rng = np.random.default_rng(7)

@@ -70,6 +70,13 @@ typedef void (*levels_direct_fn)(const char *w, size_t bw, int64_t rows, int64_t
                                  int ncols, float *y, size_t y_stride);
 levels_direct_fn levels_direct_for(enum ggml_type type);
 
+// the most columns that take levels_direct_for's kernel instead of the tiles over a panel of levels: the tiles
+// repay a panel's unpacking from about 128 columns on (Qwen2.5-Coder-1.5B, 2 threads, direct / tiles: pp16 97 / 55
+// t/s, pp32 124 / 84, pp64 121 / 107, pp128 131 / 121, pp512 110 / 122), a precise batch's two planes from about 48
+// (Gemma-3-270M: pp32 611 / 586, pp64 661-710 / 702-771)
+#define LEVELS_DIRECT_MAX_COLS 64
+#define LEVELS_DIRECT_MAX_COLS_WIDE 32
+
 // quants_amx.c: which kernel a prompt's mul_mat takes (ggml_cpu_set_levels_gemm, set between computes): the AMX
 // kernel, the oracle, or NULL for the 4 x 4 tiles; and, after the AMX kernel ran on a thread, the tiles' state
 // handed back (else every context switch saves and restores its 8 KB)

@@ -285,13 +285,6 @@ static size_t levels_groups_bytes(const struct ggml_tensor *dst, const struct le
     return ggml_cpu_align_up((size_t)groups * levels_x_group_bytes(dst->src[0]->ne[0], lt->offset, precise(dst)));
 }
 
-// the most columns that take levels_direct_for's kernel instead of the tiles over a panel of levels: the tiles
-// repay a panel's unpacking from about 128 columns on (Qwen2.5-Coder-1.5B, 2 threads, direct / tiles: pp16 97 / 55
-// t/s, pp32 124 / 84, pp64 121 / 107, pp128 131 / 121, pp512 110 / 122), a precise batch's two planes from about 48
-// (Gemma-3-270M: pp32 611 / 586, pp64 661-710 / 702-771)
-#define LEVELS_DIRECT_MAX_COLS 64
-#define LEVELS_DIRECT_MAX_COLS_WIDE 32
-
 // after phase 1 (x's columns in the weight type's vec_dot_type, or a precise mul_mat's in their 16-bit form): the
 // threads repack x's columns in groups of 16, barrier, then take panels of 16 weight rows, each unpacked once to
 // levels in this thread's scratch and multiplied by every group. The kernel writes a 16 x 16 block; rows and columns past the matrix are dropped.

@@ -261,47 +261,83 @@ static inline int64_t moe_group_pairs(const struct moe_pairs *mp, int32_t e, int
     return left < LEVELS_COLS ? left : LEVELS_COLS;
 }
 
+// how matrix e's pairs meet its rows on levels: its group's panel of levels through the tile kernel, or with few
+// pairs the rows straight from their blocks (levels_direct_for: the same bits, no panel unpacked per batch)
+struct moe_levels {
+    levels_gemm_fn gemm;
+    levels_direct_fn direct; // NULL: panels
+    const struct levels_traits *lt;
+};
+
+static struct moe_levels moe_levels_of(levels_gemm_fn gemm, const struct levels_traits *lt, enum ggml_type type,
+                                       int64_t pairs) {
+    const bool few = pairs <= LEVELS_DIRECT_MAX_COLS && gemm != levels_gemm_ref;
+    return (struct moe_levels){gemm, few ? levels_direct_for(type) : NULL, lt};
+}
+
+// rows [0, rows) of w (a panel's, filled into panel unless direct) times group xg's cnt columns: out[i * rs + c * cs]
+// (the tile kernel's (row, column), the direct kernel's (column, row))
+static void moe_levels_group(const struct moe_levels *lv, const char *w, size_t nb1, int64_t rows, int64_t k,
+                             const struct levels_panel *panel, const char *xg, int cnt, float *out, int64_t *rs,
+                             int64_t *cs) {
+    if (lv->direct) {
+        lv->direct(w, nb1, rows, k, xg, false, cnt, out, LEVELS_ROWS);
+        *rs = 1, *cs = LEVELS_ROWS;
+    } else {
+        lv->gemm(panel, xg, false, out);
+        *rs = LEVELS_COLS, *cs = 1;
+    }
+}
+
 // phase 2 on levels: rows [r0, r1) of matrix e's gate and up, a panel of 16 of each at a time, times each group of its
 // pairs' x (packed in phase 1b); panels: this thread's two panel buffers, panel_bytes apart
-static void moe_up_levels(levels_gemm_fn gemm, const struct levels_traits *lt, const struct moe_rows *m,
-                          enum ggml_ffn_kind kind, const struct moe_pairs *mp, int32_t e, int64_t first_group,
-                          const char *groups, size_t group_bytes, char *panels, size_t panel_bytes, float *act,
-                          int64_t n_ff, int64_t r0, int64_t r1) {
+static void moe_up_levels(const struct moe_levels *lv, const struct moe_rows *m, enum ggml_ffn_kind kind,
+                          const struct moe_pairs *mp, int32_t e, int64_t first_group, const char *groups,
+                          size_t group_bytes, char *panels, size_t panel_bytes, float *act, int64_t n_ff, int64_t r0,
+                          int64_t r1) {
     for (int64_t rr = r0; rr < r1; rr += LEVELS_ROWS) {
         const int64_t rows = r1 - rr < LEVELS_ROWS ? r1 - rr : LEVELS_ROWS;
+        const char *wg = m->w + rr * (int64_t)m->nb1, *wu = m->w2 + rr * (int64_t)m->nb1;
         struct levels_panel pg, pu;
-        levels_panel_fill(lt, m->w + rr * (int64_t)m->nb1, m->nb1, rows, m->k, panels, &pg);
-        levels_panel_fill(lt, m->w2 + rr * (int64_t)m->nb1, m->nb1, rows, m->k, panels + panel_bytes, &pu);
+        if (!lv->direct) {
+            levels_panel_fill(lv->lt, wg, m->nb1, rows, m->k, panels, &pg);
+            levels_panel_fill(lv->lt, wu, m->nb1, rows, m->k, panels + panel_bytes, &pu);
+        }
         int64_t q0, cnt;
         for (int64_t g = 0; (cnt = moe_group_pairs(mp, e, g, &q0)) > 0; g++) {
-            float og[LEVELS_ROWS * LEVELS_COLS], ou[LEVELS_ROWS * LEVELS_COLS]; // (row, column)
-            gemm(&pg, groups + (first_group + g) * group_bytes, false, og);
-            gemm(&pu, groups + (first_group + g) * group_bytes, false, ou);
+            const char *xg = groups + (first_group + g) * group_bytes;
+            float og[LEVELS_ROWS * LEVELS_COLS], ou[LEVELS_ROWS * LEVELS_COLS];
+            int64_t rs, cs;
+            moe_levels_group(lv, wg, m->nb1, rows, m->k, &pg, xg, (int)cnt, og, &rs, &cs);
+            moe_levels_group(lv, wu, m->nb1, rows, m->k, &pu, xg, (int)cnt, ou, &rs, &cs);
             for (int64_t c = 0; c < cnt; c++)
                 for (int64_t i = 0; i < rows; i++)
-                    act[(q0 + c) * n_ff + rr + i] = moe_act(kind, og[i * LEVELS_COLS + c] + (m->b ? m->b[rr + i] : 0.0f),
-                                                            ou[i * LEVELS_COLS + c] + (m->b ? m->b2[rr + i] : 0.0f));
+                    act[(q0 + c) * n_ff + rr + i] = moe_act(kind, og[i * rs + c * cs] + (m->b ? m->b[rr + i] : 0.0f),
+                                                            ou[i * rs + c * cs] + (m->b ? m->b2[rr + i] : 0.0f));
         }
     }
 }
 
 // phase 4 on levels: y[token][r] += weight * (down_e[r] . act + bias) for rows [r0, r1) of matrix e, a panel of 16 at
 // a time, times each group of its pairs' activations (packed in phase 3b)
-static void moe_down_levels(levels_gemm_fn gemm, const struct levels_traits *lt, const struct moe_rows *m,
-                            const struct moe_pairs *mp, int32_t e, int64_t first_group, const char *groups,
-                            size_t group_bytes, char *panel, struct ggml_tensor *dst, int64_t r0, int64_t r1) {
+static void moe_down_levels(const struct moe_levels *lv, const struct moe_rows *m, const struct moe_pairs *mp,
+                            int32_t e, int64_t first_group, const char *groups, size_t group_bytes, char *panel,
+                            struct ggml_tensor *dst, int64_t r0, int64_t r1) {
     for (int64_t rr = r0; rr < r1; rr += LEVELS_ROWS) {
         const int64_t rows = r1 - rr < LEVELS_ROWS ? r1 - rr : LEVELS_ROWS;
+        const char *wd = m->w + rr * (int64_t)m->nb1;
         struct levels_panel pd;
-        levels_panel_fill(lt, m->w + rr * (int64_t)m->nb1, m->nb1, rows, m->k, panel, &pd);
+        if (!lv->direct) levels_panel_fill(lv->lt, wd, m->nb1, rows, m->k, panel, &pd);
         int64_t q0, cnt;
         for (int64_t g = 0; (cnt = moe_group_pairs(mp, e, g, &q0)) > 0; g++) {
-            float out[LEVELS_ROWS * LEVELS_COLS]; // (row, column)
-            gemm(&pd, groups + (first_group + g) * group_bytes, false, out);
+            float out[LEVELS_ROWS * LEVELS_COLS];
+            int64_t rs, cs;
+            moe_levels_group(lv, wd, m->nb1, rows, m->k, &pd, groups + (first_group + g) * group_bytes, (int)cnt, out,
+                             &rs, &cs);
             for (int64_t c = 0; c < cnt; c++) {
                 float *y = moe_out(dst, mp->token[q0 + c]);
                 for (int64_t i = 0; i < rows; i++)
-                    y[rr + i] += mp->weight[q0 + c] * (out[i * LEVELS_COLS + c] + (m->b ? m->b[rr + i] : 0.0f));
+                    y[rr + i] += mp->weight[q0 + c] * (out[i * rs + c * cs] + (m->b ? m->b[rr + i] : 0.0f));
             }
         }
     }
@@ -371,8 +407,9 @@ int ggml_cpu_op_moe_ffn(const struct ggml_compute_params *p, struct ggml_tensor 
                                    (const char *)up->data + e * (int64_t)up->nb[2], gate->nb[1], d, tw, b,
                                    b ? b + n_ff : NULL};
         if (lg && gr.first[e] >= 0) {
-            moe_up_levels(gemm, lg, &m, kind, &mp, e, gr.first[e], xgroups, l.xgroup_bytes, panels,
-                          l.gate_panel_bytes, act, n_ff, r0, r1);
+            const struct moe_levels lv = moe_levels_of(gemm, lg, gate->type, mp.first[e + 1] - mp.first[e]);
+            moe_up_levels(&lv, &m, kind, &mp, e, gr.first[e], xgroups, l.xgroup_bytes, panels, l.gate_panel_bytes, act,
+                          n_ff, r0, r1);
             continue;
         }
         int32_t q = mp.first[e];
@@ -437,7 +474,8 @@ int ggml_cpu_op_moe_ffn(const struct ggml_compute_params *p, struct ggml_tensor 
             const struct moe_rows m = {(const char *)down->data + e * (int64_t)down->nb[2], NULL, down->nb[1], n_ff, td,
                                        b, NULL};
             if (ld && gr.first[e] >= 0) {
-                moe_down_levels(gemm, ld, &m, &mp, e, gr.first[e], agroups, l.agroup_bytes, panels, dst, r0, r1);
+                const struct moe_levels lv = moe_levels_of(gemm, ld, down->type, mp.first[e + 1] - mp.first[e]);
+                moe_down_levels(&lv, &m, &mp, e, gr.first[e], agroups, l.agroup_bytes, panels, dst, r0, r1);
                 continue;
             }
             int32_t q = mp.first[e];
