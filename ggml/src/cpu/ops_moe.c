@@ -8,8 +8,9 @@
 // pairs go 4 at a time through the type's 4 x 4 gemm tiles where it has them (a prompt's), or, an expert with 4 pairs
 // or more on a CPU with AMX, through int8 tile GEMMs over its rows' levels (levels.h), as a dense prompt's mul_mat:
 // its pairs' x (and later their activations) packed in groups of 16 columns once (phases 1b and 3b, each with a
-// barrier), each panel of 16 rows unpacked once and multiplied by every group. Biases (gpt-oss) are found by expert:
-// thread 0 also lists which expert each matrix holds.
+// barrier), each panel of 16 rows unpacked once and multiplied by every group, or, with at most 64 pairs (a prompt's
+// expert mostly has a few), its rows straight from their blocks by the direct kernels (levels_direct_for: the same
+// bits). Biases (gpt-oss) are found by expert: thread 0 also lists which expert each matrix holds.
 #include "ops_kernels.h"
 #include "../levels.h"
 #include "../swiglu_oai.h"
