@@ -287,7 +287,8 @@ static size_t levels_groups_bytes(const struct ggml_tensor *dst, const struct le
 
 // after phase 1 (x's columns in the weight type's vec_dot_type, or a precise mul_mat's in their 16-bit form): the
 // threads repack x's columns in groups of 16, barrier, then take panels of 16 weight rows, each unpacked once to
-// levels in this thread's scratch and multiplied by every group. The kernel writes a 16 x 16 block; rows and columns past the matrix are dropped.
+// levels in this thread's scratch and multiplied by every group (the kernel writes a 16 x 16 block; rows and columns
+// past the matrix are dropped), or, for a few columns, read straight from their blocks by the direct kernel
 static void mul_mat_levels(const struct ggml_compute_params *p, struct ggml_tensor *dst,
                            const struct levels_traits *lt, levels_gemm_fn gemm, const struct ggml_cpu_xcols *xc) {
     const struct ggml_tensor *w = dst->src[0];
