@@ -64,18 +64,12 @@ void levels_gemm_ref(const struct levels_panel *w, const char *xgroup, bool wide
 
 // quants_levels_vnni.c: rows [0, rows) (at most LEVELS_ROWS, bw bytes apart, straight from the weight type's blocks)
 // times columns [0, ncols) of a group (levels_x_pack's) into y[c * y_stride + r]: levels_gemm_ref's arithmetic in
-// its order, so the same bits as the tile GEMM, for the few columns a panel's unpacking would not repay. NULL where
-// the type or the CPU has none (AVX512-VNNI; the types with levels but MXFP4)
+// its order, so the same bits as the tile GEMM, for the few columns a panel's unpacking would not repay
 typedef void (*levels_direct_fn)(const char *w, size_t bw, int64_t rows, int64_t k, const char *xgroup, bool wide,
                                  int ncols, float *y, size_t y_stride);
-levels_direct_fn levels_direct_for(enum ggml_type type);
-
-// the most columns that take levels_direct_for's kernel instead of the tiles over a panel of levels: the tiles
-// repay a panel's unpacking from about 128 columns on (Qwen2.5-Coder-1.5B, 2 threads, direct / tiles: pp16 97 / 55
-// t/s, pp32 124 / 84, pp64 121 / 107, pp128 131 / 121, pp512 110 / 122), a precise batch's two planes from about 48
-// (Gemma-3-270M: pp32 611 / 586, pp64 661-710 / 702-771)
-#define LEVELS_DIRECT_MAX_COLS 64
-#define LEVELS_DIRECT_MAX_COLS_WIDE 32
+// the direct kernel for `cols` columns of `type` where the tile kernel `gemm` would run, or NULL: the panels (too many
+// columns, no kernel for the type or the CPU, or the oracle asked for)
+levels_direct_fn levels_direct_for(levels_gemm_fn gemm, enum ggml_type type, int64_t cols, bool wide);
 
 // quants_amx.c: which kernel a prompt's mul_mat takes (ggml_cpu_set_levels_gemm, set between computes): the AMX
 // kernel, the oracle, or NULL for the 4 x 4 tiles; and, after the AMX kernel ran on a thread, the tiles' state

@@ -152,10 +152,10 @@ VNNI_TARGET static void q4_levels_direct(const char *w, size_t bw, int64_t rows,
         __m512i t[4], u[8];
         load_transposed16(blk, bw, rows, q4_1 ? offsetof(block_q4_1, qs) : offsetof(block_q4_0, qs), t);
         nibble_levels16(t, u);
-        // d, and Q4_1's m above it (Q4_0: its first two nibble bytes, unused)
+        // d, and Q4_1's m above it (Q4_0: its first two nibble bytes, not read)
         const __m512i dm = _mm512_mask_i32gather_epi32(zero, live, index, blk, 1);
         const __m512 scale = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
-        const __m512 offset = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
+        const __m512 offset = q4_1 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16))) : scale;
         add_group(acc, ncols, u, xblock_at(xgroup, k, wide, q4_1, ib), 0, 8, q4_1 ? -1 : 3, scale, offset);
     }
     for (int c = 0; c < ncols; c++) _mm512_mask_storeu_ps(y + c * y_stride, live, acc[c]);
@@ -313,7 +313,15 @@ VNNI_TARGET static void q5_0_levels_direct(const char *w, size_t bw, int64_t row
     for (int c = 0; c < ncols; c++) _mm512_mask_storeu_ps(y + c * y_stride, live, acc[c]);
 }
 
-levels_direct_fn levels_direct_for(enum ggml_type type) {
+// the most columns that take a direct kernel instead of the tiles over a panel of levels: the tiles repay a panel's
+// unpacking from about 128 columns on (Qwen2.5-Coder-1.5B, 2 threads, direct / tiles: pp16 97 / 55 t/s, pp32 124 /
+// 84, pp64 121 / 107, pp128 131 / 121, pp512 110 / 122), a precise batch's two planes from about 48 (Gemma-3-270M:
+// pp32 611 / 586, pp64 661-710 / 702-771)
+#define DIRECT_MAX_COLS 64
+#define DIRECT_MAX_COLS_WIDE 32
+
+levels_direct_fn levels_direct_for(levels_gemm_fn gemm, enum ggml_type type, int64_t cols, bool wide) {
+    if (gemm == levels_gemm_ref || cols > (wide ? DIRECT_MAX_COLS_WIDE : DIRECT_MAX_COLS)) return NULL;
     if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
         !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512vnni"))
         return NULL;
@@ -330,8 +338,8 @@ levels_direct_fn levels_direct_for(enum ggml_type type) {
 
 #else
 
-levels_direct_fn levels_direct_for(enum ggml_type type) {
-    (void)type;
+levels_direct_fn levels_direct_for(levels_gemm_fn gemm, enum ggml_type type, int64_t cols, bool wide) {
+    (void)gemm, (void)type, (void)cols, (void)wide;
     return NULL;
 }
 

@@ -305,8 +305,7 @@ static void mul_mat_levels(const struct ggml_compute_params *p, struct ggml_tens
     void *panel_buf = groups + levels_groups_bytes(dst, lt) + (size_t)p->ith * levels_panel_bytes(lt, k);
     int64_t t0, t1;
     ggml_thread_range((n + LEVELS_ROWS - 1) / LEVELS_ROWS, p->ith, p->nth, &t0, &t1);
-    const levels_direct_fn direct = m <= (wide ? LEVELS_DIRECT_MAX_COLS_WIDE : LEVELS_DIRECT_MAX_COLS) &&
-                                            gemm != levels_gemm_ref ? levels_direct_for(w->type) : NULL;
+    const levels_direct_fn direct = levels_direct_for(gemm, w->type, m, wide);
     if (direct) { // a few columns: the rows straight from their blocks, no panel (the same bits)
         for (int64_t t = t0; t < t1; t++) {
             const int64_t r0 = t * LEVELS_ROWS, rows = n - r0 < LEVELS_ROWS ? n - r0 : LEVELS_ROWS;

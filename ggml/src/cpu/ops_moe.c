@@ -263,31 +263,29 @@ static inline int64_t moe_group_pairs(const struct moe_pairs *mp, int32_t e, int
 }
 
 // how matrix e's pairs meet its rows on levels: its group's panel of levels through the tile kernel, or with few
-// pairs the rows straight from their blocks (levels_direct_for: the same bits, no panel unpacked per batch)
+// pairs the rows straight from their blocks (levels_direct_for: the same bits, no panel unpacked per batch); a
+// group's output holds row i, column c at [i * rs + c * cs] (the tiles' (row, column), the direct kernel's (column,
+// row))
 struct moe_levels {
     levels_gemm_fn gemm;
     levels_direct_fn direct; // NULL: panels
     const struct levels_traits *lt;
+    int64_t rs, cs;
 };
 
 static struct moe_levels moe_levels_of(levels_gemm_fn gemm, const struct levels_traits *lt, enum ggml_type type,
                                        int64_t pairs) {
-    const bool few = pairs <= LEVELS_DIRECT_MAX_COLS && gemm != levels_gemm_ref;
-    return (struct moe_levels){gemm, few ? levels_direct_for(type) : NULL, lt};
+    const levels_direct_fn direct = levels_direct_for(gemm, type, pairs, false);
+    return (struct moe_levels){gemm, direct, lt, direct ? 1 : LEVELS_COLS, direct ? LEVELS_ROWS : 1};
 }
 
-// rows [0, rows) of w (a panel's, filled into panel unless direct) times group xg's cnt columns: out[i * rs + c * cs]
-// (the tile kernel's (row, column), the direct kernel's (column, row))
+// rows [0, rows) of w (a panel's, filled into panel unless direct) times group xg's cnt columns into out
 static void moe_levels_group(const struct moe_levels *lv, const char *w, size_t nb1, int64_t rows, int64_t k,
-                             const struct levels_panel *panel, const char *xg, int cnt, float *out, int64_t *rs,
-                             int64_t *cs) {
-    if (lv->direct) {
+                             const struct levels_panel *panel, const char *xg, int cnt, float *out) {
+    if (lv->direct)
         lv->direct(w, nb1, rows, k, xg, false, cnt, out, LEVELS_ROWS);
-        *rs = 1, *cs = LEVELS_ROWS;
-    } else {
+    else
         lv->gemm(panel, xg, false, out);
-        *rs = LEVELS_COLS, *cs = 1;
-    }
 }
 
 // phase 2 on levels: rows [r0, r1) of matrix e's gate and up, a panel of 16 of each at a time, times each group of its
@@ -308,13 +306,14 @@ static void moe_up_levels(const struct moe_levels *lv, const struct moe_rows *m,
         for (int64_t g = 0; (cnt = moe_group_pairs(mp, e, g, &q0)) > 0; g++) {
             const char *xg = groups + (first_group + g) * group_bytes;
             float og[LEVELS_ROWS * LEVELS_COLS], ou[LEVELS_ROWS * LEVELS_COLS];
-            int64_t rs, cs;
-            moe_levels_group(lv, wg, m->nb1, rows, m->k, &pg, xg, (int)cnt, og, &rs, &cs);
-            moe_levels_group(lv, wu, m->nb1, rows, m->k, &pu, xg, (int)cnt, ou, &rs, &cs);
+            moe_levels_group(lv, wg, m->nb1, rows, m->k, &pg, xg, (int)cnt, og);
+            moe_levels_group(lv, wu, m->nb1, rows, m->k, &pu, xg, (int)cnt, ou);
             for (int64_t c = 0; c < cnt; c++)
-                for (int64_t i = 0; i < rows; i++)
-                    act[(q0 + c) * n_ff + rr + i] = moe_act(kind, og[i * rs + c * cs] + (m->b ? m->b[rr + i] : 0.0f),
-                                                            ou[i * rs + c * cs] + (m->b ? m->b2[rr + i] : 0.0f));
+                for (int64_t i = 0; i < rows; i++) {
+                    const int64_t at = i * lv->rs + c * lv->cs;
+                    act[(q0 + c) * n_ff + rr + i] = moe_act(kind, og[at] + (m->b ? m->b[rr + i] : 0.0f),
+                                                            ou[at] + (m->b ? m->b2[rr + i] : 0.0f));
+                }
         }
     }
 }
@@ -332,13 +331,11 @@ static void moe_down_levels(const struct moe_levels *lv, const struct moe_rows *
         int64_t q0, cnt;
         for (int64_t g = 0; (cnt = moe_group_pairs(mp, e, g, &q0)) > 0; g++) {
             float out[LEVELS_ROWS * LEVELS_COLS];
-            int64_t rs, cs;
-            moe_levels_group(lv, wd, m->nb1, rows, m->k, &pd, groups + (first_group + g) * group_bytes, (int)cnt, out,
-                             &rs, &cs);
+            moe_levels_group(lv, wd, m->nb1, rows, m->k, &pd, groups + (first_group + g) * group_bytes, (int)cnt, out);
             for (int64_t c = 0; c < cnt; c++) {
                 float *y = moe_out(dst, mp->token[q0 + c]);
                 for (int64_t i = 0; i < rows; i++)
-                    y[rr + i] += mp->weight[q0 + c] * (out[i * rs + c * cs] + (m->b ? m->b[rr + i] : 0.0f));
+                    y[rr + i] += mp->weight[q0 + c] * (out[i * lv->rs + c * lv->cs] + (m->b ? m->b[rr + i] : 0.0f));
             }
         }
     }
