@@ -15,7 +15,7 @@ from pyinfer.native.binding import lib
 pytestmark = pytest.mark.skipif(not ggml.cuda_available(), reason="no CUDA device")
 
 TOKENS = np.random.default_rng(3).integers(0, N_VOCAB, 21).tolist()
-VARIANT_LAYERS = 2  # layers of the tiny checkpoints: with -ngl 1 the output head stays on the CPU
+VARIANT_LAYERS = 2  # layers of the tiny checkpoints: -ngl 2 is the head and the second layer, as llama.cpp counts
 
 
 def rel_err(a, b) -> float:
@@ -39,7 +39,7 @@ def converted(tmp_path_factory):
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-@pytest.mark.parametrize("ngl", [1, 99])
+@pytest.mark.parametrize("ngl", [2, 99])
 def test_tiny_models_on_gpu_match_cpu(converted, variant, ngl):
     path = converted(variant)
     cpu_model = Model(path, n_ctx=64, kv_type="f32")
@@ -71,8 +71,21 @@ def test_tiny_models_on_gpu_match_cpu(converted, variant, ngl):
         assert decode_fused_nodes(gpu_model) >= (6 if glu else 2) * VARIANT_LAYERS
 
 
+@pytest.mark.parametrize("ngl", [1, 2, 3, 4])
+def test_ngl_counts_the_head_as_the_layer_after_the_last(converted, ngl):
+    """-ngl N as llama.cpp's: the output head and the last N - 1 layers on the GPU, the embeddings on the host; N of
+    n_layer + 1 or more is the whole model."""
+    model = Model(converted("llama_silu"), n_ctx=64, kv_type="f32", n_gpu_layers=ngl)
+    n = min(ngl, VARIANT_LAYERS + 1)
+    assert model.n_gpu_layers == n and model.head_on_gpu
+    assert model.weights["output.weight"].on_device and not model.weights["token_embd.weight"].on_device
+    on_gpu = [model.weights[f"blk.{il}.attn_output.weight"].on_device and model.kv_cache.k[il].on_device
+              and model.weights[f"blk.{il}.ffn_down.weight"].on_device for il in range(VARIANT_LAYERS)]
+    assert on_gpu == [il >= VARIANT_LAYERS + 1 - n for il in range(VARIANT_LAYERS)]
+
+
 @pytest.mark.parametrize("variant", sorted(GEMMA4_VARIANTS))
-@pytest.mark.parametrize("ngl", [2, 99])
+@pytest.mark.parametrize("ngl", [3, 99])
 def test_gemma4_on_gpu_matches_cpu(converted, variant, ngl):
     """Gemma 4's per-layer head sizes, shared KV (a cache the first of its layers moves), per-layer embeddings and
     softcap on the GPU, whole and in part, against the CPU engine."""
@@ -86,11 +99,11 @@ def test_gemma4_on_gpu_matches_cpu(converted, variant, ngl):
 
 
 @pytest.mark.parametrize("variant", sorted(QWEN35_VARIANTS))
-@pytest.mark.parametrize("ngl", [2, 99])
+@pytest.mark.parametrize("ngl", [3, 99])
 def test_qwen35_on_gpu_matches_cpu(converted, variant, ngl):
-    """Qwen3.5's linear attention on the GPU (its states in device memory), whole and in part (-ngl 2: a full-attention
-    layer and a recurrent one), against the CPU engine: decode steps, a prompt batch, and a cached prefix restarted
-    from a state checkpoint written back into device memory."""
+    """Qwen3.5's linear attention on the GPU (its states in device memory), whole and in part (-ngl 3: the head, a
+    full-attention layer and a recurrent one), against the CPU engine: decode steps, a prompt batch, and a cached
+    prefix restarted from a state checkpoint written back into device memory."""
     path = converted(variant)
     cpu_model = Model(path, n_ctx=64, kv_type="f32")
     gpu_model = Model(path, n_ctx=64, kv_type="f32", n_gpu_layers=ngl)

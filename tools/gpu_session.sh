@@ -110,20 +110,6 @@ input_cpu_gemm() {  # [TYPES]: one prompt GEMM of 512 columns on this host's CPU
         --types "${1:-q4_0,q8_0,q4_K,q6_K}" | tee -a "$OUT/cpu-gemm.md"
 }
 
-table_bg() {  # [PYTEST ARGS...]: issue 27's hybrid rows in the background, like table_bg: the build, the f16
-    # profile, a SwiGLU 13B file (8 of 40 layers) of input sparsity at 50 %, the model under budgets against
-    # llama.cpp and, whole on the GPU, against its dense file, then the GPU tests (those the arguments pick) on a
-    # quiet host; `collect` fetches (two calls)
-    rm -rf "$W/out"; rm -f "$W"/*.done
-    setsid bash -c "W=$W; . tools/gpu_session.sh; OUT=$W/out; mkdir -p \$OUT; setup > \$OUT/setup.log 2>&1
-        build > \$OUT/build.log 2>&1; PROFILE_TYPES=f16 profiles > /dev/null 2>> \$OUT/profiles.err
-        llama_bg > \$OUT/llama.log 2>&1; input_models_bg l13in llama-13b f16 8 0.5
-        compare l13in 'SYNTHETIC 13B SwiGLU F16, 8 of 40 layers, input sparsity 50 %' --rounds 2 --reps 2 \
-            --machine \$W/machine-f16.json
-        sparse_vs_dense l13in; tests \"\$@\" > /dev/null
-        touch \$OUT/ALL.done" _ "$@" > "$W/table.log" 2>&1 < /dev/null &
-}
-
 moe_bg() {  # NAME SHAPE TYPE LAYERS [FLAGS...]: a synthetic mixture of experts (one file both engines run),
     # $W/NAME.gguf (flags: --router-skew S)
     local name=$1 shape=$2 type=$3 layers=$4; shift 4
@@ -374,10 +360,10 @@ cpu_rows() {  # NAME [ROUNDS] [BENCH ARGS...]: $W/NAME.gguf on this host's CPU a
     done | tee -a "$OUT/$name-cpu.md"
 }
 
-table_bg() {  # [NAME...]: issue 13's table in the background (a device call lasts at most 10 minutes): the build,
-    # the profiles on the quiet host first, the synthetic models (default all four: l13f16 l70f16 l13q4 l70q4), the
-    # GPU tests, then every budget of each model against llama.cpp with those profiles; results in $W/out, fetched
-    # by `collect`
+table_bg() {  # [NAME...]: the hybrid tables in the background (a device call lasts at most 10 minutes): the build,
+    # the profiles on the quiet host first, the synthetic models (default issue 13's four: l13f16 l70f16 l13q4 l70q4;
+    # l13in: issue 27's SwiGLU file of input sparsity), the GPU tests, then every budget of each model against
+    # llama.cpp with those profiles; results in $W/out, fetched by `collect`
     rm -rf "$W/out"; rm -f "$W"/*.done  # an earlier run's results and models are not this one's
     local names="${*:-l13f16 l70f16 l13q4 l70q4}"
     setsid bash -c "W=$W; . tools/gpu_session.sh; OUT=$W/out; mkdir -p \$OUT; setup > \$OUT/setup.log 2>&1
@@ -393,6 +379,8 @@ table_model() {  # NAME STEP: STEP (models_bg or compare_table) with the table's
     l70f16) "$2" l70f16 llama-70b f16 4 "70B-like GQA F16, 4 of 80 layers" ;;
     l13q4) "$2" l13q4 llama-13b q4_0 8 "13B Q4_0, 8 of 40 layers" ;;
     l70q4) "$2" l70q4 llama-70b q4_0 4 "70B-like GQA Q4_0, 4 of 80 layers" ;;
+    l13in) if [ "$2" = models_bg ]; then input_models_bg l13in llama-13b f16 8 0.5
+           else "$2" l13in llama-13b f16 8 "13B SwiGLU F16, 8 of 40 layers, input sparsity 50 %"; fi ;;
     *) echo "no table model $1"; return 1 ;;
     esac
 }

@@ -55,9 +55,8 @@ def add_placement_args(p: argparse.ArgumentParser) -> None:
                    help="speed figures the placement plans with: a preset or a profile file (default: measured "
                         "on this machine once, then cached)")
     p.add_argument("-ngl", "--n-gpu-layers", type=int, default=None,
-                   help="instead of a budget: whole layers on the GPU, counted from the last (above n_layer: the "
-                        "output head too; llama.cpp's -ngl N counts the head as the layer after the last, so its N "
-                        "holds the head and N - 1 layers)")
+                   help="instead of a budget: whole layers on the GPU, as llama.cpp counts them: N holds the "
+                        "output head and the last N - 1 layers (999: the whole model)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="cpu, or cuda for the whole model on the GPU (same as -ngl 999)")
     p.add_argument("-ncmoe", "--n-cpu-moe", type=int, default=0, metavar="N",

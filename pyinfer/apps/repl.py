@@ -25,9 +25,9 @@ def stats_text(session: ChatSession) -> str:
              f"session: {session.n_turns} turns, {len(session.messages)} messages kept, {t.prompt_tokens} prompt "
              f"tokens in {t.prompt_ms:.0f} ms, {t.eval_tokens} generated in {t.eval_ms:.0f} ms; "
              f"context {model.n_past}/{model.n_ctx}"]
-    n_layer, ngl = model.config.n_layer, model.n_gpu_layers
-    gpu = (f"{min(ngl, n_layer)}/{n_layer} layers{' and the output head' if ngl > n_layer else ''} on the GPU, "
-           if ngl else "")
+    layers = model.n_gpu_layers - model.head_on_gpu  # n_gpu_layers counts the head as a layer, as llama.cpp
+    gpu = (f"{layers}/{model.config.n_layer} layers{' and the output head' if model.head_on_gpu else ''} on the GPU, "
+           if model.n_gpu_layers else "")
     lines.append(f"device: {gpu}CPU with {model.n_threads} threads")
     if total := t.extra.get("ffn_rows_total"):
         lines.append(f"sparse FFN: {100 * t.extra['ffn_rows_active'] / total:.1f}% of the CPU's neuron rows computed")

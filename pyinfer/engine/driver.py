@@ -257,10 +257,10 @@ class Model:
                  expert_cache: bool = False):
         """sparse: the predicted-neuron FFN (None: on when the file has predictors); sparsity_threshold is
         added to the predictors' logit threshold (higher = fewer neurons); oracle (tests) masks with the
-        true active set, computed densely. n_gpu_layers: the last n layers (and, above n_layer, the output
-        head) live and run on the GPU, as llama.cpp's -ngl. vram_budget: bytes of GPU memory the model may
-        use ("auto": the free memory less a margin; 0: none), placed by pyinfer.engine.placement: per layer the
-        attention and the hot neurons on the GPU, the rest on the CPU, both computing at once. machine: the
+        true active set, computed densely. n_gpu_layers: the output head and the last n - 1 layers live and run
+        on the GPU, as llama.cpp's -ngl (n_layer + 1 or more: the whole model). vram_budget: bytes of GPU memory
+        the model may use ("auto": the free memory less a margin; 0: none), placed by pyinfer.engine.placement: per
+        layer the attention and the hot neurons on the GPU, the rest on the CPU, both computing at once. machine: the
         figures the placement uses, or a preset name or profile file (default: measured on this machine once,
         then cached). plan: an explicit placement instead (for this file and context size; pyinfer.engine.placement).
         timed: each decode step records how long the CPU and the GPU were busy and overlapped (step_stats).
@@ -327,8 +327,10 @@ class Model:
             self.plan, self.vram_budget = plan, plan.budget
             self.hot_rows = apply_plan(self, plan)
             self.n_gpu_layers = sum(plan.attn_gpu) + plan.head_gpu
+            self.head_on_gpu = plan.head_gpu
         else:
             self.n_gpu_layers = offload_layers(self, n_gpu_layers, n_cpu_moe)
+            self.head_on_gpu = self.n_gpu_layers > 0
         self.pool = ggml.ThreadPool(self.n_threads)
         if self.sparse_spec is not None and not oracle and self.sparse_spec.kind != "input":
             self._bundle_ffns()

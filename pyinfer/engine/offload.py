@@ -134,19 +134,19 @@ def _split_experts(model, il: int, k: int) -> None:
 
 
 def offload_layers(model, n_gpu_layers: int, n_cpu_moe: int = 0) -> int:
-    """The weights and KV cache of the last n_gpu_layers layers (above n_layer the output head too) on the
-    GPU, as llama.cpp's -ngl, less the experts of layers below n_cpu_moe (its --n-cpu-moe); returns how many."""
+    """The output head and the weights and KV cache of the last n_gpu_layers - 1 layers on the GPU, as llama.cpp's
+    -ngl (which counts the head as the layer after the last), less the experts of layers below n_cpu_moe (its
+    --n-cpu-moe); returns how many, the head included."""
     n_layer = model.config.n_layer
     n = max(0, min(n_gpu_layers, n_layer + 1))
     if n == 0:
         return 0
     _require_gpu("-ngl/--device cuda")
-    for il in range(n_layer - min(n, n_layer), n_layer):
+    for il in range(n_layer + 1 - n, n_layer):
         _attention_to_device(model, il)
         if not (model.config.is_moe and il < n_cpu_moe):
             _to_device(model, _ffn_parts(model, il))
-    if n > n_layer:
-        _head_to_device(model)
+    _head_to_device(model)
     return n
 
 
