@@ -80,7 +80,7 @@ def test_ngl_counts_the_head_as_the_layer_after_the_last(converted, ngl):
     assert model.n_gpu_layers == n and model.head_on_gpu
     assert model.weights["output.weight"].on_device and not model.weights["token_embd.weight"].on_device
     on_gpu = [model.weights[f"blk.{il}.attn_output.weight"].on_device and model.kv_cache.k[il].on_device
-              and model.weights[f"blk.{il}.ffn_down.weight"].on_device for il in range(VARIANT_LAYERS)]
+              and model.weights[f"blk.{il}.ffn_down_t.weight"].on_device for il in range(VARIANT_LAYERS)]
     assert on_gpu == [il >= VARIANT_LAYERS + 1 - n for il in range(VARIANT_LAYERS)]
 
 
