@@ -741,6 +741,35 @@ def test_gemm_large_quantized_and_f16():
         assert_dot_close(got.reshape(m, n), ref.mul_mat(w64, x), np.abs(x) @ np.abs(w64).T, type_)
 
 
+@pytest.mark.parametrize("op", ["mul_mat", "axpy_rows"])
+def test_a_gemms_scratch_bounds_its_dequantized_rows(op):
+    """ggml_set_gemm_scratch: a matmul made after it dequantizes its quantized weight rows that many bytes at a time
+    (at least 128 rows) for cuBLAS: the graph holds less device memory (a tight VRAM budget's weights get the room)
+    and the product is the same, for mul_mat and axpy_rows' batch GEMM alike."""
+    rng = np.random.default_rng(8)
+    k, n, m = 1024, 600, 70  # 600 rows: 4 chunks of 128 and one of 88, where the default takes them at once
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    x = rng.standard_normal((m, k if op == "mul_mat" else n)).astype(np.float32)
+    results, peaks = [], []
+    for scratch in (0, 128 * 2 * k):
+        def build(ctx, scratch=scratch):
+            ctx.set_gemm_scratch(scratch)
+            weight, act = tensor(ctx, w, ggml.Q4_0), tensor(ctx, x)
+            return [ctx.mul_mat(weight, act) if op == "mul_mat" else ctx.axpy_rows(weight, act)]
+
+        gc.collect()
+        held = lib.ggml_cuda_peak_reset()
+        results.append(run(build, "cuda")[0])
+        peaks.append(lib.ggml_cuda_allocated_peak() - held)
+    w64 = weight_values(ggml.Q4_0, w)
+    for got in results:
+        if op == "mul_mat":
+            assert_dot_close(got.reshape(m, n), ref.mul_mat(w64, x), np.abs(x) @ np.abs(w64).T, ggml.Q4_0)
+        else:
+            assert_dot_close(got.reshape(m, k), ref.axpy_rows(w64, x), np.abs(x) @ np.abs(w64), ggml.Q4_0)
+    assert peaks[0] - peaks[1] >= (n - 128) * 2 * k, peaks
+
+
 def test_device_name():
     assert ggml.cuda_available()
     assert ffi.string(lib.ggml_cuda_device_name())

@@ -531,6 +531,38 @@ def test_the_dequantized_rows_count_q_k_and_v_as_one_matrix(tmp_path, monkeypatc
     assert placement.model_costs(GGUFFile(path), 64, 2, True, 512).dequantized_bytes == 2 * 3072 * 1024
 
 
+def test_the_gemm_scratch_takes_what_the_placement_leaves(tmp_path, monkeypatch):
+    """The reserve counts the least dequantized rows (GEMM_CHUNK_MIN), so that a tight budget's weights get the
+    room; what a plan leaves of its budget goes to them, up to a full GEMM_CHUNK (ggml_set_gemm_scratch)."""
+    from pyinfer.converters import synthetic
+    from pyinfer.engine import placement
+    from pyinfer.formats.gguf_file import GGUFFile
+
+    monkeypatch.setitem(synthetic.SHAPES, "wide", (2048, 2, 8192, 16, 16, 512))  # down: 2048 rows of 8192
+    path = str(tmp_path / "m.gguf")
+    synthetic.make_llama(path, "wide", synthetic.Q.Q4_0, ffn_kind="reglu", share_weights=True)
+    costs = placement.model_costs(GGUFFile(path), 64, 2, True, 512)
+    assert (costs.dequantized_bytes, costs.dequantized_most) == (placement.GEMM_CHUNK_MIN, 2 * 8192 * 2048)
+    more = costs.dequantized_most - costs.dequantized_bytes
+    full = dataclasses.replace(costs, reserve_bytes=costs.reserve_bytes + more)  # the full chunk counted up front
+    machine = MachineProfile("m", 1.0, 1.0, 10.0, 10.0, 1.0, 1.0, 1.0)
+    total = placement.minimum_budget(full) + sum(layer.attn_bytes + layer.kv_bytes + layer.pred_bytes
+                                                 + layer.neuron_bytes * len(layer.freq) for layer in costs.layers)
+    gained = False
+    for budget in np.linspace(placement.minimum_budget(costs), total + costs.head_bytes, 40).astype(int):
+        plan = solve(costs, machine, int(budget))
+        assert plan.device_bytes <= budget
+        assert costs.dequantized_bytes <= plan.gemm_scratch <= costs.dequantized_most
+        weights = plan.device_bytes - plan.gemm_scratch - (costs.reserve_bytes - costs.dequantized_bytes)
+        assert plan.gemm_scratch == costs.dequantized_most or plan.device_bytes == budget  # the leftover is its
+        if budget >= placement.minimum_budget(full):  # which left the weights less
+            counted = solve(full, machine, int(budget))
+            assert plan.token_us <= counted.token_us * (1 + 1e-9)
+            gained |= weights > counted.device_bytes - full.reserve_bytes
+    assert gained
+    assert solve(costs, machine, 0).gemm_scratch == 0
+
+
 @pytest.mark.parametrize("step_us", [0.0, 250.0])
 def test_a_steps_own_cost_adds_to_every_plan_and_moves_nothing(step_us):
     """MachineProfile.step_us (the graph's launch and sync, the host's work between tokens) is the same for every

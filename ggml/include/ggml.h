@@ -147,6 +147,9 @@ bool ggml_cpu_has_amx(void); // AMX's int8 tiles, usable by this process
 struct ggml_context *ggml_init(size_t mem_size, bool no_alloc);
 void ggml_free(struct ggml_context *ctx);
 size_t ggml_used_mem(const struct ggml_context *ctx);
+// the most bytes of weight rows that a prompt GEMM of the matmuls made in ctx from now on dequantizes at once: a
+// backend that dequantizes for its GEMM (CUDA's cuBLAS path) holds that much scratch for it (0: its own default)
+void ggml_set_gemm_scratch(struct ggml_context *ctx, size_t bytes);
 
 // --- tensors; ne[0] is the innermost (contiguous) dimension ---
 struct ggml_tensor *ggml_new_tensor(struct ggml_context *ctx, enum ggml_type type, int n_dims, const int64_t *ne);

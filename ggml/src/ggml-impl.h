@@ -7,6 +7,8 @@ extern "C" {
 #endif
 
 #define GGML_MAX_NAME 64
+// op_params slot of a matmul's (mul_mat, axpy_rows) GEMM scratch in bytes (ggml_set_gemm_scratch; 0: the default)
+#define GGML_GEMM_SCRATCH_PARAM 7
 
 struct ggml_tensor {
     enum ggml_type type;

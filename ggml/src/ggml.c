@@ -45,6 +45,7 @@ struct ggml_context {
     bool no_alloc;
     void **device_buffers; // (n_device_buffers) device memory of leaves moved to a GPU
     int n_device_buffers, cap_device_buffers;
+    int32_t gemm_scratch; // ggml_set_gemm_scratch's bytes, given to each matmul made after
 };
 
 // large contexts on 2 MiB pages where the kernel has them, as numpy gives the FFN bundles: sparse reads jump
@@ -86,6 +87,10 @@ void ggml_free(struct ggml_context *ctx) {
     free(ctx->device_buffers);
     free(ctx->mem);
     free(ctx);
+}
+
+void ggml_set_gemm_scratch(struct ggml_context *ctx, size_t bytes) {
+    ctx->gemm_scratch = bytes > INT32_MAX ? INT32_MAX : (int32_t)bytes;
 }
 
 size_t ggml_used_mem(const struct ggml_context *ctx) { return ctx ? ctx->used : 0; }
@@ -476,7 +481,10 @@ static const char *check_matmul(const struct ggml_tensor *w, const struct ggml_t
 struct ggml_tensor *ggml_mul_mat(struct ggml_context *ctx, struct ggml_tensor *w, struct ggml_tensor *x) {
     const char *err = check_matmul(w, x);
     CHECK_ARG(!err, "mul_mat: %s", err);
-    return op_new(ctx, GGML_OP_MUL_MAT, GGML_TYPE_F32, 2, (int64_t[]){w->ne[1], x->ne[1]}, w, x, NULL, NULL);
+    struct ggml_tensor *t = op_new(ctx, GGML_OP_MUL_MAT, GGML_TYPE_F32, 2, (int64_t[]){w->ne[1], x->ne[1]}, w, x, NULL,
+                                   NULL);
+    if (t) t->op_params[GGML_GEMM_SCRATCH_PARAM] = ctx->gemm_scratch;
+    return t;
 }
 
 struct ggml_tensor *ggml_mul_mat_precise(struct ggml_context *ctx, struct ggml_tensor *w, struct ggml_tensor *x) {
@@ -617,7 +625,10 @@ struct ggml_tensor *ggml_axpy_rows(struct ggml_context *ctx, struct ggml_tensor 
     CHECK_ARG(ggml_n_dims(wt) <= 2 && ggml_n_dims(h) <= 2, "axpy_rows takes matrices");
     CHECK_ARG(ggml_get_type_traits(wt->type)->axpy, "axpy_rows cannot read %s", ggml_type_name(wt->type));
     CHECK_ARG(h->ne[0] == wt->ne[1], "h has %lld values for %lld rows", (long long)h->ne[0], (long long)wt->ne[1]);
-    return sparse_op(ctx, GGML_OP_AXPY_ROWS, (int64_t[]){wt->ne[0], h->ne[1]}, wt, h, sel, wt->ne[1], begin, end);
+    struct ggml_tensor *t = sparse_op(ctx, GGML_OP_AXPY_ROWS, (int64_t[]){wt->ne[0], h->ne[1]}, wt, h, sel, wt->ne[1],
+                                      begin, end);
+    if (t) t->op_params[GGML_GEMM_SCRATCH_PARAM] = ctx->gemm_scratch;
+    return t;
 }
 
 struct ggml_tensor *ggml_axpy_rows_precise(struct ggml_context *ctx, struct ggml_tensor *wt, struct ggml_tensor *h,

@@ -178,6 +178,8 @@ class _StepGraph:
     def __init__(self, model: Model, n_tokens: int, n_out: int, capture: bool = False):
         cfg = model.config
         self.ctx = ggml.Context(8 << 20)
+        if model.plan is not None:  # the dequantized rows' scratch the plan counted
+            self.ctx.set_gemm_scratch(model.plan.gemm_scratch)
         tokens = self.ctx.new_tensor(ggml.I32, (n_tokens,))
         pos = self.ctx.new_tensor(ggml.I32, (n_tokens,))
         pos_ids = self.ctx.new_tensor(ggml.I32, (n_tokens,)) if cfg.pos_offset else None

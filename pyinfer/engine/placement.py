@@ -100,7 +100,8 @@ class ModelCosts:
     reserve_bytes: int  # device bytes any GPU use costs: graph buffers, scratch, cuBLAS workspace
     n_ctx: int = 0
     type_name: str = ""
-    dequantized_bytes: int = 0  # of the reserve: non-F16 weight rows our GEMM dequantizes for cuBLAS
+    dequantized_bytes: int = 0  # of the reserve: non-F16 weight rows our GEMM dequantizes for cuBLAS, at the least
+    dequantized_most: int = 0  # what they would take at the full GEMM_CHUNK, which a plan gives where room is left
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ class Plan:
     cpu_ffn_us: tuple[float, ...] = field(default=())
     gap: float = 0.0  # proven distance to the optimum, relative (0: optimal)
     step_us: float = 0.0  # the step's own cost beyond layers and head (MachineProfile.step_us)
+    gemm_scratch: int = 0  # of device_bytes: the prompt GEMM's dequantized weight rows (ggml_set_gemm_scratch)
 
     @property
     def token_us(self) -> float:
@@ -199,10 +201,22 @@ def evaluate(costs: ModelCosts, machine: MachineProfile, attn_gpu, n_groups_gpu,
         device += (t.dev_bytes if a else 0) + int(t.group_bytes[:n].sum())
     head_us = _us(costs.head_bytes, machine.gpu_dense_gbps if head_gpu else machine.cpu_dense_gbps)
     device += costs.head_bytes if head_gpu else 0
+    scratch = 0
     if device or head_gpu:
         device += costs.reserve_bytes
+        scratch = costs.dequantized_bytes
     return Plan(tuple(bool(a) for a in attn_gpu), tuple(hot_rows), bool(head_gpu), device, budget,
-                tuple(layer_us), head_us, tuple(gpu_us), tuple(cpu_us), step_us=machine.step_us)
+                tuple(layer_us), head_us, tuple(gpu_us), tuple(cpu_us), step_us=machine.step_us, gemm_scratch=scratch)
+
+
+def _scratch_takes_what_is_left(plan: Plan, costs: ModelCosts) -> Plan:
+    """The plan with the budget's leftover given to the GEMM's dequantized rows, up to a full GEMM_CHUNK: the
+    reserve counts the smallest chunk, so that a tight budget's weights get the room, and a roomier one's prompts
+    their fewer, larger GEMMs."""
+    if not plan.uses_gpu:
+        return plan
+    extra = max(0, min(costs.dequantized_most - costs.dequantized_bytes, plan.budget - plan.device_bytes))
+    return dataclasses.replace(plan, device_bytes=plan.device_bytes + extra, gemm_scratch=plan.gemm_scratch + extra)
 
 
 def minimum_budget(costs: ModelCosts) -> int:
@@ -329,7 +343,7 @@ def solve(costs: ModelCosts, machine: MachineProfile, budget: int, *, time_limit
     plan = min((p for p in plans if p.device_bytes <= budget), key=lambda p: p.token_us)
     bound = getattr(res, "mip_dual_bound", None)
     gap = 0.0 if proven else (max(0.0, 1.0 - (bound + head_cpu + plan.step_us) / plan.token_us) if bound else math.nan)
-    return dataclasses.replace(plan, gap=gap)
+    return _scratch_takes_what_is_left(dataclasses.replace(plan, gap=gap), costs)
 
 
 def _plan_of(costs: ModelCosts, machine: MachineProfile, opt: _Options, chosen: list[int], head: bool,
@@ -382,6 +396,9 @@ STREAM_MIN_TOKENS = 32  # batches of at least this many tokens run there (llama.
 LOGIT_ROWS = 64
 CUBLAS_WORKSPACE = 32 << 20
 GEMM_CHUNK = 64 << 20  # ggml/src/cuda/gemm.cu's GEMM_CHUNK_BYTES: rows of a non-F16 weight dequantized for cuBLAS
+# the least a plan gives them (ggml_set_gemm_scratch): 128 rows of up to 32768 values, the kernel's least; a 13B
+# Q4_0 file's 56 MiB more at a third of its bytes hold one more layer's attention on the GPU
+GEMM_CHUNK_MIN = 8 << 20
 GEMV_MAX_COLS = 8  # ggml/src/cuda/gemv.cu: batches of at most this many tokens run as GEMVs, without GEMM scratch
 # what the driver holds beyond the allocator: CUDA graphs, the cuBLAS handle (72-143 MB seen); with the logits of
 # 512 tokens out of the reserve, 160 MiB keeps it 1.15x above every prompt batch measured (test_placement)
@@ -566,10 +583,11 @@ def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch
         qkv = fusable_qkv(tensors, il, reads_fused_qkv(cfg))
         if qkv is not None and qkv["weight"][0].type != GGMLQuantizationType.F16:
             not_f16.append(sum(math.prod(i.ne) for i in qkv["weight"]))
-    dequantized = min(GEMM_CHUNK, 2 * max(not_f16, default=0)) if n_batch > GEMV_MAX_COLS else 0
-    return ModelCosts(layers, head_bytes=head, reserve_bytes=reserve_bytes(cfg, n_batch, largest, row, dequantized,
-                                                                         input_kind),
-                      n_ctx=n_ctx, type_name=weight_type.name.lower(), dequantized_bytes=dequantized)
+    most = min(GEMM_CHUNK, 2 * max(not_f16, default=0)) if n_batch > GEMV_MAX_COLS else 0
+    least = min(GEMM_CHUNK_MIN, most)
+    reserve = reserve_bytes(cfg, n_batch, largest, row, least, input_kind)
+    return ModelCosts(layers, head_bytes=head, reserve_bytes=reserve, n_ctx=n_ctx, type_name=weight_type.name.lower(),
+                      dequantized_bytes=least, dequantized_most=most)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -210,6 +210,11 @@ class Context:
     def used_bytes(self) -> int:
         return lib.ggml_used_mem(self.ptr)
 
+    def set_gemm_scratch(self, nbytes: int) -> None:
+        """The most bytes of weight rows a prompt GEMM of the matmuls made from now on dequantizes at once (a
+        CUDA GEMM's scratch; 0: the backend's default)."""
+        lib.ggml_set_gemm_scratch(self.ptr, nbytes)
+
     def _t(self, ptr, keep=None) -> Tensor:
         return Tensor(ptr, self, keep)
 

@@ -306,11 +306,12 @@ int cuda_op_mul_mat_rows(struct ggml_tensor *dst, void *wdata, cudaStream_t st, 
 // unless precise (a mul_mat_precise: a mixture's router, whose rounded logits could choose other experts)
 int cuda_gemm(const struct ggml_tensor *w, const struct ggml_tensor *x, struct ggml_tensor *y, void *wdata,
               cudaStream_t st, bool precise = false);
-size_t cuda_gemm_wsize(const struct ggml_tensor *w, const struct ggml_tensor *x);
+// node: the matmul whose GEMM scratch (op_params[GGML_GEMM_SCRATCH_PARAM]) bounds the dequantized rows
+size_t cuda_gemm_wsize(const struct ggml_tensor *w, const struct ggml_tensor *x, const struct ggml_tensor *node);
 // AXPY_ROWS of many columns as GEMMs (every row read once): whether it applies (cuBLAS, a mask or no
 // selector, contiguous rows), its scratch, the product y[m, d] = h[m, n] (selected entries) . wt[n, d]
 bool cuda_gemm_t_takes(const struct ggml_tensor *wt, const struct ggml_tensor *h, int sel_mode);
-size_t cuda_gemm_t_wsize(const struct ggml_tensor *wt, const struct ggml_tensor *h);
+size_t cuda_gemm_t_wsize(const struct ggml_tensor *wt, const struct ggml_tensor *h, const struct ggml_tensor *node);
 int cuda_gemm_t(const struct ggml_tensor *wt, const struct ggml_tensor *h, const cuda_rows_sel &s, struct ggml_tensor *y,
                 void *wdata, cudaStream_t st);
 // loads cuBLAS at run time (once); false when it cannot be loaded

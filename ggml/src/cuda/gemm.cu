@@ -20,7 +20,7 @@ enum { BLAS_R_32F = 0, BLAS_R_16F = 2, BLAS_R_16BF = 14 };
 enum { BLAS_COMPUTE_32F = 68, BLAS_COMPUTE_32F_FAST_TF32 = 77 };
 enum { BLAS_GEMM_DEFAULT = -1 };
 
-#define GEMM_CHUNK_BYTES ((size_t)64 << 20) // F16 scratch for dequantized weight rows
+#define GEMM_CHUNK_BYTES ((size_t)64 << 20) // F16 scratch for dequantized weight rows, unless the node asks less
 #define BLAS_WORKSPACE ((size_t)32 << 20)
 
 static struct {
@@ -51,19 +51,21 @@ bool cuda_blas_load(void) {
     return true;
 }
 
-// weight rows dequantized per chunk
-static int64_t gemm_chunk_rows(const struct ggml_tensor *w) {
+// weight rows dequantized per chunk: the node's scratch (ggml_set_gemm_scratch: a tight VRAM budget gives weights
+// the room), at least 128 rows
+static int64_t gemm_chunk_rows(const struct ggml_tensor *w, const struct ggml_tensor *node) {
     const int64_t k = w->ne[0], n = w->ne[1];
-    int64_t r = (int64_t)(GEMM_CHUNK_BYTES / (2 * (size_t)k));
+    const int32_t asked = node->op_params[GGML_GEMM_SCRATCH_PARAM];
+    int64_t r = (int64_t)((asked > 0 ? (size_t)asked : GEMM_CHUNK_BYTES) / (2 * (size_t)k));
     r = r < 128 ? 128 : r / 128 * 128;
     return r < n ? r : n;
 }
 
-size_t cuda_gemm_wsize(const struct ggml_tensor *w, const struct ggml_tensor *x) {
+size_t cuda_gemm_wsize(const struct ggml_tensor *w, const struct ggml_tensor *x, const struct ggml_tensor *node) {
     const int64_t k = w->ne[0], m = x->ne[1];
     // (m, k) x in 16 bits, then (chunk, k) F16 weight rows (F16 weights are used in place)
     size_t bytes = align256((size_t)(m * k) * 2);
-    if (w->type != GGML_TYPE_F16) bytes += align256((size_t)gemm_chunk_rows(w) * (size_t)k * 2);
+    if (w->type != GGML_TYPE_F16) bytes += align256((size_t)gemm_chunk_rows(w, node) * (size_t)k * 2);
     return bytes;
 }
 
@@ -164,7 +166,7 @@ int cuda_gemm(const struct ggml_tensor *w, const struct ggml_tensor *x, struct g
             return ggml_set_error(GGML_STATUS_BACKEND_ERROR, "cublasGemmEx (16-bit) failed");
         return GGML_STATUS_OK;
     }
-    const int64_t chunk = gemm_chunk_rows(w);
+    const int64_t chunk = gemm_chunk_rows(w, y);
     for (int64_t r0 = 0; r0 < n; r0 += chunk) {
         const int64_t nr = n - r0 < chunk ? n - r0 : chunk;
         const __half *a = (const __half *)w->data + r0 * k;
@@ -213,11 +215,12 @@ bool cuda_gemm_t_takes(const struct ggml_tensor *wt, const struct ggml_tensor *h
            h->ne[1] <= INT32_MAX && (int64_t)wt->nb[1] == (int64_t)ggml_row_size(wt->type, wt->ne[0]) && cuda_blas_load();
 }
 
-size_t cuda_gemm_t_wsize(const struct ggml_tensor *wt, const struct ggml_tensor *h) {
+size_t cuda_gemm_t_wsize(const struct ggml_tensor *wt, const struct ggml_tensor *h, const struct ggml_tensor *node) {
     const int64_t n = wt->ne[1], m = h->ne[1];
     const enum ggml_type ht = (enum ggml_type)gemm_t_h_type(wt->type);
     size_t bytes = align256((size_t)(n * m) * (ht == GGML_TYPE_F32 ? 4 : 2));
-    if (ht == GGML_TYPE_F16 && wt->type != GGML_TYPE_F16) bytes += align256((size_t)gemm_chunk_rows(wt) * (size_t)wt->ne[0] * 2);
+    if (ht == GGML_TYPE_F16 && wt->type != GGML_TYPE_F16)
+        bytes += align256((size_t)gemm_chunk_rows(wt, node) * (size_t)wt->ne[0] * 2);
     return bytes;
 }
 
@@ -244,7 +247,7 @@ int cuda_gemm_t(const struct ggml_tensor *wt, const struct ggml_tensor *h, const
     // quantized rows: dequantized chunk by chunk, each chunk's product added to y
     const __half *h16 = (const __half *)wdata;
     __half *wchunk = (__half *)((char *)wdata + align256((size_t)(n * m) * 2));
-    const int64_t chunk = gemm_chunk_rows(wt);
+    const int64_t chunk = gemm_chunk_rows(wt, y);
     for (int64_t r0 = 0; r0 < n; r0 += chunk) {
         const int64_t nr = n - r0 < chunk ? n - r0 : chunk;
         if ((rc = cuda_dequant_rows_f16(wt, r0, nr, wchunk, st))) return rc;

@@ -581,7 +581,7 @@ int cuda_rows_dot(const struct ggml_tensor *w, const struct ggml_tensor *x, stru
 
 size_t cuda_mul_mat_wsize(const struct ggml_tensor *dst) {
     const struct ggml_tensor *w = dst->src[0], *x = dst->src[1];
-    if (x->ne[1] > GEMV_MAX_COLS) return cuda_gemm_wsize(w, x);
+    if (x->ne[1] > GEMV_MAX_COLS) return cuda_gemm_wsize(w, x, dst);
     return cuda_xq_wsize(w->type, w->ne[0], x->ne[1]);
 }
 

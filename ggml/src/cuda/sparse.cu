@@ -133,7 +133,7 @@ size_t cuda_axpy_rows_wsize(const struct ggml_tensor *dst) {
     const struct ggml_tensor *wt = dst->src[0], *h = dst->src[1];
     // one token's act * up under a selector: it may end a fused sparse FFN (fusion.cu), whose scratch it holds
     if (h->ne[1] == 1 && dst->src[2] && h->op == GGML_OP_MUL) return cuda_sparse_ffn_wsize(wt);
-    return cuda_gemm_t_takes(wt, h, sel_mode_of(dst)) ? cuda_gemm_t_wsize(wt, h) : 0;
+    return cuda_gemm_t_takes(wt, h, sel_mode_of(dst)) ? cuda_gemm_t_wsize(wt, h, dst) : 0;
 }
 
 int cuda_op_axpy_rows(struct ggml_tensor *dst, void *wdata, cudaStream_t st) {
