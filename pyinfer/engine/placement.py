@@ -660,6 +660,7 @@ def describe(plan: Plan, costs: ModelCosts, machine: MachineProfile) -> str:
     n_gpu = sum(plan.attn_gpu)
     hot = sum(plan.hot_rows)
     total = sum(layer.n_ff for layer in costs.layers)
+    reserve = costs.reserve_bytes - costs.dequantized_bytes + plan.gemm_scratch
     lines += [
         f"output head: {'GPU' if plan.head_gpu else 'CPU'} ({format_bytes(costs.head_bytes)}, {plan.head_us:.1f} us); "
         f"the step itself {plan.step_us:.1f} us",
@@ -667,7 +668,8 @@ def describe(plan: Plan, costs: ModelCosts, machine: MachineProfile) -> str:
         f"{'experts' if costs.layers[0].experts else 'FFN neurons'} on the GPU: {hot} of {total} "
         f"({100 * hot / max(total, 1):.1f} %)",
         f"device bytes: {format_bytes(plan.device_bytes)} of {format_bytes(plan.budget)} "
-        f"(reserve for scratch {format_bytes(costs.reserve_bytes if plan.uses_gpu else 0)})",
+        f"(reserve for scratch {format_bytes(reserve if plan.uses_gpu else 0)}, of it "
+        f"{format_bytes(plan.gemm_scratch)} for the prompt GEMM's dequantized weight rows)",
         f"modelled: {plan.token_us / 1e3:.2f} ms per token, {plan.tokens_per_second:.1f} tokens per second",
     ]
     return "\n".join(lines)
