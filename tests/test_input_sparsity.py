@@ -68,6 +68,34 @@ def test_engine_equals_the_oracle_with_the_same_thresholds(tiny_files, variant, 
     assert counted == pytest.approx(kept, abs=0.01) and 0.2 < counted < 0.9
 
 
+@pytest.mark.parametrize("variant", ["qwen35", "gemma4_ple"])
+def test_this_years_families_take_input_sparsity(tiny_files, tmp_path, variant):
+    """Qwen3.5's and Gemma 4's FFNs through a file of input sparsity (Gemma 4's shared-KV layers twice as wide,
+    E2B's: each layer's own neuron count): under thresholds of 0 the dense file's logits, every channel and neuron
+    read; under calibrated ones a batch equals its decode steps and the kernels read part of each layer."""
+    src = tiny_files(variant, False)
+    cfg = GGUFFile(src).config
+    widths = [cfg.layer_n_ff(il) for il in range(cfg.n_layer)]
+    zero = str(tmp_path / "zero.gguf")
+    input_sparsity.write(src, zero, [input_sparsity.LayerCalibration(0.0, 0.0, 1.0, np.ones(n), np.ones(n))
+                                     for n in widths], 0.4, "none")
+    dense = Model(src, n_ctx=64, n_threads=2, kv_type="f32")
+    want = dense.logits(TOKENS)
+    model = Model(zero, n_ctx=64, n_threads=2, kv_type="f32")
+    np.testing.assert_allclose(model.logits(TOKENS), want, atol=1e-4 * np.abs(want).max())
+    assert model.timings.extra["ffn_rows_active"] == model.timings.extra["ffn_rows_total"] == len(TOKENS) * sum(widths)
+    path, _, _ = _calibrated(tiny_files, variant, 0.4, tmp_path / "input.gguf")
+    model = Model(path, n_ctx=64, n_threads=2, kv_type="f32")
+    batch = model.logits(TOKENS)
+    assert np.abs(batch - want).max() > 1e-2 * np.abs(want).max()  # the thresholds change the function
+    model.reset()
+    np.testing.assert_allclose(np.stack([model.eval([t]).copy() for t in TOKENS]), batch,
+                               atol=1e-4 * np.abs(batch).max())
+    x = model.timings.extra
+    assert 0.1 < x["ffn_rows_active"] / x["ffn_rows_total"] < 0.9
+    assert 0.1 < x["ffn_channels_active"] / x["ffn_channels_total"] < 0.95
+
+
 def test_cpu_batches_take_gate_and_up_from_the_row_major_originals(tiny_files, tmp_path):
     """A CPU batch computes gate and up as a GEMM over the file's row-major originals under the channel masks, one
     token sums the channel-major copies: with every original up zeroed in the file a batch's FFNs add nothing while

@@ -457,7 +457,7 @@ def test_the_reserve_holds_what_prompt_batches_took_on_a_gpu(shape, type_, n_bat
     row = n_embd * 2 if type_ == "f16" else n_embd // 32 * 18  # bytes of one weight row
     largest_attention = n_embd * row
     dequantized = 0 if type_ == "f16" else min(GEMM_CHUNK, 2 * n_vocab * n_embd)  # the output head: the largest
-    reserve = reserve_bytes(SimpleNamespace(n_ff=n_ff, n_embd=n_embd, n_vocab=n_vocab), n_batch, largest_attention,
+    reserve = reserve_bytes(SimpleNamespace(widest_ff=n_ff, n_embd=n_embd, n_vocab=n_vocab), n_batch, largest_attention,
                             row, dequantized, input_ffn)
     assert reserve >= 1.15 * measured_mb * 1e6, reserve / 1e6
 

@@ -140,6 +140,35 @@ def test_streamed_prompt_graph_equals_the_unsplit_model(tiny_files, streamed_on_
     assert ops.count(lib.GGML_OP_AXPY_ROWS) == 4 + 3
 
 
+@pytest.mark.parametrize("streamed", [False, True])
+def test_gemma4s_double_wide_layers_split_and_stream_whole(tiny_files, host_only, monkeypatch, streamed):
+    """Gemma 4's shared-KV layers with FFNs twice as wide (E2B's; the tiny variant's last two, 256 neurons where
+    the others have 128): a split at a neuron past the narrow width, decoding and in a streamed prompt batch, computes
+    every neuron of the layer (the split and the stream had taken n_ff from the model, not the layer)."""
+    from pyinfer.models import common
+
+    if streamed:
+        monkeypatch.setattr(common, "STREAM_ROWS", 48)
+        streamed_graphs_on_cpu(monkeypatch)
+    path = tiny_files("gemma4_ple", False)
+    whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2)
+    assert [whole.config.layer_n_ff(il) for il in range(5)] == [128, 128, 128, 256, 256]
+    plan = Plan(attn_gpu=(True, False, False, True, True), hot_rows=(30, 0, 0, 200, 256), head_gpu=False,
+                device_bytes=1, budget=1 << 30, layer_us=(0.0,) * 5, head_us=0.0)
+    split = Model(path, n_ctx=64, kv_type="f32", n_threads=2, plan=plan)
+    assert split.hot_rows == {0: 30, 3: 200}
+    assert split.weights["blk.3.ffn_down_t.cold.weight"].shape[0] == 56
+    prompt = (TOKENS * 4)[:40] if streamed else TOKENS
+    want = whole.logits(prompt)
+    np.testing.assert_allclose(split.logits(prompt), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    if not streamed:
+        whole.reset()
+        split.reset()
+        want = np.stack([whole.eval([t]).copy() for t in TOKENS])
+        np.testing.assert_allclose(np.stack([split.eval([t]).copy() for t in TOKENS]), want, rtol=1e-5,
+                                   atol=1e-5 * np.abs(want).max())
+
+
 def test_a_budget_keeps_one_batch_graph(tiny_files):
     """Under a VRAM budget a prompt of a batch and a remainder keeps one batch graph, beside the decode step's:
     the reserve holds one batch's device intermediates (it had kept the n_batch- and the remainder-sized graphs)."""

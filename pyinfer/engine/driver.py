@@ -458,7 +458,7 @@ class Model:
             raise InvalidArgumentError(f"{self.file.path} has no predictors (blk.N.fc1/fc2): run pyinfer sparsify")
         if self.file.ffn_layout != "down_t":
             raise InvalidArgumentError("the sparse FFN needs a PowerGGUF (ffn_down_t): convert the model first")
-        n_ff = self.config.n_ff
+        n_ff = self.config.widest_ff
         self._sparse_ctx = ggml.Context(2 * self.config.n_layer * (4 * n_ff + 4096) + (1 << 16))
         return sparse_ffn.make_spec(self._sparse_ctx, self.file.tensors, self.file.metadata, self.config,
                                     logit_threshold=logit_threshold, oracle=oracle)

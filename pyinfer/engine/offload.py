@@ -187,7 +187,7 @@ def _split_input_ffn(model, il: int, k: int) -> None:
     """Layer il of a file of input sparsity split at neuron k: the GPU's columns of the channel-major gate and up
     and rows of ffn_down_t, and a host copy of the down threshold for the CPU's neurons (the layer's own moved to
     the GPU with its attention, and an elementwise op runs where any input is)."""
-    n_ff = model.config.n_ff
+    n_ff = model.config.layer_n_ff(il)
     for name in ("ffn_gate_t", "ffn_up_t"):
         _columns(model, f"blk.{il}.{name}.weight", 0, k, ".hot")
         _columns(model, f"blk.{il}.{name}.weight", k, n_ff, ".cold")
@@ -215,7 +215,7 @@ def apply_plan(model, plan: Plan) -> dict[int, int]:
             _attention_to_device(model, il)
         k = plan.hot_rows[il]
         ffn = _layer_parts(il, FFN_MATRICES)
-        if k == (cfg.n_expert if cfg.is_moe else cfg.n_ff):
+        if k == (cfg.n_expert if cfg.is_moe else cfg.layer_n_ff(il)):
             _to_device(model, _ffn_parts(model, il))
         elif k > 0 and cfg.is_moe:
             _split_experts(model, il, k)
@@ -226,7 +226,7 @@ def apply_plan(model, plan: Plan) -> dict[int, int]:
         elif k > 0:
             for name in ffn:
                 _rows(model, name, 0, k, ".hot")
-                _rows(model, name, k, cfg.n_ff, ".cold")
+                _rows(model, name, k, cfg.layer_n_ff(il), ".cold")
             _to_device(model, [n for n in model.weights if n.startswith(f"blk.{il}.") and ".hot." in n])
             _to_device(model, [f"blk.{il}.ffn_down_t.bias"])
             split[il] = k

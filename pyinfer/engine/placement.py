@@ -439,11 +439,11 @@ def reserve_bytes(cfg, n_batch: int, largest_matrix: int = 0, neuron_row: int = 
     1.75-3.1x less than the earlier count of four activations and two chunks for F16 weights; Q4_0 weights,
     whose GEMM dequantizes 64 MiB of rows, used up to 1.06x the count without that scratch (docs/BENCHMARKS.md,
     "The prompt batch's reserve")."""
-    widest = max(cfg.n_ff, 3 * cfg.n_embd)
+    widest = max(cfg.widest_ff, 3 * cfg.n_embd)
     activations = (4 * n_batch * ((INPUT_FFN_ACTIVATIONS if input_ffn else 2) * widest + 4 * cfg.n_embd)
                    + 4 * logit_rows(n_batch) * cfg.n_vocab)
     gemm = 2 * n_batch * widest + dequantized
-    chunk = 3 * min(STREAM_ROWS, cfg.n_ff) * neuron_row
+    chunk = 3 * min(STREAM_ROWS, cfg.widest_ff) * neuron_row
     streamed = max(largest_matrix, chunk) if n_batch >= STREAM_MIN_TOKENS else 0
     return CUBLAS_WORKSPACE + DEVICE_MARGIN + activations + gemm + streamed
 
@@ -457,13 +457,14 @@ def _input_ffn_costs(file, il: int) -> tuple[int, np.ndarray, int]:
     gate_up = sum(int(tensors[p + name + ".weight"].data.nbytes) for name in ("ffn_gate_t", "ffn_up_t"))
     down = int(tensors[p + "ffn_down_t.weight"].data.nbytes)
     group = math.lcm(GROUP_ROWS, ggml.block_size(int(tensors[p + "ffn_gate_t.weight"].type)))
-    freq = np.ones(cfg.n_ff)
+    n_ff = cfg.layer_n_ff(il)
+    freq = np.ones(n_ff)
     density = file.metadata.get("pyinfer.sparsity.input_density")
     info = tensors.get(p + "ffn_act_freq")
-    if density is not None and len(density) == cfg.n_layer and info is not None and info.ne == (cfg.n_ff,):
+    if density is not None and len(density) == cfg.n_layer and info is not None and info.ne == (n_ff,):
         down_freq = np.clip(np.frombuffer(info.data, dtype=np.float32).astype(np.float64), 0.0, 1.0)
         freq = (gate_up * min(1.0, max(0.0, float(density[il]))) + down * down_freq) / (gate_up + down)
-    return gate_up + down, freq, min(group, cfg.n_ff)
+    return gate_up + down, freq, min(group, n_ff)
 
 
 def ffn_weight_type(file) -> int:
@@ -557,20 +558,21 @@ def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch
         p = f"blk.{il}."
         attn = sum(nbytes(p + part + suffix) for part in ATTENTION_PARTS for suffix in (".weight", ".bias"))
         ffn = sum(nbytes(p + part + suffix) for part in FFN_MATRICES for suffix in (".weight", ".bias"))
-        freq = np.ones(cfg.n_ff)
+        n_ff = cfg.layer_n_ff(il)  # Gemma 4's shared-KV layers may be twice as wide
+        freq = np.ones(n_ff)
         pred = 0
-        group = GROUP_ROWS if split else cfg.n_ff
+        group = GROUP_ROWS if split else n_ff
         if input_kind:
             ffn, freq, group = _input_ffn_costs(file, il)
-            pred = 4 * (2 * cfg.n_ff + cfg.n_embd)  # the thresholds
+            pred = 4 * (2 * n_ff + cfg.n_embd)  # the thresholds
         elif sparse:
-            pred = nbytes(p + "fc1.weight") + nbytes(p + "fc2.weight") + 2 * 4 * cfg.n_ff  # + bias, thresholds
+            pred = nbytes(p + "fc1.weight") + nbytes(p + "fc2.weight") + 2 * 4 * n_ff  # + bias, thresholds
             info = tensors.get(p + "ffn_act_freq")
-            if info is not None and info.ne == (cfg.n_ff,):
+            if info is not None and info.ne == (n_ff,):
                 freq = np.clip(np.frombuffer(info.data, dtype=np.float32).astype(np.float64), 0.0, 1.0)
         kv = kv_bytes(cfg, il, n_ctx, kv_bytes_per_value)
         layers.append(LayerCosts(attn_bytes=attn, kv_bytes=kv, pred_bytes=pred,
-                                 neuron_bytes=math.ceil(ffn / cfg.n_ff), freq=freq, sparse=sparse, group_rows=group))
+                                 neuron_bytes=math.ceil(ffn / n_ff), freq=freq, sparse=sparse, group_rows=group))
     head = nbytes("output.weight") or nbytes("token_embd.weight")  # tied: the GPU gets a copy of the embeddings
     head += nbytes("output_norm.weight") + nbytes("output_norm.bias")
     weight_type = GGMLQuantizationType(ffn_weight_type(file))

@@ -168,6 +168,11 @@ class ModelConfig:
     def layer_n_ff(self, il: int) -> int:
         return self.n_ff_layers[il] if self.n_ff_layers else self.n_ff
 
+    @property
+    def widest_ff(self) -> int:
+        """The most FFN neurons of any layer (Gemma 4's shared-KV layers may have twice n_ff)."""
+        return max(self.n_ff_layers) if self.n_ff_layers else self.n_ff
+
     def kv_layer(self, il: int) -> int:
         """The layer whose K and V layer il attends over: its own, or for the last n_kv_shared layers the last
         layer before them of the same kind (windowed or global), as transformers' Gemma 4 shares them."""

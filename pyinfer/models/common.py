@@ -204,7 +204,7 @@ def split_dense_ffn(b: Builder, il: int, h: ggml.Tensor) -> ggml.Tensor:
     hot = b.axpy_rows(b.w(f"blk.{il}.ffn_down_t.hot"), ffn_activation(b, il, h, ".hot"))  # (n, n_embd)
     if b.has(f"blk.{il}.ffn_bundle"):
         n = h.shape[0] if len(h.shape) == 2 else 1
-        n_cold = cfg.n_ff - b.hot_rows[il]
+        n_cold = cfg.layer_n_ff(il) - b.hot_rows[il]
         out = ctx.sparse_ffn(b.w(f"blk.{il}.ffn_bundle"), h, None, cfg.ffn_kind)  # (n, n_embd + n_cold)
         cold = ctx.view(out, (n, cfg.n_embd), (4 * (cfg.n_embd + n_cold), 4))
     else:
@@ -217,10 +217,10 @@ def split_dense_ffn(b: Builder, il: int, h: ggml.Tensor) -> ggml.Tensor:
 def host_ffn(b: Builder, il: int) -> tuple[str, int] | None:
     """(part, rows) of layer il's FFN neurons whose weights are in host memory, None if all are on the GPU."""
     if il in b.hot_rows:
-        return ".cold", b.cfg.n_ff - b.hot_rows[il]
+        return ".cold", b.cfg.layer_n_ff(il) - b.hot_rows[il]
     up = b.weights.get(f"blk.{il}.ffn_up.weight")
     if up is not None and not up.on_device and b.has(f"blk.{il}.ffn_down_t"):
-        return "", b.cfg.n_ff
+        return "", b.cfg.layer_n_ff(il)
     return None
 
 
@@ -234,7 +234,8 @@ def streamed_ffn(b: Builder, il: int, h: ggml.Tensor, pred: ggml.Tensor | None =
     ctx, cfg = b.ctx, b.cfg
     n = h.shape[0] if len(h.shape) == 2 else 1
     part, n_rows = host_ffn(b, il)
-    first = cfg.n_ff - n_rows  # the host's rows are the last ones
+    n_ff = cfg.layer_n_ff(il)  # Gemma 4's shared-KV layers may be twice as wide
+    first = n_ff - n_rows  # the host's rows are the last ones
     y = None
     for r0 in range(0, n_rows, STREAM_ROWS):
         r1 = min(n_rows, r0 + STREAM_ROWS)
@@ -245,14 +246,14 @@ def streamed_ffn(b: Builder, il: int, h: ggml.Tensor, pred: ggml.Tensor | None =
         if pred is None:
             chunk = b.axpy_rows(b.w(f"blk.{il}.ffn_down_t{tag}"), ffn_activation(b, il, h, tag))
         else:
-            sel = ctx.view(pred, (n, r1 - r0), (4 * cfg.n_ff, 4), offset=4 * (first + r0))
+            sel = ctx.view(pred, (n, r1 - r0), (4 * n_ff, 4), offset=4 * (first + r0))
             chunk = sparse_ffn.rows_ffn(b, il, h, sel, tag, dense=True)[0]
         y = chunk if y is None else ctx.add(y, chunk)
     if first:  # the GPU's rows
         if pred is None:
             y = ctx.add(y, b.axpy_rows(b.w(f"blk.{il}.ffn_down_t.hot"), ffn_activation(b, il, h, ".hot")))
         else:
-            hot_sel = ctx.view(pred, (n, first), (4 * cfg.n_ff, 4))
+            hot_sel = ctx.view(pred, (n, first), (4 * n_ff, 4))
             y = ctx.add(y, sparse_ffn.rows_ffn(b, il, h, hot_sel, ".hot", dense=True)[0])
     bias = b.get(f"blk.{il}.ffn_down_t.bias")
     return ctx.add(y, bias) if bias is not None else y

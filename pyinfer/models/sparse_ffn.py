@@ -94,12 +94,12 @@ def make_spec(ctx: ggml.Context, file_tensors, meta: dict, cfg, *, logit_thresho
             info = file_tensors.get(f"blk.{il}.fc2.bias")
             if info is None:
                 raise ModelFormatError(f"model has no predictor tensor blk.{il}.fc2.bias")
-            if info.type != ggml.F32 or info.ne != (cfg.n_ff,):
-                raise ModelFormatError(f"blk.{il}.fc2.bias must be F32 [{cfg.n_ff}]")
+            if info.type != ggml.F32 or info.ne != (cfg.layer_n_ff(il),):
+                raise ModelFormatError(f"blk.{il}.fc2.bias must be F32 [{cfg.layer_n_ff(il)}]")
             bias = np.frombuffer(info.data, dtype=np.float32)  # (n_ff,)
             pred_bias[il] = ctx.tensor_from_numpy(bias - np.float32(logit_threshold))
         if thresholds[il] > 0:
-            neg_t[il] = ctx.tensor_from_numpy(np.full(cfg.n_ff, -thresholds[il], dtype=np.float32))
+            neg_t[il] = ctx.tensor_from_numpy(np.full(cfg.layer_n_ff(il), -thresholds[il], dtype=np.float32))
     return SparseSpec(kind, thresholds, pred_bias, neg_t, oracle=oracle)
 
 
@@ -113,11 +113,12 @@ def _input_spec(ctx: ggml.Context, file_tensors, meta: dict, cfg, thresholds: li
     for il in range(cfg.n_layer):
         for name in ("ffn_gate_t", "ffn_up_t"):
             info = file_tensors.get(f"blk.{il}.{name}.weight")
-            if info is None or info.ne != (cfg.n_ff, cfg.n_embd):
+            if info is None or info.ne != (cfg.layer_n_ff(il), cfg.n_embd):
                 raise ModelFormatError(f"sparsity kind 'input' needs blk.{il}.{name}.weight of shape "
-                                       f"[{cfg.n_ff}, {cfg.n_embd}]")
+                                       f"[{cfg.layer_n_ff(il)}, {cfg.n_embd}]")
         _check_centring(file_tensors, il, cfg)
-    neg_t = {il: ctx.tensor_from_numpy(np.full(cfg.n_ff, -t, dtype=np.float32)) for il, t in enumerate(thresholds)}
+    neg_t = {il: ctx.tensor_from_numpy(np.full(cfg.layer_n_ff(il), -t, dtype=np.float32))
+             for il, t in enumerate(thresholds)}
     neg_x = {il: ctx.tensor_from_numpy(np.full(cfg.n_embd, -t, dtype=np.float32)) for il, t in enumerate(t_x)}
     return SparseSpec("input", thresholds, {}, neg_t, neg_input_thresholds=neg_x)
 
@@ -146,7 +147,7 @@ def _check_centring(file_tensors, il: int, cfg) -> None:
         raise ModelFormatError(f"a centred layer {il} lacks blk.{il}.{', '.join(missing)}")
     for name in here:
         info = file_tensors[f"blk.{il}.{name}"]
-        n = cfg.n_embd if name in ("ffn_inp.shift", "ffn_down_t.bias") else cfg.n_ff
+        n = cfg.n_embd if name in ("ffn_inp.shift", "ffn_down_t.bias") else cfg.layer_n_ff(il)
         if info.type != ggml.F32 or info.ne != (n,):
             raise ModelFormatError(f"blk.{il}.{name} must be F32 [{n}]")
 
@@ -312,8 +313,9 @@ def _predicted_ffn(b, il: int, h: ggml.Tensor) -> ggml.Tensor:
     bundled = b.capture is None and b.has(f"blk.{il}.ffn_bundle")
     k = b.hot_rows.get(il)
     if k:  # split: the GPU's rows [0, k) and the CPU's rest at the same time, each under its part of pred
-        hot, _, _ = rows_ffn(b, il, h, ctx.view(pred, (n, k), (4 * cfg.n_ff, 4)), ".hot", dense=n > GPU_DENSE_ABOVE)
-        cold_pred = ctx.view(pred, (n, cfg.n_ff - k), (4 * cfg.n_ff, 4), offset=4 * k)
+        n_ff = cfg.layer_n_ff(il)
+        hot, _, _ = rows_ffn(b, il, h, ctx.view(pred, (n, k), (4 * n_ff, 4)), ".hot", dense=n > GPU_DENSE_ABOVE)
+        cold_pred = ctx.view(pred, (n, n_ff - k), (4 * n_ff, 4), offset=4 * k)
         cold, spec.masks[il] = fused_ffn(b, il, h, cold_pred) if bundled else rows_ffn(b, il, h, cold_pred, ".cold")[:2]
         y = ctx.add(hot, cold)
     elif n <= spec.dense_above and bundled:

@@ -41,9 +41,9 @@ def reordered_tensors(g: GGUFFile, perms: list[np.ndarray]) -> list[OutTensor]:
         raise ModelFormatError(f"{g.path}: reordering needs a PowerGGUF (ffn_down_t); convert it first")
     if len(perms) != cfg.n_layer:
         raise InvalidArgumentError(f"need {cfg.n_layer} permutations, got {len(perms)}")
-    for il, p in enumerate(perms):
-        if not np.array_equal(np.sort(p), np.arange(cfg.n_ff)):
-            raise InvalidArgumentError(f"layer {il}: not a permutation of {cfg.n_ff} neurons")
+    for il, p in enumerate(perms):  # Gemma 4's shared-KV layers may have FFNs twice as wide
+        if not np.array_equal(np.sort(p), np.arange(cfg.layer_n_ff(il))):
+            raise InvalidArgumentError(f"layer {il}: not a permutation of {cfg.layer_n_ff(il)} neurons")
     out = []
     for info in g.tensors.values():
         if SPARSITY_TENSOR.fullmatch(info.name):
@@ -53,7 +53,7 @@ def reordered_tensors(g: GGUFFile, perms: list[np.ndarray]) -> list[OutTensor]:
         if il is None:
             out.append(OutTensor.as_stored(info))
         else:
-            rows = info.data.reshape(cfg.n_ff, -1)  # (n_ff, bytes per row)
+            rows = info.data.reshape(cfg.layer_n_ff(il), -1)  # (n_ff, bytes per row)
             out.append(OutTensor(info.name, shape, Q(info.type), lambda r=rows, p=perms[il]: r[p].reshape(-1)))
     return out
 
