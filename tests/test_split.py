@@ -153,7 +153,7 @@ def test_gemma4s_double_wide_layers_split_and_stream_whole(tiny_files, host_only
     path = tiny_files("gemma4_ple", False)
     whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2)
     assert [whole.config.layer_n_ff(il) for il in range(5)] == [128, 128, 128, 256, 256]
-    plan = Plan(attn_gpu=(True, False, False, True, True), hot_rows=(30, 0, 0, 200, 256), head_gpu=False,
+    plan = Plan(attn_gpu=(True, False, False, True, False), hot_rows=(30, 0, 0, 200, 0), head_gpu=False,
                 device_bytes=1, budget=1 << 30, layer_us=(0.0,) * 5, head_us=0.0)
     split = Model(path, n_ctx=64, kv_type="f32", n_threads=2, plan=plan)
     assert split.hot_rows == {0: 30, 3: 200}
