@@ -567,6 +567,28 @@ def test_the_gemm_scratch_takes_what_the_placement_leaves(tmp_path, monkeypatch)
         tight, costs, machine)
 
 
+@pytest.mark.parametrize("type_name_", ["f16", "q4_0"])
+def test_a_mixtures_reserve_counts_its_attentions_dequantized_rows(tmp_path, monkeypatch, type_name_):
+    """A mixture's attention GEMMs dequantize non-F16 rows for cuBLAS as a dense model's do (its experts' kernels
+    read the blocks as they are), and its reserve had left their scratch out."""
+    from pyinfer.converters import synthetic
+    from pyinfer.engine import placement
+    from pyinfer.formats.gguf_file import GGUFFile
+
+    path = str(tmp_path / "m.gguf")
+    synthetic.make_moe(path, "tiny-moe", synthetic.Q[type_name_.upper()], n_layer=1, share_weights=True)
+    seen = []
+    real = placement.reserve_bytes
+    monkeypatch.setattr(placement, "reserve_bytes", lambda *args: seen.append(args[4]) or real(*args))
+    costs = placement.model_costs(GGUFFile(path), 64, 2, True, 512)
+    # tiny-moe (n_embd 256, 32 experts, 512 tokens): Q4_0's largest such matrix is the output head or the fused q, k
+    # and v, 512 rows of 256; an F16 file's is its F32 router, 32 rows (the CUDA GEMM sizes a chunk for any weight
+    # that is not F16, used or not)
+    want = 2 * 256 * (512 if type_name_ == "q4_0" else 32)
+    assert seen == [costs.dequantized_bytes] == [want]
+    assert costs.dequantized_most == want  # below GEMM_CHUNK_MIN: least and most alike
+
+
 @pytest.mark.parametrize("step_us", [0.0, 250.0])
 def test_a_steps_own_cost_adds_to_every_plan_and_moves_nothing(step_us):
     """MachineProfile.step_us (the graph's launch and sync, the host's work between tokens) is the same for every

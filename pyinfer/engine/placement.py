@@ -526,8 +526,27 @@ def _expert_costs(file, n_ctx: int, kv_bytes_per_value: int, n_batch: int) -> Mo
     expert = max(layer.neuron_bytes for layer in layers)
     largest = max(largest, stream_experts(expert) * expert)
     scratch = moe_scratch_bytes(cfg, n_batch)
-    return ModelCosts(layers, head_bytes=head, reserve_bytes=reserve_bytes(cfg, n_batch, largest) + scratch,
-                      n_ctx=n_ctx, type_name=GGMLQuantizationType(ffn_weight_type(file)).name.lower())
+    # the attention's (and shared experts') GEMMs dequantize rows as a dense model's do; the experts' kernels not
+    least, most = _dequantized_rows(tensors, cfg, n_batch)
+    return ModelCosts(layers, head_bytes=head, reserve_bytes=reserve_bytes(cfg, n_batch, largest, 0, least) + scratch,
+                      n_ctx=n_ctx, type_name=GGMLQuantizationType(ffn_weight_type(file)).name.lower(),
+                      dequantized_bytes=least, dequantized_most=most)
+
+
+def _dequantized_rows(tensors, cfg, n_batch: int) -> tuple[int, int]:
+    """(least, most) bytes of F16 rows a prompt GEMM dequantizes from a non-F16 matrix for cuBLAS: GEMM_CHUNK_MIN
+    and GEMM_CHUNK, or less where the largest such matrix (q, k and v fused on the GPU count as one) is smaller;
+    none for batches the GEMVs take."""
+    if n_batch <= GEMV_MAX_COLS:
+        return 0, 0
+    not_f16 = [math.prod(info.ne) for info in tensors.values()
+               if len(info.ne) == 2 and info.type != GGMLQuantizationType.F16]
+    for il in range(cfg.n_layer):
+        qkv = fusable_qkv(tensors, il, reads_fused_qkv(cfg))
+        if qkv is not None and qkv["weight"][0].type != GGMLQuantizationType.F16:
+            not_f16.append(sum(math.prod(i.ne) for i in qkv["weight"]))
+    most = min(GEMM_CHUNK, 2 * max(not_f16, default=0))
+    return min(GEMM_CHUNK_MIN, most), most
 
 
 def kv_bytes(cfg, il: int, n_ctx: int, kv_bytes_per_value: int) -> int:
@@ -578,15 +597,7 @@ def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch
     weight_type = GGMLQuantizationType(ffn_weight_type(file))
     largest = max(nbytes(f"blk.{il}.{part}.weight") for il in range(cfg.n_layer) for part in ATTENTION_PARTS)
     row = max(layer.neuron_bytes for layer in layers) // 3
-    # cuBLAS gets a non-F16 matrix's rows dequantized to F16, at most GEMM_CHUNK bytes of them at a time
-    not_f16 = [math.prod(info.ne) for info in tensors.values()
-               if len(info.ne) == 2 and info.type != GGMLQuantizationType.F16]
-    for il in range(cfg.n_layer):  # q, k and v fused on the GPU: one matrix of all their rows
-        qkv = fusable_qkv(tensors, il, reads_fused_qkv(cfg))
-        if qkv is not None and qkv["weight"][0].type != GGMLQuantizationType.F16:
-            not_f16.append(sum(math.prod(i.ne) for i in qkv["weight"]))
-    most = min(GEMM_CHUNK, 2 * max(not_f16, default=0)) if n_batch > GEMV_MAX_COLS else 0
-    least = min(GEMM_CHUNK_MIN, most)
+    least, most = _dequantized_rows(tensors, cfg, n_batch)
     reserve = reserve_bytes(cfg, n_batch, largest, row, least, input_kind)
     return ModelCosts(layers, head_bytes=head, reserve_bytes=reserve, n_ctx=n_ctx, type_name=weight_type.name.lower(),
                       dequantized_bytes=least, dequantized_most=most)
