@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from pyinfer.errors import PyInferError
 from pyinfer.native.ggml import cuda_available
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,6 +108,35 @@ def test_vram_budget_without_gpu_is_one_line(budget, message, tmp_path):
     result = _cli("run", "-m", "no-such.gguf", "--vram-budget", budget, cwd=tmp_path)
     assert result.returncode == 1 and message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("value,want", [("all", {"n_gpu_layers": 999, "n_cpu_moe": 0}), ("-2", {"n_gpu_layers": 999,
+                                          "n_cpu_moe": 0}), ("-7", {"n_gpu_layers": 999, "n_cpu_moe": 0}),
+                                          ("3", {"n_gpu_layers": 3, "n_cpu_moe": 0}), ("auto", None), ("-1", None),
+                                          ("AUTO", None)])
+def test_ngl_takes_llama_cpps_words(value, want):
+    """-ngl as llama.cpp's: a count, `all` (or -2 and below) for the whole model, `auto` (or -1, its default) for the
+    default placement: a VRAM budget of the GPU's free memory, or the CPU where there is no GPU."""
+    import argparse
+
+    from pyinfer.apps.flags import add_placement_args, placement_options
+
+    p = argparse.ArgumentParser()
+    add_placement_args(p)
+    default = placement_options(p.parse_args([]))
+    assert default == ({"vram_budget": "auto", "machine": None} if cuda_available() else {"n_gpu_layers": 0})
+    assert placement_options(p.parse_args(["-ngl", value])) == (want or default)
+    on_cpu = p.parse_args(["-ngl", value, "--device", "cpu"])
+    if want is None:  # auto leaves the choice to --device
+        assert placement_options(on_cpu) == {"n_gpu_layers": 0}
+    else:
+        with pytest.raises(PyInferError, match="contradicts"):
+            placement_options(on_cpu)
+
+
+def test_ngl_of_another_word_is_one_line(tmp_path):
+    result = _cli("run", "-m", "no-such.gguf", "-ngl", "most", cwd=tmp_path)
+    assert result.returncode == 2 and "expected a number of layers, auto or all, not 'most'" in result.stderr
 
 
 @pytest.mark.parametrize("tool, args, message", [

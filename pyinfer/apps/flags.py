@@ -54,9 +54,10 @@ def add_placement_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--machine", default=None, metavar="NAME|FILE",
                    help="speed figures the placement plans with: a preset or a profile file (default: measured "
                         "on this machine once, then cached)")
-    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=None,
+    p.add_argument("-ngl", "--n-gpu-layers", type=gpu_layers, default=None, metavar="N|auto|all",
                    help="instead of a budget: whole layers on the GPU, as llama.cpp counts them: N holds the "
-                        "output head and the last N - 1 layers (999: the whole model)")
+                        "output head and the last N - 1 layers; all (or -2): the whole model; auto (or -1): the "
+                        "default, --vram-budget's placement")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="cpu, or cuda for the whole model on the GPU (same as -ngl 999)")
     p.add_argument("-ncmoe", "--n-cpu-moe", type=int, default=0, metavar="N",
@@ -64,20 +65,35 @@ def add_placement_args(p: argparse.ArgumentParser) -> None:
                         "run on the CPU, as llama.cpp's")
 
 
+def gpu_layers(value: str) -> int | str:
+    """-ngl's value as llama.cpp reads it: a count, auto (-1) or all (-2 and below)."""
+    word = {"auto": -1, "all": -2}.get(value.strip().lower())
+    try:
+        n = word if word is not None else int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of layers, auto or all, not {value!r}") from None
+    return "auto" if n == -1 else ALL_LAYERS if n <= -2 else n
+
+
+ALL_LAYERS = 999  # -ngl all: more than any model's layers and head
+
+
 def placement_options(args) -> dict:
     """Model() placement keywords from add_placement_args' flags."""
     from pyinfer.engine.placement import parse_bytes
     from pyinfer.native.ggml import cuda_available
 
-    if args.n_gpu_layers is not None and args.device == "cpu" and args.n_gpu_layers > 0:
+    # -ngl auto, llama.cpp's default, fits the model to the GPU's free memory: the default placement here too
+    ngl = None if args.n_gpu_layers == "auto" else args.n_gpu_layers
+    if ngl is not None and args.device == "cpu" and ngl > 0:
         raise PyInferError("--device cpu contradicts -ngl > 0")
-    layers = args.n_gpu_layers is not None or args.device == "cuda"
+    layers = ngl is not None or args.device == "cuda"
     if layers and args.vram_budget is not None:
         raise PyInferError("--vram-budget and -ngl/--device cuda exclude each other: give one")
     if args.n_cpu_moe and not layers:
         raise PyInferError("--n-cpu-moe goes with -ngl (a VRAM budget places the experts itself)")
     if layers:
-        return dict(n_gpu_layers=args.n_gpu_layers if args.n_gpu_layers is not None else 999,
+        return dict(n_gpu_layers=ngl if ngl is not None else ALL_LAYERS,
                     n_cpu_moe=args.n_cpu_moe)
     if args.device == "cpu" or (args.vram_budget is None and not cuda_available()):
         return dict(n_gpu_layers=0)
