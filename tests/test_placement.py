@@ -563,6 +563,7 @@ def test_the_gemm_scratch_takes_what_the_placement_leaves(tmp_path, monkeypatch)
     assert solve(costs, machine, 0).gemm_scratch == 0
     tight = solve(costs, machine, placement.minimum_budget(costs) + (1 << 20))  # 1 MiB beyond the head: scratch
     assert tight.gemm_scratch == costs.dequantized_bytes + (1 << 20)
+    assert placement.plan_reserve(tight, costs) == costs.reserve_bytes + (1 << 20)  # what describe and the hint say
     assert f"of it {placement.format_bytes(tight.gemm_scratch)} for the prompt GEMM's" in placement.describe(
         tight, costs, machine)
 

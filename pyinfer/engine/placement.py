@@ -647,9 +647,14 @@ def smaller_batch_hint(plan: Plan, costs: ModelCosts, n_batch: int, machine: Mac
     other = solve(smaller, machine, plan.budget)
     if other.tokens_per_second < HINT_MIN_GAIN * plan.tokens_per_second:
         return None
-    return (f"hint: -b {half} reserves {format_bytes(smaller.reserve_bytes)} instead of "
-            f"{format_bytes(costs.reserve_bytes)}, modelled {other.tokens_per_second:.1f} tokens per second "
+    return (f"hint: -b {half} reserves {format_bytes(plan_reserve(other, smaller))} instead of "
+            f"{format_bytes(plan_reserve(plan, costs))}, modelled {other.tokens_per_second:.1f} tokens per second "
             f"instead of {plan.tokens_per_second:.1f}; prompts run in twice as many batches")
+
+
+def plan_reserve(plan: Plan, costs: ModelCosts) -> int:
+    """The device bytes a plan keeps for prompt batches: the reserve with the GEMM's scratch as the plan sized it."""
+    return costs.reserve_bytes - costs.dequantized_bytes + plan.gemm_scratch if plan.uses_gpu else 0
 
 
 def describe(plan: Plan, costs: ModelCosts, machine: MachineProfile) -> str:
@@ -673,7 +678,6 @@ def describe(plan: Plan, costs: ModelCosts, machine: MachineProfile) -> str:
     n_gpu = sum(plan.attn_gpu)
     hot = sum(plan.hot_rows)
     total = sum(layer.n_ff for layer in costs.layers)
-    reserve = costs.reserve_bytes - costs.dequantized_bytes + plan.gemm_scratch
     lines += [
         f"output head: {'GPU' if plan.head_gpu else 'CPU'} ({format_bytes(costs.head_bytes)}, {plan.head_us:.1f} us); "
         f"the step itself {plan.step_us:.1f} us",
@@ -681,7 +685,7 @@ def describe(plan: Plan, costs: ModelCosts, machine: MachineProfile) -> str:
         f"{'experts' if costs.layers[0].experts else 'FFN neurons'} on the GPU: {hot} of {total} "
         f"({100 * hot / max(total, 1):.1f} %)",
         f"device bytes: {format_bytes(plan.device_bytes)} of {format_bytes(plan.budget)} "
-        f"(reserve for scratch {format_bytes(reserve if plan.uses_gpu else 0)}, of it "
+        f"(reserve for scratch {format_bytes(plan_reserve(plan, costs))}, of it "
         f"{format_bytes(plan.gemm_scratch)} for the prompt GEMM's dequantized weight rows)",
         f"modelled: {plan.token_us / 1e3:.2f} ms per token, {plan.tokens_per_second:.1f} tokens per second",
     ]
