@@ -574,15 +574,16 @@ static void q8_0_gemm_tile_avx2(int64_t n, float *s, int64_t ss, const void *w, 
         }
         const __m128 dw = avx2_f16x4(wr[0][b].d, wr[1][b].d, wr[2][b].d, wr[3][b].d);
         for (int h = 0; h < 2; h++) {
-            const __m256i x0 = _mm256_loadu_si256((const __m256i *)xc[2 * h][b].qs);
-            const __m256i x1 = _mm256_loadu_si256((const __m256i *)xc[2 * h + 1][b].qs);
-            __m256i p[8];
-            for (int r = 0; r < 4; r++) {
-                p[r] = tile_dot_u8s8(wa[r], _mm256_sign_epi8(x0, wq[r]));
-                p[r + 4] = tile_dot_u8s8(wa[r], _mm256_sign_epi8(x1, wq[r]));
+            __m256i col[2];
+            for (int j = 0; j < 2; j++) {
+                const __m256i xj = _mm256_loadu_si256((const __m256i *)xc[2 * h + j][b].qs);
+                col[j] = tile_sum4_epi32(tile_dot_u8s8(wa[0], _mm256_sign_epi8(xj, wq[0])),
+                                         tile_dot_u8s8(wa[1], _mm256_sign_epi8(xj, wq[1])),
+                                         tile_dot_u8s8(wa[2], _mm256_sign_epi8(xj, wq[2])),
+                                         tile_dot_u8s8(wa[3], _mm256_sign_epi8(xj, wq[3])));
             }
             acc[h] = _mm256_fmadd_ps(tile_pair_scales(dw, xc[2 * h][b].d, xc[2 * h + 1][b].d),
-                                     _mm256_cvtepi32_ps(tile_sum8_epi32(p)), acc[h]);
+                                     _mm256_cvtepi32_ps(tile_join_cols(col[0], col[1])), acc[h]);
         }
     }
     tile_store(s, ss, acc[0], acc[1]);

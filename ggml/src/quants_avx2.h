@@ -103,11 +103,20 @@ static inline int avx2_hsum_epi32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
+// one column's four row sums, half-reduced (tile_join_cols finishes them): a tile that reduces each column as soon
+// as its sums exist keeps four of them live, not eight (eight had spilled to the stack)
+static inline __m256i tile_sum4_epi32(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+    return _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+}
+
+// lane r of the result = row r's sum of column 0 (of a), lane r + 4 of column 1 (of b)
+static inline __m256i tile_join_cols(__m256i a, __m256i b) {
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
 // lane i of the result = sum of the lanes of p[i]
 static inline __m256i tile_sum8_epi32(const __m256i p[8]) {
-    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+    return tile_join_cols(tile_sum4_epi32(p[0], p[1], p[2], p[3]), tile_sum4_epi32(p[4], p[5], p[6], p[7]));
 }
 
 // acc01 lanes r + 4 j for columns 0, 1; acc23 for 2, 3 -> s[j * ss + r]

@@ -334,25 +334,16 @@ static void q8_0_gemm_tile_q16_avx2(int64_t n, float *s, int64_t ss, const void 
         }
         const __m128 dw = avx2_f16x4(wr[0][b].d, wr[1][b].d, wr[2][b].d, wr[3][b].d);
         for (int h = 0; h < 2; h++) {
-            // each column's four row sums reduced as soon as they exist (tile_sum8_epi32's adds, in its order):
-            // eight live sums had spilled to the stack
-            __m256i col[2];
+            __m256i col[2]; // each column's row sums reduced as soon as they exist (tile_sum4_epi32)
             for (int j = 0; j < 2; j++) {
                 const block_q16 *xj = &xc[2 * h + j][b];
                 const __m256i hi = _mm256_loadu_si256((const __m256i *)xj->hi), lo = _mm256_loadu_si256((const __m256i *)xj->lo);
-                __m256i pair[2];
-                for (int r2 = 0; r2 < 2; r2++) {
-                    const int r = 2 * r2;
-                    pair[r2] = _mm256_hadd_epi32(
-                        q16_dot_u8(wa[r], _mm256_sign_epi8(hi, wq[r]), _mm256_sign_epi8(lo, wq[r])),
-                        q16_dot_u8(wa[r + 1], _mm256_sign_epi8(hi, wq[r + 1]), _mm256_sign_epi8(lo, wq[r + 1])));
-                }
-                col[j] = _mm256_hadd_epi32(pair[0], pair[1]);
+                __m256i p[4];
+                for (int r = 0; r < 4; r++) p[r] = q16_dot_u8(wa[r], _mm256_sign_epi8(hi, wq[r]), _mm256_sign_epi8(lo, wq[r]));
+                col[j] = tile_sum4_epi32(p[0], p[1], p[2], p[3]);
             }
-            const __m256i sum = _mm256_add_epi32(_mm256_permute2x128_si256(col[0], col[1], 0x20),
-                                                 _mm256_permute2x128_si256(col[0], col[1], 0x31));
-            acc[h] = _mm256_fmadd_ps(tile_pair_scales_f32(dw, xc[2 * h][b].d, xc[2 * h + 1][b].d), _mm256_cvtepi32_ps(sum),
-                                     acc[h]);
+            acc[h] = _mm256_fmadd_ps(tile_pair_scales_f32(dw, xc[2 * h][b].d, xc[2 * h + 1][b].d),
+                                     _mm256_cvtepi32_ps(tile_join_cols(col[0], col[1])), acc[h]);
         }
     }
     tile_store(s, ss, acc[0], acc[1]);
