@@ -615,17 +615,19 @@ static inline __attribute__((always_inline)) void tile_u4_avx2(enum ggml_type ty
             const char *c0 = (const char *)x + 2 * h * bx + b * xb, *c1 = c0 + bx; // columns 2h, 2h + 1
             const int8_t *q0 = q4_1 ? ((const block_q8_1 *)c0)->qs : ((const block_q8_0 *)c0)->qs;
             const int8_t *q1 = q4_1 ? ((const block_q8_1 *)c1)->qs : ((const block_q8_0 *)c1)->qs;
-            const __m256i x0 = _mm256_loadu_si256((const __m256i *)q0), x1 = _mm256_loadu_si256((const __m256i *)q1);
-            const __m256i o0 = q4_1 ? _mm256_setzero_si256() : tile_dot_u8s8(eight, x0);
-            const __m256i o1 = q4_1 ? _mm256_setzero_si256() : tile_dot_u8s8(eight, x1);
-            __m256i p[8];
-            for (int r = 0; r < 4; r++) {
-                p[r] = _mm256_sub_epi32(tile_dot_u8s8(wq[r], x0), o0);
-                p[r + 4] = _mm256_sub_epi32(tile_dot_u8s8(wq[r], x1), o1);
+            __m256i col[2];
+            for (int j = 0; j < 2; j++) {
+                const __m256i xj = _mm256_loadu_si256((const __m256i *)(j ? q1 : q0));
+                const __m256i o = q4_1 ? _mm256_setzero_si256() : tile_dot_u8s8(eight, xj);
+                col[j] = tile_sum4_epi32(_mm256_sub_epi32(tile_dot_u8s8(wq[0], xj), o),
+                                         _mm256_sub_epi32(tile_dot_u8s8(wq[1], xj), o),
+                                         _mm256_sub_epi32(tile_dot_u8s8(wq[2], xj), o),
+                                         _mm256_sub_epi32(tile_dot_u8s8(wq[3], xj), o));
             }
             const uint16_t dx0 = q4_1 ? ((const block_q8_1 *)c0)->d : ((const block_q8_0 *)c0)->d;
             const uint16_t dx1 = q4_1 ? ((const block_q8_1 *)c1)->d : ((const block_q8_0 *)c1)->d;
-            acc[h] = _mm256_fmadd_ps(tile_pair_scales(dw, dx0, dx1), _mm256_cvtepi32_ps(tile_sum8_epi32(p)), acc[h]);
+            acc[h] = _mm256_fmadd_ps(tile_pair_scales(dw, dx0, dx1), _mm256_cvtepi32_ps(tile_join_cols(col[0], col[1])),
+                                     acc[h]);
             if (q4_1)
                 acc[h] = _mm256_add_ps(acc[h], tile_pair_scales(avx2_f16x4(m[0], m[1], m[2], m[3]),
                                                                 ((const block_q8_1 *)c0)->s, ((const block_q8_1 *)c1)->s));
