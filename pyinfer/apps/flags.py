@@ -59,10 +59,13 @@ def add_placement_args(p: argparse.ArgumentParser) -> None:
                         "output head and the last N - 1 layers; all (or -2): the whole model; auto (or -1): the "
                         "default, --vram-budget's placement")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
-                   help="cpu, or cuda for the whole model on the GPU (same as -ngl 999)")
+                   help="cpu, or cuda for the whole model on the GPU (same as -ngl all)")
     p.add_argument("-ncmoe", "--n-cpu-moe", type=int, default=0, metavar="N",
                    help="with -ngl: the experts of the first N layers of a mixture of experts stay in host memory and "
                         "run on the CPU, as llama.cpp's")
+
+
+ALL_LAYERS = 999  # -ngl all: more than any model's layers and head
 
 
 def gpu_layers(value: str) -> int | str:
@@ -73,9 +76,6 @@ def gpu_layers(value: str) -> int | str:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of layers, auto or all, not {value!r}") from None
     return "auto" if n == -1 else ALL_LAYERS if n <= -2 else n
-
-
-ALL_LAYERS = 999  # -ngl all: more than any model's layers and head
 
 
 def placement_options(args) -> dict:

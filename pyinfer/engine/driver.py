@@ -329,10 +329,8 @@ class Model:
             self.plan, self.vram_budget = plan, plan.budget
             self.hot_rows = apply_plan(self, plan)
             self.n_gpu_layers = sum(plan.attn_gpu) + plan.head_gpu
-            self.head_on_gpu = plan.head_gpu
         else:
             self.n_gpu_layers = offload_layers(self, n_gpu_layers, n_cpu_moe)
-            self.head_on_gpu = self.n_gpu_layers > 0
         self.pool = ggml.ThreadPool(self.n_threads)
         if self.sparse_spec is not None and not oracle and self.sparse_spec.kind != "input":
             self._bundle_ffns()
@@ -396,6 +394,12 @@ class Model:
         else:
             lib.ggml_clear_error()
             self._pinned = False
+
+    @property
+    def head_on_gpu(self) -> bool:
+        """Whether the output head is on the GPU: the plan's choice, or with -ngl any layer count (llama.cpp's -ngl
+        counts the head first)."""
+        return self.plan.head_gpu if self.plan is not None else self.n_gpu_layers > 0
 
     @property
     def device_bytes(self) -> int:
