@@ -134,7 +134,8 @@ def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: ModelConfig, wi
 
 def reference_logits(gguf_file: GGUFFile, tokens: list[int],
                      capture: dict[str, list[np.ndarray]] | None = None,
-                     input_sparsity: tuple[list[float], list[float]] | None = None) -> np.ndarray:
+                     input_sparsity: tuple[list[float], list[float]] | None = None,
+                     attn_sparsity: tuple[list[float], list[float]] | None = None) -> np.ndarray:
     """Logits (n_tokens, n_vocab) for `tokens` at positions 0..n-1.
 
     capture, when given, gets per-layer lists: capture["ffn_in"][il] (n_tokens, n_embd) is the
@@ -143,6 +144,9 @@ def reference_logits(gguf_file: GGUFFile, tokens: list[int],
     activations with |h| <= t_h are zeroed, and gate and up are read from the channel-major ffn_gate_t and
     ffn_up_t (what `sparsity kind "input"` runs); in a centred file, entries with |x - c_x| <= t_x and
     |h - c_h| <= t_h are set to their centres c (the file's shifts negated) instead, and its biases unread.
+    attn_sparsity, when given, is per layer (t_in, t_out), -1 for none: the entries of q's, k's and v's input with
+    |x| <= t_in and of the output projection's with |a| <= t_out are zeroed, and the projections are read from their
+    channel-major copies (blk.N.attn_*_t, what models.sparse_attention decodes with).
     """
     cfg = gguf_file.config
     if cfg.arch == "gemma4":  # its layers differ from those below; tests/test_gemma4.py checks it against transformers
@@ -161,9 +165,10 @@ def reference_logits(gguf_file: GGUFFile, tokens: list[int],
     def opt_w(name: str) -> np.ndarray | None:
         return w(name) if name in gguf_file.tensors else None
 
-    def linear(x: np.ndarray, name: str) -> np.ndarray:
-        """x @ W^T (+ b); W is (out, in) in numpy order."""
-        y = x @ w(f"{name}.weight").T
+    def linear(x: np.ndarray, name: str, t: float = -1.0) -> np.ndarray:
+        """x @ W^T (+ b); W is (out, in) in numpy order; with t >= 0 over x's entries |x| > t only, W read from
+        its channel-major copy (in, out)."""
+        y = x @ w(f"{name}.weight").T if t < 0 else np.where(np.abs(x) > t, x, 0.0) @ w(f"{name}_t.weight")
         b = opt_w(f"{name}.bias")
         return y + b if b is not None else y
 
@@ -177,6 +182,7 @@ def reference_logits(gguf_file: GGUFFile, tokens: list[int],
         blk = f"blk.{il}."
         # attention: norm, projections, rope, causal attention, output projection, residual
         h = _norm(x, w(blk + "attn_norm.weight"), opt_w(blk + "attn_norm.bias"), cfg)  # (T, n_embd)
+        t_in, t_out = (attn_sparsity[0][il], attn_sparsity[1][il]) if attn_sparsity else (-1.0, -1.0)
         if cfg.arch == "falcon":  # fused q, k, v; the FFN reads the same residual, through attn_norm_2 if any
             q_dim, kv_dim = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
             qkv = linear(h, blk + "attn_qkv")  # (T, q_dim + 2 kv_dim)
@@ -184,7 +190,7 @@ def reference_logits(gguf_file: GGUFFile, tokens: list[int],
             ffn_in = (_norm(x, w(blk + "attn_norm_2.weight"), opt_w(blk + "attn_norm_2.bias"), cfg)
                       if blk + "attn_norm_2.weight" in gguf_file.tensors else h)
         else:
-            q, k, v = linear(h, blk + "attn_q"), linear(h, blk + "attn_k"), linear(h, blk + "attn_v")
+            q, k, v = (linear(h, blk + name, t_in) for name in ("attn_q", "attn_k", "attn_v"))
             if cfg.qk_norm_whole:  # OLMoE: over all of q and of k
                 q = _norm(q, w(blk + "attn_q_norm.weight"), None, cfg)
                 k = _norm(k, w(blk + "attn_k_norm.weight"), None, cfg)
@@ -197,7 +203,7 @@ def reference_logits(gguf_file: GGUFFile, tokens: list[int],
         if cfg.rope_mode:
             q, k = _rope(q, pos, cfg, il, factors), _rope(k, pos, cfg, il, factors)
         a = linear(_attention(q, k, v, cfg, cfg.layer_window(il), opt_w(blk + "attn_sinks.weight")),
-                   blk + "attn_output")  # (T, n_embd)
+                   blk + "attn_output", t_out)  # (T, n_embd)
         if cfg.post_norms:
             a = _norm(a, w(blk + "post_attention_norm.weight"), None, cfg)
         if cfg.arch == "falcon":  # parallel: the residual gets both at the end

@@ -88,15 +88,15 @@ models_bg() {  # synthetic models: NAME SHAPE TYPE LAYERS (a PowerGGUF and the d
         > "$W/$name.log" 2>&1 < /dev/null &
 }
 
-input_models_bg() {  # NAME SHAPE TYPE LAYERS TARGET: a SwiGLU PowerGGUF without predictors, calibrated by
-    # `pyinfer sparsify --method input --target TARGET` on 512 tokens of .carry/calib.txt (the machine reaches no
-    # corpus: carry a text file there; nor the held-out text, hence --eval-tokens 0), as $W/NAME.gguf, and the
-    # dense GGUF llama.cpp runs
-    local name=$1 shape=$2 type=$3 layers=$4 target=$5
+input_models_bg() {  # NAME SHAPE TYPE LAYERS TARGET [ATTN_SKIP]: a SwiGLU PowerGGUF without predictors, calibrated
+    # by `pyinfer sparsify --method input --target TARGET [--attn-skip ATTN_SKIP]` on 512 tokens of .carry/calib.txt
+    # (the machine reaches no corpus: carry a text file there; nor the held-out text, hence --eval-tokens 0), as
+    # $W/NAME.gguf, and the dense GGUF llama.cpp runs
+    local name=$1 shape=$2 type=$3 layers=$4 target=$5 attn=${6:-0}
     local common="$shape --type $type --layers $layers --ffn-kind swiglu --share-weights"
     setsid bash -c "python3 -m tools.make_synthetic_model $common --no-predictors -o $W/$name-power.gguf &&
-        python3 -m pyinfer sparsify $W/$name-power.gguf --method input --target $target --tokens 512 \
-            --corpus .carry/calib.txt --eval-tokens 0 -o $W/$name.gguf && rm $W/$name-power.gguf &&
+        python3 -m pyinfer sparsify $W/$name-power.gguf --method input --target $target --attn-skip $attn \
+            --tokens 512 --corpus .carry/calib.txt --eval-tokens 0 -o $W/$name.gguf && rm $W/$name-power.gguf &&
         python3 -m tools.make_synthetic_model $common --dense -o $W/$name-dense.gguf && touch $W/$name.done" \
         > "$W/$name.log" 2>&1 < /dev/null &
 }
@@ -267,7 +267,7 @@ wait_for() {  # FILE [SECONDS]: until FILE exists, at most SECONDS (default 420)
 tests() {  # the GPU tests, log in $OUT
     python3 -m pytest -q -s -p no:cacheprovider tests/test_hybrid.py tests/test_gpu_engine.py tests/test_cuda_ops.py \
         tests/test_input_sparsity.py tests/test_moe_ops.py tests/test_moe_split.py tests/test_recurrent_ops.py \
-        tests/test_split.py "$@" 2>&1 | tee "$OUT/tests.log" | tail -40
+        tests/test_split.py tests/test_sparse_attention.py "$@" 2>&1 | tee "$OUT/tests.log" | tail -40
 }
 
 profiles() {  # [THREADS]: this machine's placement figures (default: pyinfer's thread count), as
@@ -362,8 +362,9 @@ cpu_rows() {  # NAME [ROUNDS] [BENCH ARGS...]: $W/NAME.gguf on this host's CPU a
 
 table_bg() {  # [NAME...]: the hybrid tables in the background (a device call lasts at most 10 minutes): the build,
     # the profiles on the quiet host first, the synthetic models (default issue 13's four: l13f16 l70f16 l13q4 l70q4;
-    # l13in: issue 27's SwiGLU file of input sparsity), the GPU tests, then every budget of each model against
-    # llama.cpp with those profiles; results in $W/out, fetched by `collect`
+    # l13in: issue 27's SwiGLU file of input sparsity; l13ia: the same with sparse attention projections), the GPU
+    # tests, then every budget of each model against llama.cpp with those profiles; results in $W/out, fetched by
+    # `collect`
     rm -rf "$W/out"; rm -f "$W"/*.done  # an earlier run's results and models are not this one's
     local names="${*:-l13f16 l70f16 l13q4 l70q4}"
     setsid bash -c "W=$W; . tools/gpu_session.sh; OUT=$W/out; mkdir -p \$OUT; setup > \$OUT/setup.log 2>&1
@@ -381,6 +382,8 @@ table_model() {  # NAME STEP: STEP (models_bg or compare_table) with the table's
     l70q4) "$2" l70q4 llama-70b q4_0 4 "70B-like GQA Q4_0, 4 of 80 layers" ;;
     l13in) if [ "$2" = models_bg ]; then input_models_bg l13in llama-13b f16 8 0.5
            else "$2" l13in llama-13b f16 8 "13B SwiGLU F16, 8 of 40 layers, input sparsity 50 %"; fi ;;
+    l13ia) if [ "$2" = models_bg ]; then input_models_bg l13ia llama-13b f16 8 0.5 0.5
+           else "$2" l13ia llama-13b f16 8 "13B SwiGLU F16, 8 of 40 layers, input sparsity 50 %, attention 50 %"; fi ;;
     *) echo "no table model $1"; return 1 ;;
     esac
 }

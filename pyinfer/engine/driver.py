@@ -123,8 +123,8 @@ class Timings:
     def reset(self) -> None:
         self.prompt_ms = self.eval_ms = self.sample_ms = 0.0
         self.prompt_tokens = self.eval_tokens = 0
-        for key in ("ffn_rows_active", "ffn_rows_total", "ffn_channels_active", "ffn_channels_total", "routings_gpu",
-                    "routings_total"):
+        for key in ("ffn_rows_active", "ffn_rows_total", "ffn_channels_active", "ffn_channels_total",
+                    "attn_channels_active", "attn_channels_total", "routings_gpu", "routings_total"):
             if key in self.extra:
                 self.extra[key] = 0
 
@@ -165,6 +165,8 @@ class Timings:
         if x.get("ffn_channels_total"):  # an input file's gate and up
             channels = 100.0 * x["ffn_channels_active"] / x["ffn_channels_total"]
             density += f", {channels:.2f} % of gate's and up's channels"
+        if x.get("attn_channels_total"):  # and its attention projections' (models.sparse_attention)
+            density += f", {100.0 * x['attn_channels_active'] / x['attn_channels_total']:.2f} % of the attention's"
         pred_ms = x.get("predictor_ms", 0.0)
         per_token = self.eval_ms / self.eval_tokens if self.eval_tokens else 0.0
         share = 100.0 * pred_ms / per_token if per_token > 0 else 0.0
@@ -185,7 +187,8 @@ class _StepGraph:
         pos_ids = self.ctx.new_tensor(ggml.I32, (n_tokens,)) if cfg.pos_offset else None
         self.inputs = GraphInputs(tokens=tokens, pos=pos, n_out=n_out, pos_ids=pos_ids)
         self.captured: dict[str, ggml.Tensor] = {}
-        spec = dataclasses.replace(model.sparse_spec, masks={}) if model.sparse_spec else None
+        spec = (dataclasses.replace(model.sparse_spec, masks={}, channel_masks={}, attn_masks={})
+                if model.sparse_spec else None)
         # a prompt batch of a model partly in host memory runs on the GPU, its host weights streamed in
         stream = n_tokens >= STREAM_MIN_TOKENS and model.streams_prompts and not capture
         # --timings counts a mixture's decoded routings by side: the router's choices are outputs then (reading
@@ -199,14 +202,17 @@ class _StepGraph:
         # (the builder records no GPU layer's: reading one would cost a copy and a wait per layer and token)
         masks = list(spec.masks.values()) if spec else []
         channels = list(spec.channel_masks.values()) if spec else []  # an input file's: (n_tokens, n_embd) each
+        attn_channels = list(spec.attn_masks.values()) if spec else []  # its attention projections' inputs
         if stream:
             model.pin_host_weights()
-        self.graph = ggml.Graph(self.ctx, [self.logits, *self.captured.values(), *masks, *channels],
+        self.graph = ggml.Graph(self.ctx, [self.logits, *self.captured.values(), *masks, *channels, *attn_channels],
                                 stream_min_cols=STREAM_MIN_TOKENS if stream else 0).plan()
         self.mask_tensors = masks
         self.mask_rows = sum(m.shape[-1] for m in masks)  # neurons the masks cover per token
         self.channel_masks = [m.numpy() for m in channels]  # on the host, as the CPU's layers are
         self.channel_rows = sum(m.shape[-1] for m in channels)
+        self.attn_masks = [m.numpy() for m in attn_channels]
+        self.attn_rows = sum(m.shape[-1] for m in attn_channels)
         # host masks are read through views made once (a strided view costs microseconds a layer a token)
         self._mask_views = [None if m.on_device else m.numpy() for m in masks]
         self._tokens, self._pos = tokens.numpy(), pos.numpy()
@@ -237,10 +243,6 @@ class _StepGraph:
     def active_rows(self) -> int:
         """Neurons (token, layer, row) the last compute's down projections summed."""
         return _selected(self.masks)
-
-    def active_channels(self) -> int:
-        """Input channels (token, layer, channel) the last compute's gate and up read, in an input file."""
-        return _selected(self.channel_masks)
 
 
 def _selected(masks: list[np.ndarray]) -> int:
@@ -349,6 +351,8 @@ class Model:
             self.timings.extra.update(ffn_rows_active=0, ffn_rows_total=0, predictor_ms=self._predictor_ms())
             if self.sparse_spec.kind == "input":
                 self.timings.extra.update(ffn_channels_active=0, ffn_channels_total=0)
+            if self.sparse_spec.attn_input:
+                self.timings.extra.update(attn_channels_active=0, attn_channels_total=0)
 
     def _solve(self, vram_budget: int | str, machine: MachineProfile | None, kv_type: str) -> Plan:
         """The placement for a budget ("auto": the GPU's free memory less AUTO_MARGIN)."""
@@ -568,8 +572,11 @@ class Model:
                 self.timings.extra["ffn_rows_active"] += graph.active_rows()
                 self.timings.extra["ffn_rows_total"] += len(chunk) * graph.mask_rows
             if graph.channel_masks:
-                self.timings.extra["ffn_channels_active"] += graph.active_channels()
+                self.timings.extra["ffn_channels_active"] += _selected(graph.channel_masks)
                 self.timings.extra["ffn_channels_total"] += len(chunk) * graph.channel_rows
+            if graph.attn_masks:
+                self.timings.extra["attn_channels_active"] += _selected(graph.attn_masks)
+                self.timings.extra["attn_channels_total"] += len(chunk) * graph.attn_rows
             if graph.routes and len(tokens) == 1:  # a decoded token's (not a prompt's last chunk of one)
                 ids = {il: graph.captured[f"moe_ids.{il}"].numpy().reshape(-1) for il in range(self.config.n_layer)}
                 if self.timed:

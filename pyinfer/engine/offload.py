@@ -85,7 +85,8 @@ def _attention_to_device(model, il: int) -> None:
             cache.to_device()
     spec = model.sparse_spec
     if spec is not None:
-        for tensors in (spec.pred_bias, spec.neg_thresholds, spec.neg_input_thresholds):
+        for tensors in (spec.pred_bias, spec.neg_thresholds, spec.neg_input_thresholds, spec.attn_input,
+                        spec.attn_output):
             if il in tensors:
                 tensors[il].to_device()
 

@@ -82,6 +82,10 @@ class LayerCosts:
     sparse: bool
     group_rows: int = GROUP_ROWS
     experts: bool = False  # the units are a mixture's experts: freq the expected routings, each read whole
+    # sparse attention projections (models.sparse_attention): what the CPU reads of the attention a token whole,
+    # if not attn_bytes, and of the projections' channel-major copies, row by row
+    attn_host_dense: int | None = None
+    attn_host_sparse: int = 0
 
     @property
     def n_ff(self) -> int:
@@ -154,6 +158,7 @@ def _terms(layer: LayerCosts, m: MachineProfile) -> _LayerTerms:
     mass = np.array([float(np.sum(layer.freq[s:e], dtype=np.float64)) for s, e in bounds])
     group_bytes = np.array([(e - s) * layer.neuron_bytes for s, e in bounds], dtype=np.int64)
     read = layer.attn_bytes + layer.pred_bytes
+    host_read = (layer.attn_bytes if layer.attn_host_dense is None else layer.attn_host_dense) + layer.pred_bytes
 
     def ffn_us(dense_gbps: float, sparse_gbps: float) -> np.ndarray:
         # the predicted rows at the sparse rate, but never slower than reading the whole group densely: hot
@@ -165,7 +170,7 @@ def _terms(layer: LayerCosts, m: MachineProfile) -> _LayerTerms:
         return np.minimum(mass * layer.neuron_bytes / (sparse_gbps * 1e3), whole) if layer.sparse else whole
 
     return _LayerTerms(
-        attn_cpu=_us(read, m.cpu_dense_gbps) + m.cpu_layer_us,
+        attn_cpu=_us(host_read, m.cpu_dense_gbps) + _us(layer.attn_host_sparse, m.cpu_sparse_gbps) + m.cpu_layer_us,
         attn_gpu=_us(read, m.gpu_dense_gbps) + m.gpu_layer_us,
         dev_bytes=layer.attn_bytes + layer.kv_bytes + layer.pred_bytes,
         group_bytes=group_bytes,
@@ -467,6 +472,21 @@ def _input_ffn_costs(file, il: int) -> tuple[int, np.ndarray, int]:
     return gate_up + down, freq, min(group, n_ff)
 
 
+def _sparse_attention_read(file, il: int, attn: int) -> tuple[int | None, int]:
+    """What the CPU reads of layer il's attention a decoded token where its projections read sparsely
+    (models.sparse_attention): (the rest, norms and biases, whole; the channel-major copies at the shares of
+    channels read on the calibration text, pyinfer.sparsity.attn_*_density); (None, 0) where they do not."""
+    tensors, meta, p = file.tensors, file.metadata, f"blk.{il}."
+    densities = [meta.get(f"pyinfer.sparsity.attn_{side}_density") for side in ("input", "output")]
+    if any(d is None or len(d) != file.config.n_layer or d[il] < 0 for d in densities):
+        return None, 0
+    d_in, d_out = (min(1.0, float(d[il])) for d in densities)
+    size = {m: int(tensors[f"{p}{m}.weight"].data.nbytes) for m in ("attn_q", "attn_k", "attn_v", "attn_output")}
+    copy = {m: int(tensors[f"{p}{m}_t.weight"].data.nbytes) for m in size}
+    read = d_in * (copy["attn_q"] + copy["attn_k"] + copy["attn_v"]) + d_out * copy["attn_output"]
+    return attn - sum(size.values()), math.ceil(read)
+
+
 def ffn_weight_type(file) -> int:
     """The type of a file's FFN weights (its experts' for a mixture): what the machine's speeds are measured for."""
     info = file.tensors.get("blk.0.ffn_up.weight") or file.tensors["blk.0.ffn_up_exps.weight"]
@@ -581,9 +601,11 @@ def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch
         freq = np.ones(n_ff)
         pred = 0
         group = GROUP_ROWS if split else n_ff
+        host_read = None, 0
         if input_kind:
             ffn, freq, group = _input_ffn_costs(file, il)
             pred = 4 * (2 * n_ff + cfg.n_embd)  # the thresholds
+            host_read = _sparse_attention_read(file, il, attn)
         elif sparse:
             pred = nbytes(p + "fc1.weight") + nbytes(p + "fc2.weight") + 2 * 4 * n_ff  # + bias, thresholds
             info = tensors.get(p + "ffn_act_freq")
@@ -591,7 +613,8 @@ def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch
                 freq = np.clip(np.frombuffer(info.data, dtype=np.float32).astype(np.float64), 0.0, 1.0)
         kv = kv_bytes(cfg, il, n_ctx, kv_bytes_per_value)
         layers.append(LayerCosts(attn_bytes=attn, kv_bytes=kv, pred_bytes=pred,
-                                 neuron_bytes=math.ceil(ffn / n_ff), freq=freq, sparse=sparse, group_rows=group))
+                                 neuron_bytes=math.ceil(ffn / n_ff), freq=freq, sparse=sparse, group_rows=group,
+                                 attn_host_dense=host_read[0], attn_host_sparse=host_read[1]))
     head = nbytes("output.weight") or nbytes("token_embd.weight")  # tied: the GPU gets a copy of the embeddings
     head += nbytes("output_norm.weight") + nbytes("output_norm.bias")
     weight_type = GGMLQuantizationType(ffn_weight_type(file))

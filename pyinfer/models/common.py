@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from pyinfer.errors import ModelFormatError
 from pyinfer.formats.model_config import UNGATED_KINDS
-from pyinfer.models import moe
+from pyinfer.models import moe, sparse_attention
 from pyinfer.native import ggml
 
 STREAM_ROWS = 2048  # a prompt batch copies host FFN weights to the GPU this many neurons at a time
@@ -94,15 +94,20 @@ def attention_block(b: Builder, il: int, h: ggml.Tensor, inputs: GraphInputs) ->
     """Self-attention of layer il over the KV cache: (n_tokens, n_embd) -> (n_tokens, n_embd)."""
     cfg, ctx = b.cfg, b.ctx
     n = h.shape[0] if len(h.shape) == 2 else 1
+    sparse = sparse_attention.covers(b, il)
+    profiled = b.capture is not None and not cfg.is_moe  # (a mixture's capture holds its routes: a step's outputs)
+    if profiled:  # what input sparsity calibrates the projections' thresholds on
+        b.capture[f"attn_inp.{il}"] = h  # (n, n_embd)
+    linear = sparse_attention.linear(b, il, h, "input") if sparse else lambda name: b.linear(h, name)
     if b.has(f"blk.{il}.attn_qkv"):  # Falcon: one matrix, q then k then v
-        q, k, v = fused_qkv(b, b.linear(h, f"blk.{il}.attn_qkv"), n)
+        q, k, v = fused_qkv(b, linear(f"blk.{il}.attn_qkv"), n)
     else:
-        q, k = b.linear(h, f"blk.{il}.attn_q"), b.linear(h, f"blk.{il}.attn_k")  # (n, q_dim), (n, kv_dim)
+        q, k = linear(f"blk.{il}.attn_q"), linear(f"blk.{il}.attn_k")  # (n, q_dim), (n, kv_dim)
         if cfg.qk_norm_whole:  # OLMoE: RMSNorm over all of q and of k
             q, k = b.norm(q, f"blk.{il}.attn_q_norm"), b.norm(k, f"blk.{il}.attn_k_norm")
         q = ctx.reshape(q, (n, cfg.n_head, cfg.head_dim))  # (n, n_head, head_dim)
         k = ctx.reshape(k, (n, cfg.n_head_kv, cfg.head_dim))  # (n, n_kv, head_dim)
-        v = ctx.reshape(b.linear(h, f"blk.{il}.attn_v"), (n, cfg.n_head_kv, cfg.head_dim))  # (n, n_kv, head_dim)
+        v = ctx.reshape(linear(f"blk.{il}.attn_v"), (n, cfg.n_head_kv, cfg.head_dim))  # (n, n_kv, head_dim)
     if b.has(f"blk.{il}.attn_q_norm") and not cfg.qk_norm_whole:  # Qwen3, Gemma 3: RMSNorm of every head's q and k
         q = b.norm(q, f"blk.{il}.attn_q_norm")
         k = b.norm(k, f"blk.{il}.attn_k_norm")
@@ -115,6 +120,10 @@ def attention_block(b: Builder, il: int, h: ggml.Tensor, inputs: GraphInputs) ->
     v_cache = ctx.kv_store(b.kv_cache.v[il], v, inputs.pos)
     a = ctx.attention(q, k_cache, v_cache, inputs.pos, cfg.softmax_scale, cfg.layer_window(il),
                       b.get(f"blk.{il}.attn_sinks.weight"))  # (n, q_dim)
+    if profiled:
+        b.capture[f"attn_out.{il}"] = a  # (n, q_dim)
+    if sparse:
+        return sparse_attention.linear(b, il, a, "output")(f"blk.{il}.attn_output")
     return b.linear(a, f"blk.{il}.attn_output")
 
 

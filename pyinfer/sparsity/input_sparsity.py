@@ -93,6 +93,34 @@ def calibrate(layers, target: float, down_skip: float | None = None, centred: bo
     return out
 
 
+@dataclass(frozen=True)
+class AttentionCalibration:
+    """One layer's thresholds on the inputs of its attention projections (models.sparse_attention) and the shares
+    of channels they read on the calibration text."""
+
+    t_in: float  # on |x|, the input of q, k and v
+    t_out: float  # on |a|, the attention's output, the output projection's input
+    in_density: float
+    out_density: float
+
+
+def calibrate_attention(layers, skip: float) -> list[AttentionCalibration | None]:
+    """Per layer the skip-quantiles of |x| and |a| over the calibration samples: layers yields (x (n, n_embd),
+    a (n, n_head * head_dim)) per layer, or None for a layer without such projections (linear attention), which
+    keeps None."""
+    if not 0.0 < skip < 1.0:
+        raise InvalidArgumentError(f"--attn-skip must be in (0, 1), not {skip}")
+    out = []
+    for pair in layers:
+        if pair is None:
+            out.append(None)
+            continue
+        ax, aa = np.abs(pair[0]), np.abs(pair[1])
+        t_in, t_out = float(np.quantile(ax, skip)), float(np.quantile(aa, skip))
+        out.append(AttentionCalibration(t_in, t_out, float(np.mean(ax > t_in)), float(np.mean(aa > t_out))))
+    return out
+
+
 def transposed_type(qtype: Q, n_ff: int) -> Q:
     """The type of a channel-major copy: the source's where the engine quantizes it and its block divides n_ff
     (a second rounding in that type, see the module's docstring), else Q8_0, else F16."""
@@ -110,7 +138,8 @@ def _stored(values: np.ndarray, qtype: Q) -> np.ndarray:
 
 
 def channel_major(g: GGUFFile, name: str, order: np.ndarray | None = None) -> OutTensor:
-    """blk.N.ffn_gate or blk.N.ffn_up of g as its channel-major copy (name with _t), neurons in order."""
+    """A matrix of g (blk.N.ffn_gate, ffn_up, or an attention projection) as its channel-major copy (name with _t),
+    its rows (the FFN's neurons) in order."""
     info = g.tensors[f"{name}.weight"]
     n_embd, n_ff = info.ne
     qtype = transposed_type(Q(info.type), n_ff)
@@ -180,10 +209,22 @@ def check_source(g: GGUFFile) -> None:
                                    "sparsify the model it was made from")
 
 
+def attention_kv(attention: list[AttentionCalibration | None]) -> list[tuple]:
+    """The metadata of sparse attention projections: per layer both thresholds and both densities (-1 for a layer
+    without them)."""
+    arr, f32 = GGUFValueType.ARRAY, GGUFValueType.FLOAT32
+    fields = {"attn_input_thresholds": "t_in", "attn_output_thresholds": "t_out", "attn_input_density": "in_density",
+              "attn_output_density": "out_density"}
+    return [(f"pyinfer.sparsity.{key}", [-1.0 if c is None else getattr(c, field) for c in attention], arr, f32)
+            for key, field in fields.items()]
+
+
 def write(src: str, out: str, layers: list[LayerCalibration], target: float, calibration: str,
-          narrow_down: bool = True) -> None:
+          narrow_down: bool = True, attention: list[AttentionCalibration | None] | None = None) -> None:
     """src's tensors (neurons hot-first; ffn_down_t narrowed where narrow_down, see narrowed_down_t) and metadata,
-    the channel-major gate and up, the neurons' frequencies and the thresholds, written to out atomically."""
+    the channel-major gate and up, the neurons' frequencies and the thresholds, and where attention is given the
+    channel-major copies of the attention projections of its layers and their thresholds, written to out
+    atomically."""
     g = GGUFFile(src)
     check_source(g)
     n_layer = g.config.n_layer
@@ -200,6 +241,8 @@ def write(src: str, out: str, layers: list[LayerCalibration], target: float, cal
                     OutTensor(f"blk.{il}.ffn_act_freq", freq.shape, Q.F32, lambda f=freq: f)]
         if c.centre_x is not None:
             tensors += centring_tensors(g, il, c, order)
+        if attention is not None and attention[il] is not None:
+            tensors += [channel_major(g, f"blk.{il}.{name}") for name in ("attn_q", "attn_k", "attn_v", "attn_output")]
     arr, f32, s = GGUFValueType.ARRAY, GGUFValueType.FLOAT32, GGUFValueType.STRING
     kv = carried_metadata(g) + [("pyinfer.neuron_order", "hot_first", s, None),
                                 ("pyinfer.sparsity.kind", KIND, s, None),
@@ -208,4 +251,8 @@ def write(src: str, out: str, layers: list[LayerCalibration], target: float, cal
                                 ("pyinfer.sparsity.input_density", [c.x_density for c in layers], arr, f32),
                                 ("pyinfer.sparsity.target", float(target), f32, None),
                                 ("pyinfer.sparsity.calibration", calibration, s, None)]
+    if attention is not None:
+        if len(attention) != n_layer:
+            raise InvalidArgumentError(f"need the attention calibration of {n_layer} layers, got {len(attention)}")
+        kv += attention_kv(attention)
     write_atomically([OutFile(out, g.config.arch, kv, tensors)])

@@ -1,6 +1,6 @@
 """Profile FFN activations: run the model over calibration chunks and keep, per layer, every token's FFN
-input x and hidden activation h (float16, one npz per chunk in a resumable cache), from which thresholds,
-per-neuron activation counts and masses follow exactly.
+input x and hidden activation h, and the inputs of its attention projections (float16, one npz per chunk in a
+resumable cache), from which thresholds, per-neuron activation counts and masses follow exactly.
 
 "Active" is h != 0 for ReLU-family FFNs (sparsity kind "relu", t_l = 0) and |h| > t_l for SwiGLU/GeGLU
 (kind "threshold"), t_l being the per-layer quantile of |h| that zeroes the target fraction.
@@ -73,6 +73,18 @@ class Profile:
                 hs.append(z[f"h{il}"])
         return np.concatenate(xs).astype(np.float32), np.concatenate(hs).astype(np.float32)
 
+    def attention(self, il: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The inputs of layer il's attention projections, float32: of q, k and v (n_tokens, n_embd) and of the
+        output projection (n_tokens, n_head * head_dim); None for a layer without them (linear attention)."""
+        xs, outs = [], []
+        for path in self.files:
+            with np.load(path) as z:
+                if f"a{il}" not in z.files:
+                    return None
+                xs.append(z[f"a{il}"])
+                outs.append(z[f"o{il}"])
+        return np.concatenate(xs).astype(np.float32), np.concatenate(outs).astype(np.float32)
+
 
 def collect(model_path: str, chunks: list[np.ndarray], corpus: str, *, cache: Path | None = None,
             n_threads: int | None = None, progress: bool = True) -> Profile:
@@ -85,7 +97,8 @@ def collect(model_path: str, chunks: list[np.ndarray], corpus: str, *, cache: Pa
     g = GGUFFile(model_path)
     cfg = g.config
     ctx = max(len(c) for c in chunks)
-    key = hashlib.sha256(f"{file_sha256(model_path)}|{corpus}|{ctx}".encode()).hexdigest()[:16]
+    # "attention": profiles since the attention projections' inputs were kept too
+    key = hashlib.sha256(f"{file_sha256(model_path)}|{corpus}|{ctx}|attention".encode()).hexdigest()[:16]
     folder = Path(cache or cache_dir()) / "profiles" / key
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "profile.json").write_text(json.dumps(
@@ -104,6 +117,9 @@ def collect(model_path: str, chunks: list[np.ndarray], corpus: str, *, cache: Pa
                 for il in range(cfg.n_layer):
                     arrays[f"x{il}"] = _f16(acts[f"ffn_inp.{il}"])  # (n, n_embd)
                     arrays[f"h{il}"] = _f16(acts[f"ffn_act.{il}"])  # (n, n_ff)
+                    if f"attn_inp.{il}" in acts:
+                        arrays[f"a{il}"] = _f16(acts[f"attn_inp.{il}"])  # (n, n_embd)
+                        arrays[f"o{il}"] = _f16(acts[f"attn_out.{il}"])  # (n, n_head * head_dim)
                 part = files[i].with_suffix(".part")
                 with open(part, "wb") as f:
                     np.savez(f, **arrays)

@@ -146,6 +146,9 @@ def held_out_report(src: str, out: str, text: str, n_tokens: int, threads: int |
         read = (f"; read there, as the kernels counted: {100 * channels:.1f} % of gate's and up's input channels, "
                 f"{100 * neurons:.1f} % of down's neurons: {100 * bytes_skipped(out, channels, neurons):.1f} % of "
                 "the FFN's weight bytes skipped")
+    if extra.get("attn_channels_total"):
+        read += (f"; {100 * extra['attn_channels_active'] / extra['attn_channels_total']:.1f} % of the attention "
+                 "projections' input channels")
     return (f"held-out perplexity (Britannica, {n_chunks} x {HELD_OUT_CTX} tokens, second halves scored): "
             f"{ppl[0]:.3f} dense, {ppl[1]:.3f} sparse: {100 * (ppl[1] / ppl[0] - 1):+.1f} %{read}")
 
@@ -161,6 +164,8 @@ def _input_sparsify(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     s_x, s_h = input_sparsity.split(args.sparsity, args.down_skip)  # a bad target fails before anything runs
+    if args.attn_skip and not 0.0 < args.attn_skip < 1.0:
+        raise InvalidArgumentError(f"--attn-skip must be in [0, 1), not {args.attn_skip}")
     if args.eval_tokens < 0:
         raise InvalidArgumentError(f"--eval-tokens must be >= 0, not {args.eval_tokens}")
     path = ensure_powergguf(resolve_model(args.model))
@@ -180,13 +185,15 @@ def _input_sparsify(args: argparse.Namespace) -> int:
         calibration += f", of which the last {len(validation)} chose the method"
     profile = collect(path, fit, calibration, n_threads=args.threads)
     narrow = not args.keep_down_type and input_sparsity.narrows_down_by_default(g)
+    attention = _attention_calibration(g, profile, args.attn_skip) if args.attn_skip else None
     written = {}
     for method in methods:
         layers = (profile.layer(il) for il in tqdm(range(profile.n_layer), desc=f"{method} thresholds",
                                                    file=sys.stderr, disable=None))
         calibrated = input_sparsity.calibrate(layers, args.sparsity, args.down_skip, centred=method == "centred")
         target = out if len(methods) == 1 else f"{out}.{method}.part"
-        input_sparsity.write(path, target, calibrated, args.sparsity, calibration, narrow_down=narrow)
+        input_sparsity.write(path, target, calibrated, args.sparsity, calibration, narrow_down=narrow,
+                             attention=attention)
         GGUFFile(target)  # the written file must load
         written[method] = target, calibrated
     if len(methods) > 1:
@@ -206,10 +213,52 @@ def _input_sparsify(args: argparse.Namespace) -> int:
           "measured on the "
           f"calibration text ({calibration}): {skipped:.1f} % of the FFN's bytes")
     print(layer_table(rows))
+    if attention is not None:
+        print(_attention_line(out, attention, args.attn_skip))
     if args.eval_tokens:
         print(held_out_report(path, out, held_out, args.eval_tokens, args.threads))
     print(f"time: {time.perf_counter() - t0:.0f} s\nwrote {out}")
     return 0
+
+
+ATTENTION_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output")
+
+
+def _attention_calibration(g: GGUFFile, profile, skip: float) -> list:
+    """--attn-skip: per layer the thresholds on its attention projections' inputs (None for a layer without q, k,
+    v and output projections of its own)."""
+    def samples(il: int):
+        if not all(f"blk.{il}.{m}.weight" in g.tensors for m in ATTENTION_MATRICES):
+            return None
+        return profile.attention(il)
+
+    layers = (samples(il) for il in tqdm(range(profile.n_layer), desc="attention thresholds", file=sys.stderr,
+                                         disable=None))
+    attention = input_sparsity.calibrate_attention(layers, skip)
+    if all(c is None for c in attention):
+        raise InvalidArgumentError(f"{g.path}: --attn-skip needs layers with q, k, v and output projections; "
+                                   "this model has none")
+    return attention
+
+
+def attention_bytes_skipped(path: str, in_density: float, out_density: float) -> float:
+    """The share of the attention projections' weight bytes (their channel-major copies in path) a token skips when
+    q, k and v read a share in_density of their input channels and the output projection out_density of its."""
+    tensors = GGUFFile(path).tensors
+    size = {m: sum(int(info.data.nbytes) for name, info in tensors.items() if name.endswith(f".{m}_t.weight"))
+            for m in ATTENTION_MATRICES}
+    read = in_density * (size["attn_q"] + size["attn_k"] + size["attn_v"]) + out_density * size["attn_output"]
+    return 1 - read / sum(size.values())
+
+
+def _attention_line(out: str, attention: list, skip: float) -> str:
+    """The report's line for --attn-skip: the channels read on the calibration text and the bytes skipped."""
+    layers = [c for c in attention if c is not None]
+    d_in, d_out = (float(np.mean([getattr(c, f) for c in layers])) for f in ("in_density", "out_density"))
+    return (f"attention projections of {len(layers)} of {len(attention)} layers, {100 * skip:.1f} % of each input's "
+            f"channels skipped: measured on the calibration text {100 * d_in:.1f} % of q's, k's and v's input "
+            f"channels read and {100 * d_out:.1f} % of the output projection's, "
+            f"{100 * attention_bytes_skipped(out, d_in, d_out):.1f} % of their bytes skipped")
 
 
 def _choose(written: dict, validation, threads: int | None) -> tuple[str, str]:
@@ -304,6 +353,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--down-skip", type=float, default=None, metavar="S",
                    help="input, centred, auto: the share of down's neurons skipped (gate and up skip input channels "
                         "for the rest of the target; default min(0.95, 1.4 B))")
+    p.add_argument("--attn-skip", type=float, default=0.0, metavar="S",
+                   help="input, centred, auto: also skip this share of the input channels of every layer's attention "
+                        "projections (q, k and v on |x|, the output projection on the attention's output; "
+                        "channel-major copies the CPU decoder reads; default 0: none)")
     p.add_argument("--keep-down-type", action="store_true",
                    help="input, centred, auto: keep ffn_down_t's stored type (Q8_0 for sources below 8 bits) "
                         "instead of requantizing it to the type of gate's and up's channel-major copies (kept by "
