@@ -384,6 +384,8 @@ table_model() {  # NAME STEP: STEP (models_bg or compare_table) with the table's
            else "$2" l13in llama-13b f16 8 "13B SwiGLU F16, 8 of 40 layers, input sparsity 50 %"; fi ;;
     l13ia) if [ "$2" = models_bg ]; then input_models_bg l13ia llama-13b f16 8 0.5 0.5
            else "$2" l13ia llama-13b f16 8 "13B SwiGLU F16, 8 of 40 layers, input sparsity 50 %, attention 50 %"; fi ;;
+    l70ia) if [ "$2" = models_bg ]; then input_models_bg l70ia llama-70b f16 4 0.5 0.5
+           else "$2" l70ia llama-70b f16 4 "70B-like GQA SwiGLU F16, 4 of 80 layers, input sparsity 50 %, attention 50 %"; fi ;;
     *) echo "no table model $1"; return 1 ;;
     esac
 }
