@@ -181,3 +181,35 @@ def test_on_the_gpu_as_on_the_cpu(tiny_files, tmp_path, ngl):
     want = np.stack([cpu.eval([t]).copy() for t in TOKENS])
     np.testing.assert_allclose(np.stack([gpu.eval([t]).copy() for t in TOKENS]), want,
                                atol=1e-3 * np.abs(want).max())
+
+
+def test_plan_says_the_gain_of_sparse_ffn_and_attention(tiny_files, tmp_path):
+    """`pyinfer plan` on a file with sparse attention models its host attention at the calibrated shares: faster than
+    the same file's FFN-only plan under the same budget where rows read sparsely as fast as densely, slower where
+    they read at a fifth of the speed (the CPU sums the copies' rows whatever the rate), and it names both in the
+    gain line."""
+    import subprocess
+    import sys
+
+    from test_placement import FLAGS
+
+    from pyinfer.engine.machine import MachineProfile
+    from pyinfer.engine.placement import model_costs, solve
+
+    src = tiny_files("llama_silu", False)
+    acts = _samples(src)
+    path, ffn, _ = _written(src, tmp_path / "a.gguf", 0.3, 0.5, acts)
+    plain = str(tmp_path / "plain.gguf")
+    input_sparsity.write(src, plain, ffn, 0.3, "random tokens")
+    rates = [float(v) for v in FLAGS[1::2]]
+    for sparse_rate, faster in ((rates[0], True), (rates[0] / 5, False)):
+        machine = MachineProfile("given figures", rates[0], sparse_rate, *rates[2:])
+        with_attention, ffn_only = (solve(model_costs(GGUFFile(p), 64, 2, True, 32), machine, 0) for p in (path, plain))
+        assert (with_attention.token_us < ffn_only.token_us) == faster
+    machine = MachineProfile("given figures", *rates)
+    with_attention = solve(model_costs(GGUFFile(path), 64, 2, True, 32), machine, 0)
+    dense = solve(model_costs(GGUFFile(path), 64, 2, False, 32), machine, 0)
+    text = subprocess.run([sys.executable, "-m", "pyinfer", "plan", "-m", path, "--vram-budget", "0", "-c", "64",
+                           "-b", "32", *FLAGS], capture_output=True, text=True, timeout=120, check=True).stdout
+    gain = with_attention.tokens_per_second / dense.tokens_per_second
+    assert f"the sparse FFN and attention's modelled gain {gain:.2f}x" in text, text

@@ -84,7 +84,7 @@ models_bg() {  # synthetic models: NAME SHAPE TYPE LAYERS (a PowerGGUF and the d
     local name=$1 shape=$2 type=$3 layers=$4
     setsid bash -c "python3 -m tools.make_synthetic_model $shape --type $type --layers $layers --ffn-kind reglu \
         --share-weights -o $W/$name.gguf && python3 -m tools.make_synthetic_model $shape --type $type \
-        --layers $layers --ffn-kind reglu --share-weights --dense -o $W/$name-dense.gguf && touch $W/$name.done" \
+        --layers $layers --ffn-kind reglu --share-weights --dense -o $W/$name-dense.gguf && touch $W/$name.done || touch $W/$name.failed" \
         > "$W/$name.log" 2>&1 < /dev/null &
 }
 
@@ -97,7 +97,7 @@ input_models_bg() {  # NAME SHAPE TYPE LAYERS TARGET [ATTN_SKIP]: a SwiGLU Power
     setsid bash -c "python3 -m tools.make_synthetic_model $common --no-predictors -o $W/$name-power.gguf &&
         python3 -m pyinfer sparsify $W/$name-power.gguf --method input --target $target --attn-skip $attn \
             --tokens 512 --corpus .carry/calib.txt --eval-tokens 0 -o $W/$name.gguf && rm $W/$name-power.gguf &&
-        python3 -m tools.make_synthetic_model $common --dense -o $W/$name-dense.gguf && touch $W/$name.done" \
+        python3 -m tools.make_synthetic_model $common --dense -o $W/$name-dense.gguf && touch $W/$name.done || touch $W/$name.failed" \
         > "$W/$name.log" 2>&1 < /dev/null &
 }
 
@@ -114,7 +114,7 @@ moe_bg() {  # NAME SHAPE TYPE LAYERS [FLAGS...]: a synthetic mixture of experts 
     # $W/NAME.gguf (flags: --router-skew S)
     local name=$1 shape=$2 type=$3 layers=$4; shift 4
     setsid bash -c "python3 -m tools.make_synthetic_model $shape --type $type --layers $layers --share-weights $* \
-        -o $W/$name.gguf && touch $W/$name.done" > "$W/$name.log" 2>&1 < /dev/null &
+        -o $W/$name.gguf && touch $W/$name.done || touch $W/$name.failed" > "$W/$name.log" 2>&1 < /dev/null &
 }
 
 random_profile() {  # SRC OUT: SRC with the expert counts `pyinfer profile -o` stores, taken over random tokens (what
@@ -209,7 +209,7 @@ synthetic_bg() {  # NAME SHAPE TYPE LAYERS [FLAGS...]: a random model of make_sy
     # build, it had failed)
     local name=$1 shape=$2 type=$3 layers=$4; shift 4
     setsid bash -c "python3 -m tools.make_synthetic_model $shape --type $type --layers $layers --share-weights $* \
-        -o $W/$name.gguf && touch $W/$name.done" > "$W/$name.log" 2>&1 < /dev/null &
+        -o $W/$name.gguf && touch $W/$name.done || touch $W/$name.failed" > "$W/$name.log" 2>&1 < /dev/null &
 }
 long_context() {  # NAME [ROUNDS]: issue 30's whole-GPU rows: pp512, pp4096, tg128 and tg128 at depth 4096, ours and
     # llama.cpp (flash attention on, its best for these) alternating, in $OUT/NAME-long.md
@@ -258,10 +258,12 @@ sanitize() {  # LOG "PYTEST ARGS"...: those tests under compute-sanitizer memche
     done | tee "$OUT/$log"
 }
 
-wait_for() {  # FILE [SECONDS]: until FILE exists, at most SECONDS (default 420)
-    local t=0
-    while [ ! -e "$1" ] && [ $t -lt "${2:-420}" ]; do sleep 2; t=$((t + 2)); done
-    [ -e "$1" ] || { echo "gave up waiting for $1"; return 1; }
+wait_for() {  # FILE [SECONDS]: until FILE exists, at most SECONDS (default 420); at once where a background step
+    # that makes NAME.done left NAME.failed instead (a session lost 7 device minutes waiting on a model that had failed
+    # at its first line)
+    local t=0 failed=${1%.done}.failed
+    while [ ! -e "$1" ] && [ ! -e "$failed" ] && [ $t -lt "${2:-420}" ]; do sleep 2; t=$((t + 2)); done
+    [ -e "$1" ] || { echo "gave up waiting for $1$([ -e "$failed" ] && echo ": it failed")"; return 1; }
 }
 
 tests() {  # the GPU tests, log in $OUT
@@ -365,7 +367,7 @@ table_bg() {  # [NAME...]: the hybrid tables in the background (a device call la
     # l13in: issue 27's SwiGLU file of input sparsity; l13ia: the same with sparse attention projections), the GPU
     # tests, then every budget of each model against llama.cpp with those profiles; results in $W/out, fetched by
     # `collect`
-    rm -rf "$W/out"; rm -f "$W"/*.done  # an earlier run's results and models are not this one's
+    rm -rf "$W/out"; rm -f "$W"/*.done "$W"/*.failed  # an earlier run's results and models are not this one's
     local names="${*:-l13f16 l70f16 l13q4 l70q4}"
     setsid bash -c "W=$W; . tools/gpu_session.sh; OUT=$W/out; mkdir -p \$OUT; setup > \$OUT/setup.log 2>&1
         build > \$OUT/build.log 2>&1; profiles > /dev/null 2>> \$OUT/profiles.err; llama_bg > \$OUT/llama.log 2>&1

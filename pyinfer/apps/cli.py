@@ -134,8 +134,9 @@ def cmd_plan(args) -> int:
     else:
         print(describe(plan, costs, machine))
         if dense:
-            print(f"the same file with the dense FFN (--sparse off): {dense.tokens_per_second:.1f} tokens per "
-                  f"second; the sparse FFN's modelled gain {plan.tokens_per_second / dense.tokens_per_second:.2f}x")
+            what = "FFN and attention" if any(la.attn_host_dense is not None for la in costs.layers) else "FFN"
+            print(f"the same file dense (--sparse off): {dense.tokens_per_second:.1f} tokens per second; the sparse "
+                  f"{what}'s modelled gain {plan.tokens_per_second / dense.tokens_per_second:.2f}x")
         hint = smaller_batch_hint(plan, costs, args.batch_size, machine,
                                   lambda n_batch: model_costs(f, n_ctx, kv_bytes, sparse, n_batch))
         if hint:
