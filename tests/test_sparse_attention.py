@@ -213,3 +213,24 @@ def test_plan_says_the_gain_of_sparse_ffn_and_attention(tiny_files, tmp_path):
                            "-b", "32", *FLAGS], capture_output=True, text=True, timeout=120, check=True).stdout
     gain = with_attention.tokens_per_second / dense.tokens_per_second
     assert f"the sparse FFN and attention's modelled gain {gain:.2f}x" in text, text
+
+
+@pytest.mark.parametrize("variant,args,message", [
+    ("llama_relu", ["--method", "predictors", "--sparsity", "0.3"], "--attn-skip goes with --method input"),
+    ("qwen35", ["--method", "input", "--target", "0.3", "--tokens", "64", "--ctx", "32"],
+     "needs layers with q, k, v and output projections")])
+def test_sparsify_refuses_attn_skip_where_it_cannot_apply(tiny_files, tmp_path, capsys, monkeypatch, variant, args,
+                                                          message):
+    """Predictors take no attention thresholds; Qwen3.5's builder reads its attention layers itself (and most of its
+    layers are linear attention): both are one-line errors that write nothing."""
+    words = " ".join(f"w{i % 97}" for i in range(3000))
+    text = tmp_path / "calib.txt"
+    text.write_text(words)
+    out = tmp_path / "out.gguf"
+    src = tiny_files(variant, False)
+    capsys.readouterr()
+    assert sparsify([src, *args, "--attn-skip", "0.3", "--corpus", str(text), "--eval-tokens", "0",
+                     "-o", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not out.exists()
