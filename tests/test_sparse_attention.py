@@ -234,3 +234,19 @@ def test_sparsify_refuses_attn_skip_where_it_cannot_apply(tiny_files, tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("hot_rows", [(64, 64), (1, 127), (128, 0)])
+def test_a_placed_model_computes_what_the_host_computes(tiny_files, host_only, tmp_path, hot_rows):
+    """A plan with every layer's attention 'on the GPU' (here left in host memory: q, k and v fused into one matrix as
+    on a GPU, read as originals over the masked input) and FFNs split by neuron decodes what the whole host model
+    decodes from the copies' rows."""
+    from split_harness import split_plan
+
+    path, _, _ = _written(tiny_files("llama_silu", False), tmp_path / "a.gguf", 0.3, 0.5)
+    whole = Model(path, n_ctx=64, kv_type="f32", n_threads=2)
+    placed = Model(path, n_ctx=64, kv_type="f32", n_threads=2, plan=split_plan(hot_rows))
+    assert "blk.0.attn_qkv.weight" in placed.weights and "blk.0.attn_q.weight" not in placed.weights
+    want = np.stack([whole.eval([t]).copy() for t in TOKENS])
+    got = np.stack([placed.eval([t]).copy() for t in TOKENS])
+    np.testing.assert_allclose(got, want, atol=2e-3 * np.abs(want).max())
