@@ -106,9 +106,8 @@ def test_mul_mat_precise_matches_float64(case, seed, scale):
 def test_precise_mul_mat_of_a_batch_matches_scalar_and_float64(type_, m):
     """Batches of 4+ columns go through the GEMM tiles (16-bit activations where the type has them, the last tile
     overlapping the one before where 4 does not divide m); 10 rows leave two to the row dots. The SIMD result
-    equals the scalar one to 1e-5 of the terms (on a VNNI host a type with only an 8-bit tile there, Q6_K, takes
-    the residual form, whose rounding differs at that level; a broken tile misses by ~1/255) and float64 on x
-    itself to 5e-5."""
+    equals the scalar one to 1e-5 of the terms (a type with only an 8-bit tile, Q6_K, takes the residual form,
+    whose rounding differs at that level; a broken tile misses by ~1/255) and float64 on x itself to 5e-5."""
     rng = rng_for(m * 100 + type_)
     k = 2 * max(ggml.block_size(type_), 64)
     ctx = ggml.Context(32 << 20)

@@ -38,6 +38,8 @@ typedef void (*ggml_axpy_group_fn)(int64_t n, float *y, const float *a, const vo
 // a GGML_GEMM_TILE_ROWS x GGML_GEMM_TILE_COLS tile of w . x: s[j * ss + r] = w[r] . x[j], rows of w
 // bw bytes apart, columns of x (already in vec_dot_type) bx bytes apart, ss floats between output columns
 typedef void (*ggml_gemm_tile_fn)(int64_t n, float *s, int64_t ss, const void *w, size_t bw, const void *x, size_t bx);
+// rows of w (bw bytes apart, k values each) rewritten into the layout a tile reads, rows after one another in out
+typedef void (*ggml_rows_rewrite_fn)(const void *w, size_t bw, int64_t rows, int64_t k, void *out);
 // a decoded token's dots of 4 consecutive weight rows (bw bytes apart) with one column: s[r] = w[r] . x, each
 // bit for bit what vec_dot gives it (the column's loads are shared, not the rows' arithmetic)
 typedef void (*ggml_vec_dot4_fn)(int64_t n, float *s, const void *w, size_t bw, const void *x);
@@ -69,6 +71,12 @@ struct ggml_type_traits {
     ggml_vec_dot_fn vec_dot_q16;
     ggml_vec_dot_fn vec_dot_q16_ref;     // scalar oracle
     ggml_gemm_tile_fn gemm_tile_q16;     // SIMD only, NULL where absent
+    // a prompt's tile over rows that rewrite_rows has rewritten once per row tile, blocks of rewritten_block_size
+    // bytes (Q6_K's levels as bytes on AVX2, where a tile over the packed rows ran at half vec_dot's rate); SIMD
+    // only, NULL where absent; its oracle: vec_dot_ref
+    ggml_gemm_tile_fn gemm_tile_rewritten;
+    ggml_rows_rewrite_fn rewrite_rows;
+    size_t rewritten_block_size;
 };
 
 const struct ggml_type_traits *ggml_get_type_traits(enum ggml_type type);

@@ -723,6 +723,9 @@ static void quants_use_simd(bool enabled) {
         traits_live[t].quantize_q16 = src[t].quantize_q16;
         traits_live[t].vec_dot_q16 = src[t].vec_dot_q16;
         traits_live[t].gemm_tile_q16 = src[t].gemm_tile_q16;
+        traits_live[t].gemm_tile_rewritten = src[t].gemm_tile_rewritten;
+        traits_live[t].rewrite_rows = src[t].rewrite_rows;
+        traits_live[t].rewritten_block_size = src[t].rewritten_block_size;
     }
 }
 

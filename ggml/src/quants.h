@@ -95,6 +95,15 @@ typedef struct {
 } block_q6_K;
 GGML_STATIC_ASSERT(sizeof(block_q6_K) == 210, "block_q6_K must be 210 bytes");
 
+// Q6_K's rows as a prompt's AVX2 tile reads them, rewritten once per row tile (ops_matmul.c): the levels (0..63) a
+// byte each in value order, so the tile loads them where it would rebuild them from ql and qh for every 4 columns
+typedef struct {
+    uint8_t q[QK_K];           // (256,) levels
+    int8_t scales[QK_K / 16];  // (16,) sub-block scales
+    uint16_t d;                // f16 super-block scale
+} block_q6_K_levels;
+GGML_STATIC_ASSERT(sizeof(block_q6_K_levels) == 274, "block_q6_K_levels must be 274 bytes");
+
 // activations for the K-quants: x = d * q, with per-16 sums of q for the mins/offset terms
 typedef struct {
     float d;                 // f32 scale

@@ -540,8 +540,8 @@ static void q8_K_quantize_act_avx2(const float *src, void *dst, int64_t n) {
 // block so that the 8 int32 accumulators, the pair's activations and a row's levels fit AVX2's 16 registers; each
 // row's levels are unpacked once per column pair instead of once per column (vec_dot), each column's activations
 // loaded once for four rows. What the VNNI tiles below do with vpdpbusd and vpdpwssd, maddubs + madd + add do here.
-// (Q6_K has none: a tile like its VNNI one, its levels rebuilt from two arrays for each 32 values, ran at half its
-// vec_dot's rate on AVX2.)
+// (Q6_K's tile reads its rows rewritten as levels a byte each: a tile like its VNNI one, its levels rebuilt from two
+// arrays for each 32 values, had run at half its vec_dot's rate on AVX2.)
 // ============================================================================================
 
 _Static_assert(GGML_GEMM_TILE_ROWS == 4 && GGML_GEMM_TILE_COLS == 4, "the tiles below are 4 x 4");
@@ -694,6 +694,70 @@ static void q4_K_gemm_tile_avx2(int64_t n, float *s, int64_t ss, const void *w, 
             acc[h] = _mm256_fmadd_ps(tile_pair_scales_f32(dw, x0->d, x1->d), _mm256_cvtepi32_ps(tile_sum8_epi32(p)),
                                      acc[h]);
             acc[h] = _mm256_fnmadd_ps(tile_pair_scales_f32(mw, x0->d, x1->d), _mm256_set_m128(msum[1], msum[0]), acc[h]);
+        }
+    }
+    tile_store(s, ss, acc[0], acc[1]);
+}
+
+// Q6_K rows as block_q6_K_levels (ops_matmul.c rewrites a row tile once and runs every column tile over it)
+static void q6_K_rows_as_levels(const void *w, size_t bw, int64_t rows, int64_t k, void *out) {
+    const int64_t nb = k / QK_K;
+    block_q6_K_levels *dst = out;
+    for (int64_t r = 0; r < rows; r++) {
+        const block_q6_K *src = (const block_q6_K *)((const char *)w + r * (int64_t)bw);
+        for (int64_t b = 0; b < nb; b++, dst++) {
+            for (int h = 0; h < 2; h++) {
+                __m256i q[4];
+                avx2_q6_K_levels(&src[b], h, q);
+                for (int g = 0; g < 4; g++) _mm256_storeu_si256((__m256i *)(dst->q + 128 * h + 32 * g), q[g]);
+            }
+            memcpy(dst->scales, src[b].scales, sizeof dst->scales);
+            dst->d = src[b].d;
+        }
+    }
+}
+
+// Q6_K (its levels, block_q6_K_levels) . Q8_K: per group of 32 values (two sub-blocks of 16), levels (0..63) times x
+// as int16 pairs (maddubs: 2 * 63 * 127 stays within int16), each half times its sub-block's scale into int32
+// (madd); the offset 32 comes off through the columns' per-16 sums, seeded into the same lanes as the VNNI tile seeds
+// them, so one fma per super-block and column pair remains. The scale vectors are made once a super-block, for both
+// column pairs.
+static void q6_K_levels_gemm_tile_avx2(int64_t n, float *s, int64_t ss, const void *w, size_t bw, const void *x,
+                                       size_t bx) {
+    const block_q6_K_levels *wr[4]; // (4, n / 256) weight rows
+    const block_q8_K *xc[4];        // (4, n / 256) activation columns
+    for (int i = 0; i < 4; i++) {
+        wr[i] = (const block_q6_K_levels *)((const char *)w + i * bw);
+        xc[i] = (const block_q8_K *)((const char *)x + i * bx);
+    }
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        __m256i scv[4][8]; // row r, group g: sub-block 2g's scale in the low lane's int16s, 2g + 1's in the high
+        for (int r = 0; r < 4; r++)
+            for (int g = 0; g < 8; g++)
+                scv[r][g] = _mm256_set_m128i(_mm_set1_epi16(wr[r][b].scales[2 * g + 1]), _mm_set1_epi16(wr[r][b].scales[2 * g]));
+        for (int h = 0; h < 2; h++) { // columns 2h and 2h + 1
+            const block_q8_K *x0 = &xc[2 * h][b], *x1 = &xc[2 * h + 1][b];
+            const __m256i bs0 = _mm256_loadu_si256((const __m256i *)x0->bsums);
+            const __m256i bs1 = _mm256_loadu_si256((const __m256i *)x1->bsums);
+            __m256i p[8]; // (row r, column 2h + j) in p[r + 4 j], seeded with -32 sum over sub-blocks of scale * sum(x)
+            for (int r = 0; r < 4; r++) {
+                const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)wr[r][b].scales));
+                p[r] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(bs0, sc16), 5));
+                p[r + 4] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(bs1, sc16), 5));
+            }
+            for (int g = 0; g < 8; g++) {
+                const __m256i xq0 = _mm256_loadu_si256((const __m256i *)(x0->qs + 32 * g));
+                const __m256i xq1 = _mm256_loadu_si256((const __m256i *)(x1->qs + 32 * g));
+                for (int r = 0; r < 4; r++) {
+                    const __m256i u = _mm256_loadu_si256((const __m256i *)(wr[r][b].q + 32 * g));
+                    p[r] = _mm256_add_epi32(p[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u, xq0), scv[r][g]));
+                    p[r + 4] = _mm256_add_epi32(p[r + 4], _mm256_madd_epi16(_mm256_maddubs_epi16(u, xq1), scv[r][g]));
+                }
+            }
+            const __m128 dw = avx2_f16x4(wr[0][b].d, wr[1][b].d, wr[2][b].d, wr[3][b].d);
+            acc[h] = _mm256_fmadd_ps(tile_pair_scales_f32(dw, x0->d, x1->d), _mm256_cvtepi32_ps(tile_sum8_epi32(p)),
+                                     acc[h]);
         }
     }
     tile_store(s, ss, acc[0], acc[1]);
@@ -1384,6 +1448,9 @@ void ggml_quants_install_avx2(struct ggml_type_traits *traits, bool avx512) {
     traits[GGML_TYPE_Q8_0].gemm_tile = q8_0_gemm_tile_avx2;
     traits[GGML_TYPE_Q4_1].gemm_tile = q4_1_gemm_tile_avx2;
     traits[GGML_TYPE_Q4_K].gemm_tile = q4_K_gemm_tile_avx2;
+    traits[GGML_TYPE_Q6_K].gemm_tile_rewritten = q6_K_levels_gemm_tile_avx2;
+    traits[GGML_TYPE_Q6_K].rewrite_rows = q6_K_rows_as_levels;
+    traits[GGML_TYPE_Q6_K].rewritten_block_size = sizeof(block_q6_K_levels);
     if (avx512 && cpu_has_avx512_vnni()) {
         traits[GGML_TYPE_F16].gemm_tile = f16_gemm_tile_avx512;
         traits[GGML_TYPE_BF16].gemm_tile = bf16_gemm_tile_avx512;

@@ -145,40 +145,21 @@ struct mul_mat_kernels {
     ggml_vec_dot4_fn dot4;     // 4 rows . a column (what dot gives each), or NULL
     ggml_gemm_tile_fn tile;    // 4 x 4 tiles of a batch of 4 or more columns, or NULL
     size_t tile_row_bytes;     // a row as the tile reads it
-    bool as_q8_0;              // the tile reads Q5_0's rows rewritten as Q8_0
+    ggml_rows_rewrite_fn rewrite; // the tile reads rows rewritten by this once per row tile, or NULL
 };
 
-// Q5_0 weights under a prompt: the tile would unpack their nibbles and fifth bits again for every 4 columns,
-// so each row tile is rewritten once as Q8_0 (exact: the same levels less 16, the same scale) and goes
-// through Q8_0's tile, which takes Q5_0's activations (a 896 x 4864 matmul of 512 columns: 194 -> 247
-// GFLOP/s on 2 threads). A precise mul_mat takes 16-bit activations unless only the 8-bit ones have a tile here
-// (a VNNI host's Q4_0, Q6_K): there it dots x's rounding and its residual through that tile.
-static struct mul_mat_kernels mul_mat_kernels_for(const struct ggml_tensor *dst) {
-    const struct ggml_tensor *w = dst->src[0], *x = dst->src[1];
-    const struct ggml_type_traits *tw = ggml_get_type_traits(w->type), *t8 = ggml_get_type_traits(GGML_TYPE_Q8_0);
-    const bool q5_0 = w->type == GGML_TYPE_Q5_0;
-    // a batch's tiles over each kind of activations (Q5_0's through its rows rewritten as Q8_0 where Q8_0 has one)
-    const ggml_gemm_tile_fn tile8 = q5_0 && t8->gemm_tile ? t8->gemm_tile : tw->gemm_tile;
-    const ggml_gemm_tile_fn tile16 = q5_0 && t8->gemm_tile_q16 ? t8->gemm_tile_q16 : tw->gemm_tile_q16;
-    const bool tiles = x->ne[1] >= GGML_GEMM_TILE_COLS;
-    const bool q16 = precise(dst) && tw->vec_dot_q16 && !(tiles && tile8 && !tile16);
-    struct mul_mat_kernels k = {.q16 = q16, .dot = q16 ? tw->vec_dot_q16 : tw->vec_dot, .dot4 = q16 ? NULL : tw->vec_dot4,
-                                .tile_row_bytes = w->nb[1]};
-    k.tile = tiles ? (q16 ? tile16 : tile8) : NULL;
-    k.as_q8_0 = k.tile && q5_0 && k.tile == (q16 ? t8->gemm_tile_q16 : t8->gemm_tile);
-    if (k.as_q8_0) k.tile_row_bytes = ggml_row_size(GGML_TYPE_Q8_0, w->ne[0]);
-    return k;
-}
+// a tile over one kind of activations, the rewrite of the rows it reads (or NULL) and a row's bytes as it reads them
+struct tile_choice {
+    ggml_gemm_tile_fn tile;
+    ggml_rows_rewrite_fn rewrite;
+    size_t row_bytes;
+};
 
-static size_t q8_0_tile_bytes(const struct ggml_tensor *w) {
-    return ggml_cpu_align_up((size_t)MUL_MAT_ROW_TILE * ggml_row_size(GGML_TYPE_Q8_0, w->ne[0]));
-}
-
-static void q5_0_rows_as_q8_0(const char *w, size_t bw, int64_t rows, int64_t k, block_q8_0 *out) {
+static void q5_0_rows_as_q8_0(const void *w, size_t bw, int64_t rows, int64_t k, void *out) {
     const int64_t nb = k / QK5_0;
     for (int64_t r = 0; r < rows; r++) {
-        const block_q5_0 *src = (const block_q5_0 *)(w + r * (int64_t)bw);
-        block_q8_0 *dst = out + r * nb;
+        const block_q5_0 *src = (const block_q5_0 *)((const char *)w + r * (int64_t)bw);
+        block_q8_0 *dst = (block_q8_0 *)out + r * nb;
         for (int64_t b = 0; b < nb; b++) {
             uint32_t qh;
             memcpy(&qh, src[b].qh, sizeof qh);
@@ -191,11 +172,54 @@ static void q5_0_rows_as_q8_0(const char *w, size_t bw, int64_t rows, int64_t k,
     }
 }
 
+// Q5_0 weights under a prompt: the tile would unpack their nibbles and fifth bits again for every 4 columns,
+// so each row tile is rewritten once as Q8_0 (exact: the same levels less 16, the same scale) and goes
+// through Q8_0's tile, which takes Q5_0's activations (a 896 x 4864 matmul of 512 columns: 194 -> 247
+// GFLOP/s on 2 threads); likewise Q6_K's rows as levels a byte each where the type has that tile and no other
+// (AVX2).
+static struct tile_choice tile_for(const struct ggml_tensor *w, bool q16) {
+    const struct ggml_type_traits *tw = ggml_get_type_traits(w->type), *t8 = ggml_get_type_traits(GGML_TYPE_Q8_0);
+    const ggml_gemm_tile_fn q8_0_tile = q16 ? t8->gemm_tile_q16 : t8->gemm_tile;
+    if (w->type == GGML_TYPE_Q5_0 && q8_0_tile)
+        return (struct tile_choice){q8_0_tile, q5_0_rows_as_q8_0, ggml_row_size(GGML_TYPE_Q8_0, w->ne[0])};
+    const ggml_gemm_tile_fn own = q16 ? tw->gemm_tile_q16 : tw->gemm_tile;
+    if (!own && !q16 && tw->gemm_tile_rewritten)
+        return (struct tile_choice){tw->gemm_tile_rewritten, tw->rewrite_rows,
+                                    (size_t)(w->ne[0] / tw->blck_size) * tw->rewritten_block_size};
+    return (struct tile_choice){own, NULL, w->nb[1]};
+}
+
+// A precise mul_mat takes 16-bit activations unless only the 8-bit ones have a tile here (a VNNI host's Q4_0, any
+// host's Q6_K): there it dots x's rounding and its residual through that tile.
+static struct mul_mat_kernels mul_mat_kernels_for(const struct ggml_tensor *dst) {
+    const struct ggml_tensor *w = dst->src[0], *x = dst->src[1];
+    const struct ggml_type_traits *tw = ggml_get_type_traits(w->type);
+    const struct tile_choice tile8 = tile_for(w, false), tile16 = tile_for(w, true);
+    const bool tiles = x->ne[1] >= GGML_GEMM_TILE_COLS;
+    const bool q16 = precise(dst) && tw->vec_dot_q16 && !(tiles && tile8.tile && !tile16.tile);
+    const struct tile_choice *c = q16 ? &tile16 : &tile8;
+    struct mul_mat_kernels k = {.q16 = q16, .dot = q16 ? tw->vec_dot_q16 : tw->vec_dot, .dot4 = q16 ? NULL : tw->vec_dot4,
+                                .tile_row_bytes = w->nb[1]};
+    if (tiles && c->tile) k.tile = c->tile, k.rewrite = c->rewrite, k.tile_row_bytes = c->row_bytes;
+    return k;
+}
+
+// a thread's scratch for a row tile rewritten for a tile (Q5_0's rows as Q8_0 take 34 / 22 of their bytes, Q6_K's
+// levels 274 / 210), counted for any quantized weights under a batch: which tile runs depends on the SIMD in use,
+// which tests switch between planning and computing
+static size_t rewritten_tile_bytes(const struct ggml_tensor *dst) {
+    const struct ggml_tensor *w = dst->src[0], *x = dst->src[1];
+    return ggml_get_type_traits(w->type)->is_quantized && x->ne[1] >= GGML_GEMM_TILE_COLS
+               ? ggml_cpu_align_up((size_t)MUL_MAT_ROW_TILE * 2 * w->nb[1])
+               : 0;
+}
+
+
 // dst[r, j] = w[r] . x[j] for rows [r0, r1) and all m columns, weight rows tiled so they stay in cache;
 // inside a tile, 4 x 4 blocks of outputs go through the kernels' tile where there is one, the rest through dot.
-// as_q8_0: this thread's scratch for a row tile rewritten as Q8_0 (the kernels' as_q8_0), or NULL
+// rewritten: this thread's scratch for a row tile rewritten for the tile (the kernels' rewrite), or NULL
 static void mul_mat_rows_dense(const struct ggml_tensor *w, const struct ggml_cpu_xcols *xc, struct ggml_tensor *dst,
-                               const struct mul_mat_kernels *kn, int64_t r0, int64_t r1, block_q8_0 *as_q8_0) {
+                               const struct mul_mat_kernels *kn, int64_t r0, int64_t r1, void *rewritten) {
     const int64_t k = w->ne[0], m = dst->ne[1];
     const size_t bw = w->nb[1], bt = kn->tile_row_bytes;
     const char *wd = w->data;
@@ -224,9 +248,9 @@ static void mul_mat_rows_dense(const struct ggml_tensor *w, const struct ggml_cp
         const int64_t t1 = t0 + MUL_MAT_ROW_TILE < r1 ? t0 + MUL_MAT_ROW_TILE : r1;
         const int64_t tt = kn->tile ? t1 - (t1 - t0) % GGML_GEMM_TILE_ROWS : t0; // rows done by tiles
         const char *tile_w = wd + t0 * (int64_t)bw; // the tile's rows as the tiles read them
-        if (as_q8_0 && tt > t0) {
-            q5_0_rows_as_q8_0(tile_w, bw, tt - t0, k, as_q8_0);
-            tile_w = (const char *)as_q8_0;
+        if (rewritten && tt > t0) {
+            kn->rewrite(tile_w, bw, tt - t0, k, rewritten);
+            tile_w = rewritten;
         }
         for (int64_t j0 = 0; j0 < mt; j0 += GGML_GEMM_TILE_COLS) {
             const int64_t j = j0 + GGML_GEMM_TILE_COLS <= m ? j0 : m - GGML_GEMM_TILE_COLS;
@@ -335,13 +359,12 @@ static void mul_mat_levels(const struct ggml_compute_params *p, struct ggml_tens
 }
 
 size_t ggml_cpu_mul_mat_wsize(const struct ggml_tensor *dst, int n_threads) {
-    const struct mul_mat_kernels kn = mul_mat_kernels_for(dst);
     const struct levels_traits *lt = levels_for(dst);
     // the levels path's bytes whether or not it will run: tests switch it between planning and computing
     const size_t levels = lt ? levels_groups_bytes(dst, lt) +
                                    (size_t)n_threads * levels_panel_bytes(lt, dst->src[0]->ne[0])
                              : 0;
-    return xcols_bytes(dst) + (kn.as_q8_0 ? (size_t)n_threads * q8_0_tile_bytes(dst->src[0]) : 0) + levels;
+    return xcols_bytes(dst) + (size_t)n_threads * rewritten_tile_bytes(dst) + levels;
 }
 
 int ggml_cpu_op_mul_mat(const struct ggml_compute_params *p, struct ggml_tensor *dst) {
@@ -377,8 +400,7 @@ int ggml_cpu_op_mul_mat(const struct ggml_compute_params *p, struct ggml_tensor 
     int64_t r0, r1;
     ggml_thread_range((w->ne[1] + unit - 1) / unit, p->ith, p->nth, &r0, &r1);
     r1 = r1 * unit < w->ne[1] ? r1 * unit : w->ne[1];
-    block_q8_0 *as_q8_0 =
-        kn.as_q8_0 ? (block_q8_0 *)((char *)p->wdata + xcols_bytes(dst) + (size_t)p->ith * q8_0_tile_bytes(w)) : NULL;
-    mul_mat_rows_dense(w, &xc, dst, &kn, r0 * unit, r1, as_q8_0);
+    void *rewritten = kn.rewrite ? (char *)p->wdata + xcols_bytes(dst) + (size_t)p->ith * rewritten_tile_bytes(dst) : NULL;
+    mul_mat_rows_dense(w, &xc, dst, &kn, r0 * unit, r1, rewritten);
     return GGML_STATUS_OK;
 }
