@@ -35,7 +35,8 @@ def linear(b, il: int, x: ggml.Tensor, side: str) -> Callable[[str], ggml.Tensor
 
     def project(name: str) -> ggml.Tensor:
         original, copy = b.get(name + ".weight"), b.get(name + "_t.weight")
-        if n <= spec.gemm_above and copy is not None and not copy.on_device and not (original and original.on_device):
+        on_gpu = original is not None and original.on_device
+        if n <= spec.gemm_above and copy is not None and not copy.on_device and not on_gpu:
             y = b.axpy_rows(copy, x, sel)
             bias = b.get(name + ".bias")
             return ctx.add(y, bias) if bias is not None else y
@@ -43,7 +44,8 @@ def linear(b, il: int, x: ggml.Tensor, side: str) -> Callable[[str], ggml.Tensor
             kept.append(ctx.mul(x, ctx.step(sel)))
         return b.linear(kept[0], name)
 
-    q = b.get(f"blk.{il}.attn_q.weight") or b.get(f"blk.{il}.attn_qkv.weight")
+    q = b.get(f"blk.{il}.attn_q.weight")
+    q = b.get(f"blk.{il}.attn_qkv.weight") if q is None else q  # fused on the GPU (offload.fuse_qkv)
     if q is None or not q.on_device:  # the host's masks are counted (a GPU layer's would cost a copy a token)
         spec.attn_masks[f"{il}.{side}"] = sel
     return project
