@@ -289,7 +289,8 @@ def _sparsify(args: argparse.Namespace) -> int:
     if args.method in ("input", "centred", "auto"):
         return _input_sparsify(args)
     if args.attn_skip:
-        raise InvalidArgumentError("--attn-skip goes with --method input, centred or auto (a gated FFN), not predictors")
+        raise InvalidArgumentError("--attn-skip goes with --method input, centred or auto (a gated FFN), "
+                                   "not predictors")
     t0 = time.perf_counter()
     if not 0.0 < args.sparsity < 1.0:
         raise InvalidArgumentError(f"--sparsity must be in (0, 1), not {args.sparsity}")
