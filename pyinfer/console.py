@@ -30,15 +30,23 @@ def terminate_as_interrupt() -> Iterator[None]:
         yield
         return
     signals = (signal.SIGTERM, signal.SIGHUP)
+    received: list[Terminated] = []
 
     def handler(signum, _frame):
         for s in signals:
             signal.signal(s, signal.SIG_IGN)
-        raise Terminated(signum)
+        received.append(Terminated(signum))
+        raise received[0]
 
     previous = {s: signal.signal(s, handler) for s in signals}
     try:
         yield
+    except Exception as e:
+        # code that catches whatever its own step raised can turn the Terminated into another error (numpy's
+        # tofile tries the file as a path first and reports a TypeError when that raised): still a termination
+        if received:
+            raise received[0] from e
+        raise
     finally:
         for s, old in previous.items():
             signal.signal(s, old)

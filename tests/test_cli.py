@@ -208,3 +208,24 @@ def test_run_prints_system_info_as_llama_cpp(tiny_gguf, tmp_path):
         assert shown["AMX_INT8"] == "0"  # where the flags are there, the kernel's leave to use the tiles decides
     if not os.path.exists("/dev/nvidiactl"):  # no NVIDIA driver, no GPU to run on
         assert shown["CUDA"] == "0"
+
+
+def test_a_termination_turned_into_another_error_is_still_a_termination():
+    """SIGTERM inside terminate_as_interrupt raises Terminated where the program is; a library that catches it there
+    and raises its own error (numpy's tofile under the fuzzer's SIGTERM: a TypeError, reported as a traceback) still
+    ends as a termination, and an error without a signal stays that error."""
+    import os
+    import signal
+    import time
+
+    from pyinfer.console import Terminated, terminate_as_interrupt
+
+    with pytest.raises(Terminated) as caught, terminate_as_interrupt():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises in here
+        except Terminated:
+            raise TypeError("expected str, bytes or os.PathLike object, not BufferedWriter") from None
+    assert caught.value.signum == signal.SIGTERM and isinstance(caught.value.__cause__, TypeError)
+    with pytest.raises(TypeError), terminate_as_interrupt():
+        raise TypeError("no signal")
