@@ -466,8 +466,12 @@ class Model:
             raise InvalidArgumentError(f"{self.file.path} has no predictors (blk.N.fc1/fc2): run pyinfer sparsify")
         if self.file.ffn_layout != "down_t":
             raise InvalidArgumentError("the sparse FFN needs a PowerGGUF (ffn_down_t): convert the model first")
-        n_ff = self.config.widest_ff
-        self._sparse_ctx = ggml.Context(2 * self.config.n_layer * (4 * n_ff + 4096) + (1 << 16))
+        # per layer at most two vectors per neuron (a predictor's bias, down's threshold), two per channel (gate's
+        # and up's threshold, q's, k's and v's) and one over the output projection's input, and their headers
+        cfg = self.config
+        q_dim = max(cfg.n_head * cfg.layer_head_dim(il) for il in range(cfg.n_layer))
+        per_layer = 4 * (2 * cfg.widest_ff + 2 * cfg.n_embd + q_dim) + 4096
+        self._sparse_ctx = ggml.Context(cfg.n_layer * per_layer + (1 << 16))
         return sparse_ffn.make_spec(self._sparse_ctx, self.file.tensors, self.file.metadata, self.config,
                                     logit_threshold=logit_threshold, oracle=oracle)
 

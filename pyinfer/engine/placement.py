@@ -27,6 +27,7 @@ from pyinfer.errors import InvalidArgumentError, PyInferError
 from pyinfer.models import reads_fused_qkv
 from pyinfer.models.common import STREAM_ROWS
 from pyinfer.models.moe import stream_experts
+from pyinfer.models.sparse_attention import PROJECTIONS
 from pyinfer.native import ggml
 
 GROUP_ROWS = 64
@@ -481,7 +482,7 @@ def _sparse_attention_read(file, il: int, attn: int) -> tuple[int | None, int]:
     if any(d is None or len(d) != file.config.n_layer or d[il] < 0 for d in densities):
         return None, 0
     d_in, d_out = (min(1.0, float(d[il])) for d in densities)
-    size = {m: int(tensors[f"{p}{m}.weight"].data.nbytes) for m in ("attn_q", "attn_k", "attn_v", "attn_output")}
+    size = {m: int(tensors[f"{p}{m}.weight"].data.nbytes) for m in PROJECTIONS}
     copy = {m: int(tensors[f"{p}{m}_t.weight"].data.nbytes) for m in size}
     read = d_in * (copy["attn_q"] + copy["attn_k"] + copy["attn_v"]) + d_out * copy["attn_output"]
     return attn - sum(size.values()), math.ceil(read)
@@ -601,11 +602,10 @@ def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch
         freq = np.ones(n_ff)
         pred = 0
         group = GROUP_ROWS if split else n_ff
-        host_read = None, 0
+        host_dense, host_sparse = _sparse_attention_read(file, il, attn) if input_kind else (None, 0)
         if input_kind:
             ffn, freq, group = _input_ffn_costs(file, il)
             pred = 4 * (2 * n_ff + cfg.n_embd)  # the thresholds
-            host_read = _sparse_attention_read(file, il, attn)
         elif sparse:
             pred = nbytes(p + "fc1.weight") + nbytes(p + "fc2.weight") + 2 * 4 * n_ff  # + bias, thresholds
             info = tensors.get(p + "ffn_act_freq")
@@ -614,7 +614,7 @@ def model_costs(file, n_ctx: int, kv_bytes_per_value: int, sparse: bool, n_batch
         kv = kv_bytes(cfg, il, n_ctx, kv_bytes_per_value)
         layers.append(LayerCosts(attn_bytes=attn, kv_bytes=kv, pred_bytes=pred,
                                  neuron_bytes=math.ceil(ffn / n_ff), freq=freq, sparse=sparse, group_rows=group,
-                                 attn_host_dense=host_read[0], attn_host_sparse=host_read[1]))
+                                 attn_host_dense=host_dense, attn_host_sparse=host_sparse))
     head = nbytes("output.weight") or nbytes("token_embd.weight")  # tied: the GPU gets a copy of the embeddings
     head += nbytes("output_norm.weight") + nbytes("output_norm.bias")
     weight_type = GGMLQuantizationType(ffn_weight_type(file))

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
+from pyinfer.errors import ModelFormatError
 from pyinfer.models.sparse_ffn import over_threshold
 from pyinfer.native import ggml
 
@@ -49,3 +52,30 @@ def linear(b, il: int, x: ggml.Tensor, side: str) -> Callable[[str], ggml.Tensor
     if q is None or not q.on_device:  # the host's masks are counted (a GPU layer's would cost a copy a token)
         spec.attn_masks[f"{il}.{side}"] = sel
     return project
+
+
+def thresholds(ctx: ggml.Context, file_tensors, meta: dict, cfg) -> tuple[dict, dict]:
+    """A file of input sparsity's thresholds on its attention projections' inputs: per layer that has them (a
+    threshold >= 0; a linear-attention layer's is -1) -t_in over n_embd and -t_out over the output projection's
+    input; both empty in a file without them."""
+    t_in = meta.get("pyinfer.sparsity.attn_input_thresholds")
+    t_out = meta.get("pyinfer.sparsity.attn_output_thresholds")
+    if t_in is None and t_out is None:
+        return {}, {}
+    t_in, t_out = [float(t) for t in t_in or []], [float(t) for t in t_out or []]
+    if len(t_in) != cfg.n_layer or len(t_out) != cfg.n_layer:
+        raise ModelFormatError(f"pyinfer.sparsity.attn_input_thresholds and attn_output_thresholds need "
+                               f"{cfg.n_layer} values each, not {len(t_in)} and {len(t_out)}")
+    attn_input, attn_output = {}, {}
+    for il in range(cfg.n_layer):
+        if t_in[il] < 0:
+            continue
+        for name in PROJECTIONS:
+            info, copy = file_tensors.get(f"blk.{il}.{name}.weight"), file_tensors.get(f"blk.{il}.{name}_t.weight")
+            if info is None or copy is None or copy.ne != tuple(reversed(info.ne)):
+                raise ModelFormatError(f"sparse attention needs blk.{il}.{name}_t.weight, the channel-major copy of "
+                                       f"blk.{il}.{name}.weight")
+        width = file_tensors[f"blk.{il}.attn_output.weight"].ne[0]
+        attn_input[il] = ctx.tensor_from_numpy(np.full(cfg.n_embd, -t_in[il], dtype=np.float32))
+        attn_output[il] = ctx.tensor_from_numpy(np.full(width, -t_out[il], dtype=np.float32))
+    return attn_input, attn_output

@@ -128,36 +128,11 @@ def _input_spec(ctx: ggml.Context, file_tensors, meta: dict, cfg, thresholds: li
     neg_t = {il: ctx.tensor_from_numpy(np.full(cfg.layer_n_ff(il), -t, dtype=np.float32))
              for il, t in enumerate(thresholds)}
     neg_x = {il: ctx.tensor_from_numpy(np.full(cfg.n_embd, -t, dtype=np.float32)) for il, t in enumerate(t_x)}
-    attn_input, attn_output = _attention_thresholds(ctx, file_tensors, meta, cfg)
+    from pyinfer.models import sparse_attention  # imports this module
+
+    attn_input, attn_output = sparse_attention.thresholds(ctx, file_tensors, meta, cfg)
     return SparseSpec("input", thresholds, {}, neg_t, neg_input_thresholds=neg_x, attn_input=attn_input,
                       attn_output=attn_output)
-
-
-def _attention_thresholds(ctx: ggml.Context, file_tensors, meta: dict, cfg) -> tuple[dict, dict]:
-    """Kind "input" with sparse attention projections (models.sparse_attention): per layer that has them (a
-    threshold >= 0; a linear-attention layer's is -1) -t_in over n_embd and -t_out over the output projection's
-    input; both empty in a file without them."""
-    t_in = meta.get("pyinfer.sparsity.attn_input_thresholds")
-    t_out = meta.get("pyinfer.sparsity.attn_output_thresholds")
-    if t_in is None and t_out is None:
-        return {}, {}
-    t_in, t_out = [float(t) for t in t_in or []], [float(t) for t in t_out or []]
-    if len(t_in) != cfg.n_layer or len(t_out) != cfg.n_layer:
-        raise ModelFormatError(f"pyinfer.sparsity.attn_input_thresholds and attn_output_thresholds need "
-                               f"{cfg.n_layer} values each, not {len(t_in)} and {len(t_out)}")
-    attn_input, attn_output = {}, {}
-    for il in range(cfg.n_layer):
-        if t_in[il] < 0:
-            continue
-        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            info, copy = file_tensors.get(f"blk.{il}.{name}.weight"), file_tensors.get(f"blk.{il}.{name}_t.weight")
-            if info is None or copy is None or copy.ne != tuple(reversed(info.ne)):
-                raise ModelFormatError(f"sparse attention needs blk.{il}.{name}_t.weight, the channel-major copy of "
-                                       f"blk.{il}.{name}.weight")
-        width = file_tensors[f"blk.{il}.attn_output.weight"].ne[0]
-        attn_input[il] = ctx.tensor_from_numpy(np.full(cfg.n_embd, -t_in[il], dtype=np.float32))
-        attn_output[il] = ctx.tensor_from_numpy(np.full(width, -t_out[il], dtype=np.float32))
-    return attn_input, attn_output
 
 
 def shifted(b, name: str, x: ggml.Tensor) -> ggml.Tensor:

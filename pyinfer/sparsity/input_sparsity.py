@@ -33,6 +33,7 @@ from pyinfer.engine.driver import PRECISE_MAX_BYTES
 from pyinfer.errors import InvalidArgumentError, UnsupportedError
 from pyinfer.formats.gguf_file import GGUFFile
 from pyinfer.formats.gguf_writer import FLOAT_TYPES, OutFile, OutTensor, Q, encode, write_atomically
+from pyinfer.models.sparse_attention import PROJECTIONS
 from pyinfer.native import ggml
 from pyinfer.sparsity.reorder import carried_metadata, hot_first_order, reordered_tensors
 
@@ -242,7 +243,7 @@ def write(src: str, out: str, layers: list[LayerCalibration], target: float, cal
         if c.centre_x is not None:
             tensors += centring_tensors(g, il, c, order)
         if attention is not None and attention[il] is not None:
-            tensors += [channel_major(g, f"blk.{il}.{name}") for name in ("attn_q", "attn_k", "attn_v", "attn_output")]
+            tensors += [channel_major(g, f"blk.{il}.{name}") for name in PROJECTIONS]
     arr, f32, s = GGUFValueType.ARRAY, GGUFValueType.FLOAT32, GGUFValueType.STRING
     kv = carried_metadata(g) + [("pyinfer.neuron_order", "hot_first", s, None),
                                 ("pyinfer.sparsity.kind", KIND, s, None),

@@ -28,6 +28,7 @@ from pyinfer.errors import InvalidArgumentError, PyInferError
 from pyinfer.formats.gguf_file import GGUFFile
 from pyinfer.formats.gguf_writer import OutTensor, Q
 from pyinfer.hub.pull import cache_dir
+from pyinfer.models.sparse_attention import PROJECTIONS
 from pyinfer.sparsity import input_sparsity
 from pyinfer.sparsity.profiler import (
     add_profile_args,
@@ -221,14 +222,11 @@ def _input_sparsify(args: argparse.Namespace) -> int:
     return 0
 
 
-ATTENTION_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output")
-
-
 def _attention_calibration(g: GGUFFile, profile, skip: float) -> list:
     """--attn-skip: per layer the thresholds on its attention projections' inputs (None for a layer without q, k,
     v and output projections of its own)."""
     def samples(il: int):
-        if not all(f"blk.{il}.{m}.weight" in g.tensors for m in ATTENTION_MATRICES):
+        if not all(f"blk.{il}.{m}.weight" in g.tensors for m in PROJECTIONS):
             return None
         return profile.attention(il)
 
@@ -246,7 +244,7 @@ def attention_bytes_skipped(path: str, in_density: float, out_density: float) ->
     q, k and v read a share in_density of their input channels and the output projection out_density of its."""
     tensors = GGUFFile(path).tensors
     size = {m: sum(int(info.data.nbytes) for name, info in tensors.items() if name.endswith(f".{m}_t.weight"))
-            for m in ATTENTION_MATRICES}
+            for m in PROJECTIONS}
     read = in_density * (size["attn_q"] + size["attn_k"] + size["attn_v"]) + out_density * size["attn_output"]
     return 1 - read / sum(size.values())
 
